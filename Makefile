@@ -1,0 +1,47 @@
+# kvfence — a thin wrapper over CMake presets (CMakePresets.json).
+#   make          dependencies + release build (binary at build/kvfence)
+#   make test     dependencies + ASan/UBSan test build + every CTest test
+#   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
+#   make fuzz     the libFuzzer targets for a bounded time (FUZZ_SECONDS each, default 60)
+#   make soak     long randomized runs, outside `make test`
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build release debug asan test mutants fuzz soak format clean
+
+all: deps release
+
+deps:
+	@bash scripts/install-deps.sh
+
+release:
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS)
+
+build: release
+
+debug:
+	cmake --preset debug >/dev/null
+	cmake --build --preset debug -j $(JOBS)
+
+asan:
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+
+test: deps asan
+	ctest --preset asan -j $(JOBS)
+
+mutants: deps
+	bash scripts/mutants.sh
+
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh
+
+soak: deps asan
+	KVF_SOAK=1 ctest --preset asan -L soak -j $(JOBS)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-debug build-asan build-fuzz build-mutants

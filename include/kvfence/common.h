@@ -1,0 +1,109 @@
+/*
+ * kvfence/common.h — error codes, version, and the few helpers every module shares.
+ *
+ * Every kvfence function that can fail returns an int: 0 (or a non-negative count) on success,
+ * a negative code on failure. Codes are either a negated errno (-ENOMEM, -EINVAL, -EPROTO, ...)
+ * or one of the project codes below, all at or under KVF_E_BASE so they never collide with an
+ * errno. kvf_strerror() names every one of them.
+ *
+ * Each module owns one block of codes; append to your block, never renumber (the numbers
+ * appear in metrics and logs).
+ */
+#ifndef KVFENCE_COMMON_H
+#define KVFENCE_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+
+#define KVF_E_BASE (-1000)
+
+enum kvf_err {
+    /* pool: illegal calls. Each leaves the pool exactly as it was. */
+    KVF_E_POOL_FULL = -1001,        /* alloc beyond free pages (or beyond unreserved ones) */
+    KVF_E_POOL_BAD_PAGE = -1002,    /* page index out of range */
+    KVF_E_POOL_STALE_TAG = -1003,   /* tag does not match the page's current tag */
+    KVF_E_POOL_NOT_HOLDER = -1004,  /* release by a holder kind that does not hold the page */
+    KVF_E_POOL_DOUBLE_FREE = -1005, /* release of a page that is already FREE */
+    KVF_E_POOL_NOT_OWNED = -1006,   /* grant on a page that is not OWNED by a live sequence */
+    KVF_E_POOL_NO_GRANT = -1007,    /* ending a grant that does not exist */
+    KVF_E_POOL_BAD_EPOCH = -1008,   /* unknown or fenced peer epoch */
+    KVF_E_POOL_BAD_SLOT = -1009,    /* reader asked for a slot at or past the verified fill */
+    KVF_E_POOL_RESERVE = -1010,     /* reservation beyond what is unpromised, or unreserve too many */
+    KVF_E_POOL_BAD_STATE = -1011,   /* the call is not legal in the page's current state */
+    KVF_E_POOL_BAD_ARG = -1012,     /* malformed argument (zero count, bad fill, bad peer, ...) */
+
+    /* proto: codec and state machines. */
+    KVF_E_PROTO_SHORT = -1101,      /* buffer shorter than a header or the length it declares */
+    KVF_E_PROTO_VERSION = -1102,    /* unknown protocol version */
+    KVF_E_PROTO_TYPE = -1103,       /* unknown message type */
+    KVF_E_PROTO_BOUNDS = -1104,     /* a length or count outside its bound */
+    KVF_E_PROTO_STALE = -1105,      /* stale epoch or nonce: ignored and counted */
+    KVF_E_PROTO_UNKNOWN_REQ = -1106,/* unknown request id */
+    KVF_E_PROTO_MISMATCH = -1107,   /* HELLO: fingerprint, geometry or limits disagree */
+    KVF_E_PROTO_COUNT = -1108,      /* tokens written != tokens reserved */
+    KVF_E_PROTO_CHECKSUM = -1109,   /* page checksum does not match the bytes */
+    KVF_E_PROTO_TRAILER = -1110,    /* trailer tag or request id does not match the grant */
+    KVF_E_PROTO_REJECTED = -1111,   /* request rejected before anything moved */
+    KVF_E_PROTO_PEER_DOWN = -1112,  /* the writer peer failed or was fenced */
+    KVF_E_PROTO_TIMEOUT = -1113,    /* a deadline passed */
+    KVF_E_PROTO_CANCELLED = -1114,  /* cancelled by the client or router */
+    KVF_E_PROTO_FAILED = -1115,     /* prefill reported failure */
+
+    /* model: loading, tokenizing, running. */
+    KVF_E_MODEL_FORMAT = -1201,     /* not a GGUF file, or malformed */
+    KVF_E_MODEL_TRUNCATED = -1202,  /* an offset or size points past the end of the file */
+    KVF_E_MODEL_UNSUPPORTED = -1203,/* architecture, tensor type or vocab model not supported */
+    KVF_E_MODEL_MISSING = -1204,    /* a required key or tensor is absent */
+    KVF_E_MODEL_SHAPE = -1205,      /* a tensor's shape disagrees with the hyper-parameters */
+    KVF_E_MODEL_PAGE = -1206,       /* attention found a page whose tag or fill does not check */
+
+    /* transport, engine, server: appended by those modules. */
+    KVF_E_TRANSPORT = -1301,
+    KVF_E_ENGINE = -1401,
+    KVF_E_SERVER = -1501,
+};
+
+/* A request id: 128 bits, chosen by the router, unique per request attempt. */
+typedef struct kvf_req_id {
+    uint64_t lo, hi;
+} kvf_req_id_t;
+
+static inline int kvf_req_id_eq(kvf_req_id_t a, kvf_req_id_t b)
+{
+    return a.lo == b.lo && a.hi == b.hi;
+}
+
+/* The allocation seam. Every module that allocates takes one of these (NULL means the default,
+ * malloc-backed one), so tests can inject failure by countdown and a GPU backend can supply
+ * page memory. alloc returns memory aligned to `align` (a power of two) or NULL; free takes
+ * what alloc returned, with the same size. */
+struct kvf_alloc_ops {
+    void *(*alloc)(void *ctx, size_t bytes, size_t align);
+    void (*free)(void *ctx, void *p, size_t bytes);
+    void *ctx;
+};
+
+/* The default allocator: aligned host memory. */
+extern const struct kvf_alloc_ops kvf_default_alloc;
+
+/* A static string naming `err` (a negative kvfence code or negated errno). Never NULL. */
+const char *kvf_strerror(int err);
+
+/* The version string, "MAJOR.MINOR.PATCH". */
+const char *kvf_version(void);
+
+/* ALWAYS(x)/NEVER(x): a defensive check that is expected to hold. Debug and test builds assert
+ * it, so a violation is found in testing; release builds evaluate it and take the safe branch. */
+#include <assert.h>
+#if defined(KVF_TEST_BUILD) || !defined(NDEBUG)
+#define ALWAYS(x) (assert(x), 1)
+#define NEVER(x) (assert(!(x)), 0)
+#else
+#define ALWAYS(x) (!!(x))
+#define NEVER(x) (!!(x))
+#endif
+
+#define KVF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+#endif /* KVFENCE_COMMON_H */

@@ -1,0 +1,53 @@
+/* Subcommands whose modules have not been built yet. Each says so plainly, with --help
+ * describing what it will do, and exits non-zero: nothing here pretends to work. When a module
+ * lands, its command moves to its own cmd_<name>.c. */
+#include <stdio.h>
+
+#include "cli.h"
+
+static int pending(int argc, char **argv, const char *what)
+{
+    if (kvf_cli_wants_help(argc, argv)) {
+        printf("usage: kvfence %s [options]\n\n%s\n\nNot available in this build yet.\n", argv[0],
+               what);
+        return 0;
+    }
+    fprintf(stderr, "kvfence %s: not available in this build yet\n", argv[0]);
+    return 1;
+}
+
+int kvf_cmd_serve(int argc, char **argv)
+{
+    return pending(argc, argv,
+                   "Runs router + one prefill + one decode worker in one process, connected by the\n"
+                   "real protocol over UCX on loopback, serving the OpenAI-compatible API.");
+}
+
+int kvf_cmd_router(int argc, char **argv)
+{
+    return pending(argc, argv, "Runs the HTTP router (OpenAI API, tenants, admission, streaming).");
+}
+
+int kvf_cmd_prefill(int argc, char **argv)
+{
+    return pending(argc, argv, "Runs a prefill worker that writes prompt KV into granted decode pages.");
+}
+
+int kvf_cmd_decode(int argc, char **argv)
+{
+    return pending(argc, argv, "Runs a decode worker that owns a fenced page pool and decodes.");
+}
+
+int kvf_cmd_mkmodel(int argc, char **argv)
+{
+    return pending(argc, argv,
+                   "kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m [--type f32|q8_0] [--seed N]\n"
+                   "writes a Llama GGUF with seeded random weights and a byte-level vocab.");
+}
+
+int kvf_cmd_run(int argc, char **argv)
+{
+    return pending(argc, argv,
+                   "kvfence run --model F.gguf --prompt TEXT [--max-tokens N] [--temperature T]\n"
+                   "[--seed S] [--print-token-ids] prints a completion as it is generated.");
+}
