@@ -28,8 +28,12 @@ asan:
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS)
 
+# The test suite: every CTest test of the ASan/UBSan build (unit, sim, model, mutants, fuzz corpus
+# replays, ...), then each libFuzzer target for TEST_FUZZ_SECONDS.
+TEST_FUZZ_SECONDS ?= 30
 test: deps asan
 	ctest --preset asan -j $(JOBS)
+	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 
 mutants: deps
 	bash scripts/mutants.sh
