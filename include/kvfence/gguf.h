@@ -1,0 +1,201 @@
+/*
+ * kvfence/gguf.h — the GGUF model file: a reader over mmap (or a caller's buffer), a streaming
+ * writer, and `mkmodel`, which writes Llama test models with seeded random weights.
+ *
+ * Reader. kvf_gguf_open() maps the file read-only and parses it once: header, every key/value,
+ * every tensor description. Every offset, size, count, alignment and string length is checked
+ * against the end of the file and for overflow before it is used, so a truncated or hostile file
+ * gives a negative code and a one-line explanation in `err`, never a crash or an over-read.
+ * GGUF versions 2 and 3 are read (version 1 used 32-bit counts and is refused). Tensor types are
+ * F32, F16, BF16, Q8_0 and Q4_0; a file holding any other type is refused by naming it.
+ *
+ *   open ──▶ (get_* / find_tensor, any number of times, from any number of threads) ──▶ close
+ *
+ * Ownership: the kvf_gguf_t owns the mapping. Every pointer it hands out (key strings, string
+ * values, tensor names and tensor data) is a view that stays valid until kvf_gguf_close().
+ * String values are views into the file: they are NOT NUL-terminated; use the length. Tensor
+ * names are NUL-terminated copies. With kvf_gguf_open_mem() the caller's buffer is borrowed and
+ * must outlive the kvf_gguf_t.
+ *
+ * Tensor data pointers are aligned for their element type (4 bytes for F32, 2 for the others);
+ * a file whose layout breaks that is refused, so readers may cast `data` directly.
+ *
+ * Errors: KVF_E_MODEL_FORMAT (not GGUF or malformed), KVF_E_MODEL_TRUNCATED (something points
+ * past the end), KVF_E_MODEL_UNSUPPORTED (version, tensor type, nested array), -ENOMEM, or a
+ * negated errno from open/mmap. The get_* functions return KVF_E_MODEL_MISSING for an absent
+ * key, KVF_E_MODEL_FORMAT for a value of the wrong type or out of the asked type's range, and
+ * -ERANGE for an array index past the end. On failure they leave *out untouched.
+ *
+ * Work bounds: open is O(file metadata) plus O(n_kv + n_tensors) hash inserts; a string array
+ * of n elements costs 8n bytes of index so element i is found in O(1). Lookups are O(1)
+ * expected (hashed by key). Tensor data is never read by open.
+ */
+#ifndef KVFENCE_GGUF_H
+#define KVFENCE_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvf_gguf kvf_gguf_t;
+
+/* Tensor element types, with GGUF's own numbering. */
+enum kvf_ggml_type {
+    KVF_GGML_F32 = 0,
+    KVF_GGML_F16 = 1,
+    KVF_GGML_Q4_0 = 2,
+    KVF_GGML_Q8_0 = 8,
+    KVF_GGML_BF16 = 30,
+};
+
+/* Metadata value types, with GGUF's own numbering. */
+enum kvf_gguf_type {
+    KVF_GGUF_U8 = 0,
+    KVF_GGUF_I8 = 1,
+    KVF_GGUF_U16 = 2,
+    KVF_GGUF_I16 = 3,
+    KVF_GGUF_U32 = 4,
+    KVF_GGUF_I32 = 5,
+    KVF_GGUF_F32 = 6,
+    KVF_GGUF_BOOL = 7,
+    KVF_GGUF_STRING = 8,
+    KVF_GGUF_ARRAY = 9,
+    KVF_GGUF_U64 = 10,
+    KVF_GGUF_I64 = 11,
+    KVF_GGUF_F64 = 12,
+};
+
+/* The alignment of the data section and of each tensor when general.alignment is absent. */
+#define KVF_GGUF_DEFAULT_ALIGNMENT 32u
+/* Tensors have at most this many dimensions. */
+#define KVF_GGUF_MAX_DIMS 4u
+
+/* One tensor as the file describes it. ne[0] is the fastest-varying dimension; unused
+ * dimensions are 1. A 2-D weight with ne = [in, out] holds `out` rows of `in` values each. */
+struct kvf_gguf_tensor {
+    const char *name;  /* NUL-terminated; owned by the kvf_gguf_t */
+    uint32_t type;     /* enum kvf_ggml_type */
+    uint32_t n_dims;   /* 1..4 */
+    uint64_t ne[4];    /* elements per dimension */
+    const void *data;  /* view into the file, n_bytes long */
+    uint64_t n_bytes;  /* exact size of the data */
+};
+
+/* Opens and parses the GGUF file at `path` (mapped read-only). On success *out owns the mapping.
+ * On failure *out is untouched, nothing stays mapped or open, and `err` (if err_len > 0) holds a
+ * NUL-terminated explanation. */
+int kvf_gguf_open(const char *path, kvf_gguf_t **out, char *err, size_t err_len);
+
+/* Like kvf_gguf_open() over `len` bytes at `buf` (borrowed: it must outlive the result). */
+int kvf_gguf_open_mem(const void *buf, size_t len, kvf_gguf_t **out, char *err, size_t err_len);
+
+/* Unmaps and frees everything. NULL is a no-op. Every view handed out becomes invalid. */
+void kvf_gguf_close(kvf_gguf_t *g);
+
+/* The file's GGUF version (2 or 3). */
+uint32_t kvf_gguf_version(const kvf_gguf_t *g);
+
+/* Tensors, in file order: count, i-th (NULL past the end), and lookup by name (NULL if absent). */
+uint64_t kvf_gguf_n_tensors(const kvf_gguf_t *g);
+const struct kvf_gguf_tensor *kvf_gguf_tensor_at(const kvf_gguf_t *g, uint64_t i);
+const struct kvf_gguf_tensor *kvf_gguf_find_tensor(const kvf_gguf_t *g, const char *name);
+
+/* Keys, in file order: count; the i-th key (a view, not NUL-terminated) and its value type.
+ * kvf_gguf_kv_at returns 0, or -ERANGE for i past the end. */
+uint64_t kvf_gguf_n_kv(const kvf_gguf_t *g);
+int kvf_gguf_kv_at(const kvf_gguf_t *g, uint64_t i, const char **key, size_t *key_len,
+                   uint32_t *type);
+
+/* The value type of `key` (enum kvf_gguf_type), or KVF_E_MODEL_MISSING. */
+int kvf_gguf_get_type(const kvf_gguf_t *g, const char *key, uint32_t *type);
+
+/* Scalars. get_u32/get_u64/get_i32 accept any integer type whose value fits; get_f32 accepts
+ * F32 and F64 (F64 narrowed); get_bool accepts BOOL only. */
+int kvf_gguf_get_u32(const kvf_gguf_t *g, const char *key, uint32_t *out);
+int kvf_gguf_get_u64(const kvf_gguf_t *g, const char *key, uint64_t *out);
+int kvf_gguf_get_i32(const kvf_gguf_t *g, const char *key, int32_t *out);
+int kvf_gguf_get_f32(const kvf_gguf_t *g, const char *key, float *out);
+int kvf_gguf_get_bool(const kvf_gguf_t *g, const char *key, bool *out);
+
+/* A string value: a view of *len bytes, not NUL-terminated. */
+int kvf_gguf_get_str(const kvf_gguf_t *g, const char *key, const char **s, size_t *len);
+
+/* An array's element type and length. */
+int kvf_gguf_get_arr(const kvf_gguf_t *g, const char *key, uint32_t *elem_type, uint64_t *n);
+
+/* Element i of an array: a string view; an F32 (or F64) value; an integer that fits in int32. */
+int kvf_gguf_get_arr_str(const kvf_gguf_t *g, const char *key, uint64_t i, const char **s,
+                         size_t *len);
+int kvf_gguf_get_arr_f32(const kvf_gguf_t *g, const char *key, uint64_t i, float *out);
+int kvf_gguf_get_arr_i32(const kvf_gguf_t *g, const char *key, uint64_t i, int32_t *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Writer. Collects keys and tensor descriptions in memory, then writes a GGUF v3 file in one
+ * pass, streaming tensor data so the file is never held in memory: a tensor's data is either a
+ * caller's buffer (borrowed until kvf_gguf_writer_write returns) or produced row by row by a
+ * callback. The file is written to "<path>.tmp" and renamed over `path` only when complete, so
+ * a failed write leaves no partial file at `path`.
+ *
+ *   create ──▶ add_* (keys and tensors, in the order they will appear) ──▶ write ──▶ destroy
+ *
+ * Keys and names are copied. A duplicate key or tensor name is refused with -EEXIST.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct kvf_gguf_writer kvf_gguf_writer_t;
+
+/* Produces row `row` (0 ≤ row < ne[1]*ne[2]*ne[3]) of a tensor into `dst`, which holds exactly
+ * one row's bytes (ne[0] elements in the tensor's type). Returns 0 or a negative code, which
+ * aborts the write. Rows are asked for in order, each once. */
+typedef int (*kvf_gguf_row_fn)(void *ctx, uint64_t row, void *dst, size_t row_bytes);
+
+/* alignment: a power of two (0 means the default, 32); written as general.alignment if not 32. */
+int kvf_gguf_writer_create(uint32_t alignment, kvf_gguf_writer_t **out);
+void kvf_gguf_writer_destroy(kvf_gguf_writer_t *w);
+
+int kvf_gguf_writer_add_u32(kvf_gguf_writer_t *w, const char *key, uint32_t v);
+int kvf_gguf_writer_add_i32(kvf_gguf_writer_t *w, const char *key, int32_t v);
+int kvf_gguf_writer_add_u64(kvf_gguf_writer_t *w, const char *key, uint64_t v);
+int kvf_gguf_writer_add_f32(kvf_gguf_writer_t *w, const char *key, float v);
+int kvf_gguf_writer_add_bool(kvf_gguf_writer_t *w, const char *key, bool v);
+int kvf_gguf_writer_add_str(kvf_gguf_writer_t *w, const char *key, const char *s, size_t len);
+/* Arrays; the values are copied. strs[i] has lens[i] bytes (lens NULL: NUL-terminated). */
+int kvf_gguf_writer_add_arr_str(kvf_gguf_writer_t *w, const char *key, const char *const *strs,
+                                const size_t *lens, uint64_t n);
+int kvf_gguf_writer_add_arr_f32(kvf_gguf_writer_t *w, const char *key, const float *v,
+                                uint64_t n);
+int kvf_gguf_writer_add_arr_i32(kvf_gguf_writer_t *w, const char *key, const int32_t *v,
+                                uint64_t n);
+
+/* A tensor of `type` with n_dims (1..4) dimensions ne[0..n_dims-1] (ne[0] a multiple of the
+ * type's block size). Exactly one of `data` (borrowed until write returns; the tensor's full
+ * size) or `fn` (called row by row during write) is given. */
+int kvf_gguf_writer_add_tensor(kvf_gguf_writer_t *w, const char *name, uint32_t type,
+                               uint32_t n_dims, const uint64_t *ne, const void *data,
+                               kvf_gguf_row_fn fn, void *fn_ctx);
+
+/* Writes the file. On failure no file is left at `path` (an older one stays as it was) and
+ * `err` explains. The writer may be written again or destroyed afterwards. */
+int kvf_gguf_writer_write(kvf_gguf_writer_t *w, const char *path, char *err, size_t err_len);
+
+/* ---------------------------------------------------------------------------------------------
+ * mkmodel: Llama test models with seeded random weights and a byte-level SentencePiece vocab
+ * (<unk>, <s>, </s>, <0x00>..<0xFF>, then <extra_N> up to n_vocab). Weights are scaled so that
+ * activations stay near unit size through every layer; norm weights are near 1 and always F32.
+ * The same (shape, type, seed) gives the same bytes.
+ * ------------------------------------------------------------------------------------------- */
+struct kvf_mkmodel_shape {
+    const char *name;
+    uint32_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_vocab, n_ctx;
+    bool tied_output; /* no output.weight: the output projection is token_embd.weight */
+};
+
+/* tiny (64/2/4/2/172/512/2048, untied output), s15m (288/6/6/6/768/32000/2048, tied),
+ * smol135m (576/30/9/3/1536/49152/8192, tied), or NULL for an unknown name. */
+const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
+
+/* Writes a model of `shape` to `path`. type: KVF_GGML_F32 or KVF_GGML_Q8_0 for the 2-D weights
+ * (a weight whose row length is not a multiple of 32 stays F32). Memory use is a few rows, not
+ * the model. On failure no file is left at `path` and `err` explains. */
+int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *shape, uint32_t type,
+                      uint64_t seed, char *err, size_t err_len);
+
+#endif /* KVFENCE_GGUF_H */

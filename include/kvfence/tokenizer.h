@@ -1,0 +1,101 @@
+/*
+ * kvfence/tokenizer.h — text <-> tokens for the vocabulary stored in a GGUF file.
+ *
+ * Only the SentencePiece "llama" model is read (tokenizer.ggml.model == "llama"): pieces with
+ * scores and token types, byte fallback through the <0xXX> tokens, BOS and EOS. Any other model
+ * ("gpt2" byte-level BPE, ...) is refused by name with KVF_E_MODEL_UNSUPPORTED.
+ *
+ * Encoding: the text must be valid UTF-8 (else -EILSEQ). Spaces become U+2581 ("▁") and one is
+ * prepended (unless tokenizer.ggml.add_space_prefix is false); the text is split into
+ * characters, and adjacent symbols are merged greedily, always the pair whose merged piece has
+ * the highest score (leftmost on ties); a symbol left that is not a piece is spelled as byte
+ * tokens (or <unk> if the vocabulary lacks that byte). Control, byte and unused tokens are
+ * never produced from text: "<s>" in a prompt is three characters, not BOS.
+ *
+ * Decoding (struct kvf_detok): pieces turn "▁" back into spaces, byte tokens into their byte,
+ * control and unused tokens into nothing, <unk> into U+FFFD. Output is always valid UTF-8: a
+ * sequence split across tokens is held back until it completes, and an invalid byte or an
+ * unfinished tail becomes U+FFFD.
+ *
+ * Ownership: a kvf_tokenizer_t copies what it needs from the GGUF file; the file may be closed
+ * afterwards. It is immutable after create, so any number of threads may use it at once; a
+ * kvf_detok belongs to one stream.
+ *
+ * Work bounds: create is O(n_vocab) time and memory. encode of n bytes is O(n log n) time and
+ * O(n) memory (allocated per call). detok_push is O(piece length).
+ */
+#ifndef KVFENCE_TOKENIZER_H
+#define KVFENCE_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvfence/gguf.h"
+
+typedef struct kvf_tokenizer kvf_tokenizer_t;
+
+/* Token types, as tokenizer.ggml.token_type stores them. */
+enum kvf_token_type {
+    KVF_TOKEN_NORMAL = 1,
+    KVF_TOKEN_UNKNOWN = 2,
+    KVF_TOKEN_CONTROL = 3,
+    KVF_TOKEN_USER_DEFINED = 4,
+    KVF_TOKEN_UNUSED = 5,
+    KVF_TOKEN_BYTE = 6,
+};
+
+/* Pieces longer than this are refused at create (no real vocabulary comes close). */
+#define KVF_TOKENIZER_MAX_PIECE 512
+/* The most bytes one kvf_detok_push or kvf_detok_finish can produce. */
+#define KVF_DETOK_MAX_OUT (3 * (KVF_TOKENIZER_MAX_PIECE + 4))
+
+/* Builds the tokenizer from g's tokenizer.ggml.* keys (g is borrowed for the call only).
+ * Errors: KVF_E_MODEL_UNSUPPORTED (model other than "llama", oversized piece),
+ * KVF_E_MODEL_MISSING, KVF_E_MODEL_FORMAT (array lengths disagree, ids out of range, a token
+ * type out of range), -ENOMEM. On failure *out is untouched and `err` explains. */
+int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, size_t err_len);
+void kvf_tokenizer_destroy(kvf_tokenizer_t *t);
+
+uint32_t kvf_tokenizer_n_vocab(const kvf_tokenizer_t *t);
+/* Special ids, or -1 when the vocabulary has none. */
+int32_t kvf_tokenizer_bos(const kvf_tokenizer_t *t);
+int32_t kvf_tokenizer_eos(const kvf_tokenizer_t *t);
+int32_t kvf_tokenizer_unk(const kvf_tokenizer_t *t);
+/* The type of token `tok` (enum kvf_token_type), or 0 if tok is out of range. */
+int kvf_tokenizer_type(const kvf_tokenizer_t *t, int32_t tok);
+
+/* Encodes len bytes of text (need not be NUL-terminated), with BOS first if add_bos. Returns
+ * the number of tokens the text encodes to; if that is more than max_out, only the first
+ * max_out are written (out may be NULL when max_out is 0). Negative on error: -EILSEQ for
+ * invalid UTF-8, -ENOMEM, -EOVERFLOW; then out is untouched. */
+int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len, bool add_bos,
+                         int32_t *out, size_t max_out);
+
+/* The raw piece of `tok` as stored in the vocabulary (a view owned by t, NUL-terminated, *len
+ * bytes), or NULL if tok is out of range. */
+const char *kvf_tokenizer_piece(const kvf_tokenizer_t *t, int32_t tok, size_t *len);
+
+/* Streaming detokenizer state: bytes of a UTF-8 sequence that has not completed yet. */
+struct kvf_detok {
+    uint8_t pend[4];  /* the held-back prefix of one sequence */
+    uint8_t n_pend;   /* 0..3 */
+    uint8_t need;     /* total length of the held-back sequence, 0 if none */
+    bool strip_space; /* drop one leading space from the next output (set by the caller to
+                         decode a whole prompt whose first piece carries the space prefix) */
+};
+
+void kvf_detok_init(struct kvf_detok *d);
+
+/* Appends the text of token `tok` to out (never NUL-terminated) and returns the bytes written.
+ * Only complete, valid UTF-8 is emitted; a partial sequence at the end is held in d. Give
+ * cap ≥ KVF_DETOK_MAX_OUT: with less, output is cut at a character boundary and the rest lost.
+ * An out-of-range token emits U+FFFD. */
+size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok, char *out,
+                      size_t cap);
+
+/* Ends the stream: a held-back unfinished sequence becomes U+FFFD (3 bytes; cap ≥ 3). Returns
+ * the bytes written and resets d. */
+size_t kvf_detok_finish(struct kvf_detok *d, char *out, size_t cap);
+
+#endif /* KVFENCE_TOKENIZER_H */
