@@ -54,7 +54,7 @@ int kvf_pool_alloc(kvf_pool_t *pool, const struct kvf_owner *owner, enum kvf_hol
     for (uint32_t i = 0; i < n; i++) {
         uint32_t page = pool->ring[pool->free_head];
         pool->free_head = pool->free_head + 1 == pool->n_pages ? 0 : pool->free_head + 1;
-        struct kvf__page_hot *h = &pool->hot[page];
+        struct kvf_pool_read_entry *h = &pool->hot[page];
         struct kvf__page_cold *c = &pool->cold[page];
         h->tag = new_tag(pool);
         h->fill = 0;
@@ -78,7 +78,7 @@ int kvf_pool_hold(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder hol
 {
     if ((unsigned)holder >= KVF_HOLDER__NKINDS) return kvf__pool_fail(pool, KVF_E_POOL_BAD_ARG);
     if (ref.page >= pool->n_pages) return kvf__pool_fail(pool, KVF_E_POOL_BAD_PAGE);
-    struct kvf__page_hot *h = &pool->hot[ref.page];
+    struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     struct kvf__page_cold *c = &pool->cold[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
     if (h->state != KVF_PAGE_OWNED && h->state != KVF_PAGE_GRANTED)
@@ -108,7 +108,7 @@ int kvf_pool_release(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder 
 {
     if ((unsigned)holder >= KVF_HOLDER__NKINDS) return kvf__pool_fail(pool, KVF_E_POOL_BAD_ARG);
     if (ref.page >= pool->n_pages) return kvf__pool_fail(pool, KVF_E_POOL_BAD_PAGE);
-    struct kvf__page_hot *h = &pool->hot[ref.page];
+    struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     struct kvf__page_cold *c = &pool->cold[ref.page];
     /* A FREE page keeps its last tag, so releasing it again with that tag is recognised as the
      * double release it is; with any other tag the caller's reference is simply stale. */
@@ -142,7 +142,7 @@ int kvf_pool_release(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder 
 int kvf_pool_set_fill(kvf_pool_t *pool, struct kvf_page_ref ref, uint32_t fill)
 {
     if (ref.page >= pool->n_pages) return kvf__pool_fail(pool, KVF_E_POOL_BAD_PAGE);
-    struct kvf__page_hot *h = &pool->hot[ref.page];
+    struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
     if (h->state != KVF_PAGE_OWNED) return kvf__pool_fail(pool, KVF_E_POOL_BAD_STATE);
     if (fill < h->fill || fill > pool->geo.page_tokens)
@@ -156,7 +156,7 @@ int kvf_pool_set_fill(kvf_pool_t *pool, struct kvf_page_ref ref, uint32_t fill)
 /* Fills a freed page with the poison pattern of pool.h, naming its previous owner and tag. */
 static void poison_page(struct kvf_pool *pool, uint32_t page)
 {
-    const struct kvf__page_hot *h = &pool->hot[page];
+    const struct kvf_pool_read_entry *h = &pool->hot[page];
     const struct kvf__page_cold *c = &pool->cold[page];
     unsigned char *base = kvf__pool_page_ptr(pool, page);
     uint32_t word = KVF_POOL_POISON_HI |
@@ -176,7 +176,7 @@ static void poison_page(struct kvf_pool *pool, uint32_t page)
 
 void kvf__pool_make_free(struct kvf_pool *pool, uint32_t page)
 {
-    struct kvf__page_hot *h = &pool->hot[page];
+    struct kvf_pool_read_entry *h = &pool->hot[page];
     struct kvf__page_cold *c = &pool->cold[page];
     enum kvf_page_state from = (enum kvf_page_state)h->state;
     if (pool->poison_on_free)

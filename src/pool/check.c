@@ -10,11 +10,17 @@ int kvf_pool_read_check(const kvf_pool_t *pool, uint32_t page, uint64_t tag, uin
 {
     if (page >= pool->n_pages) return KVF_E_POOL_BAD_PAGE;
     /* One 16-byte record: tag, fill and state share a cache line. */
-    const struct kvf__page_hot *h = &pool->hot[page];
+    const struct kvf_pool_read_entry *h = &pool->hot[page];
     if (h->tag != tag) return KVF_E_POOL_STALE_TAG;
     if (h->state != KVF_PAGE_OWNED) return KVF_E_POOL_BAD_STATE;
     if (slot >= h->fill) return KVF_E_POOL_BAD_SLOT;
     return 0;
+}
+
+void kvf_pool_read_view(const kvf_pool_t *pool, struct kvf_pool_read_view *out)
+{
+    out->pages = pool->hot;
+    out->n_pages = pool->n_pages;
 }
 
 /* Writes a description of the violation (if the caller wants one) and returns false, so a check
@@ -38,7 +44,7 @@ static bool owner_is_zero(const struct kvf_owner *o)
 
 bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, size_t len)
 {
-    const struct kvf__page_hot *h = &pool->hot[page];
+    const struct kvf_pool_read_entry *h = &pool->hot[page];
     const struct kvf__page_cold *c = &pool->cold[page];
     uint32_t holders = kvf__pool_holders(c);
     const char *name = kvf_page_state_name((enum kvf_page_state)h->state);

@@ -33,7 +33,7 @@ static void drop_grant(struct kvf_pool *pool, uint32_t page)
 int kvf_pool_grant(kvf_pool_t *pool, struct kvf_page_ref ref, struct kvf_peer_epoch writer)
 {
     if (ref.page >= pool->n_pages) return kvf__pool_fail(pool, KVF_E_POOL_BAD_PAGE);
-    struct kvf__page_hot *h = &pool->hot[ref.page];
+    struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     struct kvf__page_cold *c = &pool->cold[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
     if (h->state != KVF_PAGE_OWNED) return kvf__pool_fail(pool, KVF_E_POOL_NOT_OWNED);
@@ -63,7 +63,7 @@ int kvf_pool_grant_end(kvf_pool_t *pool, struct kvf_page_ref ref, struct kvf_pee
                        uint32_t verified_fill)
 {
     if (ref.page >= pool->n_pages) return kvf__pool_fail(pool, KVF_E_POOL_BAD_PAGE);
-    struct kvf__page_hot *h = &pool->hot[ref.page];
+    struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     struct kvf__page_cold *c = &pool->cold[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
     /* A quarantined page's writer was not shown to have stopped in time; the engine was told to
@@ -134,7 +134,7 @@ int kvf_pool_fence(kvf_pool_t *pool, struct kvf_peer_epoch writer)
     /* O(n_pages), skipped when the epoch held no grant; fences are rare. Pages freed here join
      * the free ring in page order. */
     for (uint32_t page = 0; page < pool->n_pages && peer->grants > 0; page++) {
-        struct kvf__page_hot *h = &pool->hot[page];
+        struct kvf_pool_read_entry *h = &pool->hot[page];
         struct kvf__page_cold *c = &pool->cold[page];
         if (!c->granted || c->grant_peer != writer.peer) continue;
         revoked++;

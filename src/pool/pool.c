@@ -154,7 +154,7 @@ int kvf_pool_peer_epoch(const kvf_pool_t *pool, uint16_t peer, uint32_t *epoch)
 int kvf_pool_page_info(const kvf_pool_t *pool, uint32_t page, struct kvf_page_info *out)
 {
     if (page >= pool->n_pages || !out) return KVF_E_POOL_BAD_PAGE;
-    const struct kvf__page_hot *h = &pool->hot[page];
+    const struct kvf_pool_read_entry *h = &pool->hot[page];
     const struct kvf__page_cold *c = &pool->cold[page];
     memset(out, 0, sizeof(*out));
     out->state = (enum kvf_page_state)h->state;

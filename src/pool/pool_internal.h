@@ -3,9 +3,10 @@
  *
  * Metadata is split in two arrays indexed by page:
  *
- *   hot[page]   16 bytes: what the reader check needs (tag, fill, state). Four pages share a
- *               cache line, so one check touches one line and a scan of a request's page table
- *               stays in few lines.
+ *   hot[page]   16 bytes (struct kvf_pool_read_entry of pool.h): what the reader check needs
+ *               (tag, fill, state). Four pages share a cache line, so one check touches one
+ *               line and a scan of a request's page table stays in few lines. A read view
+ *               (kvf_pool_read_view) is this array, read-only.
  *   cold[page]  everything else: owner, holders, grant, deadline, free-ring position, held-list
  *               links. Touched only by the owner's transitions and the checker.
  *
@@ -38,14 +39,9 @@
 
 #define KVF__POOL_NIL UINT32_MAX
 
-/* The reader check's fields, one small record per page. */
-struct kvf__page_hot {
-    uint64_t tag;  /* current tag; a FREE page keeps its last one (0 if never allocated) */
-    uint32_t fill; /* verified slots, 0..page_tokens */
-    uint8_t state; /* enum kvf_page_state */
-    uint8_t pad[3];
-};
-_Static_assert(sizeof(struct kvf__page_hot) == 16, "four hot records per cache line");
+/* The reader check's fields, one small record per page: the public read-view entry, so a read
+ * view is the hot array itself. */
+_Static_assert(sizeof(struct kvf_pool_read_entry) == 16, "four hot records per cache line");
 
 struct kvf__page_cold {
     struct kvf_owner owner;                 /* zero when FREE */
@@ -82,7 +78,7 @@ struct kvf_pool {
     unsigned char *data; /* n_pages * page_bytes */
 
     /* Metadata. */
-    struct kvf__page_hot *hot;   /* [n_pages] */
+    struct kvf_pool_read_entry *hot;   /* [n_pages] */
     struct kvf__page_cold *cold; /* [n_pages] */
     uint32_t *ring;              /* [n_pages] free ring */
     uint32_t free_head;          /* ring slot of the oldest free page */

@@ -466,6 +466,19 @@ static void test_read_check(void)
     struct kvf_pool_stats st;
     kvf_pool_stats(pool, &st);
     for (int i = 0; i < KVF_POOL_N_ERRORS; i++) ASSERT_EQ_U64(st.errors[i], 0); /* a query */
+    /* The inline read view gives the same answers, and follows the pages' current state. */
+    struct kvf_pool_read_view v;
+    kvf_pool_read_view(pool, &v);
+    ASSERT_EQ_INT(v.n_pages, 2);
+    ASSERT_ERR(kvf_pool_read_check_view(&v, r.page, r.tag, 0), KVF_E_POOL_STALE_TAG);
+    ASSERT_ERR(kvf_pool_read_check_view(&v, 2, x.tag, 0), KVF_E_POOL_BAD_PAGE);
+    ASSERT_ERR(kvf_pool_read_check_view(&v, x.page, x.tag, 0), KVF_E_POOL_BAD_SLOT);
+    ASSERT_OK(kvf_pool_set_fill(pool, x, 1));
+    ASSERT_OK(kvf_pool_read_check_view(&v, x.page, x.tag, 0));
+    ASSERT_ERR(kvf_pool_read_check_view(&v, x.page, x.tag, 1), KVF_E_POOL_BAD_SLOT);
+    ASSERT_OK(kvf_pool_grant(pool, x, writer(pool, 0)));
+    ASSERT_ERR(kvf_pool_read_check_view(&v, x.page, x.tag, 0), KVF_E_POOL_BAD_STATE);
+    ASSERT_OK(kvf_pool_grant_end(pool, x, writer(pool, 0), 0));
     ASSERT_OK(kvf_pool_release(pool, x, KVF_HOLDER_SEQ, 0));
     ASSERT_OK(kvf_pool_release(pool, y, KVF_HOLDER_SEQ, 0));
     drain_and_destroy(pool);

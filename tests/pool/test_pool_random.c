@@ -528,6 +528,9 @@ static void step(struct world *wd, uint64_t op_no)
         uint32_t slot = below(wd, PT + 1);
         want = m_read_check(m, r.page, r.tag, slot);
         got = kvf_pool_read_check(pool, r.page, r.tag, slot);
+        struct kvf_pool_read_view v;
+        kvf_pool_read_view(pool, &v);
+        ASSERT_EQ_INT(kvf_pool_read_check_view(&v, r.page, r.tag, slot), got);
         break;
     }
     case OP_POST: {
