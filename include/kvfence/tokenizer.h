@@ -12,8 +12,9 @@
  * tokens (or <unk> if the vocabulary lacks that byte). Control, byte and unused tokens are
  * never produced from text: "<s>" in a prompt is three characters, not BOS.
  *
- * Decoding (struct kvf_detok): pieces turn "▁" back into spaces, byte tokens into their byte,
- * control and unused tokens into nothing, <unk> into U+FFFD. Output is always valid UTF-8: a
+ * Decoding (struct kvf_detok): byte tokens become their byte, other pieces their text, control
+ * and unused tokens nothing, <unk> U+FFFD; then every "▁" becomes a space, also one spelled
+ * with byte tokens (so a literal U+2581 in a prompt decodes as a space, as in SentencePiece). Output is always valid UTF-8: a
  * sequence split across tokens is held back until it completes, and an invalid byte or an
  * unfinished tail becomes U+FFFD.
  *

@@ -38,13 +38,6 @@ int kvf_cmd_decode(int argc, char **argv)
     return pending(argc, argv, "Runs a decode worker that owns a fenced page pool and decodes.");
 }
 
-int kvf_cmd_mkmodel(int argc, char **argv)
-{
-    return pending(argc, argv,
-                   "kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m [--type f32|q8_0] [--seed N]\n"
-                   "writes a Llama GGUF with seeded random weights and a byte-level vocab.");
-}
-
 int kvf_cmd_run(int argc, char **argv)
 {
     return pending(argc, argv,

@@ -1,0 +1,243 @@
+/* mkmodel: standard Llama GGUF files with seeded random weights, for tests and benchmarks.
+ *
+ * Every tensor draws from its own PRNG stream, seeded from (seed, tensor index), and is
+ * produced row by row through the writer's callback, so memory is a few rows whatever the
+ * model size and the same (shape, type, seed) always gives the same bytes.
+ *
+ * Scaling, so that activations stay near unit size: with RMS-normalized inputs, a weight of
+ * fan-in n drawn with standard deviation 1/sqrt(n) gives outputs of about unit size. The two
+ * projections that write into the residual stream (attn_output, ffn_down) are scaled down by a
+ * further sqrt(2 * n_layers), so the stream grows to about unit size over the whole depth
+ * instead of per layer. Embeddings and the output projection use 2/sqrt(dim), so logits have a
+ * standard deviation near 2: peaked enough that greedy decoding is not a coin toss. Norm weights
+ * are 1 ± 0.05, so a forward pass that ignores them gives visibly different numbers. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf_internal.h"
+#include "kvfence/common.h"
+#include "kvfence/gguf.h"
+#include "kvfence/quant.h"
+
+static const struct kvf_mkmodel_shape shapes[] = {
+    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false},
+    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true},
+    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true},
+};
+
+const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name)
+{
+    for (size_t i = 0; name && i < KVF_ARRAY_LEN(shapes); i++)
+        if (strcmp(shapes[i].name, name) == 0) return &shapes[i];
+    return NULL;
+}
+
+/* xoshiro256** seeded by splitmix64: fast, and the same on every platform. */
+struct rng {
+    uint64_t s[4];
+};
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t *s = r->s, res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return res;
+}
+
+/* Uniform in [-1, 1): 24 random bits, exact in float. */
+static float rng_unit(struct rng *r)
+{
+    return (float)(int32_t)((rng_next(r) >> 40) - (1u << 23)) * (1.0f / 8388608.0f);
+}
+
+/* One tensor's generator: each value is center + amp * uniform[-1, 1). */
+struct gen {
+    struct rng rng;
+    uint32_t type;
+    uint64_t n;     /* values per row */
+    float center, amp;
+    float *scratch; /* [n], for quantized rows */
+};
+
+static int gen_row(void *ctx, uint64_t row, void *dst, size_t row_bytes)
+{
+    struct gen *g = ctx;
+    (void)row;
+    (void)row_bytes;
+    float *x = g->type == KVF_GGML_F32 ? dst : g->scratch;
+    for (uint64_t i = 0; i < g->n; i++) x[i] = g->center + g->amp * rng_unit(&g->rng);
+    if (g->type == KVF_GGML_Q8_0) kvf_quantize_row_q8_0(x, dst, g->n);
+    return 0;
+}
+
+/* A uniform distribution with standard deviation sd spans ± sd * sqrt(3). */
+static float amp_for_sd(double sd)
+{
+    return (float)(sd * sqrt(3.0));
+}
+
+struct build {
+    kvf_gguf_writer_t *w;
+    struct gen *gens; /* one per tensor, owned */
+    size_t n_gens, cap_gens;
+    uint32_t type;
+    uint64_t seed;
+    int rc;
+};
+
+/* Adds tensor `name` of ne0 × ne1 (ne1 == 0: 1-D). Quantized only when type asks for it and
+ * the row is whole Q8_0 blocks; norms (1-D) are always F32. Errors stick in b->rc. */
+static void add(struct build *b, const char *name, uint64_t ne0, uint64_t ne1, float center,
+                float amp)
+{
+    if (b->rc < 0) return;
+    if (!ALWAYS(b->n_gens < b->cap_gens)) {
+        b->rc = -EINVAL;
+        return;
+    }
+    struct gen *g = &b->gens[b->n_gens];
+    uint64_t x = b->seed ^ (0x5851f42d4c957f2dull * (b->n_gens + 1));
+    for (int i = 0; i < 4; i++) g->rng.s[i] = splitmix(&x);
+    g->type = ne1 && b->type == KVF_GGML_Q8_0 && ne0 % KVF_QK == 0 ? KVF_GGML_Q8_0 : KVF_GGML_F32;
+    g->n = ne0;
+    g->center = center;
+    g->amp = amp;
+    if (g->type != KVF_GGML_F32 && !(g->scratch = malloc((size_t)ne0 * sizeof(float)))) {
+        b->rc = -ENOMEM;
+        return;
+    }
+    b->n_gens++;
+    uint64_t ne[2] = {ne0, ne1};
+    b->rc = kvf_gguf_writer_add_tensor(b->w, name, g->type, ne1 ? 2 : 1, ne, NULL, gen_row, g);
+}
+
+static int add_vocab(kvf_gguf_writer_t *w, uint32_t n_vocab)
+{
+    char **toks = calloc(n_vocab, sizeof *toks);
+    float *scores = calloc(n_vocab, sizeof *scores);
+    int32_t *types = calloc(n_vocab, sizeof *types);
+    int rc = -ENOMEM;
+    if (!toks || !scores || !types) goto free_all;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        char buf[32];
+        if (i == 0)
+            snprintf(buf, sizeof buf, "<unk>"), types[i] = 2;
+        else if (i == 1)
+            snprintf(buf, sizeof buf, "<s>"), types[i] = 3;
+        else if (i == 2)
+            snprintf(buf, sizeof buf, "</s>"), types[i] = 3;
+        else if (i < 3 + 256)
+            snprintf(buf, sizeof buf, "<0x%02X>", i - 3), types[i] = 6;
+        else
+            snprintf(buf, sizeof buf, "<extra_%u>", i - 259), types[i] = 5;
+        if (!(toks[i] = strdup(buf))) goto free_all;
+    }
+    rc = kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama", 5);
+    if (rc == 0)
+        rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)toks,
+                                         NULL, n_vocab);
+    if (rc == 0) rc = kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores, n_vocab);
+    if (rc == 0) rc = kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", types, n_vocab);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    if (rc == 0) rc = kvf_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", true);
+    if (rc == 0) rc = kvf_gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", false);
+free_all:
+    if (toks)
+        for (uint32_t i = 0; i < n_vocab; i++) free(toks[i]);
+    free(toks);
+    free(scores);
+    free(types);
+    return rc;
+}
+
+static int add_hparams(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, uint32_t type)
+{
+    int rc = kvf_gguf_writer_add_str(w, "general.architecture", "llama", 5);
+    if (rc == 0) rc = kvf_gguf_writer_add_str(w, "general.name", s->name, strlen(s->name));
+    /* general.file_type: 0 is all F32, 7 is mostly Q8_0 (llama.cpp's numbering). */
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "general.file_type", type == KVF_GGML_F32 ? 0 : 7);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.vocab_size", s->n_vocab);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.context_length", s->n_ctx);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.embedding_length", s->dim);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.block_count", s->n_layers);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.feed_forward_length", s->ffn_dim);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.attention.head_count", s->n_heads);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.attention.head_count_kv", s->n_kv_heads);
+    if (rc == 0)
+        rc = kvf_gguf_writer_add_u32(w, "llama.rope.dimension_count", s->dim / s->n_heads);
+    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f);
+    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    return rc;
+}
+
+int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint32_t type,
+                      uint64_t seed, char *err, size_t err_len)
+{
+    if (err && err_len) err[0] = '\0';
+    if (!path || !s || (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0) || s->n_heads == 0 ||
+        s->n_kv_heads == 0 || s->dim % s->n_heads != 0 || s->n_heads % s->n_kv_heads != 0 ||
+        s->n_vocab < 259 || s->n_layers == 0 || s->n_layers > 1000)
+        return kvf__gguf_fail(err, err_len, -EINVAL, "invalid shape or type");
+    struct build b = {.type = type, .seed = seed};
+    b.cap_gens = 3 + 9 * (size_t)s->n_layers;
+    b.gens = calloc(b.cap_gens, sizeof *b.gens);
+    if (!b.gens) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
+    b.rc = kvf_gguf_writer_create(0, &b.w);
+    if (b.rc == 0) b.rc = add_hparams(b.w, s, type);
+    if (b.rc == 0) b.rc = add_vocab(b.w, s->n_vocab);
+
+    const uint64_t dim = s->dim, kv_dim = (uint64_t)s->dim / s->n_heads * s->n_kv_heads;
+    const uint64_t ffn = s->ffn_dim;
+    const double depth = sqrt(2.0 * s->n_layers);
+    add(&b, "token_embd.weight", dim, s->n_vocab, 0.0f, amp_for_sd(2.0 / sqrt((double)dim)));
+    add(&b, "output_norm.weight", dim, 0, 1.0f, 0.05f);
+    if (!s->tied_output)
+        add(&b, "output.weight", dim, s->n_vocab, 0.0f, amp_for_sd(2.0 / sqrt((double)dim)));
+    for (uint32_t l = 0; l < s->n_layers && b.rc == 0; l++) {
+        char name[64];
+#define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
+        add(&b, BLK("attn_norm.weight"), dim, 0, 1.0f, 0.05f);
+        add(&b, BLK("attn_q.weight"), dim, dim, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
+        add(&b, BLK("attn_k.weight"), dim, kv_dim, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
+        add(&b, BLK("attn_v.weight"), dim, kv_dim, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
+        add(&b, BLK("attn_output.weight"), dim, dim, 0.0f,
+            amp_for_sd(1.0 / sqrt((double)dim) / depth));
+        add(&b, BLK("ffn_norm.weight"), dim, 0, 1.0f, 0.05f);
+        add(&b, BLK("ffn_gate.weight"), dim, ffn, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
+        add(&b, BLK("ffn_up.weight"), dim, ffn, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
+        add(&b, BLK("ffn_down.weight"), ffn, dim, 0.0f,
+            amp_for_sd(1.0 / sqrt((double)ffn) / depth));
+#undef BLK
+    }
+    int rc = b.rc;
+    if (rc < 0)
+        kvf__gguf_fail(err, err_len, rc, "building the model description: %s", kvf_strerror(rc));
+    else
+        rc = kvf_gguf_writer_write(b.w, path, err, err_len);
+    kvf_gguf_writer_destroy(b.w);
+    for (size_t i = 0; i < b.n_gens; i++) free(b.gens[i].scratch);
+    free(b.gens);
+    return rc;
+}
