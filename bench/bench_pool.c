@@ -19,8 +19,8 @@
 #include "bench.h"
 #include "kvfence/pool.h"
 
-#define N_PAGES 1024u
-#define BATCH 16u
+#define N_PAGES  1024u
+#define BATCH    16u
 #define MAX_RUNS 101
 
 static unsigned long arg_ul(int argc, char **argv, const char *name, unsigned long dflt)
@@ -34,8 +34,8 @@ static kvf_pool_t *make_pool(void)
 {
     struct kvf_pool_config c;
     memset(&c, 0, sizeof(c));
-    c.geo = (struct kvf_pool_geometry){.n_layers = 2, .n_kv_heads = 2, .head_dim = 16,
-                                       .page_tokens = 16, .elem_bytes = 2};
+    c.geo = (struct kvf_pool_geometry){
+        .n_layers = 2, .n_kv_heads = 2, .head_dim = 16, .page_tokens = 16, .elem_bytes = 2};
     c.n_pages = N_PAGES;
     c.max_peers = 4;
     c.tag_seed = 1;
@@ -67,7 +67,8 @@ static double run_batches(kvf_pool_t *pool, unsigned long pages)
     uint64_t t0 = kvf_bench_now_ns();
     for (unsigned long i = 0; i < batches; i++) {
         bad |= kvf_pool_alloc(pool, &owner, KVF_HOLDER_SEQ, BATCH, false, r);
-        for (unsigned j = 0; j < BATCH; j++) bad |= kvf_pool_release(pool, r[j], KVF_HOLDER_SEQ, 0);
+        for (unsigned j = 0; j < BATCH; j++)
+            bad |= kvf_pool_release(pool, r[j], KVF_HOLDER_SEQ, 0);
     }
     uint64_t t1 = kvf_bench_now_ns();
     return bad ? -1.0 : (double)(t1 - t0) / (double)(batches * BATCH);

@@ -38,7 +38,8 @@
  *
  * Invariants of each state (kvf_pool_check() walks them all):
  *
- *   FREE         no owner, no holders, no grant, fill 0; on the free list exactly once.
+ *   FREE         no owner, no holders, no grant, fill 0; on the free list exactly once. It keeps
+ *                its last tag (0 if never allocated), so a second release is told apart.
  *   OWNED        an owner, ≥ 1 holder, no grant; 0 ≤ fill ≤ page_tokens.
  *   GRANTED      an owner, ≥ 1 holder, one grant whose epoch is the peer's current epoch; fill 0.
  *   HELD         an owner (the last one), no holders, one current-epoch grant, a deadline; fill 0;
@@ -55,21 +56,39 @@
  * engine has been told to fence the peer, and only that fence frees the page. A drain proof that
  * arrives after the quarantine is refused (KVF_E_POOL_BAD_STATE) and the page waits for the fence.
  *
+ * Time: the pool keeps a clock, the largest now_ms it was given (by release or tick). A now_ms
+ * behind it is taken as the clock itself, so a caller's clock step backwards neither shortens a
+ * hold nor reorders the held list; deadlines are clock + hold_timeout_ms at the release.
+ *
  * Tags: a 64-bit value that changes every time a page is allocated and is never reused by this
  * pool (tag_seed + a counter; 0 is never a tag). Callers name pages by (page, tag); a call with a
  * stale tag is refused.
  *
  * Errors: every call that can fail returns 0 (or a count) or a negative KVF_E_POOL_* code. Each
  * illegal call returns its own code, is counted in kvf_pool_stats.errors, and leaves the pool
- * exactly as it was.
+ * exactly as it was. Checks run in this order, the first that fails decides the code: argument
+ * shape (BAD_ARG: holder kind, zero count, NULL) → page index (BAD_PAGE) → tag (STALE_TAG;
+ * release first reports DOUBLE_FREE for a FREE page named by its last tag) → state (NOT_HOLDER,
+ * NOT_OWNED, NO_GRANT, BAD_STATE) → writer (BAD_ARG for a peer ≥ max_peers, BAD_EPOCH) → value
+ * (BAD_ARG for a fill out of range) → capacity (FULL, RESERVE). Queries (read checks,
+ * page_info, peer_epoch) count nothing.
+ * Debug builds (no NDEBUG) also assert each changed page's invariants after every transition.
  *
  * Threading: a pool has one owner — the worker loop that created it. No function here locks;
  * none may be called from two threads at once. The page data may be read by compute threads
  * the owner dispatches, and written by a remote peer holding a grant; the metadata never is.
  *
  * Work bounds: alloc and release are O(1) per page (plus O(page bytes) when a page is scrubbed
- * or poisoned on free); grant, grant_end, hold and read checks are O(1); tick is O(pages that expire) plus O(1); fence is O(n_pages) (fences are rare);
- * kvf_pool_check is O(n_pages).
+ * or poisoned on free); grant (which clears the 64-byte trailer), grant_end, hold, set_fill
+ * and read checks are O(1); tick is O(pages that expire + max_peers); fence is O(n_pages),
+ * skipped when the epoch holds no grant (fences are rare); kvf_pool_check is
+ * O(n_pages + max_peers); create zeroes all page memory once, O(n_pages * page bytes).
+ *
+ * Memory: page data comes from cfg->page_alloc (a method table; aligned host memory by default,
+ * a device backend later) in one region of n_pages * page_bytes; metadata from cfg->meta_alloc,
+ * in host memory apart from it. Scrub, poison and the trailer clear at grant write the page
+ * memory from the host, so a backend must hand out host-addressable memory until a device
+ * backend brings its own way to clear.
  */
 #ifndef KVFENCE_POOL_H
 #define KVFENCE_POOL_H

@@ -9,7 +9,8 @@
 int kvf_pool_reserve(kvf_pool_t *pool, uint32_t n)
 {
     /* reserved <= free_count always holds, so the subtraction cannot wrap. */
-    if (n > pool->free_count - pool->stats.reserved) return kvf__pool_fail(pool, KVF_E_POOL_RESERVE);
+    if (n > pool->free_count - pool->stats.reserved)
+        return kvf__pool_fail(pool, KVF_E_POOL_RESERVE);
     pool->stats.reserved += n;
     return 0;
 }
@@ -159,8 +160,8 @@ static void poison_page(struct kvf_pool *pool, uint32_t page)
     const struct kvf_pool_read_entry *h = &pool->hot[page];
     const struct kvf__page_cold *c = &pool->cold[page];
     unsigned char *base = kvf__pool_page_ptr(pool, page);
-    uint32_t word = KVF_POOL_POISON_HI |
-                    (uint32_t)((h->tag ^ c->owner.req.lo ^ c->owner.tenant) & 0xFFFFFu);
+    uint32_t word =
+        KVF_POOL_POISON_HI | (uint32_t)((h->tag ^ c->owner.req.lo ^ c->owner.tenant) & 0xFFFFFu);
     /* trailer_offset is a multiple of 64, so whole words cover data and padding. */
     for (size_t off = 0; off < pool->trailer_offset; off += sizeof(word))
         memcpy(base + off, &word, sizeof(word));

@@ -25,8 +25,8 @@ void kvf_pool_read_view(const kvf_pool_t *pool, struct kvf_pool_read_view *out)
 
 /* Writes a description of the violation (if the caller wants one) and returns false, so a check
  * reads `if (bad) return why_fail(...)`. */
-__attribute__((format(printf, 3, 4))) static bool why_fail(char *why, size_t len,
-                                                            const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static bool why_fail(char *why, size_t len, const char *fmt,
+                                                           ...)
 {
     if (why && len) {
         va_list ap;
@@ -48,7 +48,8 @@ bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, si
     const struct kvf__page_cold *c = &pool->cold[page];
     uint32_t holders = kvf__pool_holders(c);
     const char *name = kvf_page_state_name((enum kvf_page_state)h->state);
-    if (h->state >= KVF_PAGE__NSTATES) return why_fail(why, len, "page %u: bad state %u", page, h->state);
+    if (h->state >= KVF_PAGE__NSTATES)
+        return why_fail(why, len, "page %u: bad state %u", page, h->state);
     if (h->fill > pool->geo.page_tokens)
         return why_fail(why, len, "page %u: fill %u > page_tokens", page, h->fill);
 
@@ -115,7 +116,8 @@ bool kvf_pool_check(const kvf_pool_t *pool, char *why, size_t len)
     for (uint32_t i = 0; i < pool->free_count; i++) {
         uint32_t slot = (uint32_t)(((uint64_t)pool->free_head + i) % n);
         uint32_t page = pool->ring[slot];
-        if (page >= n || pool->hot[page].state != KVF_PAGE_FREE || pool->cold[page].ring_pos != slot)
+        if (page >= n || pool->hot[page].state != KVF_PAGE_FREE ||
+            pool->cold[page].ring_pos != slot)
             return why_fail(why, len, "free ring slot %u names page %u, not a FREE page there",
                             slot, page);
     }
@@ -144,8 +146,8 @@ bool kvf_pool_check(const kvf_pool_t *pool, char *why, size_t len)
                         by_state[KVF_PAGE_HELD]);
 
     /* Grants, per peer and in total. O(n_pages + max_peers). */
-    uint32_t grants = by_state[KVF_PAGE_GRANTED] + by_state[KVF_PAGE_HELD] +
-                      by_state[KVF_PAGE_QUARANTINED];
+    uint32_t grants =
+        by_state[KVF_PAGE_GRANTED] + by_state[KVF_PAGE_HELD] + by_state[KVF_PAGE_QUARANTINED];
     if (st->grants != grants)
         return why_fail(why, len, "grants gauge %u, granted pages %u", st->grants, grants);
     /* Count each peer's grants in one pass into the scratch the pool keeps for this walk (the

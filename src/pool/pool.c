@@ -31,8 +31,7 @@ static void free_parts(struct kvf_pool *p)
     const struct kvf_alloc_ops *m = &p->meta_alloc;
     size_t n = p->n_pages;
     if (p->data) p->page_alloc.free(p->page_alloc.ctx, p->data, n * p->page_bytes);
-    if (p->peers)
-        m->free(m->ctx, p->peers, sizeof(*p->peers) * (p->max_peers ? p->max_peers : 1u));
+    if (p->peers) m->free(m->ctx, p->peers, sizeof(*p->peers) * (p->max_peers ? p->max_peers : 1u));
     if (p->check_scratch)
         m->free(m->ctx, p->check_scratch,
                 sizeof(*p->check_scratch) * 2u * (p->max_peers ? p->max_peers : 1u));
@@ -95,7 +94,8 @@ int kvf_pool_create(const struct kvf_pool_config *cfg, kvf_pool_t **out)
         p->cold[i].prev = p->cold[i].next = KVF__POOL_NIL;
         p->ring[i] = i;
     }
-    for (uint32_t i = 0; i < np; i++) p->peers[i] = (struct kvf__peer){.epoch = 1};
+    for (uint32_t i = 0; i < np; i++)
+        p->peers[i] = (struct kvf__peer){.epoch = 1};
     p->free_head = 0;
     p->free_count = cfg->n_pages;
     p->held_head = p->held_tail = KVF__POOL_NIL;
@@ -177,11 +177,17 @@ void kvf_pool_stats(const kvf_pool_t *pool, struct kvf_pool_stats *out)
 const char *kvf_page_state_name(enum kvf_page_state s)
 {
     switch (s) {
-    case KVF_PAGE_FREE: return "KVF_PAGE_FREE";
-    case KVF_PAGE_OWNED: return "KVF_PAGE_OWNED";
-    case KVF_PAGE_GRANTED: return "KVF_PAGE_GRANTED";
-    case KVF_PAGE_HELD: return "KVF_PAGE_HELD";
-    case KVF_PAGE_QUARANTINED: return "KVF_PAGE_QUARANTINED";
-    default: return "KVF_PAGE_?";
+    case KVF_PAGE_FREE:
+        return "KVF_PAGE_FREE";
+    case KVF_PAGE_OWNED:
+        return "KVF_PAGE_OWNED";
+    case KVF_PAGE_GRANTED:
+        return "KVF_PAGE_GRANTED";
+    case KVF_PAGE_HELD:
+        return "KVF_PAGE_HELD";
+    case KVF_PAGE_QUARANTINED:
+        return "KVF_PAGE_QUARANTINED";
+    default:
+        return "KVF_PAGE_?";
     }
 }

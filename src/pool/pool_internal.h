@@ -44,14 +44,14 @@
 _Static_assert(sizeof(struct kvf_pool_read_entry) == 16, "four hot records per cache line");
 
 struct kvf__page_cold {
-    struct kvf_owner owner;                 /* zero when FREE */
-    uint64_t deadline_ms;                   /* HELD, QUARANTINED: when the hold expires(d) */
-    uint16_t holders[KVF_HOLDER__NKINDS];   /* holder count per kind */
-    uint16_t grant_peer;                    /* valid when granted */
-    uint32_t grant_epoch;                   /* valid when granted */
-    uint32_t ring_pos;                      /* FREE: its slot in the free ring */
-    uint32_t prev, next;                    /* HELD: held-list links */
-    uint8_t granted;                        /* 1 while a write grant is outstanding */
+    struct kvf_owner owner;               /* zero when FREE */
+    uint64_t deadline_ms;                 /* HELD, QUARANTINED: when the hold expires(d) */
+    uint16_t holders[KVF_HOLDER__NKINDS]; /* holder count per kind */
+    uint16_t grant_peer;                  /* valid when granted */
+    uint32_t grant_epoch;                 /* valid when granted */
+    uint32_t ring_pos;                    /* FREE: its slot in the free ring */
+    uint32_t prev, next;                  /* HELD: held-list links */
+    uint8_t granted;                      /* 1 while a write grant is outstanding */
 };
 
 /* One writer peer. */
@@ -78,10 +78,10 @@ struct kvf_pool {
     unsigned char *data; /* n_pages * page_bytes */
 
     /* Metadata. */
-    struct kvf_pool_read_entry *hot;   /* [n_pages] */
-    struct kvf__page_cold *cold; /* [n_pages] */
-    uint32_t *ring;              /* [n_pages] free ring */
-    uint32_t free_head;          /* ring slot of the oldest free page */
+    struct kvf_pool_read_entry *hot; /* [n_pages] */
+    struct kvf__page_cold *cold;     /* [n_pages] */
+    uint32_t *ring;                  /* [n_pages] free ring */
+    uint32_t free_head;              /* ring slot of the oldest free page */
     uint32_t free_count;
     uint32_t held_head, held_tail; /* held list, KVF__POOL_NIL when empty */
     uint32_t held_count;
@@ -89,7 +89,7 @@ struct kvf_pool {
     uint32_t *check_scratch; /* [2 * max(max_peers, 1)]: per-peer counts for kvf_pool_check */
 
     uint64_t last_tag; /* the last tag issued (tag_seed before the first); 0 is skipped */
-    uint64_t clock_ms;    /* the largest `now` seen: never decreases */
+    uint64_t clock_ms; /* the largest `now` seen: never decreases */
 
     struct kvf_pool_stats stats; /* gauges kept current; counters */
 };
@@ -110,7 +110,8 @@ static inline unsigned char *kvf__pool_page_ptr(const struct kvf_pool *pool, uin
 static inline uint32_t kvf__pool_holders(const struct kvf__page_cold *c)
 {
     uint32_t n = 0;
-    for (int k = 0; k < KVF_HOLDER__NKINDS; k++) n += c->holders[k];
+    for (int k = 0; k < KVF_HOLDER__NKINDS; k++)
+        n += c->holders[k];
     return n;
 }
 

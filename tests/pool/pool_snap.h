@@ -28,8 +28,8 @@ static inline struct kvf_pool_config small_config(uint32_t n_pages, uint16_t max
 {
     struct kvf_pool_config c;
     memset(&c, 0, sizeof(c));
-    c.geo = (struct kvf_pool_geometry){.n_layers = 2, .n_kv_heads = 1, .head_dim = 4,
-                                       .page_tokens = 4, .elem_bytes = 4};
+    c.geo = (struct kvf_pool_geometry){
+        .n_layers = 2, .n_kv_heads = 1, .head_dim = 4, .page_tokens = 4, .elem_bytes = 4};
     c.n_pages = n_pages;
     c.max_peers = max_peers;
     c.hold_timeout_ms = 1000;
@@ -42,7 +42,8 @@ static inline void snap_take(const kvf_pool_t *pool, struct pool_snap *s)
     memset(s, 0, sizeof(*s));
     s->n_pages = kvf_pool_n_pages(pool);
     ASSERT_LE_INT(s->n_pages, SNAP_MAX_PAGES);
-    for (uint32_t p = 0; p < s->n_pages; p++) ASSERT_OK(kvf_pool_page_info(pool, p, &s->info[p]));
+    for (uint32_t p = 0; p < s->n_pages; p++)
+        ASSERT_OK(kvf_pool_page_info(pool, p, &s->info[p]));
     kvf_pool_stats(pool, &s->stats);
     s->available = kvf_pool_available(pool);
     for (uint16_t p = 0; p < SNAP_MAX_PEERS; p++)

@@ -87,7 +87,8 @@ static void test_geometry_and_data(void)
     ASSERT_EQ_INT(bytes, 4 * 320);
     ASSERT_EQ_PTR(kvf_pool_page_data(pool, 2), d + 2 * 320);
     ASSERT_NULL(kvf_pool_page_data(pool, 4));
-    for (size_t i = 0; i < bytes; i++) ASSERT_EQ_INT(d[i], 0); /* zeroed at creation */
+    for (size_t i = 0; i < bytes; i++)
+        ASSERT_EQ_INT(d[i], 0); /* zeroed at creation */
     ASSERT_EQ_INT(kvf_pool_n_pages(pool), 4);
     ASSERT_STREQ(kvf_page_state_name(KVF_PAGE_QUARANTINED), "KVF_PAGE_QUARANTINED");
     drain_and_destroy(pool);
@@ -178,7 +179,8 @@ static void test_grant_then_proof(void)
     ASSERT_TRUE(in.granted);
     ASSERT_EQ_INT(in.grant.peer, 1);
     ASSERT_EQ_INT(in.fill, 0); /* reset: nothing the writer will write is verified yet */
-    for (int i = 0; i < 64; i++) ASSERT_EQ_INT(page[256 + i], 0); /* trailer cleared */
+    for (int i = 0; i < 64; i++)
+        ASSERT_EQ_INT(page[256 + i], 0); /* trailer cleared */
     ASSERT_ERR(kvf_pool_read_check(pool, r.page, r.tag, 0), KVF_E_POOL_BAD_STATE);
     ASSERT_OK(kvf_pool_grant_end(pool, r, w, 3));
     ASSERT_POOL_OK(pool);
@@ -282,7 +284,8 @@ static void test_fence_frees_held_pages(void)
     struct kvf_page_ref r[3];
     ASSERT_OK(kvf_pool_alloc(pool, &OWNER_A, KVF_HOLDER_SEQ, 3, false, r));
     struct kvf_peer_epoch w = writer(pool, 0);
-    for (int i = 0; i < 3; i++) ASSERT_OK(kvf_pool_grant(pool, r[i], w));
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(kvf_pool_grant(pool, r[i], w));
     ASSERT_OK(kvf_pool_release(pool, r[1], KVF_HOLDER_SEQ, 10));
     ASSERT_OK(kvf_pool_release(pool, r[0], KVF_HOLDER_SEQ, 20));
     ASSERT_EQ_INT(kvf_pool_fence(pool, w), 3);
@@ -304,7 +307,8 @@ static void test_time_going_backwards(void)
     struct kvf_page_ref r[3];
     ASSERT_OK(kvf_pool_alloc(pool, &OWNER_A, KVF_HOLDER_SEQ, 3, false, r));
     struct kvf_peer_epoch w = writer(pool, 0), f[1];
-    for (int i = 0; i < 3; i++) ASSERT_OK(kvf_pool_grant(pool, r[i], w));
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(kvf_pool_grant(pool, r[i], w));
     ASSERT_OK(kvf_pool_release(pool, r[0], KVF_HOLDER_SEQ, 5000));
     ASSERT_OK(kvf_pool_release(pool, r[1], KVF_HOLDER_SEQ, 100)); /* behind the clock */
     ASSERT_EQ_U64(info(pool, r[1].page).deadline_ms, 6000);
@@ -314,7 +318,8 @@ static void test_time_going_backwards(void)
     ASSERT_POOL_OK(pool);
     ASSERT_EQ_INT(kvf_pool_tick(pool, 5999, f, 1), 0);
     ASSERT_EQ_INT(kvf_pool_tick(pool, 6000, f, 1), 1);
-    for (int i = 0; i < 3; i++) ASSERT_EQ_INT(info(pool, r[i].page).state, KVF_PAGE_QUARANTINED);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ_INT(info(pool, r[i].page).state, KVF_PAGE_QUARANTINED);
     ASSERT_EQ_INT(kvf_pool_fence(pool, w), 3);
     drain_and_destroy(pool);
 }
@@ -342,7 +347,8 @@ static void test_reservations(void)
     kvf_pool_stats(pool, &st);
     ASSERT_EQ_INT(st.reserved, 2);
     ASSERT_OK(kvf_pool_unreserve(pool, 2));
-    for (int i = 0; i < 5; i++) ASSERT_OK(kvf_pool_release(pool, r[i], KVF_HOLDER_SEQ, 0));
+    for (int i = 0; i < 5; i++)
+        ASSERT_OK(kvf_pool_release(pool, r[i], KVF_HOLDER_SEQ, 0));
     drain_and_destroy(pool);
 }
 
@@ -422,22 +428,22 @@ static void test_illegal_calls_change_nothing(void)
     EXPECT_ILLEGAL(pool, kvf_pool_unreserve(pool, 1), KVF_E_POOL_RESERVE);
     EXPECT_ILLEGAL(pool, kvf_pool_fence(pool, ((struct kvf_peer_epoch){0, 2})),
                    KVF_E_POOL_BAD_EPOCH);
-    EXPECT_ILLEGAL(pool, kvf_pool_fence(pool, ((struct kvf_peer_epoch){5, 1})),
-                   KVF_E_POOL_BAD_ARG);
+    EXPECT_ILLEGAL(pool, kvf_pool_fence(pool, ((struct kvf_peer_epoch){5, 1})), KVF_E_POOL_BAD_ARG);
     EXPECT_ILLEGAL(pool, kvf_pool_tick(pool, 10, NULL, 3), KVF_E_POOL_BAD_ARG);
 
     /* Every error counted once per call above. */
     struct kvf_pool_stats st;
     kvf_pool_stats(pool, &st);
     static const int expect[KVF_POOL_N_ERRORS] = {
-        [-KVF_E_POOL_FULL - 1001] = 2,       [-KVF_E_POOL_BAD_PAGE - 1001] = 5,
-        [-KVF_E_POOL_STALE_TAG - 1001] = 5,  [-KVF_E_POOL_NOT_HOLDER - 1001] = 2,
+        [-KVF_E_POOL_FULL - 1001] = 2,        [-KVF_E_POOL_BAD_PAGE - 1001] = 5,
+        [-KVF_E_POOL_STALE_TAG - 1001] = 5,   [-KVF_E_POOL_NOT_HOLDER - 1001] = 2,
         [-KVF_E_POOL_DOUBLE_FREE - 1001] = 1, [-KVF_E_POOL_NOT_OWNED - 1001] = 3,
-        [-KVF_E_POOL_NO_GRANT - 1001] = 4,   [-KVF_E_POOL_BAD_EPOCH - 1001] = 2,
-        [-KVF_E_POOL_BAD_SLOT - 1001] = 0,   [-KVF_E_POOL_RESERVE - 1001] = 3,
-        [-KVF_E_POOL_BAD_STATE - 1001] = 3,  [-KVF_E_POOL_BAD_ARG - 1001] = 10,
+        [-KVF_E_POOL_NO_GRANT - 1001] = 4,    [-KVF_E_POOL_BAD_EPOCH - 1001] = 2,
+        [-KVF_E_POOL_BAD_SLOT - 1001] = 0,    [-KVF_E_POOL_RESERVE - 1001] = 3,
+        [-KVF_E_POOL_BAD_STATE - 1001] = 3,   [-KVF_E_POOL_BAD_ARG - 1001] = 10,
     };
-    for (int i = 0; i < KVF_POOL_N_ERRORS; i++) ASSERT_EQ_U64(st.errors[i], expect[i]);
+    for (int i = 0; i < KVF_POOL_N_ERRORS; i++)
+        ASSERT_EQ_U64(st.errors[i], expect[i]);
 
     ASSERT_EQ_INT(kvf_pool_fence(pool, w), 2);
     ASSERT_OK(kvf_pool_release(pool, own, KVF_HOLDER_SEQ, 0));
@@ -453,7 +459,8 @@ static void test_read_check(void)
     struct kvf_page_ref r = alloc1(pool, &OWNER_A);
     ASSERT_ERR(kvf_pool_read_check(pool, r.page, r.tag, 0), KVF_E_POOL_BAD_SLOT);
     ASSERT_OK(kvf_pool_set_fill(pool, r, 4));
-    for (uint32_t s = 0; s < 4; s++) ASSERT_OK(kvf_pool_read_check(pool, r.page, r.tag, s));
+    for (uint32_t s = 0; s < 4; s++)
+        ASSERT_OK(kvf_pool_read_check(pool, r.page, r.tag, s));
     ASSERT_ERR(kvf_pool_read_check(pool, r.page, r.tag, 4), KVF_E_POOL_BAD_SLOT);
     ASSERT_ERR(kvf_pool_read_check(pool, r.page, r.tag ^ 1, 0), KVF_E_POOL_STALE_TAG);
     ASSERT_ERR(kvf_pool_read_check(pool, 2, r.tag, 0), KVF_E_POOL_BAD_PAGE);
@@ -465,7 +472,8 @@ static void test_read_check(void)
     ASSERT_ERR(kvf_pool_read_check(pool, r.page, r.tag, 0), KVF_E_POOL_STALE_TAG);
     struct kvf_pool_stats st;
     kvf_pool_stats(pool, &st);
-    for (int i = 0; i < KVF_POOL_N_ERRORS; i++) ASSERT_EQ_U64(st.errors[i], 0); /* a query */
+    for (int i = 0; i < KVF_POOL_N_ERRORS; i++)
+        ASSERT_EQ_U64(st.errors[i], 0); /* a query */
     /* The inline read view gives the same answers, and follows the pages' current state. */
     struct kvf_pool_read_view v;
     kvf_pool_read_view(pool, &v);
@@ -494,7 +502,8 @@ static void test_scrub_on_free(void)
     unsigned char *d = kvf_pool_page_data(pool, r.page);
     memset(d, 0x5A, kvf_pool_page_bytes(pool));
     ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_SEQ, 0));
-    for (size_t i = 0; i < kvf_pool_page_bytes(pool); i++) ASSERT_EQ_INT(d[i], 0);
+    for (size_t i = 0; i < kvf_pool_page_bytes(pool); i++)
+        ASSERT_EQ_INT(d[i], 0);
     drain_and_destroy(pool);
 }
 
@@ -552,21 +561,21 @@ static void test_checker_catches_corruption(void)
         (field) = saved_;                                                                          \
         ASSERT_POOL_OK(pool);                                                                      \
     } while (0)
-    CORRUPT(pool->hot[3].state, KVF_PAGE_OWNED);            /* free page off the free list */
-    CORRUPT(pool->cold[3].holders[0], 1);                   /* free page with a holder */
-    CORRUPT(pool->cold[r[0].page].granted, 1);              /* owned page with a grant */
-    CORRUPT(pool->cold[r[1].page].grant_epoch, 7);          /* grant of an unknown epoch */
-    CORRUPT(pool->cold[r[1].page].holders[0], 0);           /* granted page without holders */
-    CORRUPT(pool->hot[r[1].page].fill, 2);                  /* granted page with a fill */
-    CORRUPT(pool->hot[r[0].page].fill, 9);                  /* fill past page_tokens */
-    CORRUPT(pool->hot[r[0].page].tag, 0);                   /* allocated without a tag */
-    CORRUPT(pool->stats.reserved, 2);                       /* reserved > free */
-    CORRUPT(pool->stats.by_state[KVF_PAGE_OWNED], 9);       /* gauge off */
-    CORRUPT(pool->ring[pool->free_head], r[0].page);        /* ring names a live page */
-    CORRUPT(pool->held_count, 0);                           /* held list length */
-    CORRUPT(pool->peers[1].grants, 1);                      /* per-peer grant count */
+    CORRUPT(pool->hot[3].state, KVF_PAGE_OWNED);               /* free page off the free list */
+    CORRUPT(pool->cold[3].holders[0], 1);                      /* free page with a holder */
+    CORRUPT(pool->cold[r[0].page].granted, 1);                 /* owned page with a grant */
+    CORRUPT(pool->cold[r[1].page].grant_epoch, 7);             /* grant of an unknown epoch */
+    CORRUPT(pool->cold[r[1].page].holders[0], 0);              /* granted page without holders */
+    CORRUPT(pool->hot[r[1].page].fill, 2);                     /* granted page with a fill */
+    CORRUPT(pool->hot[r[0].page].fill, 9);                     /* fill past page_tokens */
+    CORRUPT(pool->hot[r[0].page].tag, 0);                      /* allocated without a tag */
+    CORRUPT(pool->stats.reserved, 2);                          /* reserved > free */
+    CORRUPT(pool->stats.by_state[KVF_PAGE_OWNED], 9);          /* gauge off */
+    CORRUPT(pool->ring[pool->free_head], r[0].page);           /* ring names a live page */
+    CORRUPT(pool->held_count, 0);                              /* held list length */
+    CORRUPT(pool->peers[1].grants, 1);                         /* per-peer grant count */
     CORRUPT(pool->hot[r[2].page].state, KVF_PAGE_QUARANTINED); /* before its deadline */
-    CORRUPT(pool->stats.allocs, 99);                        /* counters disagree */
+    CORRUPT(pool->stats.allocs, 99);                           /* counters disagree */
 #undef CORRUPT
     ASSERT_EQ_INT(kvf_pool_fence(pool, w), 2);
     ASSERT_OK(kvf_pool_release(pool, r[0], KVF_HOLDER_SEQ, 0));
@@ -577,10 +586,10 @@ static void test_checker_catches_corruption(void)
 /* --- Allocation failure by countdown. -------------------------------------------------------- */
 
 struct countdown {
-    int fail_at;       /* the allocation number (1-based) that fails; 0 = none */
-    int count;         /* allocations attempted */
-    long long live;    /* allocations not yet freed */
-    long long bytes;   /* bytes not yet freed */
+    int fail_at;     /* the allocation number (1-based) that fails; 0 = none */
+    int count;       /* allocations attempted */
+    long long live;  /* allocations not yet freed */
+    long long bytes; /* bytes not yet freed */
 };
 
 static void *cd_alloc(void *ctx, size_t bytes, size_t align)

@@ -18,11 +18,11 @@
  */
 #include "pool_snap.h"
 
-#define N_PEERS 3
-#define PT 4 /* page_tokens of small_config */
-#define HOLD_MS 1000
+#define N_PEERS      3
+#define PT           4 /* page_tokens of small_config */
+#define HOLD_MS      1000
 #define MAX_INFLIGHT 64
-#define MAX_PAGES 64
+#define MAX_PAGES    64
 
 /* --- The reference model. -------------------------------------------------------------------- */
 
@@ -237,7 +237,8 @@ static int m_read_check(const struct model *m, uint32_t page, uint64_t tag, uint
     return 0;
 }
 
-/* --- Comparing the pool with the model. -------------------------------------------------------- */
+/* --- Comparing the pool with the model. --------------------------------------------------------
+ */
 
 static void compare(const kvf_pool_t *pool, const struct model *m, uint64_t op)
 {
@@ -291,7 +292,7 @@ struct world {
     struct kvf_page_ref hist[64]; /* refs once issued, many now stale */
     uint32_t n_hist;
     uint64_t landed, dropped, landed_late; /* late: in a page released while granted */
-    uint64_t wall_ms; /* the caller's clock */
+    uint64_t wall_ms;                      /* the caller's clock */
 };
 
 /* Lands (or, if its writer was fenced, drops) write i, then forgets it. */
@@ -355,8 +356,10 @@ static struct kvf_peer_epoch pick_writer(struct world *wd)
     uint16_t peer = (uint16_t)below(wd, N_PEERS + 1); /* sometimes out of range */
     uint32_t e = peer < N_PEERS ? wd->m.epoch[peer] : 1;
     uint32_t r = below(wd, 10);
-    if (r == 0) e = e > 1 ? e - 1 : e + 1; /* a fenced or unknown epoch */
-    else if (r == 1) e++;
+    if (r == 0)
+        e = e > 1 ? e - 1 : e + 1; /* a fenced or unknown epoch */
+    else if (r == 1)
+        e++;
     return (struct kvf_peer_epoch){peer, e};
 }
 
@@ -397,12 +400,24 @@ static void remember(struct world *wd, struct kvf_page_ref r)
 /* --- One random operation. ------------------------------------------------------------------- */
 
 enum op {
-    OP_ALLOC, OP_HOLD, OP_RELEASE, OP_SET_FILL, OP_GRANT, OP_GRANT_END, OP_TICK, OP_FENCE,
-    OP_RESERVE, OP_UNRESERVE, OP_READ, OP_POST, OP_LAND, OP__N
+    OP_ALLOC,
+    OP_HOLD,
+    OP_RELEASE,
+    OP_SET_FILL,
+    OP_GRANT,
+    OP_GRANT_END,
+    OP_TICK,
+    OP_FENCE,
+    OP_RESERVE,
+    OP_UNRESERVE,
+    OP_READ,
+    OP_POST,
+    OP_LAND,
+    OP__N
 };
-static const char *const op_name[OP__N] = {"alloc", "hold", "release", "set_fill", "grant",
-                                           "grant_end", "tick", "fence", "reserve", "unreserve",
-                                           "read", "post", "land"};
+static const char *const op_name[OP__N] = {"alloc",     "hold", "release", "set_fill", "grant",
+                                           "grant_end", "tick", "fence",   "reserve",  "unreserve",
+                                           "read",      "post", "land"};
 /* Weights out of 100. */
 static const uint8_t op_weight[OP__N] = {14, 5, 17, 5, 12, 9, 5, 1, 4, 4, 8, 9, 7};
 
@@ -555,8 +570,8 @@ static void step(struct world *wd, uint64_t op_no)
         break;
     }
     if (got != want)
-        KVF_FAIL("op %" PRIu64 " (%s): pool returned %d (%s), model %d (%s)", op_no,
-                 op_name[op], got, kvf_strerror(got), want, kvf_strerror(want));
+        KVF_FAIL("op %" PRIu64 " (%s): pool returned %d (%s), model %d (%s)", op_no, op_name[op],
+                 got, kvf_strerror(got), want, kvf_strerror(want));
     if (got >= 0)
         n_ok[op]++;
     else
@@ -596,17 +611,21 @@ static void test_pool_model_random(void)
         wd.m.freeq[p] = p;
     }
     wd.m.nfree = n_pages;
-    for (int p = 0; p < N_PEERS; p++) wd.m.epoch[p] = 1;
+    for (int p = 0; p < N_PEERS; p++)
+        wd.m.epoch[p] = 1;
 
-    for (uint64_t i = 0; i < n_ops; i++) step(&wd, i);
+    for (uint64_t i = 0; i < n_ops; i++)
+        step(&wd, i);
 
     for (int i = 0; i < OP__N; i++)
         printf("# %-9s ok %8" PRIu64 "  refused %8" PRIu64 "\n", op_name[i], n_ok[i], n_err[i]);
     struct kvf_pool_stats st;
     kvf_pool_stats(wd.pool, &st);
-    printf("# writes landed %" PRIu64 " (late %" PRIu64 "), dropped by fences %" PRIu64 "; holds %" PRIu64
-           ", quarantines %" PRIu64 ", fences %" PRIu64 ", grants revoked %" PRIu64 "\n",
-           wd.landed, wd.landed_late, wd.dropped, st.holds, st.quarantines, st.fences, st.fence_revoked);
+    printf("# writes landed %" PRIu64 " (late %" PRIu64 "), dropped by fences %" PRIu64
+           "; holds %" PRIu64 ", quarantines %" PRIu64 ", fences %" PRIu64
+           ", grants revoked %" PRIu64 "\n",
+           wd.landed, wd.landed_late, wd.dropped, st.holds, st.quarantines, st.fences,
+           st.fence_revoked);
     /* The run must have exercised what it claims to: both outcomes of every call, late writes
      * (landing in HELD pages), quarantines and fences. */
     if (n_ops >= 100000) {
