@@ -14,7 +14,8 @@
  * write lands, the page it lands in must still carry the tag it was granted with, and the grant
  * must still be that writer's: a late write never lands in a page that was given to anyone else.
  *
- * Options: --seed N (replay), --ops N (default 1,000,000), --pages N (default 32).
+ * Options: --seed N (replay), --ops N (default 1,000,000; 10,000,000 with KVF_SOAK=1),
+ * --pages N (default 32).
  */
 #include "pool_snap.h"
 
@@ -589,7 +590,8 @@ static void step(struct world *wd, uint64_t op_no)
 static void test_pool_model_random(void)
 {
     const char *s = kvf_test_arg("--ops");
-    uint64_t n_ops = s ? strtoull(s, NULL, 0) : 1000000;
+    /* make soak (KVF_SOAK=1) runs ten times longer (within the harness's 300 s per case). */
+    uint64_t n_ops = s ? strtoull(s, NULL, 0) : getenv("KVF_SOAK") ? 10000000 : 1000000;
     s = kvf_test_arg("--pages");
     uint32_t n_pages = s ? (uint32_t)strtoul(s, NULL, 0) : 32;
     ASSERT_TRUE(n_pages >= 1 && n_pages <= MAX_PAGES);
