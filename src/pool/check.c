@@ -53,6 +53,9 @@ bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, si
     if (h->fill > pool->geo.page_tokens)
         return why_fail(why, len, "page %u: fill %u > page_tokens", page, h->fill);
 
+    /* Only HELD pages carry held-list links; the list walk checks those. */
+    if (h->state != KVF_PAGE_HELD && (c->prev != KVF__POOL_NIL || c->next != KVF__POOL_NIL))
+        return why_fail(why, len, "page %u: %s linked on the held list", page, name);
     if (h->state == KVF_PAGE_FREE) {
         if (!owner_is_zero(&c->owner) || holders || c->granted || h->fill)
             return why_fail(why, len, "page %u: FREE with owner, holders, grant or fill", page);
@@ -64,8 +67,6 @@ bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, si
     if (h->tag == 0) return why_fail(why, len, "page %u: %s without a tag", page, name);
     if (h->state == KVF_PAGE_OWNED || h->state == KVF_PAGE_GRANTED) {
         if (holders == 0) return why_fail(why, len, "page %u: %s without holders", page, name);
-        if (c->prev != KVF__POOL_NIL || c->next != KVF__POOL_NIL)
-            return why_fail(why, len, "page %u: %s linked on the held list", page, name);
     } else if (holders != 0) {
         return why_fail(why, len, "page %u: %s with holders", page, name);
     }

@@ -575,7 +575,8 @@ static void test_checker_catches_corruption(void)
     CORRUPT(pool->held_count, 0);                              /* held list length */
     CORRUPT(pool->peers[1].grants, 1);                         /* per-peer grant count */
     CORRUPT(pool->hot[r[2].page].state, KVF_PAGE_QUARANTINED); /* before its deadline */
-    CORRUPT(pool->stats.allocs, 99);                           /* counters disagree */
+    CORRUPT(pool->cold[r[0].page].next, 3); /* owned page linked on the held list */
+    CORRUPT(pool->stats.allocs, 99);        /* counters disagree */
 #undef CORRUPT
     ASSERT_EQ_INT(kvf_pool_fence(pool, w), 2);
     ASSERT_OK(kvf_pool_release(pool, r[0], KVF_HOLDER_SEQ, 0));
