@@ -182,6 +182,12 @@ static void test_grant_then_proof(void)
     for (int i = 0; i < 64; i++)
         ASSERT_EQ_INT(page[256 + i], 0); /* trailer cleared */
     ASSERT_ERR(kvf_pool_read_check(pool, r.page, r.tag, 0), KVF_E_POOL_BAD_STATE);
+    /* GRANTED → GRANTED: a holder comes and goes; the page stays granted while one remains. */
+    ASSERT_OK(kvf_pool_hold(pool, r, KVF_HOLDER_XFER_SRC));
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_XFER_SRC, 0));
+    ASSERT_POOL_OK(pool);
+    ASSERT_EQ_INT(info(pool, r.page).state, KVF_PAGE_GRANTED);
+    ASSERT_EQ_INT(info(pool, r.page).holders[KVF_HOLDER_SEQ], 1);
     ASSERT_OK(kvf_pool_grant_end(pool, r, w, 3));
     ASSERT_POOL_OK(pool);
     in = info(pool, r.page);
