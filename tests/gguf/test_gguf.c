@@ -754,11 +754,113 @@ static void test_writer_failure(void)
     scratch_done();
 }
 
+/* ---- seeds for the fuzz corpus (tests/fuzz/corpus/gguf) ----
+ * `test_gguf --write-corpus DIR test_fuzz_seeds` writes them there; without the option they
+ * are written to scratch and checked, so the generator itself stays tested. The files carry
+ * no .gguf suffix: the repository ignores *.gguf (generated models), not these. */
+
+static void seed_file(const char *dir, const char *name, const void *p, size_t n)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ASSERT_TRUE(n <= 64 * 1024); /* corpus files stay small */
+    write_all(path, p, n);
+}
+
+static void test_fuzz_seeds(void)
+{
+    const char *dir = kvf_test_arg("--write-corpus");
+    bool keep = dir != NULL;
+    if (!dir) dir = scratch_dir();
+    char path[600], err[256];
+    /* A micro Llama (dim 32, one layer, 259-token byte vocab) in both weight types. */
+    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true};
+    const struct kvf_mkmodel_shape micro2 = {"micro2", 32, 1, 2, 2, 32, 259, 64, false};
+    static const char *const names[] = {"micro_f32", "micro_q8_0", "micro2_q8_0",
+                                        "all_types"};
+    snprintf(path, sizeof path, "%s/%s", dir, names[0]);
+    ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_F32, 1, err, sizeof err));
+    snprintf(path, sizeof path, "%s/%s", dir, names[1]);
+    ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_Q8_0, 2, err, sizeof err));
+    snprintf(path, sizeof path, "%s/%s", dir, names[2]);
+    ASSERT_OK(kvf_mkmodel_write(path, &micro2, KVF_GGML_Q8_0, 3, err, sizeof err));
+    snprintf(path, sizeof path, "%s/%s", dir, names[3]);
+    write_all_types(path, 64);
+    for (size_t i = 0; i < KVF_ARRAY_LEN(names); i++) {
+        size_t len;
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        uint8_t *p = read_all(path, &len);
+        ASSERT_TRUE(len <= 64 * 1024);
+        kvf_gguf_t *g;
+        ASSERT_OK(kvf_gguf_open_mem(p, len, &g, err, sizeof err));
+        kvf_gguf_close(g);
+        if (i == 1) seed_file(dir, "micro_q8_0_cut", p, len / 3); /* truncated */
+        free(p);
+    }
+    /* A merge vocabulary, a gpt2 vocabulary, and hostile headers. */
+    kvf_gguf_writer_t *w;
+    static const char *const toks[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xe2\x96\x81",
+                                       "a", "b", "ab", "\xe2\x96\x81" "ab", "\xc3\xa9"};
+    static const float scores[] = {0, 0, 0, 0, -3, -5, -5, -2, -1, -4};
+    static const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1, 1, 1};
+    for (int v = 0; v < 2; v++) {
+        ASSERT_OK(kvf_gguf_writer_create(0, &w));
+        ASSERT_OK(kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", v ? "gpt2" : "llama",
+                                          v ? 4 : 5));
+        ASSERT_OK(kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 10));
+        ASSERT_OK(kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores, 10));
+        ASSERT_OK(kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", types, 10));
+        ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1));
+        ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0));
+        snprintf(path, sizeof path, "%s/%s", dir, v ? "vocab_gpt2" : "vocab_merge");
+        ASSERT_OK(kvf_gguf_writer_write(w, path, err, sizeof err));
+        kvf_gguf_writer_destroy(w);
+    }
+    struct bb b = {0};
+    bb_header(&b, 3, 1, 1);
+    bb_str(&b, "general.alignment");
+    bb_u32(&b, KVF_GGUF_U32);
+    bb_u32(&b, 16);
+    bb_str(&b, "w");
+    bb_u32(&b, 2);
+    bb_u64(&b, 32);
+    bb_u64(&b, 2);
+    bb_u32(&b, KVF_GGML_Q4_0);
+    bb_u64(&b, 0);
+    bb_pad(&b, 16);
+    for (int i = 0; i < 36; i++) bb_put(&b, "\x88", 1);
+    ASSERT_EQ_INT(open_bb(&b, err, sizeof err), 0);
+    seed_file(dir, "q4_0_align16", b.p, b.n);
+    bb_free(&b);
+    bb_header(&b, 3, UINT64_MAX, 1ull << 60);
+    seed_file(dir, "huge_counts", b.p, b.n);
+    bb_free(&b);
+    one_kv(&b, KVF_GGUF_ARRAY, NULL, 0);
+    bb_u32(&b, KVF_GGUF_STRING);
+    bb_u64(&b, 3);
+    bb_str(&b, "x");
+    bb_u64(&b, UINT64_MAX - 3);
+    seed_file(dir, "string_past_end", b.p, b.n);
+    bb_free(&b);
+    if (!keep) {
+        static const char *const all[] = {"micro_f32", "micro_q8_0",
+                                          "micro2_q8_0", "all_types",
+                                          "micro_q8_0_cut", "vocab_merge",
+                                          "vocab_gpt2", "q4_0_align16",
+                                          "huge_counts", "string_past_end"};
+        for (size_t i = 0; i < KVF_ARRAY_LEN(all); i++) {
+            snprintf(path, sizeof path, "%s/%s", dir, all[i]);
+            ASSERT_EQ_INT(unlink(path), 0);
+        }
+        scratch_done();
+    }
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_roundtrip_all_types), KVF_CASE(test_rewrite_identical),
     KVF_CASE(test_mkmodel_tiny),        KVF_CASE(test_mkmodel_s15m),
     KVF_CASE(test_truncate_every_offset), KVF_CASE(test_hostile_headers),
-    KVF_CASE(test_writer_failure),
+    KVF_CASE(test_writer_failure),      KVF_CASE(test_fuzz_seeds),
 };
 
 int main(int argc, char **argv)
