@@ -97,7 +97,7 @@ static int load_vocab(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_t
 {
     const char *s;
     size_t n;
-    bool has_scores, has_types;
+    bool has_scores = false, has_types = false;
     int rc = optional_array(g, "tokenizer.ggml.scores", t->n_vocab, &has_scores, err, err_len);
     if (rc == 0)
         rc = optional_array(g, "tokenizer.ggml.token_type", t->n_vocab, &has_types, err, err_len);
