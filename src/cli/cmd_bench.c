@@ -9,6 +9,8 @@
 
 static const struct kvf_cmd benches[] = {
     {"pool", "page pool: ns per alloc+release pair, ns per reader tag check", kvf_bench_pool},
+    {"model", "forward pass: prefill and decode tokens/s, decode vs the bandwidth roofline",
+     kvf_bench_model},
 };
 
 static void usage(FILE *f)

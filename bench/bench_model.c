@@ -1,0 +1,228 @@
+/*
+ * bench_model.c — `kvfence bench model`: prefill and decode throughput of the forward pass over
+ * pool pages, and decode as a fraction of the memory-bandwidth roofline.
+ *
+ *   kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M] [--threads T]
+ *                       [--page-tokens P] [--chunk C]
+ *
+ * Prefill: B sequences of N seeded random tokens, each in chunks of at most C tokens (default
+ * 512). Decode: M steps, each one token for every one of the B sequences in one batch, greedy.
+ * The roofline: a decode step must stream every weight once, so it cannot beat
+ * weight_bytes / bandwidth, where bandwidth is a large memcpy measured in the same run
+ * (bytes read + bytes written per second, best of 5).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "kvfence/common.h"
+#include "kvfence/gguf.h"
+#include "kvfence/model.h"
+#include "kvfence/pool.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M]\n"
+               "                           [--threads T] [--page-tokens P] [--chunk C]\n");
+}
+
+/* Copy bandwidth in bytes per second (read + write), best of 5 copies of 128 MiB. */
+static double copy_bandwidth(void)
+{
+    size_t n = (size_t)128 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return 0.0;
+    }
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0.0;
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = kvf_bench_now_ns();
+        memcpy(i % 2 ? a : b, i % 2 ? b : a, n);
+        uint64_t t1 = kvf_bench_now_ns();
+        double bw = 2.0 * (double)n / ((double)(t1 - t0) * 1e-9);
+        if (bw > best) best = bw;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+static int argmax(const float *l, uint32_t n)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (l[i] > l[b]) b = i;
+    return (int)b;
+}
+
+int kvf_bench_model(int argc, char **argv)
+{
+    const char *path = NULL;
+    unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            usage(stderr);
+            return 2;
+        }
+        const char *v = argv[++i];
+        unsigned long *dst = NULL;
+        if (strcmp(a, "--model") == 0) path = v;
+        else if (strcmp(a, "--batch") == 0) dst = &batch;
+        else if (strcmp(a, "--prompt") == 0) dst = &prompt;
+        else if (strcmp(a, "--gen") == 0) dst = &gen;
+        else if (strcmp(a, "--threads") == 0) dst = &threads;
+        else if (strcmp(a, "--page-tokens") == 0) dst = &page_tokens;
+        else if (strcmp(a, "--chunk") == 0) dst = &chunk;
+        else {
+            usage(stderr);
+            return 2;
+        }
+        if (dst) {
+            char *end = NULL;
+            *dst = strtoul(v, &end, 10);
+            if (!end || *end || *dst == 0 || *dst > 65536) {
+                fprintf(stderr, "kvfence bench model: bad value '%s' for %s\n", v, a);
+                return 2;
+            }
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    char err[256] = "";
+    kvf_gguf_t *g = NULL;
+    kvf_model_t *m = NULL;
+    kvf_pool_t *pool = NULL;
+    kvf_fwd_t *f = NULL;
+    int rc, status = 1;
+    if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0 ||
+        (rc = kvf_model_load(g, &m, err, sizeof(err))) < 0) {
+        fprintf(stderr, "kvfence bench model: %s: %s\n", path, err);
+        goto out;
+    }
+    const struct kvf_model_hparams *hp = kvf_model_hparams(m);
+    if (prompt + gen > hp->n_ctx) {
+        fprintf(stderr, "kvfence bench model: prompt + gen exceeds the context (%u)\n", hp->n_ctx);
+        goto out;
+    }
+    uint32_t per_seq = (uint32_t)((prompt + gen + page_tokens - 1) / page_tokens);
+    struct kvf_pool_config pc;
+    memset(&pc, 0, sizeof(pc));
+    kvf_model_geometry(m, (uint32_t)page_tokens, &pc.geo);
+    pc.n_pages = per_seq * (uint32_t)batch;
+    pc.max_peers = 1;
+    pc.tag_seed = 1;
+    if ((rc = kvf_pool_create(&pc, &pool)) < 0) {
+        fprintf(stderr, "kvfence bench model: pool: %s\n", kvf_strerror(rc));
+        goto out;
+    }
+    if (chunk > prompt) chunk = prompt;
+    uint32_t max_tokens = (uint32_t)(chunk > batch ? chunk : batch);
+    struct kvf_fwd_config fc = {(uint32_t)threads, max_tokens, (uint32_t)batch};
+    if ((rc = kvf_fwd_create(m, &fc, &f)) < 0) {
+        fprintf(stderr, "kvfence bench model: forward: %s\n", kvf_strerror(rc));
+        goto out;
+    }
+    struct kvf_page_ref *pages = calloc((size_t)pc.n_pages, sizeof(*pages));
+    int32_t *toks = malloc(batch * (prompt + gen) * sizeof(int32_t));
+    float *logits = malloc(batch * hp->n_vocab * sizeof(float));
+    struct kvf_fwd_seq *seqs = calloc(batch, sizeof(*seqs));
+    if (!pages || !toks || !logits || !seqs) {
+        fprintf(stderr, "kvfence bench model: out of memory\n");
+        goto free_bufs;
+    }
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (unsigned long i = 0; i < batch * (prompt + gen); i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        toks[i] = 3 + (int32_t)(x % (hp->n_vocab - 3));
+    }
+    for (unsigned long s = 0; s < batch; s++) {
+        struct kvf_owner own = {{s + 1, 0}, 1};
+        if ((rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, per_seq, false,
+                                 pages + s * per_seq)) < 0) {
+            fprintf(stderr, "kvfence bench model: alloc: %s\n", kvf_strerror(rc));
+            goto free_bufs;
+        }
+    }
+    /* Touch the pool's memory first: page faults are not what this measures. */
+    size_t pool_bytes = 0;
+    memset(kvf_pool_data(pool, &pool_bytes), 0, pool_bytes);
+    printf("model %s: %s, dim %u, layers %u, vocab %u, %.1f MB of weights per step; kernels %s\n",
+           path, kvf_model_type_name(m), hp->dim, hp->n_layers, hp->n_vocab,
+           kvf_model_weight_bytes(m) / 1e6, kvf_kernels_name());
+
+    uint64_t t0 = kvf_bench_now_ns();
+    for (unsigned long s = 0; s < batch; s++)
+        for (unsigned long at = 0; at < prompt; at += chunk) {
+            uint32_t len = (uint32_t)(prompt - at < chunk ? prompt - at : chunk);
+            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + at, len, (uint32_t)at,
+                                    pages + s * per_seq, per_seq,
+                                    at + len == prompt ? logits + s * hp->n_vocab : NULL, 0};
+            if ((rc = kvf_fwd_run(f, pool, &q, 1)) != 1 || q.status != 0) {
+                fprintf(stderr, "kvfence bench model: prefill failed: %s\n",
+                        kvf_strerror(rc < 0 ? rc : q.status));
+                goto free_bufs;
+            }
+        }
+    uint64_t t1 = kvf_bench_now_ns();
+    for (unsigned long s = 0; s < batch; s++)
+        toks[s * (prompt + gen) + prompt] = argmax(logits + s * hp->n_vocab, hp->n_vocab);
+    for (unsigned long step = 0; step < gen; step++) {
+        for (unsigned long s = 0; s < batch; s++) {
+            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + prompt + step, 1,
+                                    (uint32_t)(prompt + step), pages + s * per_seq, per_seq,
+                                    logits + s * hp->n_vocab, 0};
+            seqs[s] = q;
+        }
+        if ((rc = kvf_fwd_run(f, pool, seqs, (uint32_t)batch)) != (int)batch) {
+            fprintf(stderr, "kvfence bench model: decode failed: %s\n",
+                    kvf_strerror(rc < 0 ? rc : seqs[0].status));
+            goto free_bufs;
+        }
+        if (step + 1 < gen)
+            for (unsigned long s = 0; s < batch; s++)
+                toks[s * (prompt + gen) + prompt + step + 1] =
+                    argmax(logits + s * hp->n_vocab, hp->n_vocab);
+    }
+    uint64_t t2 = kvf_bench_now_ns();
+    double prefill_tps = (double)(batch * prompt) / ((double)(t1 - t0) * 1e-9);
+    double decode_tps = (double)(batch * gen) / ((double)(t2 - t1) * 1e-9);
+    double bw = copy_bandwidth();
+    double step_min_s = (double)kvf_model_weight_bytes(m) / bw;
+    double roof_tps = (double)batch / step_min_s;
+    printf("prefill: %lu x %lu tokens in %.3f s = %.1f tokens/s\n", batch, prompt,
+           (t1 - t0) * 1e-9, prefill_tps);
+    printf("decode: %lu x %lu tokens in %.3f s = %.1f tokens/s (%.2f ms per step)\n", batch, gen,
+           (t2 - t1) * 1e-9, decode_tps, (t2 - t1) * 1e-6 / gen);
+    printf("roofline: copy bandwidth %.2f GB/s; weights %.1f MB per step -> at most %.1f "
+           "tokens/s at batch %lu; decode reaches %.1f%% of it\n",
+           bw / 1e9, kvf_model_weight_bytes(m) / 1e6, roof_tps, batch,
+           100.0 * decode_tps / roof_tps);
+    printf("result bench=model prefill_tps=%.1f decode_tps=%.1f batch=%lu threads=%lu\n",
+           prefill_tps, decode_tps, batch, threads);
+    status = 0;
+
+free_bufs:
+    free(seqs);
+    free(logits);
+    free(toks);
+    free(pages);
+out:
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+    kvf_model_free(m);
+    kvf_gguf_close(g);
+    return status;
+}

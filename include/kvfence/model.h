@@ -1,0 +1,167 @@
+/*
+ * kvfence/model.h — the Llama forward pass over pool pages, and sampling.
+ *
+ * A kvf_model_t is a set of hyper-parameters and per-layer weight views into a GGUF file
+ * (F32 and Q8_0 weights are used in place, never copied; F16, BF16 and Q4_0 are dequantized one
+ * row at a time as they are used). A kvf_fwd_t is the compute context that runs it: a small
+ * pthread pool and scratch buffers sized for a maximum batch.
+ *
+ *   kvf_model_load ──▶ kvf_fwd_create ──▶ kvf_fwd_run (any number of times) ──▶ kvf_fwd_destroy
+ *                                                                               ──▶ kvf_model_free
+ *
+ * K and V live in pool pages (kvfence/pool.h), f32, in the page-major layout: a page holds
+ * every layer's K and V for page_tokens token slots. A sequence names its pages by a page table
+ * of (page, tag); token position p lives in table entry p / page_tokens, slot p % page_tokens.
+ *
+ * What kvf_fwd_run checks before it touches a sequence's pages (for each sequence on its own):
+ *   - every page in use is OWNED, carries the tag in the table, and belongs to the sequence's
+ *     request (the pool's owner record), so a page table can never name another request's page;
+ *   - every page holding a past position (p < pos) passes kvf_pool_read_check for the last slot
+ *     it will read: its tag is current, it is OWNED, and the slot is below its verified fill;
+ *   - every page that will receive new positions is OWNED with the tag in the table, and its
+ *     verified fill is exactly the first slot to be written (new K/V never overwrite verified
+ *     slots and never leave a gap).
+ * A sequence that fails a check gets status KVF_E_MODEL_PAGE and is dropped from the batch
+ * before any page is read or written; the others run as if it had never been there. After the
+ * compute, the fill of each page written is raised with kvf_pool_set_fill, so the pool's
+ * verified fill always covers exactly what was written.
+ *
+ * Batch invariance: a sequence's logits are bit-identical whether it runs alone or with others,
+ * at any batch size, any thread count and any prefill chunking (docs/MODEL_ENGINE.md has the
+ * argument). They depend only on the model, the tokens, and the kernel variant chosen at start
+ * (kvf_kernels_name()).
+ *
+ * Threading: the model is immutable after load and may be shared. A kvf_fwd_t and the pool it
+ * is given belong to one calling thread; kvf_fwd_run uses the fwd's own worker threads inside
+ * the call and returns with them idle. Compute threads read page data; only the calling thread
+ * touches pool metadata.
+ *
+ * Work bounds: kvf_fwd_run does O(weights × tokens) arithmetic plus attention O(Σ tokens × pos);
+ * it allocates nothing. Load is O(n_tensors).
+ */
+#ifndef KVFENCE_MODEL_H
+#define KVFENCE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvfence/gguf.h"
+#include "kvfence/pool.h"
+
+typedef struct kvf_model kvf_model_t;
+typedef struct kvf_fwd kvf_fwd_t;
+
+struct kvf_model_hparams {
+    uint32_t n_vocab;    /* vocabulary size */
+    uint32_t dim;        /* residual width */
+    uint32_t n_layers;
+    uint32_t n_heads;    /* query heads */
+    uint32_t n_kv_heads; /* K/V heads (grouped-query attention: n_heads % n_kv_heads == 0) */
+    uint32_t head_dim;   /* dim / n_heads */
+    uint32_t ffn_dim;    /* SwiGLU hidden width */
+    uint32_t n_ctx;      /* trained context length */
+    float rms_eps;       /* RMSNorm epsilon */
+    float rope_base;     /* RoPE frequency base */
+};
+
+/* A 2-D weight: `rows` rows of `cols` elements of `type`, row r at data + r * row_bytes.
+ * A view into the GGUF mapping (or a caller's buffer). */
+struct kvf_weight {
+    const void *data;
+    uint32_t type; /* enum kvf_ggml_type */
+    uint32_t rows, cols;
+    size_t row_bytes;
+};
+
+/*
+ * Loads the model in g (borrowed: g must outlive the model). Only general.architecture ==
+ * "llama" is read. On success *out owns a new model. On failure nothing is allocated, *out is
+ * untouched, and err explains: KVF_E_MODEL_UNSUPPORTED, KVF_E_MODEL_MISSING, KVF_E_MODEL_SHAPE,
+ * -ENOMEM.
+ */
+int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err_len);
+void kvf_model_free(kvf_model_t *m);
+
+const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m);
+/* The page geometry this model needs (f32 K/V) for page_tokens slots per page. */
+void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_pool_geometry *geo);
+/* Bytes of weights one decode step streams (every matrix once, plus the embedding row). */
+uint64_t kvf_model_weight_bytes(const kvf_model_t *m);
+/* The weight type of the largest matrix ("F32", "Q8_0", ...). */
+const char *kvf_model_type_name(const kvf_model_t *m);
+
+/* --- Forward. ------------------------------------------------------------------------------- */
+
+/*
+ * One sequence's part of a batch: n_tokens new tokens at positions pos .. pos + n_tokens - 1.
+ * Positions 0 .. pos - 1 are already in the sequence's pages (verified fill). Prefill passes the
+ * prompt (in one or several chunks), decode passes one token.
+ */
+struct kvf_fwd_seq {
+    kvf_req_id_t req;                  /* the request: every page must be owned by it */
+    const int32_t *tokens;             /* borrowed, n_tokens ids < n_vocab */
+    uint32_t n_tokens;                 /* ≥ 1 */
+    uint32_t pos;                      /* tokens already in the pages */
+    const struct kvf_page_ref *pages;  /* borrowed page table, ≥ ceil((pos + n_tokens) / page_tokens) */
+    uint32_t n_pages;
+    float *logits;                     /* out: n_vocab logits of the last new token, or NULL
+                                          (no output projection: an inner prefill chunk) */
+    int status;                        /* out: 0, KVF_E_MODEL_PAGE, or -EINVAL */
+};
+
+struct kvf_fwd_config {
+    uint32_t n_threads;     /* compute threads including the caller; 0 = 1 */
+    uint32_t max_tokens;    /* most tokens in one kvf_fwd_run (all sequences together) */
+    uint32_t max_seqs;      /* most sequences in one kvf_fwd_run */
+};
+
+/*
+ * Creates a compute context for m (borrowed: it must outlive the context). Starts
+ * n_threads - 1 worker threads. On failure nothing is left running or allocated, *out is
+ * untouched: -EINVAL, -ENOMEM, or a negated pthread error.
+ */
+int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_fwd_t **out);
+void kvf_fwd_destroy(kvf_fwd_t *f);
+
+/*
+ * Runs the forward pass for seqs[0..n_seqs), writing their new K/V into their pages and their
+ * logits. pool must have the geometry kvf_model_geometry() gives (page_tokens may be any).
+ * Each sequence's status says how it went; sequences that fail a page check are left out
+ * (nothing of theirs is read or written). Returns the number of sequences that ran, or -EINVAL
+ * (bad batch: too many tokens or sequences, wrong geometry) with nothing done.
+ */
+int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs);
+
+/* The kernel variant in use: "avx2" or "scalar". Chosen once per process from the CPU; the
+ * environment variable KVF_KERNELS=scalar forces the fallback (read at the first model load). */
+const char *kvf_kernels_name(void);
+
+/* --- Sampling. ------------------------------------------------------------------------------ */
+
+struct kvf_sample_params {
+    float temperature; /* 0 = greedy (lowest id among equal maxima) */
+    uint32_t top_k;    /* 0 = no top-k cut */
+    float top_p;       /* in (0, 1]; 1 = no nucleus cut */
+    uint64_t seed;     /* with the step number, fixes every draw */
+};
+
+/*
+ * Picks the next token from logits[0..n_vocab) (borrowed, unchanged). Deterministic: the same
+ * (params, step, logits) give the same token on every machine with the same libm. Returns the
+ * token id, or -EINVAL (bad params, n_vocab 0), -ENOMEM. Allocates O(n_vocab) scratch per call
+ * unless temperature is 0. Work: O(n_vocab) for greedy and plain temperature, O(n_vocab log
+ * n_vocab) with top-k or top-p.
+ */
+int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+               uint64_t step);
+
+/*
+ * The top_n most likely tokens under the full softmax of logits (temperature 1), most likely
+ * first (lower id on ties), with their natural-log probabilities. Returns how many were
+ * written (min(top_n, n_vocab)) or -EINVAL. O(n_vocab × top_n); for the API's few logprobs.
+ */
+int kvf_sample_top_logprobs(const float *logits, uint32_t n_vocab, uint32_t top_n, int32_t *ids,
+                            float *logprobs);
+
+#endif /* KVFENCE_MODEL_H */

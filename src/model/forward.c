@@ -1,0 +1,459 @@
+/*
+ * forward.c — the Llama forward pass over pool pages, batched across sequences.
+ *
+ * The batch is flattened into T tokens (every new token of every sequence that passed its page
+ * checks). Per layer, in the order of the math:
+ *
+ *   xb  = RMSNorm(x) ⊙ attn_norm                 (T, dim)
+ *   q   = xb Wqᵀ, k = xb Wkᵀ, v = xb Wvᵀ          (T, q_dim), (T, kv_dim), (T, kv_dim)
+ *   q,k = RoPE(q, k, pos)                         adjacent pairs (2i, 2i+1), θ_i = base^(-2i/hd)
+ *   pages[pos] ← k, v                             each token's K/V into its own sequence's page
+ *   att = softmax(q kᵀ / √hd) v                   per (token, head), over positions 0..pos of
+ *                                                 that token's sequence, read from its pages
+ *   x  += att Woᵀ                                 (T, dim)
+ *   xb  = RMSNorm(x) ⊙ ffn_norm
+ *   h   = silu(xb Wgateᵀ) ⊙ (xb Wupᵀ)             (T, ffn_dim)
+ *   x  += h Wdownᵀ
+ *
+ * and at the end, for the last new token of each sequence that asked for logits:
+ *   logits = (RMSNorm(x) ⊙ out_norm) Woutputᵀ      (n_vocab)
+ *
+ * Matmuls are split across threads by output rows, attention by (token, head) pairs; no sum is
+ * ever split (kernels.h). Everything else — norms, RoPE, quantizing activations, copying K/V into
+ * pages — runs on the calling thread, row by row.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_pool.h"
+#include "kvfence/common.h"
+#include "model_internal.h"
+
+struct kvf_fwd {
+    const kvf_model_t *m;
+    struct kvf_tpool *tp;
+    uint32_t max_tokens, max_seqs;
+    size_t qk_cols;           /* Q8_0 blocks per activation row: max(dim, q_dim, ffn_dim) / 32 */
+    float *x;                 /* (max_tokens, dim) the residual stream */
+    float *xb;                /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
+    float *o;                 /* (max_tokens, dim) output of Wo and Wdown before the residual add */
+    struct kvf_block_q8_0 *xq;/* (max_tokens, qk_cols blocks) the current matmul input, Q8_0 */
+    float *q;                 /* (max_tokens, q_dim) */
+    float *k, *v;             /* (max_tokens, kv_dim) */
+    float *hg, *hu;           /* (max_tokens, ffn_dim) gate (then h), up */
+    float *rope;              /* (max_tokens, head_dim / 2, 2) cos, sin per token and pair */
+    float *scores;            /* (n_threads, n_ctx) attention scores */
+    float *wrow;              /* (n_threads, max(dim, q_dim, ffn_dim)) one dequantized row */
+    float *outx;              /* (max_seqs, dim) normed final rows of logit tokens */
+    float *out;               /* (max_seqs, n_vocab) logits before they are copied out */
+    uint32_t *tok_seq;        /* [max_tokens] which sequence a token belongs to */
+    uint32_t *tok_pos;        /* [max_tokens] its position */
+    int32_t *tok_id;          /* [max_tokens] its id */
+    uint32_t *out_tok;        /* [max_seqs] which token's row gives each sequence's logits */
+    uint32_t *out_seq;        /* [max_seqs] and which sequence it is */
+};
+
+/* What one parallel phase needs. */
+struct job {
+    struct kvf_fwd *f;
+    const struct kvf_layer *L;
+    uint32_t nt;               /* tokens in the batch */
+    const struct kvf_fwd_seq *seqs;
+    const uint8_t *pool_base;  /* page p's data is at pool_base + p * page_bytes */
+    size_t page_bytes;
+    const struct kvf_pool_geometry *geo;
+    uint32_t layer;
+    uint32_t n_out;            /* logit rows */
+};
+
+static size_t max3(size_t a, size_t b, size_t c)
+{
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_fwd_t **out)
+{
+    if (!m || !cfg || !out || cfg->max_tokens == 0 || cfg->max_seqs == 0 ||
+        cfg->max_tokens > (1u << 20) || cfg->max_seqs > cfg->max_tokens)
+        return -EINVAL;
+    const struct kvf_model_hparams *hp = &m->hp;
+    uint32_t nth = cfg->n_threads ? cfg->n_threads : 1;
+    size_t T = cfg->max_tokens, S = cfg->max_seqs;
+    size_t q_dim = (size_t)hp->n_heads * hp->head_dim, kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t widest = max3(hp->dim, q_dim, hp->ffn_dim);
+    kvf_fwd_t *f = calloc(1, sizeof(*f));
+    if (!f) return -ENOMEM;
+    f->m = m;
+    f->max_tokens = cfg->max_tokens;
+    f->max_seqs = cfg->max_seqs;
+    f->qk_cols = (widest + KVF_QK - 1) / KVF_QK;
+    f->x = malloc(T * hp->dim * sizeof(float));
+    f->xb = malloc(T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
+    f->o = malloc(T * hp->dim * sizeof(float));
+    f->xq = malloc(T * f->qk_cols * sizeof(struct kvf_block_q8_0));
+    f->q = malloc(T * q_dim * sizeof(float));
+    f->k = malloc(T * kv_dim * sizeof(float));
+    f->v = malloc(T * kv_dim * sizeof(float));
+    f->hg = malloc(T * hp->ffn_dim * sizeof(float));
+    f->hu = malloc(T * hp->ffn_dim * sizeof(float));
+    f->rope = malloc(T * hp->head_dim * sizeof(float));
+    f->scores = malloc((size_t)nth * hp->n_ctx * sizeof(float));
+    f->wrow = malloc((size_t)nth * widest * sizeof(float));
+    f->outx = malloc(S * hp->dim * sizeof(float));
+    f->out = malloc(S * hp->n_vocab * sizeof(float));
+    f->tok_seq = malloc(T * sizeof(uint32_t));
+    f->tok_pos = malloc(T * sizeof(uint32_t));
+    f->tok_id = malloc(T * sizeof(int32_t));
+    f->out_tok = malloc(S * sizeof(uint32_t));
+    f->out_seq = malloc(S * sizeof(uint32_t));
+    int rc = -ENOMEM;
+    if (!f->x || !f->xb || !f->o || !f->xq || !f->q || !f->k || !f->v || !f->hg || !f->hu ||
+        !f->rope || !f->scores || !f->wrow || !f->outx || !f->out || !f->tok_seq || !f->tok_pos ||
+        !f->tok_id || !f->out_tok || !f->out_seq)
+        goto free_f;
+    /* Touch the scratch now, so the first batch does not pay for page faults. */
+    memset(f->x, 0, T * hp->dim * sizeof(float));
+    memset(f->xb, 0, T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
+    memset(f->q, 0, T * q_dim * sizeof(float));
+    memset(f->hg, 0, T * hp->ffn_dim * sizeof(float));
+    memset(f->hu, 0, T * hp->ffn_dim * sizeof(float));
+    memset(f->out, 0, S * hp->n_vocab * sizeof(float));
+    rc = kvf__tpool_create(nth, &f->tp);
+    if (rc < 0) goto free_f;
+    *out = f;
+    return 0;
+
+free_f:
+    kvf_fwd_destroy(f);
+    return rc;
+}
+
+void kvf_fwd_destroy(kvf_fwd_t *f)
+{
+    if (!f) return;
+    kvf__tpool_destroy(f->tp);
+    free(f->x);
+    free(f->xb);
+    free(f->o);
+    free(f->xq);
+    free(f->q);
+    free(f->k);
+    free(f->v);
+    free(f->hg);
+    free(f->hu);
+    free(f->rope);
+    free(f->scores);
+    free(f->wrow);
+    free(f->outx);
+    free(f->out);
+    free(f->tok_seq);
+    free(f->tok_pos);
+    free(f->tok_id);
+    free(f->out_tok);
+    free(f->out_seq);
+    free(f);
+}
+
+/* --- Page checks. -------------------------------------------------------------------------- */
+
+/*
+ * Checks everything about seq before anything of it is read or written (see model.h): 0,
+ * -EINVAL for a malformed entry, KVF_E_MODEL_PAGE for a page that does not check.
+ * O(pages of the sequence).
+ */
+static int check_seq(const kvf_model_t *m, const kvf_pool_t *pool,
+                     const struct kvf_pool_geometry *geo, const struct kvf_fwd_seq *s)
+{
+    uint32_t pt = geo->page_tokens;
+    if (!s->tokens || s->n_tokens == 0 || !s->pages) return -EINVAL;
+    if ((uint64_t)s->pos + s->n_tokens > m->hp.n_ctx) return -EINVAL;
+    uint32_t end = s->pos + s->n_tokens;
+    if ((end + pt - 1) / pt > s->n_pages) return -EINVAL;
+    for (uint32_t i = 0; i < s->n_tokens; i++)
+        if (s->tokens[i] < 0 || (uint32_t)s->tokens[i] >= m->hp.n_vocab) return -EINVAL;
+    /* Every page in use: OWNED by this request, with the tag in the table. Pages holding past
+     * positions: the last slot this sequence will read in each is below the verified fill.
+     * Pages receiving new positions: filled exactly up to where the new tokens start, so
+     * nothing verified is overwritten and no slot is skipped. */
+    for (uint32_t i = 0; (uint64_t)i * pt < end; i++) {
+        struct kvf_page_info info;
+        if (kvf_pool_page_info(pool, s->pages[i].page, &info) != 0 ||
+            info.state != KVF_PAGE_OWNED || info.tag != s->pages[i].tag ||
+            !kvf_req_id_eq(info.owner.req, s->req))
+            return KVF_E_MODEL_PAGE;
+        if ((uint64_t)i * pt < s->pos) {
+            uint32_t last = s->pos - i * pt >= pt ? pt - 1 : s->pos - i * pt - 1;
+            if (kvf_pool_read_check(pool, s->pages[i].page, s->pages[i].tag, last) != 0)
+                return KVF_E_MODEL_PAGE;
+        }
+        if ((uint64_t)(i + 1) * pt > s->pos) {
+            uint32_t want = i == s->pos / pt ? s->pos % pt : 0;
+            if (info.fill != want) return KVF_E_MODEL_PAGE;
+        }
+    }
+    return 0;
+}
+
+/* --- Parallel phases. ---------------------------------------------------------------------- */
+
+/* Quantizes rows [0, nt) of x (n columns, stride ldx) into f->xq when w needs it. */
+static void quantize_for(struct kvf_fwd *f, const struct kvf_weight *w, const float *x, size_t ldx,
+                         uint32_t nt)
+{
+    if (w->type != KVF_GGML_Q8_0) return;
+    for (uint32_t t = 0; t < nt; t++)
+        kvf_quantize_row_q8_0(x + (size_t)t * ldx, f->xq + (size_t)t * f->qk_cols, w->cols);
+}
+
+static void job_qkv(void *ctx, uint32_t i, uint32_t n)
+{
+    struct job *j = ctx;
+    struct kvf_fwd *f = j->f;
+    const struct kvf_layer *L = j->L;
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    uint32_t lo, hi;
+    kvf__split(L->wq.rows, i, n, &lo, &hi);
+    kvf__matmul(&L->wq, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->q, L->wq.rows, lo, hi, scratch);
+    kvf__split(L->wk.rows, i, n, &lo, &hi);
+    kvf__matmul(&L->wk, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->k, L->wk.rows, lo, hi, scratch);
+    kvf__split(L->wv.rows, i, n, &lo, &hi);
+    kvf__matmul(&L->wv, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->v, L->wv.rows, lo, hi, scratch);
+}
+
+/* Attention for (token, head) pairs: scores over positions 0..pos in index order, softmax with
+ * the running max subtracted, then the weighted sum of V in index order. Whether a position's
+ * K/V was written by an earlier call or by this one, the f32 values read are the same, so
+ * chunking a prompt differently gives the same result. */
+static void job_attn(void *ctx, uint32_t i, uint32_t n)
+{
+    struct job *j = ctx;
+    struct kvf_fwd *f = j->f;
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    const struct kvf_pool_geometry *geo = j->geo;
+    uint32_t hd = hp->head_dim, n_kv = hp->n_kv_heads, group = hp->n_heads / n_kv;
+    uint32_t pt = geo->page_tokens;
+    size_t k_off = kvf_geo_kv_offset(geo, j->layer, 0), v_off = kvf_geo_kv_offset(geo, j->layer, 1);
+    size_t q_dim = (size_t)hp->n_heads * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *sc = f->scores + (size_t)i * hp->n_ctx;
+    const struct kvf_kern *kern = kvf__kern;
+    uint32_t lo, hi;
+    kvf__split(j->nt * hp->n_heads, i, n, &lo, &hi);
+    for (uint32_t item = lo; item < hi; item++) {
+        uint32_t t = item / hp->n_heads, h = item % hp->n_heads, kvh = h / group;
+        const struct kvf_fwd_seq *s = &j->seqs[f->tok_seq[t]];
+        uint32_t pos = f->tok_pos[t];
+        const float *q = f->q + (size_t)t * q_dim + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (uint32_t p = 0; p <= pos; p++) {
+            const uint8_t *page = j->pool_base + (size_t)s->pages[p / pt].page * j->page_bytes;
+            const float *kp = (const float *)(page + k_off) + ((size_t)(p % pt) * n_kv + kvh) * hd;
+            float d = kern->dot(q, kp, hd) * scale;
+            sc[p] = d;
+            if (d > mx) mx = d;
+        }
+        float sum = 0.0f;
+        for (uint32_t p = 0; p <= pos; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        float inv = 1.0f / sum;
+        float *out = f->xb + (size_t)t * q_dim + (size_t)h * hd;
+        for (uint32_t e = 0; e < hd; e++) out[e] = 0.0f;
+        for (uint32_t p = 0; p <= pos; p++) {
+            const uint8_t *page = j->pool_base + (size_t)s->pages[p / pt].page * j->page_bytes;
+            const float *vp = (const float *)(page + v_off) + ((size_t)(p % pt) * n_kv + kvh) * hd;
+            kern->axpy(out, sc[p] * inv, vp, hd);
+        }
+    }
+}
+
+/* x += in Wᵀ over this thread's rows of W (W has dim rows). */
+static void residual_matmul(struct job *j, const struct kvf_weight *W, const float *in, size_t ldin,
+                            uint32_t i, uint32_t n)
+{
+    struct kvf_fwd *f = j->f;
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    uint32_t lo, hi;
+    kvf__split(W->rows, i, n, &lo, &hi);
+    kvf__matmul(W, in, ldin, f->xq, f->qk_cols, j->nt, f->o, hp->dim, lo, hi, scratch);
+    for (uint32_t t = 0; t < j->nt; t++)
+        for (uint32_t r = lo; r < hi; r++) f->x[(size_t)t * hp->dim + r] += f->o[(size_t)t * hp->dim + r];
+}
+
+static void job_wo(void *ctx, uint32_t i, uint32_t n)
+{
+    struct job *j = ctx;
+    const struct kvf_model_hparams *hp = &j->f->m->hp;
+    residual_matmul(j, &j->L->wo, j->f->xb, (size_t)hp->n_heads * hp->head_dim, i, n);
+}
+
+static void job_down(void *ctx, uint32_t i, uint32_t n)
+{
+    struct job *j = ctx;
+    residual_matmul(j, &j->L->w_down, j->f->hg, j->f->m->hp.ffn_dim, i, n);
+}
+
+/* gate and up over this thread's rows, then h = silu(gate) ⊙ up on those same rows. */
+static void job_gate_up(void *ctx, uint32_t i, uint32_t n)
+{
+    struct job *j = ctx;
+    struct kvf_fwd *f = j->f;
+    const struct kvf_layer *L = j->L;
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    uint32_t lo, hi, F = hp->ffn_dim;
+    kvf__split(F, i, n, &lo, &hi);
+    kvf__matmul(&L->w_gate, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hg, F, lo, hi, scratch);
+    kvf__matmul(&L->w_up, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hu, F, lo, hi, scratch);
+    for (uint32_t t = 0; t < j->nt; t++)
+        for (uint32_t r = lo; r < hi; r++) {
+            float g = f->hg[(size_t)t * F + r];
+            f->hg[(size_t)t * F + r] = g / (1.0f + expf(-g)) * f->hu[(size_t)t * F + r];
+        }
+}
+
+static void job_logits(void *ctx, uint32_t i, uint32_t n)
+{
+    struct job *j = ctx;
+    struct kvf_fwd *f = j->f;
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    uint32_t lo, hi;
+    kvf__split(hp->n_vocab, i, n, &lo, &hi);
+    kvf__matmul(&f->m->output, f->outx, hp->dim, f->xq, f->qk_cols, j->n_out, f->out, hp->n_vocab,
+                lo, hi, scratch);
+}
+
+/* --- The pass. ----------------------------------------------------------------------------- */
+
+/* cos and sin of pos × base^(-2i/hd) for each pair i, computed in double from (pos, i) alone. */
+static void rope_table(float *dst, uint32_t pos, uint32_t hd, float base)
+{
+    for (uint32_t i = 0; i < hd / 2; i++) {
+        double ang = (double)pos * pow((double)base, -2.0 * i / hd);
+        dst[2 * i] = (float)cos(ang);
+        dst[2 * i + 1] = (float)sin(ang);
+    }
+}
+
+static void rope_apply(float *x, const float *cs, uint32_t n_heads, uint32_t hd)
+{
+    for (uint32_t h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * hd;
+        for (uint32_t i = 0; i < hd / 2; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1], a = v[2 * i], b = v[2 * i + 1];
+            v[2 * i] = a * c - b * s;
+            v[2 * i + 1] = a * s + b * c;
+        }
+    }
+}
+
+int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs)
+{
+    if (!f || !pool || (!seqs && n_seqs)) return -EINVAL;
+    const kvf_model_t *m = f->m;
+    const struct kvf_model_hparams *hp = &m->hp;
+    const struct kvf_pool_geometry *geo = kvf_pool_geometry(pool);
+    if (geo->n_layers != hp->n_layers || geo->n_kv_heads != hp->n_kv_heads ||
+        geo->head_dim != hp->head_dim || geo->elem_bytes != 4 || geo->page_tokens == 0)
+        return -EINVAL;
+    if (n_seqs > f->max_seqs) return -EINVAL;
+    uint64_t total = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) total += seqs[s].n_tokens;
+    if (total > f->max_tokens) return -EINVAL;
+
+    /* Checks first; a sequence that fails is out before anything is read or written. */
+    uint32_t nt = 0, n_out = 0, n_ok = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        struct kvf_fwd_seq *sq = &seqs[s];
+        sq->status = check_seq(m, pool, geo, sq);
+        if (sq->status != 0) continue;
+        n_ok++;
+        for (uint32_t i = 0; i < sq->n_tokens; i++, nt++) {
+            f->tok_seq[nt] = s;
+            f->tok_pos[nt] = sq->pos + i;
+            f->tok_id[nt] = sq->tokens[i];
+        }
+        if (sq->logits) {
+            f->out_tok[n_out] = nt - 1;
+            f->out_seq[n_out++] = s;
+        }
+    }
+    if (nt == 0) return 0;
+
+    size_t pool_bytes = 0;
+    struct job j = {
+        .f = f, .nt = nt, .seqs = seqs, .pool_base = kvf_pool_data(pool, &pool_bytes),
+        .page_bytes = kvf_pool_page_bytes(pool), .geo = geo, .n_out = n_out,
+    };
+    uint32_t dim = hp->dim, hd = hp->head_dim, pt = geo->page_tokens;
+    size_t q_dim = (size_t)hp->n_heads * hd, kv_dim = (size_t)hp->n_kv_heads * hd;
+    uint8_t *base = kvf_pool_data(pool, &pool_bytes);
+
+    for (uint32_t t = 0; t < nt; t++) {
+        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)f->tok_id[t] * m->tok_embd.row_bytes;
+        kvf_dequant_row(m->tok_embd.type, row, f->x + (size_t)t * dim, dim);
+        rope_table(f->rope + (size_t)t * hd, f->tok_pos[t], hd, hp->rope_base);
+    }
+
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const struct kvf_layer *L = &m->layers[l];
+        j.L = L;
+        j.layer = l;
+        for (uint32_t t = 0; t < nt; t++)
+            kvf__rmsnorm(f->xb + (size_t)t * dim, f->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
+        if (L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 || L->wv.type == KVF_GGML_Q8_0)
+            for (uint32_t t = 0; t < nt; t++)
+                kvf_quantize_row_q8_0(f->xb + (size_t)t * dim, f->xq + (size_t)t * f->qk_cols, dim);
+        kvf__tpool_run(f->tp, job_qkv, &j);
+        size_t k_off = kvf_geo_kv_offset(geo, l, 0), v_off = kvf_geo_kv_offset(geo, l, 1);
+        for (uint32_t t = 0; t < nt; t++) {
+            rope_apply(f->q + t * q_dim, f->rope + (size_t)t * hd, hp->n_heads, hd);
+            rope_apply(f->k + t * kv_dim, f->rope + (size_t)t * hd, hp->n_kv_heads, hd);
+            /* K/V into this token's own slot: (slot, kv_head, dim) inside the layer's block. */
+            const struct kvf_fwd_seq *s = &seqs[f->tok_seq[t]];
+            uint32_t p = f->tok_pos[t];
+            uint8_t *page = base + (size_t)s->pages[p / pt].page * j.page_bytes;
+            memcpy(page + k_off + (size_t)(p % pt) * kv_dim * 4, f->k + t * kv_dim, kv_dim * 4);
+            memcpy(page + v_off + (size_t)(p % pt) * kv_dim * 4, f->v + t * kv_dim, kv_dim * 4);
+        }
+        kvf__tpool_run(f->tp, job_attn, &j);
+        quantize_for(f, &L->wo, f->xb, q_dim, nt);
+        kvf__tpool_run(f->tp, job_wo, &j);
+        for (uint32_t t = 0; t < nt; t++)
+            kvf__rmsnorm(f->xb + (size_t)t * dim, f->x + (size_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
+        quantize_for(f, &L->w_gate, f->xb, dim, nt);
+        kvf__tpool_run(f->tp, job_gate_up, &j);
+        quantize_for(f, &L->w_down, f->hg, hp->ffn_dim, nt);
+        kvf__tpool_run(f->tp, job_down, &j);
+    }
+
+    if (n_out > 0) {
+        for (uint32_t o = 0; o < n_out; o++)
+            kvf__rmsnorm(f->outx + (size_t)o * dim, f->x + (size_t)f->out_tok[o] * dim, m->out_norm,
+                         dim, hp->rms_eps);
+        quantize_for(f, &m->output, f->outx, dim, n_out);
+        kvf__tpool_run(f->tp, job_logits, &j);
+        for (uint32_t o = 0; o < n_out; o++)
+            memcpy(seqs[f->out_seq[o]].logits, f->out + (size_t)o * hp->n_vocab,
+                   hp->n_vocab * sizeof(float));
+    }
+
+    /* The new slots are written for every layer: raise each page's verified fill over them. */
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        struct kvf_fwd_seq *sq = &seqs[s];
+        if (sq->status != 0) continue;
+        uint32_t end = sq->pos + sq->n_tokens;
+        for (uint32_t i = sq->pos / pt; (uint64_t)i * pt < end; i++) {
+            uint32_t fill = end - i * pt >= pt ? pt : end - i * pt;
+            int rc = kvf_pool_set_fill(pool, sq->pages[i], fill);
+            if (NEVER(rc != 0)) sq->status = rc;
+        }
+    }
+    return (int)n_ok;
+}

@@ -1,0 +1,72 @@
+/*
+ * kernels.c — variant selection, the matmul driver that tiles rows × tokens, and the small
+ * per-row kernels (RMSNorm).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "kvfence/model.h"
+
+const struct kvf_kern *kvf__kern = &kvf__kern_scalar;
+
+static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
+
+static void kern_choose(void)
+{
+    const char *force = getenv("KVF_KERNELS");
+    if (force && strcmp(force, "scalar") == 0) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (kvf__kern_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        kvf__kern = kvf__kern_avx2;
+#endif
+}
+
+void kvf__kernels_init(void)
+{
+    pthread_once(&kern_once, kern_choose);
+}
+
+const char *kvf_kernels_name(void)
+{
+    kvf__kernels_init();
+    return kvf__kern->name;
+}
+
+void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
+                 const struct kvf_block_q8_0 *xq, size_t ldxq, uint32_t nt, float *y, size_t ldy,
+                 uint32_t r0, uint32_t r1, float *scratch)
+{
+    if (r0 >= r1 || nt == 0) return;
+    switch (W->type) {
+    case KVF_GGML_F32:
+        kvf__kern->f32_rows(W->data, W->row_bytes / sizeof(float), x, ldx, nt, W->cols, y, ldy,
+                            r0, r1);
+        return;
+    case KVF_GGML_Q8_0:
+        kvf__kern->q8_rows(W->data, W->row_bytes / sizeof(struct kvf_block_q8_0), xq, ldxq, nt,
+                           W->cols / KVF_QK, y, ldy, r0, r1);
+        return;
+    default:
+        /* F16, BF16, Q4_0: one row at a time, dequantized into scratch, then the F32 kernel
+         * for that one row — the same pair-wise operations as any F32 weight. */
+        for (uint32_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+            kvf_dequant_row(W->type, row, scratch, W->cols);
+            kvf__kern->f32_rows(scratch, 0, x, ldx, nt, W->cols, y + r, ldy, 0, 1);
+        }
+        return;
+    }
+}
+
+void kvf__rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+    double ss = 0.0;
+    for (uint32_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (uint32_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}

@@ -1,0 +1,215 @@
+/*
+ * kernels_avx2.c — AVX2 + FMA + F16C kernels, compiled with target attributes so the rest of
+ * the library stays baseline x86-64 and the choice is made at run time.
+ *
+ * The per-pair recipe, shared by every tile shape:
+ *   F32:  one 8-lane accumulator; step i adds w·x of floats [8i, 8i + 8) by FMA; then hsum8 in a
+ *         fixed lane order; then the last n % 8 products, in index order, in scalar arithmetic.
+ *   Q8_0: one 8-lane accumulator; block b adds (its 8 int32 partial dot products, as floats) ×
+ *         (d_w × d_x) by FMA; then hsum8.
+ * A tile of R rows × T tokens runs R × T such recipes side by side (independent chains keep the
+ * FMA units busy; a weight row loaded once serves T tokens). Nothing is shared between pairs, so
+ * every tile shape gives each pair the value the 1 × 1 tile gives, bit for bit.
+ *
+ * Tiling: rows in blocks of 4 (8 for a single token, where more independent chains are the only
+ * way to hide FMA latency); within a block, tokens in groups of 3 (F32) or 2 (Q8_0), which is
+ * as many accumulators as the 16 ymm registers hold next to the operands.
+ */
+#include "kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+AVX2 INLINE float hsum8(__m256 v)
+{
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    __m128 s = _mm_add_ps(lo, hi);                 /* lanes (0+4, 1+5, 2+6, 3+7) */
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));        /* (0+4+2+6, 1+5+3+7, ..) */
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55)); /* all */
+    return _mm_cvtss_f32(s);
+}
+
+/* R rows × T tokens of the F32 recipe. R and T are constants at every call site, so the
+ * accumulator array lives in registers. */
+AVX2 INLINE void f32_tile(const float *w, size_t ws, const float *x, size_t ldx, uint32_t n,
+                          float *y, size_t ldy, const int R, const int T)
+{
+    __m256 acc[8][3];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv[3];
+        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
+        for (int r = 0; r < R; r++) {
+            __m256 wv = _mm256_loadu_ps(w + r * ws + i);
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = hsum8(acc[r][t]);
+            const float *wr = w + r * ws, *xt = x + t * ldx;
+            for (uint32_t k = i; k < n; k++) s += wr[k] * xt[k];
+            y[t * ldy + r] = s;
+        }
+}
+
+AVX2 static void f32_1x1(const float *w, const float *x, uint32_t n, float *y)
+{
+    f32_tile(w, 0, x, 0, n, y, 0, 1, 1);
+}
+AVX2 static void f32_1x3(const float *w, const float *x, size_t ldx, uint32_t n, float *y,
+                         size_t ldy)
+{
+    f32_tile(w, 0, x, ldx, n, y, ldy, 1, 3);
+}
+AVX2 static void f32_4x1(const float *w, size_t ws, const float *x, uint32_t n, float *y)
+{
+    f32_tile(w, ws, x, 0, n, y, 0, 4, 1);
+}
+AVX2 static void f32_4x3(const float *w, size_t ws, const float *x, size_t ldx, uint32_t n,
+                         float *y, size_t ldy)
+{
+    f32_tile(w, ws, x, ldx, n, y, ldy, 4, 3);
+}
+AVX2 static void f32_8x1(const float *w, size_t ws, const float *x, uint32_t n, float *y)
+{
+    f32_tile(w, ws, x, 0, n, y, 0, 8, 1);
+}
+
+AVX2 static void f32_rows(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
+                          uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    uint32_t r = r0;
+    if (nt == 1) {
+        for (; r + 8 <= r1; r += 8) f32_8x1(w + r * ws, ws, x, n, y + r);
+        for (; r < r1; r++) f32_1x1(w + r * ws, x, n, y + r);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) {
+        uint32_t t = 0;
+        for (; t + 3 <= nt; t += 3) f32_4x3(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        for (; t < nt; t++) f32_4x1(w + r * ws, ws, x + t * ldx, n, y + t * ldy + r);
+    }
+    for (; r < r1; r++) {
+        uint32_t t = 0;
+        for (; t + 3 <= nt; t += 3) f32_1x3(w + r * ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        for (; t < nt; t++) f32_1x1(w + r * ws, x + t * ldx, n, y + t * ldy + r);
+    }
+}
+
+AVX2 INLINE float h2f(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
+/* R rows × T tokens of the Q8_0 recipe. The sign trick makes the int8 × int8 product an
+ * unsigned × signed one that maddubs takes: |w| × (x with w's sign). |w| ≤ 128 and |x| ≤ 127,
+ * so a pair sum is at most 32512 and never saturates. */
+AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws,
+                         const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nb, float *y,
+                         size_t ldy, const int R, const int T)
+{
+    __m256 acc[8][2];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        __m256i xv[2];
+        float dx[2];
+        for (int t = 0; t < T; t++) {
+            xv[t] = _mm256_loadu_si256((const __m256i *)x[t * ldx + b].qs);
+            dx[t] = h2f(x[t * ldx + b].d);
+        }
+        for (int r = 0; r < R; r++) {
+            const struct kvf_block_q8_0 *wb = &w[r * ws + b];
+            __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
+            __m256i aw = _mm256_sign_epi8(wv, wv);
+            float dw = h2f(wb->d);
+            for (int t = 0; t < T; t++) {
+                __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv));
+                __m256 q = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                acc[r][t] = _mm256_fmadd_ps(q, _mm256_set1_ps(dw * dx[t]), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
+}
+
+AVX2 static void q8_1x1(const struct kvf_block_q8_0 *w, const struct kvf_block_q8_0 *x,
+                        uint32_t nb, float *y)
+{
+    q8_tile(w, 0, x, 0, nb, y, 0, 1, 1);
+}
+AVX2 static void q8_1x2(const struct kvf_block_q8_0 *w, const struct kvf_block_q8_0 *x,
+                        size_t ldx, uint32_t nb, float *y, size_t ldy)
+{
+    q8_tile(w, 0, x, ldx, nb, y, ldy, 1, 2);
+}
+AVX2 static void q8_4x1(const struct kvf_block_q8_0 *w, size_t ws,
+                        const struct kvf_block_q8_0 *x, uint32_t nb, float *y)
+{
+    q8_tile(w, ws, x, 0, nb, y, 0, 4, 1);
+}
+AVX2 static void q8_4x2(const struct kvf_block_q8_0 *w, size_t ws,
+                        const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nb, float *y,
+                        size_t ldy)
+{
+    q8_tile(w, ws, x, ldx, nb, y, ldy, 4, 2);
+}
+AVX2 static void q8_8x1(const struct kvf_block_q8_0 *w, size_t ws,
+                        const struct kvf_block_q8_0 *x, uint32_t nb, float *y)
+{
+    q8_tile(w, ws, x, 0, nb, y, 0, 8, 1);
+}
+
+AVX2 static void q8_rows(const struct kvf_block_q8_0 *w, size_t ws,
+                         const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nt, uint32_t nb,
+                         float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    uint32_t r = r0;
+    if (nt == 1) {
+        for (; r + 8 <= r1; r += 8) q8_8x1(w + r * ws, ws, x, nb, y + r);
+        for (; r < r1; r++) q8_1x1(w + r * ws, x, nb, y + r);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) {
+        uint32_t t = 0;
+        for (; t + 2 <= nt; t += 2) q8_4x2(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy);
+        for (; t < nt; t++) q8_4x1(w + r * ws, ws, x + t * ldx, nb, y + t * ldy + r);
+    }
+    for (; r < r1; r++) {
+        uint32_t t = 0;
+        for (; t + 2 <= nt; t += 2) q8_1x2(w + r * ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy);
+        for (; t < nt; t++) q8_1x1(w + r * ws, x + t * ldx, nb, y + t * ldy + r);
+    }
+}
+
+AVX2 static float dot(const float *a, const float *b, uint32_t n)
+{
+    float y;
+    f32_tile(a, 0, b, 0, n, &y, 0, 1, 1);
+    return y;
+}
+
+/* Element i always takes the same path (vector for i < n rounded down to 8, scalar after), so
+ * the result for each element does not depend on anything but its inputs. */
+AVX2 static void axpy(float *y, float a, const float *x, uint32_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static const struct kvf_kern kern_avx2 = {"avx2", f32_rows, q8_rows, dot, axpy};
+const struct kvf_kern *const kvf__kern_avx2 = &kern_avx2;
+#else
+const struct kvf_kern *const kvf__kern_avx2 = NULL;
+#endif

@@ -1,0 +1,222 @@
+/*
+ * model.c — loading a Llama model from GGUF: hyper-parameters and weight views.
+ *
+ * Nothing is copied: each weight is a view into the mapped file, checked against the shape
+ * the hyper-parameters imply before it is accepted, so the forward pass never needs to check a
+ * size again.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvfence/common.h"
+#include "kvfence/quant.h"
+#include "model_internal.h"
+
+static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
+{
+    if (err && err_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/* Finds tensor `name` and checks it is a rows × cols matrix (ne = [cols, rows]) of a type the
+ * kernels read. cols == 0 or rows == 0 in the request means "a vector of the other length". */
+static int get_weight(const kvf_gguf_t *g, const char *name, uint32_t rows, uint32_t cols,
+                      bool optional, struct kvf_weight *w, char *err, size_t err_len)
+{
+    const struct kvf_gguf_tensor *t = kvf_gguf_find_tensor(g, name);
+    if (!t) {
+        if (optional) {
+            memset(w, 0, sizeof(*w));
+            return 0;
+        }
+        return fail(err, err_len, KVF_E_MODEL_MISSING, "tensor %s is missing", name);
+    }
+    uint64_t t_rows = t->ne[1] * t->ne[2] * t->ne[3];
+    if (t->ne[0] != cols || t_rows != rows)
+        return fail(err, err_len, KVF_E_MODEL_SHAPE,
+                    "tensor %s is [%llu, %llu], expected [%u, %u]", name,
+                    (unsigned long long)t->ne[0], (unsigned long long)t_rows, cols, rows);
+    uint64_t row_bytes = 0;
+    if (!kvf_ggml_type_supported(t->type) || kvf_quant_row_bytes(t->type, cols, &row_bytes) < 0)
+        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED, "tensor %s has type %s", name,
+                    kvf_ggml_type_name(t->type));
+    if (row_bytes * rows != t->n_bytes)
+        return fail(err, err_len, KVF_E_MODEL_SHAPE, "tensor %s holds %llu bytes, expected %llu",
+                    name, (unsigned long long)t->n_bytes, (unsigned long long)(row_bytes * rows));
+    w->data = t->data;
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = (size_t)row_bytes;
+    return 0;
+}
+
+/* A norm weight: an F32 vector of n. */
+static int get_norm(const kvf_gguf_t *g, const char *name, uint32_t n, const float **out,
+                    char *err, size_t err_len)
+{
+    struct kvf_weight w;
+    int rc = get_weight(g, name, 1, n, false, &w, err, err_len);
+    if (rc < 0) return rc;
+    if (w.type != KVF_GGML_F32)
+        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED, "norm %s must be F32, is %s", name,
+                    kvf_ggml_type_name(w.type));
+    *out = w.data;
+    return 0;
+}
+
+static int get_u32(const kvf_gguf_t *g, const char *key, uint32_t *out, char *err, size_t err_len)
+{
+    int rc = kvf_gguf_get_u32(g, key, out);
+    if (rc < 0) return fail(err, err_len, rc, "key %s: %s", key, kvf_strerror(rc));
+    return 0;
+}
+
+static int read_hparams(const kvf_gguf_t *g, struct kvf_model_hparams *hp, char *err,
+                        size_t err_len)
+{
+    const char *arch = NULL;
+    size_t arch_len = 0;
+    int rc = kvf_gguf_get_str(g, "general.architecture", &arch, &arch_len);
+    if (rc < 0) return fail(err, err_len, KVF_E_MODEL_MISSING, "general.architecture is missing");
+    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
+        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED, "architecture '%.*s' is not llama",
+                    (int)(arch_len > 64 ? 64 : arch_len), arch);
+    if ((rc = get_u32(g, "llama.embedding_length", &hp->dim, err, err_len)) < 0 ||
+        (rc = get_u32(g, "llama.block_count", &hp->n_layers, err, err_len)) < 0 ||
+        (rc = get_u32(g, "llama.attention.head_count", &hp->n_heads, err, err_len)) < 0 ||
+        (rc = get_u32(g, "llama.feed_forward_length", &hp->ffn_dim, err, err_len)) < 0)
+        return rc;
+    if (kvf_gguf_get_u32(g, "llama.attention.head_count_kv", &hp->n_kv_heads) < 0)
+        hp->n_kv_heads = hp->n_heads;
+    if (kvf_gguf_get_u32(g, "llama.context_length", &hp->n_ctx) < 0) hp->n_ctx = 2048;
+    if (kvf_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps) < 0)
+        hp->rms_eps = 1e-5f;
+    if (kvf_gguf_get_f32(g, "llama.rope.freq_base", &hp->rope_base) < 0) hp->rope_base = 10000.0f;
+    const struct kvf_gguf_tensor *emb = kvf_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb) return fail(err, err_len, KVF_E_MODEL_MISSING, "tensor token_embd.weight is missing");
+    if (emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
+        return fail(err, err_len, KVF_E_MODEL_SHAPE, "token_embd.weight has %llu rows",
+                    (unsigned long long)emb->ne[1]);
+    hp->n_vocab = (uint32_t)emb->ne[1];
+    /* Bounds that keep every size product below 2^31 elements and every head well formed. */
+    if (hp->dim == 0 || hp->dim > 65536 || hp->n_layers == 0 || hp->n_layers > 1024 ||
+        hp->n_heads == 0 || hp->dim % hp->n_heads != 0 || hp->n_kv_heads == 0 ||
+        hp->n_heads % hp->n_kv_heads != 0 || hp->ffn_dim == 0 || hp->ffn_dim > 262144 ||
+        hp->n_ctx == 0)
+        return fail(err, err_len, KVF_E_MODEL_SHAPE,
+                    "bad hyper-parameters: dim %u layers %u heads %u kv_heads %u ffn %u", hp->dim,
+                    hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
+    hp->head_dim = hp->dim / hp->n_heads;
+    if (hp->head_dim % 2 != 0 || hp->head_dim > 1024)
+        return fail(err, err_len, KVF_E_MODEL_SHAPE, "head_dim %u must be even and ≤ 1024",
+                    hp->head_dim);
+    if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 1.0f))
+        return fail(err, err_len, KVF_E_MODEL_SHAPE, "bad rms epsilon or rope base");
+    return 0;
+}
+
+int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err_len)
+{
+    if (!g || !out) return -EINVAL;
+    struct kvf_model_hparams hp;
+    int rc = read_hparams(g, &hp, err, err_len);
+    if (rc < 0) return rc;
+    kvf_model_t *m = calloc(1, sizeof(*m));
+    struct kvf_layer *layers = calloc(hp.n_layers, sizeof(*layers));
+    if (!m || !layers) {
+        rc = fail(err, err_len, -ENOMEM, "out of memory");
+        goto free_m;
+    }
+    m->hp = hp;
+    m->layers = layers;
+    uint32_t q_dim = hp.n_heads * hp.head_dim, kv_dim = hp.n_kv_heads * hp.head_dim;
+    if ((rc = get_weight(g, "token_embd.weight", hp.n_vocab, hp.dim, false, &m->tok_embd, err,
+                         err_len)) < 0 ||
+        (rc = get_norm(g, "output_norm.weight", hp.dim, &m->out_norm, err, err_len)) < 0 ||
+        (rc = get_weight(g, "output.weight", hp.n_vocab, hp.dim, true, &m->output, err,
+                         err_len)) < 0)
+        goto free_m;
+    if (!m->output.data) m->output = m->tok_embd; /* tied output projection */
+    for (uint32_t l = 0; l < hp.n_layers; l++) {
+        struct kvf_layer *L = &layers[l];
+        char name[64];
+#define W(field, tname, rows, cols)                                                                \
+    snprintf(name, sizeof(name), "blk.%u." tname ".weight", l);                                    \
+    if ((rc = get_weight(g, name, rows, cols, false, &L->field, err, err_len)) < 0) goto free_m
+#define N(field, tname, n)                                                                         \
+    snprintf(name, sizeof(name), "blk.%u." tname ".weight", l);                                    \
+    if ((rc = get_norm(g, name, n, &L->field, err, err_len)) < 0) goto free_m
+        N(attn_norm, "attn_norm", hp.dim);
+        W(wq, "attn_q", q_dim, hp.dim);
+        W(wk, "attn_k", kv_dim, hp.dim);
+        W(wv, "attn_v", kv_dim, hp.dim);
+        W(wo, "attn_output", hp.dim, q_dim);
+        N(ffn_norm, "ffn_norm", hp.dim);
+        W(w_gate, "ffn_gate", hp.ffn_dim, hp.dim);
+        W(w_up, "ffn_up", hp.ffn_dim, hp.dim);
+        W(w_down, "ffn_down", hp.dim, hp.ffn_dim);
+#undef W
+#undef N
+    }
+    kvf__kernels_init();
+    *out = m;
+    return 0;
+
+free_m:
+    free(layers);
+    free(m);
+    return rc;
+}
+
+void kvf_model_free(kvf_model_t *m)
+{
+    if (!m) return;
+    free(m->layers);
+    free(m);
+}
+
+const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m)
+{
+    return &m->hp;
+}
+
+void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_pool_geometry *geo)
+{
+    geo->n_layers = m->hp.n_layers;
+    geo->n_kv_heads = m->hp.n_kv_heads;
+    geo->head_dim = m->hp.head_dim;
+    geo->page_tokens = page_tokens;
+    geo->elem_bytes = 4;
+}
+
+static uint64_t wbytes(const struct kvf_weight *w)
+{
+    return (uint64_t)w->rows * w->row_bytes;
+}
+
+uint64_t kvf_model_weight_bytes(const kvf_model_t *m)
+{
+    uint64_t b = 0;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        const struct kvf_layer *L = &m->layers[l];
+        b += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) +
+             wbytes(&L->w_gate) + wbytes(&L->w_up) + wbytes(&L->w_down) +
+             2ull * m->hp.dim * sizeof(float);
+    }
+    return b + wbytes(&m->output) + m->tok_embd.row_bytes + m->hp.dim * sizeof(float);
+}
+
+const char *kvf_model_type_name(const kvf_model_t *m)
+{
+    return kvf_ggml_type_name(m->hp.n_layers ? m->layers[0].w_gate.type : m->output.type);
+}

@@ -1,0 +1,32 @@
+/*
+ * model_internal.h — the model struct, shared by model.c (loading) and forward*.c (running).
+ */
+#ifndef KVF_MODEL_INTERNAL_H
+#define KVF_MODEL_INTERNAL_H
+
+#include "kernels.h"
+#include "kvfence/model.h"
+
+/* One transformer block's weights. Shapes are (rows, cols); q_dim = n_heads × head_dim,
+ * kv_dim = n_kv_heads × head_dim. Every pointer is a view into the GGUF mapping. */
+struct kvf_layer {
+    const float *attn_norm;    /* (dim) */
+    struct kvf_weight wq;      /* (q_dim, dim) */
+    struct kvf_weight wk;      /* (kv_dim, dim) */
+    struct kvf_weight wv;      /* (kv_dim, dim) */
+    struct kvf_weight wo;      /* (dim, q_dim) */
+    const float *ffn_norm;     /* (dim) */
+    struct kvf_weight w_gate;  /* (ffn_dim, dim) */
+    struct kvf_weight w_up;    /* (ffn_dim, dim) */
+    struct kvf_weight w_down;  /* (dim, ffn_dim) */
+};
+
+struct kvf_model {
+    struct kvf_model_hparams hp;
+    struct kvf_weight tok_embd; /* (n_vocab, dim) */
+    struct kvf_layer *layers;   /* [n_layers], owned */
+    const float *out_norm;      /* (dim) */
+    struct kvf_weight output;   /* (n_vocab, dim); == tok_embd when the file ties them */
+};
+
+#endif

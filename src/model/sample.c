@@ -1,0 +1,137 @@
+/*
+ * sample.c — choosing the next token from logits, and top-N log-probabilities.
+ *
+ * Determinism: the only randomness is one uniform draw per step, made from (seed, step) by a
+ * counter-based generator (splitmix64 of seed ⊕ a step hash), so a request's tokens depend on
+ * its seed and logits alone — not on what else ran, nor on how many draws came before. Ordering
+ * ties are broken by token id, and the probabilities are accumulated in double in a fixed order.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kvfence/common.h"
+#include "kvfence/model.h"
+
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* A uniform double in [0, 1) for (seed, step). */
+static double uniform(uint64_t seed, uint64_t step)
+{
+    uint64_t r = splitmix64(seed ^ splitmix64(step + 0x632BE59BD9B4E019ull));
+    return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+struct cand {
+    float logit;
+    int32_t id;
+};
+
+/* Higher logit first; lower id first among equals — a total order, so qsort's result is
+ * unique whatever its algorithm. */
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->logit > y->logit) return -1;
+    if (x->logit < y->logit) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int32_t argmax(const float *logits, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    return (int32_t)best;
+}
+
+int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+               uint64_t step)
+{
+    if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX || !(p->temperature >= 0.0f) ||
+        !(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return -EINVAL;
+    if (p->temperature == 0.0f || p->top_k == 1) return argmax(logits, n_vocab);
+
+    struct cand *c = malloc((size_t)n_vocab * sizeof(*c));
+    double *pr = malloc((size_t)n_vocab * sizeof(*pr));
+    if (!c || !pr) {
+        free(c);
+        free(pr);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        c[i].logit = logits[i];
+        c[i].id = (int32_t)i;
+    }
+    uint32_t n = n_vocab;
+    bool sorted = p->top_k > 0 || p->top_p < 1.0f;
+    if (sorted) qsort(c, n, sizeof(*c), cand_cmp);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+
+    /* Softmax over the candidates at temperature T, in double, in candidate order. */
+    float mx = c[0].logit;
+    if (!sorted)
+        for (uint32_t i = 1; i < n; i++)
+            if (c[i].logit > mx) mx = c[i].logit;
+    double sum = 0.0, inv_t = 1.0 / p->temperature;
+    for (uint32_t i = 0; i < n; i++) {
+        pr[i] = exp(((double)c[i].logit - mx) * inv_t);
+        sum += pr[i];
+    }
+    /* Nucleus: the smallest prefix (most likely first) whose mass reaches top_p. */
+    if (p->top_p < 1.0f) {
+        double cum = 0.0, want = p->top_p * sum;
+        uint32_t keep = 0;
+        while (keep < n) {
+            cum += pr[keep++];
+            if (cum >= want) break;
+        }
+        n = keep;
+        sum = cum;
+    }
+    double u = uniform(p->seed, step) * sum, cum = 0.0;
+    int32_t tok = c[n - 1].id;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += pr[i];
+        if (u < cum) {
+            tok = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    free(pr);
+    return tok;
+}
+
+int kvf_sample_top_logprobs(const float *logits, uint32_t n_vocab, uint32_t top_n, int32_t *ids,
+                            float *logprobs)
+{
+    if (!logits || n_vocab == 0 || n_vocab > INT32_MAX || (top_n && (!ids || !logprobs)))
+        return -EINVAL;
+    float mx = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    if (top_n > n_vocab) top_n = n_vocab;
+    /* One scan keeping the best top_n so far in order (insertion): O(n_vocab) for most
+     * tokens, O(n_vocab × top_n) at worst. Scanning in id order and moving only past strictly
+     * smaller logits keeps the lower id first among equals. */
+    uint32_t have = 0;
+    for (uint32_t i = 0; i < n_vocab && top_n > 0; i++) {
+        if (have == top_n && !(logits[i] > logits[ids[have - 1]])) continue;
+        uint32_t at = have < top_n ? have++ : top_n - 1;
+        while (at > 0 && logits[i] > logits[ids[at - 1]]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = (int32_t)i;
+    }
+    for (uint32_t k = 0; k < top_n; k++) logprobs[k] = (float)((double)logits[ids[k]] - lse);
+    return (int)top_n;
+}

@@ -1,0 +1,432 @@
+/*
+ * test_forward.c — the forward pass against a double-precision reference, batch invariance,
+ * page checks, and poisoned free pages.
+ *
+ * Seeds: every case draws prompts from kvf_test_seed() (printed; replay with --seed N).
+ */
+#include "model_test_util.h"
+
+/* --- Correctness against the reference. ---------------------------------------------------- */
+
+/* Prefills the first n_prefill tokens in one call, then feeds the rest one at a time (teacher
+ * forcing), comparing the logits of every position that produced some against the reference. */
+static void check_reference(const char *shape, uint32_t type, uint32_t n_prefill, uint32_t n,
+                            double tol)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, shape, type, 7);
+    const struct kvf_model_hparams *hp = kvf_model_hparams(tm.m);
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    int32_t toks[64];
+    rand_tokens(&r, toks, n, hp->n_vocab);
+    double *ref = malloc((size_t)n * hp->n_vocab * sizeof(double));
+    ref_forward(tm.m, toks, n, ref);
+
+    kvf_pool_t *pool = tpool_create(tm.m, 16, 8, false);
+    kvf_fwd_t *f = tfwd_create(tm.m, 2, 64, 4);
+    struct tseq s;
+    tseq_alloc(pool, &s, (n + 15) / 16, 1);
+    float *logits = malloc(hp->n_vocab * sizeof(float));
+    double worst = 0.0, worst_max = 0.0;
+    for (uint32_t at = 0; at < n;) {
+        uint32_t len = at == 0 ? n_prefill : 1;
+        struct kvf_fwd_seq fs = tseq_step(&s, toks + at, len, logits);
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &fs, 1), 1);
+        ASSERT_EQ_INT(fs.status, 0);
+        s.pos += len;
+        at += len;
+        double em = 0.0;
+        double e = rel_err(logits, ref + (size_t)(at - 1) * hp->n_vocab, hp->n_vocab, &em);
+        if (e > worst) worst = e;
+        if (em > worst_max) worst_max = em;
+        if (!(e <= tol)) KVF_FAIL("%s %s position %u: relative error %.3g > %.3g", shape,
+                                 kvf_model_type_name(tm.m), at - 1, e, tol);
+    }
+    printf("# %s %s (%s kernels): worst relative error %.3g (norm-wise; tolerance %.0e), "
+           "%.3g element-wise, over %u positions\n", shape, kvf_model_type_name(tm.m),
+           kvf_kernels_name(), worst, tol, worst_max, n - n_prefill + 1);
+    tseq_release(pool, &s);
+    char why[128];
+    ASSERT_TRUE(kvf_pool_check(pool, why, sizeof(why)));
+    free(logits);
+    free(ref);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+    tmodel_close(&tm);
+}
+
+static void test_reference_tiny_f32(void)
+{
+    check_reference("tiny", KVF_GGML_F32, 20, 40, 1e-4);
+}
+
+/* Q8_0 runs quantize each activation row to 8 bits per block before the int8 dot products, as
+ * fast engines do; that rounding alone gives 1.3e-2 to 2e-2 on these random models depending on
+ * the prompt (see docs/MODEL_ENGINE.md), so the bound here is 3e-2, not the 1e-2 once aimed
+ * for. */
+static void test_reference_tiny_q8_0(void)
+{
+    check_reference("tiny", KVF_GGML_Q8_0, 20, 40, 3e-2);
+}
+
+static void test_reference_s15m_f32(void)
+{
+    check_reference("s15m", KVF_GGML_F32, 5, 8, 1e-4);
+}
+
+static void test_reference_s15m_q8_0(void)
+{
+    check_reference("s15m", KVF_GGML_Q8_0, 5, 8, 3e-2);
+}
+
+/* --- Batch invariance. --------------------------------------------------------------------- */
+
+#define INV_SEQS 9
+#define INV_MAX_LEN 40
+
+struct inv_seq {
+    int32_t toks[INV_MAX_LEN];
+    uint32_t n;
+    float *alone; /* (n, n_vocab): logits of every position, computed alone one token a step */
+};
+
+/* Every position's logits, alone: one thread, one token per call, 16-slot pages. */
+static void run_alone(const kvf_model_t *m, struct inv_seq *q)
+{
+    uint32_t V = kvf_model_hparams(m)->n_vocab;
+    kvf_pool_t *pool = tpool_create(m, 16, 4, false);
+    kvf_fwd_t *f = tfwd_create(m, 1, 1, 1);
+    struct tseq s;
+    tseq_alloc(pool, &s, (q->n + 15) / 16, 1);
+    for (uint32_t i = 0; i < q->n; i++) {
+        struct kvf_fwd_seq fs = tseq_step(&s, q->toks + i, 1, q->alone + (size_t)i * V);
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &fs, 1), 1);
+        ASSERT_EQ_INT(fs.status, 0);
+        s.pos++;
+    }
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+}
+
+/* Runs n_seqs sequences together in rounds; in each round every unfinished sequence sends a
+ * chunk of 1..max_chunk tokens (drawn), and the logits of each chunk's last token must equal,
+ * bit for bit, what that position gave alone. */
+static void run_batched(const kvf_model_t *m, struct inv_seq *qs, uint32_t n_seqs,
+                        uint32_t threads, uint32_t page_tokens, uint32_t max_chunk,
+                        struct kvf_rng *r)
+{
+    uint32_t V = kvf_model_hparams(m)->n_vocab;
+    uint32_t per = (INV_MAX_LEN + page_tokens - 1) / page_tokens;
+    kvf_pool_t *pool = tpool_create(m, page_tokens, per * n_seqs, false);
+    kvf_fwd_t *f = tfwd_create(m, threads, n_seqs * max_chunk, n_seqs);
+    struct tseq *s = calloc(n_seqs, sizeof(*s));
+    float *logits = malloc((size_t)n_seqs * V * sizeof(float));
+    struct kvf_fwd_seq fs[INV_SEQS];
+    uint32_t idx[INV_SEQS];
+    for (uint32_t i = 0; i < n_seqs; i++) tseq_alloc(pool, &s[i], per, 100 + i);
+    for (;;) {
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < n_seqs; i++) {
+            if (s[i].pos == qs[i].n) continue;
+            uint32_t len = 1 + kvf_rng_below(r, max_chunk);
+            if (len > qs[i].n - s[i].pos) len = qs[i].n - s[i].pos;
+            fs[k] = tseq_step(&s[i], qs[i].toks + s[i].pos, len, logits + (size_t)k * V);
+            idx[k++] = i;
+        }
+        if (k == 0) break;
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, fs, k), k);
+        for (uint32_t j = 0; j < k; j++) {
+            uint32_t i = idx[j];
+            ASSERT_EQ_INT(fs[j].status, 0);
+            s[i].pos += fs[j].n_tokens;
+            const float *want = qs[i].alone + (size_t)(s[i].pos - 1) * V;
+            if (memcmp(logits + (size_t)j * V, want, V * sizeof(float)) != 0)
+                KVF_FAIL("seq %u position %u differs from alone (batch %u, threads %u, page %u, "
+                         "chunk ≤ %u)", i, s[i].pos - 1, n_seqs, threads, page_tokens, max_chunk);
+        }
+    }
+    for (uint32_t i = 0; i < n_seqs; i++) tseq_release(pool, &s[i]);
+    char why[128];
+    ASSERT_TRUE(kvf_pool_check(pool, why, sizeof(why)));
+    free(logits);
+    free(s);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+}
+
+static void check_invariance(uint32_t type)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", type, 11);
+    uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    struct inv_seq qs[INV_SEQS];
+    for (uint32_t i = 0; i < INV_SEQS; i++) {
+        qs[i].n = 8 + kvf_rng_below(&r, INV_MAX_LEN - 8 + 1);
+        rand_tokens(&r, qs[i].toks, qs[i].n, V);
+        /* Two sequences share a prefix so their K/V is identical where it overlaps. */
+        if (i == 1) memcpy(qs[1].toks, qs[0].toks, 8 * sizeof(int32_t));
+        qs[i].alone = malloc((size_t)qs[i].n * V * sizeof(float));
+        run_alone(tm.m, &qs[i]);
+    }
+    static const uint32_t batches[] = {1, 2, 5, 9};
+    static const uint32_t threads[] = {1, 2, 3};
+    static const uint32_t pages[] = {16, 5};
+    static const uint32_t chunks[] = {1, 4, 13};
+    uint32_t runs = 0;
+    for (size_t b = 0; b < KVF_ARRAY_LEN(batches); b++)
+        for (size_t t = 0; t < KVF_ARRAY_LEN(threads); t++)
+            for (size_t c = 0; c < KVF_ARRAY_LEN(chunks); c++) {
+                run_batched(tm.m, qs, batches[b], threads[t], pages[(b + t + c) % 2], chunks[c], &r);
+                runs++;
+            }
+    printf("# tiny %s: %u batched runs bit-identical to alone (%s kernels)\n",
+           kvf_model_type_name(tm.m), runs, kvf_kernels_name());
+    for (uint32_t i = 0; i < INV_SEQS; i++) free(qs[i].alone);
+    tmodel_close(&tm);
+}
+
+static void test_invariance_f32(void)
+{
+    check_invariance(KVF_GGML_F32);
+}
+
+static void test_invariance_q8_0(void)
+{
+    check_invariance(KVF_GGML_Q8_0);
+}
+
+/* --- Page checks. -------------------------------------------------------------------------- */
+
+/* A decode step that fails its page check: status KVF_E_MODEL_PAGE, its logits untouched, its
+ * pages byte-for-byte unchanged, and the sequence next to it unaffected. */
+static void check_refused(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq bad,
+                          struct tseq *other, const int32_t *other_tok, const float *other_want,
+                          uint32_t V)
+{
+    size_t pb = kvf_pool_page_bytes(pool);
+    uint32_t np = kvf_pool_n_pages(pool);
+    uint8_t *before = malloc(pb * np);
+    for (uint32_t p = 0; p < np; p++) memcpy(before + p * pb, kvf_pool_page_data(pool, p), pb);
+    float *lb = malloc(V * sizeof(float)), *lo = malloc(V * sizeof(float));
+    for (uint32_t i = 0; i < V; i++) lb[i] = -12345.0f;
+    bad.logits = lb;
+    struct kvf_fwd_seq b[2] = {bad, tseq_step(other, other_tok, 1, lo)};
+    ASSERT_EQ_INT(kvf_fwd_run(f, pool, b, 2), 1);
+    ASSERT_ERR(b[0].status, KVF_E_MODEL_PAGE);
+    ASSERT_EQ_INT(b[1].status, 0);
+    other->pos++;
+    for (uint32_t i = 0; i < V; i++) ASSERT_TRUE(lb[i] == -12345.0f);
+    ASSERT_MEMEQ(lo, other_want, V * sizeof(float));
+    /* Only the other sequence's page may have changed: every page of the refused one is as it
+     * was. */
+    for (uint32_t i = 0; i < bad.n_pages; i++) {
+        uint32_t p = bad.pages[i].page;
+        if (p >= np) continue;
+        bool others = false;
+        for (uint32_t k = 0; k < other->n_pages; k++)
+            if (other->pages[k].page == p) others = true;
+        if (!others) ASSERT_MEMEQ(kvf_pool_page_data(pool, p), before + p * pb, pb);
+    }
+    free(before);
+    free(lb);
+    free(lo);
+}
+
+static void test_page_checks(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_F32, 3);
+    uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    /* B's expected logits for each of its decode steps, alone. */
+    struct inv_seq qb;
+    qb.n = 30;
+    rand_tokens(&r, qb.toks, qb.n, V);
+    qb.alone = malloc((size_t)qb.n * V * sizeof(float));
+    run_alone(tm.m, &qb);
+
+    int32_t ta[30];
+    rand_tokens(&r, ta, 30, V);
+    kvf_pool_t *pool = tpool_create(tm.m, 16, 8, false);
+    kvf_fwd_t *f = tfwd_create(tm.m, 2, 64, 4);
+    struct tseq a, b;
+    tseq_alloc(pool, &a, 2, 1);
+    tseq_alloc(pool, &b, 2, 2);
+    struct kvf_fwd_seq p[2] = {tseq_step(&a, ta, 20, NULL), tseq_step(&b, qb.toks, 20, NULL)};
+    ASSERT_EQ_INT(kvf_fwd_run(f, pool, p, 2), 2);
+    a.pos = b.pos = 20;
+    uint32_t bi = 20;
+
+    /* 1. A stale tag on a past page. */
+    struct kvf_fwd_seq bad = tseq_step(&a, ta + 20, 1, NULL);
+    struct kvf_page_ref stale[2] = {{a.pages[0].page, a.pages[0].tag + 1}, a.pages[1]};
+    bad.pages = stale;
+    check_refused(f, pool, bad, &b, qb.toks + bi, qb.alone + (size_t)bi * V, V);
+    bi++;
+    /* 2. A position past the verified fill (would read slot 20, which holds NaN). */
+    bad = tseq_step(&a, ta + 20, 1, NULL);
+    bad.pos = 21;
+    check_refused(f, pool, bad, &b, qb.toks + bi, qb.alone + (size_t)bi * V, V);
+    bi++;
+    /* 3. A position below the fill: the write would overwrite verified slot 19. */
+    bad.pos = 19;
+    check_refused(f, pool, bad, &b, qb.toks + bi, qb.alone + (size_t)bi * V, V);
+    bi++;
+    /* 4. Another request's page, with its correct tag, in A's table. */
+    bad = tseq_step(&a, ta + 20, 1, NULL);
+    struct kvf_page_ref foreign[2] = {b.pages[0], a.pages[1]};
+    bad.pages = foreign;
+    check_refused(f, pool, bad, &b, qb.toks + bi, qb.alone + (size_t)bi * V, V);
+    bi++;
+    /* 5. A page index out of the pool. */
+    bad = tseq_step(&a, ta + 20, 1, NULL);
+    struct kvf_page_ref outside[2] = {{kvf_pool_n_pages(pool) + 3, 1}, a.pages[1]};
+    bad.pages = outside;
+    check_refused(f, pool, bad, &b, qb.toks + bi, qb.alone + (size_t)bi * V, V);
+    bi++;
+    /* 6. A released page (FREE now, scrubbed or not): refused, nothing read. */
+    ASSERT_OK(kvf_pool_release(pool, a.pages[1], KVF_HOLDER_SEQ, 0));
+    bad = tseq_step(&a, ta + 20, 1, NULL);
+    check_refused(f, pool, bad, &b, qb.toks + bi, qb.alone + (size_t)bi * V, V);
+    bi++;
+    ASSERT_OK(kvf_pool_release(pool, a.pages[0], KVF_HOLDER_SEQ, 0));
+    a.n_pages = 0;
+    tseq_release(pool, &b);
+    char why[128];
+    ASSERT_TRUE(kvf_pool_check(pool, why, sizeof(why)));
+    free(qb.alone);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+    tmodel_close(&tm);
+}
+
+/* Malformed batches are refused whole, and malformed sequences alone. */
+static void test_bad_batches(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_F32, 3);
+    kvf_pool_t *pool = tpool_create(tm.m, 16, 4, false);
+    kvf_fwd_t *f = tfwd_create(tm.m, 1, 8, 2);
+    struct tseq a;
+    tseq_alloc(pool, &a, 1, 1);
+    int32_t toks[20] = {5, 6, 7};
+    struct kvf_fwd_seq s = tseq_step(&a, toks, 9, NULL);
+    ASSERT_ERR(kvf_fwd_run(f, pool, &s, 1), -EINVAL); /* more tokens than max_tokens */
+    s = tseq_step(&a, toks, 17, NULL);
+    struct kvf_fwd_config c = {1, 32, 2};
+    kvf_fwd_t *f2 = NULL;
+    ASSERT_OK(kvf_fwd_create(tm.m, &c, &f2));
+    ASSERT_EQ_INT(kvf_fwd_run(f2, pool, &s, 1), 0); /* needs 2 pages, table has 1 */
+    ASSERT_ERR(s.status, -EINVAL);
+    toks[1] = (int32_t)kvf_model_hparams(tm.m)->n_vocab; /* token out of range */
+    s = tseq_step(&a, toks, 3, NULL);
+    ASSERT_EQ_INT(kvf_fwd_run(f2, pool, &s, 1), 0);
+    ASSERT_ERR(s.status, -EINVAL);
+    struct kvf_page_info info;
+    ASSERT_OK(kvf_pool_page_info(pool, a.pages[0].page, &info));
+    ASSERT_EQ_INT(info.fill, 0);
+    tseq_release(pool, &a);
+    kvf_fwd_destroy(f2);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+    tmodel_close(&tm);
+}
+
+/* --- Poisoned free pages. ------------------------------------------------------------------ */
+
+/* An earlier request fills pages and releases them (the pool poisons them); a new request gets
+ * those same pages and must produce exactly what it produces in a fresh pool — and no NaN: no
+ * slot past the fill was read. */
+static void test_poisoned_free_pages(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_Q8_0, 5);
+    uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    struct inv_seq q;
+    q.n = 37; /* 3 pages of 16, the last partly filled */
+    rand_tokens(&r, q.toks, q.n, V);
+    q.alone = malloc((size_t)q.n * V * sizeof(float));
+    run_alone(tm.m, &q);
+
+    struct kvf_pool_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    kvf_model_geometry(tm.m, 16, &cfg.geo);
+    cfg.n_pages = 3;
+    cfg.max_peers = 1;
+    cfg.tag_seed = 1;
+    cfg.poison_on_free = true;
+    kvf_pool_t *pool = NULL;
+    int rc = kvf_pool_create(&cfg, &pool);
+    bool poisoned = rc == 0;
+    if (rc == -ENOTSUP) { /* not a test build: poison by hand below */
+        cfg.poison_on_free = false;
+        ASSERT_OK(kvf_pool_create(&cfg, &pool));
+    }
+    ASSERT_NOT_NULL(pool);
+    kvf_fwd_t *f = tfwd_create(tm.m, 2, 64, 2);
+    /* The earlier tenant: fills all 48 slots of all three pages, then leaves. */
+    struct tseq prev;
+    tseq_alloc(pool, &prev, 3, 77);
+    int32_t pt[48];
+    rand_tokens(&r, pt, 48, V);
+    struct kvf_fwd_seq ps = tseq_step(&prev, pt, 48, NULL);
+    ASSERT_EQ_INT(kvf_fwd_run(f, pool, &ps, 1), 1);
+    tseq_release(pool, &prev);
+
+    struct kvf_owner own = {{1, 0}, 1};
+    struct tseq s;
+    memset(&s, 0, sizeof(s));
+    s.req = own.req;
+    ASSERT_OK(kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, 3, false, s.pages));
+    s.n_pages = 3;
+    size_t data = kvf_geo_data_bytes(&cfg.geo);
+    for (uint32_t i = 0; i < 3; i++) {
+        uint32_t *w = kvf_pool_page_data(pool, s.pages[i].page);
+        if (poisoned) ASSERT_EQ_U64(w[0] & 0xFFF00000u, KVF_POOL_POISON_HI);
+        else
+            for (size_t k = 0; k < data / 4; k++) w[k] = KVF_POOL_POISON_HI | 0x77;
+    }
+    float *logits = malloc(V * sizeof(float));
+    /* Prefill 30 (crossing into page 1), then decode the rest one by one. */
+    for (uint32_t at = 0; at < q.n;) {
+        uint32_t len = at == 0 ? 30 : 1;
+        struct kvf_fwd_seq fs = tseq_step(&s, q.toks + at, len, logits);
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &fs, 1), 1);
+        s.pos += len;
+        at += len;
+        for (uint32_t i = 0; i < V; i++) ASSERT_FALSE(isnan(logits[i]));
+        ASSERT_MEMEQ(logits, q.alone + (size_t)(at - 1) * V, V * sizeof(float));
+    }
+    /* The unfilled tail of the last page still holds the poison: it was never overwritten. */
+    const uint32_t *last = kvf_pool_page_data(pool, s.pages[2].page);
+    const struct kvf_pool_geometry *g = kvf_pool_geometry(pool);
+    size_t slot_words = (size_t)g->n_kv_heads * g->head_dim;
+    ASSERT_EQ_U64(last[(37 - 32) * slot_words] & 0xFFF00000u, KVF_POOL_POISON_HI);
+    printf("# poisoned free pages (%s): output unchanged over %u positions\n",
+           poisoned ? "pool poison_on_free" : "poisoned by hand", q.n - 29);
+    tseq_release(pool, &s);
+    free(logits);
+    free(q.alone);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+    tmodel_close(&tm);
+}
+
+static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_reference_tiny_f32),  KVF_CASE(test_reference_tiny_q8_0),
+    KVF_CASE(test_reference_s15m_f32),  KVF_CASE(test_reference_s15m_q8_0),
+    KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
+    KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
+    KVF_CASE(test_poisoned_free_pages),
+};
+
+int main(int argc, char **argv)
+{
+    return KVF_TEST_MAIN(argc, argv, cases);
+}

@@ -1,0 +1,113 @@
+/*
+ * test_sample.c — sampling: determinism, greedy ties, top-k and top-p semantics, and top-N
+ * log-probabilities.
+ */
+#include <math.h>
+
+#include "kvf_test.h"
+#include "kvfence/common.h"
+#include "kvfence/model.h"
+
+static void test_greedy(void)
+{
+    float l[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f, 0.0f};
+    struct kvf_sample_params p = {0.0f, 0, 1.0f, 1};
+    ASSERT_EQ_INT(kvf_sample(l, 6, &p, 0), 1); /* lowest id among equal maxima */
+    p.temperature = 0.8f;
+    p.top_k = 1; /* top-k of one is greedy too */
+    for (uint64_t s = 0; s < 50; s++) ASSERT_EQ_INT(kvf_sample(l, 6, &p, s), 1);
+    p.top_p = 0.0f;
+    ASSERT_ERR(kvf_sample(l, 6, &p, 0), -EINVAL);
+    p.top_p = 1.0f;
+    p.temperature = -1.0f;
+    ASSERT_ERR(kvf_sample(l, 6, &p, 0), -EINVAL);
+    ASSERT_ERR(kvf_sample(l, 0, &p, 0), -EINVAL);
+}
+
+static void test_deterministic(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    float l[100];
+    for (int i = 0; i < 100; i++) l[i] = (float)(kvf_rng_below(&r, 1000)) / 300.0f;
+    struct kvf_sample_params p = {1.0f, 0, 1.0f, kvf_test_seed()};
+    int first[64], distinct = 0;
+    for (uint64_t s = 0; s < 64; s++) {
+        first[s] = kvf_sample(l, 100, &p, s);
+        ASSERT_TRUE(first[s] >= 0 && first[s] < 100);
+    }
+    for (uint64_t s = 0; s < 64; s++) ASSERT_EQ_INT(kvf_sample(l, 100, &p, s), first[s]);
+    for (uint64_t s = 1; s < 64; s++) distinct += first[s] != first[0];
+    ASSERT_TRUE(distinct > 0); /* draws differ between steps */
+    /* Another seed gives another stream. */
+    p.seed ^= 0x5555;
+    int same = 0;
+    for (uint64_t s = 0; s < 64; s++) same += kvf_sample(l, 100, &p, s) == first[s];
+    ASSERT_LT_INT(same, 32);
+}
+
+/* probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs, temperature 1). */
+static void test_top_k_top_p(void)
+{
+    float l[4] = {logf(0.15f), logf(0.5f), logf(0.05f), logf(0.3f)}; /* ids 1 > 3 > 0 > 2 */
+    struct kvf_sample_params p = {1.0f, 2, 1.0f, kvf_test_seed()};
+    int count[4] = {0};
+    for (uint64_t s = 0; s < 4000; s++) count[kvf_sample(l, 4, &p, s)]++;
+    ASSERT_EQ_INT(count[0] + count[2], 0); /* top-2 keeps ids 1 and 3 only */
+    ASSERT_NEAR(count[1] / 4000.0, 0.5 / 0.8, 0.04);
+    p.top_k = 0;
+    p.top_p = 0.75f; /* 0.5 + 0.3 ≥ 0.75: ids 1 and 3 */
+    memset(count, 0, sizeof(count));
+    for (uint64_t s = 0; s < 4000; s++) count[kvf_sample(l, 4, &p, s)]++;
+    ASSERT_EQ_INT(count[0] + count[2], 0);
+    ASSERT_TRUE(count[3] > 0);
+    p.top_p = 0.5f; /* the first token alone reaches 0.5 */
+    for (uint64_t s = 0; s < 200; s++) ASSERT_EQ_INT(kvf_sample(l, 4, &p, s), 1);
+    p.top_p = 0.9f; /* 0.5 + 0.3 + 0.15 */
+    memset(count, 0, sizeof(count));
+    for (uint64_t s = 0; s < 4000; s++) count[kvf_sample(l, 4, &p, s)]++;
+    ASSERT_EQ_INT(count[2], 0);
+    ASSERT_TRUE(count[0] > 0);
+    /* Plain temperature 1: frequencies follow the probabilities. */
+    p.top_p = 1.0f;
+    memset(count, 0, sizeof(count));
+    for (uint64_t s = 0; s < 8000; s++) count[kvf_sample(l, 4, &p, s)]++;
+    ASSERT_NEAR(count[1] / 8000.0, 0.5, 0.03);
+    ASSERT_NEAR(count[3] / 8000.0, 0.3, 0.03);
+    ASSERT_NEAR(count[0] / 8000.0, 0.15, 0.03);
+    ASSERT_NEAR(count[2] / 8000.0, 0.05, 0.02);
+    /* A low temperature sharpens toward the argmax. */
+    p.temperature = 0.1f;
+    memset(count, 0, sizeof(count));
+    for (uint64_t s = 0; s < 2000; s++) count[kvf_sample(l, 4, &p, s)]++;
+    ASSERT_TRUE(count[1] > 1950);
+}
+
+static void test_top_logprobs(void)
+{
+    float l[5] = {1.0f, 3.0f, 3.0f, -2.0f, 0.0f};
+    int32_t ids[8];
+    float lp[8];
+    ASSERT_EQ_INT(kvf_sample_top_logprobs(l, 5, 3, ids, lp), 3);
+    ASSERT_EQ_INT(ids[0], 1);
+    ASSERT_EQ_INT(ids[1], 2);
+    ASSERT_EQ_INT(ids[2], 0);
+    double z = exp(1.0) + 2 * exp(3.0) + exp(-2.0) + exp(0.0);
+    ASSERT_NEAR(lp[0], 3.0 - log(z), 1e-6);
+    ASSERT_NEAR(lp[2], 1.0 - log(z), 1e-6);
+    ASSERT_EQ_INT(kvf_sample_top_logprobs(l, 5, 8, ids, lp), 5);
+    ASSERT_EQ_INT(ids[4], 3);
+    double total = 0;
+    for (int i = 0; i < 5; i++) total += exp(lp[i]);
+    ASSERT_NEAR(total, 1.0, 1e-5);
+}
+
+static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_greedy), KVF_CASE(test_deterministic), KVF_CASE(test_top_k_top_p),
+    KVF_CASE(test_top_logprobs),
+};
+
+int main(int argc, char **argv)
+{
+    return KVF_TEST_MAIN(argc, argv, cases);
+}
