@@ -37,10 +37,3 @@ int kvf_cmd_decode(int argc, char **argv)
 {
     return pending(argc, argv, "Runs a decode worker that owns a fenced page pool and decodes.");
 }
-
-int kvf_cmd_run(int argc, char **argv)
-{
-    return pending(argc, argv,
-                   "kvfence run --model F.gguf --prompt TEXT [--max-tokens N] [--temperature T]\n"
-                   "[--seed S] [--print-token-ids] prints a completion as it is generated.");
-}
