@@ -754,6 +754,130 @@ static void test_writer_failure(void)
     scratch_done();
 }
 
+/* ---- random mutations: a small in-tree fuzzer that runs in every test build ----
+ * Flips bytes and plants extreme integers in the metadata of two valid files, then opens each
+ * mutant; an open that succeeds is walked completely (keys, tensor rows, tokenizer). Any
+ * over-read or undefined behaviour is a sanitizer failure; any other error code a test failure. */
+
+static void walk_opened(const kvf_gguf_t *g)
+{
+    for (uint64_t i = 0; i < kvf_gguf_n_kv(g); i++) {
+        const char *k;
+        size_t kl;
+        uint32_t type, et;
+        uint64_t n;
+        ASSERT_OK(kvf_gguf_kv_at(g, i, &k, &kl, &type));
+        char key[300];
+        if (kl >= sizeof key) continue;
+        memcpy(key, k, kl);
+        key[kl] = '\0';
+        uint32_t u;
+        float f;
+        const char *s;
+        size_t len;
+        (void)kvf_gguf_get_u32(g, key, &u);
+        (void)kvf_gguf_get_f32(g, key, &f);
+        (void)kvf_gguf_get_str(g, key, &s, &len);
+        if (kvf_gguf_get_arr(g, key, &et, &n) == 0 && n > 0) {
+            (void)kvf_gguf_get_arr_str(g, key, n - 1, &s, &len);
+            (void)kvf_gguf_get_arr_f32(g, key, n - 1, &f);
+        }
+    }
+    for (uint64_t i = 0; i < kvf_gguf_n_tensors(g); i++) {
+        const struct kvf_gguf_tensor *t = kvf_gguf_tensor_at(g, i);
+        if (t->ne[0] > 4096) continue;
+        float row[4096];
+        ASSERT_OK(kvf_dequant_row(t->type, t->data, row, t->ne[0]));
+    }
+    kvf_tokenizer_t *tok;
+    char err[128];
+    if (kvf_tokenizer_create(g, &tok, err, sizeof err) == 0) {
+        int32_t ids[64];
+        int n = kvf_tokenizer_encode(tok, "h\xc3\xa9llo \xe2\x9c\x93", 10, true, ids, 64);
+        ASSERT_TRUE(n > 0 && n <= 64);
+        struct kvf_detok d;
+        char out[KVF_DETOK_MAX_OUT];
+        kvf_detok_init(&d);
+        for (int i = 0; i < n; i++) kvf_detok_push(&d, tok, ids[i], out, sizeof out);
+        kvf_detok_finish(&d, out, sizeof out);
+        kvf_tokenizer_destroy(tok);
+    }
+}
+
+static void mutate_and_open(const uint8_t *orig, size_t len, size_t meta, struct kvf_rng *r,
+                            int iters)
+{
+    uint8_t *p = malloc(len);
+    ASSERT_NOT_NULL(p);
+    int opened = 0;
+    for (int it = 0; it < iters; it++) {
+        memcpy(p, orig, len);
+        int n_mut = 1 + (int)kvf_rng_below(r, 4);
+        for (int m = 0; m < n_mut; m++) {
+            size_t at = kvf_rng_below(r, (uint32_t)meta);
+            switch (kvf_rng_below(r, 4)) {
+            case 0: p[at] ^= (uint8_t)(1u << kvf_rng_below(r, 8)); break;
+            case 1: p[at] = (uint8_t)kvf_rng_next(r); break;
+            default: {
+                /* An extreme 64-bit value where a count, length or offset may be. */
+                static const uint64_t ex[] = {0, 1, 0x7fffffffffffffffull, UINT64_MAX,
+                                              0xffffffffull, 1ull << 32, 1ull << 63, 31, 33};
+                uint64_t v = ex[kvf_rng_below(r, KVF_ARRAY_LEN(ex))];
+                if (at + 8 <= len) memcpy(p + at, &v, 8);
+                break;
+            }
+            }
+        }
+        /* Sometimes also cut the file short. */
+        size_t cut = kvf_rng_below(r, 8) == 0 ? kvf_rng_below(r, (uint32_t)len) : len;
+        uint8_t *q = malloc(cut ? cut : 1);
+        ASSERT_NOT_NULL(q);
+        memcpy(q, p, cut);
+        kvf_gguf_t *g;
+        char err[256];
+        int rc = kvf_gguf_open_mem(q, cut, &g, err, sizeof err);
+        if (rc == 0) {
+            opened++;
+            walk_opened(g);
+            kvf_gguf_close(g);
+        } else if (rc != KVF_E_MODEL_FORMAT && rc != KVF_E_MODEL_TRUNCATED &&
+                   rc != KVF_E_MODEL_UNSUPPORTED) {
+            KVF_FAIL("iteration %d: unexpected error %d (%s)", it, rc, err);
+        } else {
+            ASSERT_TRUE(err[0] != '\0');
+        }
+        free(q);
+    }
+    printf("# %d of %d mutants opened\n", opened, iters);
+    free(p);
+}
+
+static void test_random_mutations(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    const char *soak = getenv("KVF_SOAK");
+    int iters = soak && strcmp(soak, "1") == 0 ? 1000000 : 30000;
+    char path[512], err[256];
+    scratch_path(path, sizeof path, "m.gguf");
+    write_all_types(path, 32);
+    size_t len;
+    uint8_t *buf = read_all(path, &len);
+    mutate_and_open(buf, len, len, &r, iters);
+    free(buf);
+    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true};
+    ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_Q8_0, 1, err, sizeof err));
+    buf = read_all(path, &len);
+    kvf_gguf_t *g;
+    ASSERT_OK(kvf_gguf_open_mem(buf, len, &g, err, sizeof err));
+    size_t meta = (size_t)((const uint8_t *)kvf_gguf_tensor_at(g, 0)->data - buf);
+    kvf_gguf_close(g);
+    mutate_and_open(buf, len, meta, &r, iters / 4);
+    free(buf);
+    unlink(path);
+    scratch_done();
+}
+
 /* ---- seeds for the fuzz corpus (tests/fuzz/corpus/gguf) ----
  * `test_gguf --write-corpus DIR test_fuzz_seeds` writes them there; without the option they
  * are written to scratch and checked, so the generator itself stays tested. The files carry
@@ -861,6 +985,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_mkmodel_tiny),        KVF_CASE(test_mkmodel_s15m),
     KVF_CASE(test_truncate_every_offset), KVF_CASE(test_hostile_headers),
     KVF_CASE(test_writer_failure),      KVF_CASE(test_fuzz_seeds),
+    KVF_CASE(test_random_mutations),
 };
 
 int main(int argc, char **argv)
