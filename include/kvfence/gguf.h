@@ -73,12 +73,12 @@ enum kvf_gguf_type {
 /* One tensor as the file describes it. ne[0] is the fastest-varying dimension; unused
  * dimensions are 1. A 2-D weight with ne = [in, out] holds `out` rows of `in` values each. */
 struct kvf_gguf_tensor {
-    const char *name;  /* NUL-terminated; owned by the kvf_gguf_t */
-    uint32_t type;     /* enum kvf_ggml_type */
-    uint32_t n_dims;   /* 1..4 */
-    uint64_t ne[4];    /* elements per dimension */
-    const void *data;  /* view into the file, n_bytes long */
-    uint64_t n_bytes;  /* exact size of the data */
+    const char *name; /* NUL-terminated; owned by the kvf_gguf_t */
+    uint32_t type;    /* enum kvf_ggml_type */
+    uint32_t n_dims;  /* 1..4 */
+    uint64_t ne[4];   /* elements per dimension */
+    const void *data; /* view into the file, n_bytes long */
+    uint64_t n_bytes; /* exact size of the data */
 };
 
 /* Opens and parses the GGUF file at `path` (mapped read-only). On success *out owns the mapping.
@@ -160,8 +160,7 @@ int kvf_gguf_writer_add_str(kvf_gguf_writer_t *w, const char *key, const char *s
 /* Arrays; the values are copied. strs[i] has lens[i] bytes (lens NULL: NUL-terminated). */
 int kvf_gguf_writer_add_arr_str(kvf_gguf_writer_t *w, const char *key, const char *const *strs,
                                 const size_t *lens, uint64_t n);
-int kvf_gguf_writer_add_arr_f32(kvf_gguf_writer_t *w, const char *key, const float *v,
-                                uint64_t n);
+int kvf_gguf_writer_add_arr_f32(kvf_gguf_writer_t *w, const char *key, const float *v, uint64_t n);
 int kvf_gguf_writer_add_arr_i32(kvf_gguf_writer_t *w, const char *key, const int32_t *v,
                                 uint64_t n);
 

@@ -22,13 +22,13 @@
 #define KVF_QK 32
 
 struct kvf_block_q8_0 {
-    uint16_t d;          /* scale, IEEE half */
-    int8_t qs[KVF_QK];   /* quantized values */
+    uint16_t d;        /* scale, IEEE half */
+    int8_t qs[KVF_QK]; /* quantized values */
 };
 
 struct kvf_block_q4_0 {
-    uint16_t d;              /* scale, IEEE half */
-    uint8_t qs[KVF_QK / 2];  /* element j in the low nibble of qs[j], j+16 in the high one */
+    uint16_t d;             /* scale, IEEE half */
+    uint8_t qs[KVF_QK / 2]; /* element j in the low nibble of qs[j], j+16 in the high one */
 };
 
 /* IEEE half <-> float (round to nearest even; NaN stays NaN, overflow becomes infinity). */

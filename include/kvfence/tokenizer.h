@@ -14,9 +14,9 @@
  *
  * Decoding (struct kvf_detok): byte tokens become their byte, other pieces their text, control
  * and unused tokens nothing, <unk> U+FFFD; then every "▁" becomes a space, also one spelled
- * with byte tokens (so a literal U+2581 in a prompt decodes as a space, as in SentencePiece). Output is always valid UTF-8: a
- * sequence split across tokens is held back until it completes, and an invalid byte or an
- * unfinished tail becomes U+FFFD.
+ * with byte tokens (so a literal U+2581 in a prompt decodes as a space, as in SentencePiece).
+ * Output is always valid UTF-8: a sequence split across tokens is held back until it completes, and
+ * an invalid byte or an unfinished tail becomes U+FFFD.
  *
  * Ownership: a kvf_tokenizer_t copies what it needs from the GGUF file; the file may be closed
  * afterwards. It is immutable after create, so any number of threads may use it at once; a

@@ -64,8 +64,7 @@ int kvf_cmd_mkmodel(int argc, char **argv)
     }
     const struct kvf_mkmodel_shape *shape = kvf_mkmodel_shape_by_name(shape_name);
     if (!shape) {
-        fprintf(stderr, "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m)\n",
-                shape_name);
+        fprintf(stderr, "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m)\n", shape_name);
         return 2;
     }
     uint32_t type;
@@ -87,7 +86,7 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         return 1;
     }
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    printf("wrote %s: shape %s, type %s, seed %" PRIu64 " in %.2f s\n", out, shape->name,
-           type_name, seed, s);
+    printf("wrote %s: shape %s, type %s, seed %" PRIu64 " in %.2f s\n", out, shape->name, type_name,
+           seed, s);
     return 0;
 }

@@ -14,7 +14,8 @@ static inline uint64_t kvf__gguf_hash(const void *p, size_t n)
 {
     const unsigned char *s = p;
     uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ull;
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdull;
     h ^= h >> 33;

@@ -26,8 +26,8 @@
 #error "the GGUF reader assumes a little-endian host"
 #endif
 
-#define GGUF_MAGIC 0x46554747u /* "GGUF" read as a little-endian u32 */
-#define MAX_KEY_BYTES 65535u
+#define GGUF_MAGIC     0x46554747u /* "GGUF" read as a little-endian u32 */
+#define MAX_KEY_BYTES  65535u
 #define MAX_NAME_BYTES 255u
 
 /* One key/value. For a string, val points at its bytes and len is their count; for an array,
@@ -46,7 +46,7 @@ struct kv {
 struct kvf_gguf {
     const uint8_t *base; /* the whole file */
     size_t size;
-    bool mapped;         /* base is our mmap (else the caller's buffer) */
+    bool mapped; /* base is our mmap (else the caller's buffer) */
     uint32_t version;
     uint32_t alignment;
     uint64_t n_kv, n_tensors;
@@ -114,16 +114,21 @@ static size_t scalar_size(uint32_t t)
     switch (t) {
     case KVF_GGUF_U8:
     case KVF_GGUF_I8:
-    case KVF_GGUF_BOOL: return 1;
+    case KVF_GGUF_BOOL:
+        return 1;
     case KVF_GGUF_U16:
-    case KVF_GGUF_I16: return 2;
+    case KVF_GGUF_I16:
+        return 2;
     case KVF_GGUF_U32:
     case KVF_GGUF_I32:
-    case KVF_GGUF_F32: return 4;
+    case KVF_GGUF_F32:
+        return 4;
     case KVF_GGUF_U64:
     case KVF_GGUF_I64:
-    case KVF_GGUF_F64: return 8;
-    default: return 0;
+    case KVF_GGUF_F64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -235,7 +240,8 @@ static int parse_kvs(kvf_gguf_t *g, struct cur *c)
     g->kv_cap = kvf__gguf_table_cap(g->n_kv);
     g->kvs = calloc(g->n_kv ? (size_t)g->n_kv : 1, sizeof *g->kvs);
     g->kv_table = g->kv_cap ? calloc(g->kv_cap, sizeof *g->kv_table) : NULL;
-    if (!g->kvs || !g->kv_table) return kvf__gguf_fail(c->err, c->err_len, -ENOMEM, "out of memory");
+    if (!g->kvs || !g->kv_table)
+        return kvf__gguf_fail(c->err, c->err_len, -ENOMEM, "out of memory");
     for (uint64_t i = 0; i < g->n_kv; i++) {
         struct kv *kv = &g->kvs[i];
         int rc = parse_kv(c, kv);
@@ -275,8 +281,8 @@ static int read_alignment(kvf_gguf_t *g, struct cur *c)
 }
 
 /* Parses one tensor description; its name is copied to *names (advanced past the NUL). */
-static int parse_tensor(kvf_gguf_t *g, struct cur *c, struct kvf_gguf_tensor *t,
-                        uint64_t *offset, char **names)
+static int parse_tensor(kvf_gguf_t *g, struct cur *c, struct kvf_gguf_tensor *t, uint64_t *offset,
+                        char **names)
 {
     const char *name;
     uint64_t name_len;
@@ -285,7 +291,8 @@ static int parse_tensor(kvf_gguf_t *g, struct cur *c, struct kvf_gguf_tensor *t,
     if (!valid_name(name, name_len, MAX_NAME_BYTES))
         return kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_FORMAT,
                               "offset %zu: tensor name of %llu bytes is empty, too long or "
-                              "holds NUL", c->off, (unsigned long long)name_len);
+                              "holds NUL",
+                              c->off, (unsigned long long)name_len);
     memcpy(*names, name, (size_t)name_len);
     (*names)[name_len] = '\0';
     t->name = *names;
@@ -309,7 +316,8 @@ static int parse_tensor(kvf_gguf_t *g, struct cur *c, struct kvf_gguf_tensor *t,
     if (!kvf_ggml_type_supported(t->type))
         return kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_UNSUPPORTED,
                               "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, "
-                              "Q8_0, Q4_0 are)", t->name, kvf_ggml_type_name(t->type), t->type);
+                              "Q8_0, Q4_0 are)",
+                              t->name, kvf_ggml_type_name(t->type), t->type);
     uint64_t row_bytes;
     rc = kvf_quant_row_bytes(t->type, t->ne[0], &row_bytes);
     if (rc < 0)
@@ -318,8 +326,8 @@ static int parse_tensor(kvf_gguf_t *g, struct cur *c, struct kvf_gguf_tensor *t,
                               (unsigned long long)t->ne[0], kvf_ggml_type_name(t->type));
     uint64_t rows = n_elems / t->ne[0];
     if (row_bytes != 0 && rows > UINT64_MAX / row_bytes)
-        return kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_FORMAT,
-                              "tensor '%s': size overflows", t->name);
+        return kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_FORMAT, "tensor '%s': size overflows",
+                              t->name);
     t->n_bytes = rows * row_bytes;
     if (*offset % g->alignment != 0)
         return kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_FORMAT,
@@ -355,8 +363,8 @@ static int parse_tensors(kvf_gguf_t *g, struct cur *c)
         if ((rc = parse_tensor(g, c, t, &offsets[i], &names)) < 0) goto free_offsets;
         size_t slot = probe(g, g->t_table, g->t_cap, t_name, t->name, strlen(t->name));
         if (g->t_table[slot] != 0) {
-            rc = kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_FORMAT,
-                                "duplicate tensor '%s'", t->name);
+            rc = kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_FORMAT, "duplicate tensor '%s'",
+                                t->name);
             goto free_offsets;
         }
         g->t_table[slot] = i + 1;
@@ -369,9 +377,9 @@ static int parse_tensors(kvf_gguf_t *g, struct cur *c)
             t->n_bytes > c->size - data - offsets[i]) {
             rc = kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_TRUNCATED,
                                 "tensor '%s': %llu bytes at data offset %llu run past the end "
-                                "of the file (%zu bytes)", t->name,
-                                (unsigned long long)t->n_bytes, (unsigned long long)offsets[i],
-                                c->size);
+                                "of the file (%zu bytes)",
+                                t->name, (unsigned long long)t->n_bytes,
+                                (unsigned long long)offsets[i], c->size);
             goto free_offsets;
         }
         t->data = c->p + data + offsets[i];
@@ -410,7 +418,8 @@ static int parse(kvf_gguf_t *g, char *err, size_t err_len)
 static void free_parsed(kvf_gguf_t *g)
 {
     if (g->kvs)
-        for (uint64_t i = 0; i < g->n_kv; i++) free(g->kvs[i].str_off);
+        for (uint64_t i = 0; i < g->n_kv; i++)
+            free(g->kvs[i].str_off);
     free(g->kvs);
     free(g->tensors);
     free(g->names);
@@ -454,8 +463,8 @@ int kvf_gguf_open(const char *path, kvf_gguf_t **out, char *err, size_t err_len)
         goto close_fd;
     }
     if (!S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size > SIZE_MAX) {
-        rc = kvf__gguf_fail(err, err_len, KVF_E_MODEL_FORMAT,
-                            "%s: not a regular, non-empty file", path);
+        rc = kvf__gguf_fail(err, err_len, KVF_E_MODEL_FORMAT, "%s: not a regular, non-empty file",
+                            path);
         goto close_fd;
     }
     size_t size = (size_t)st.st_size;
@@ -546,15 +555,40 @@ static bool read_int(uint32_t t, const uint8_t *p, bool *neg, uint64_t *mag)
     } v;
     int64_t s;
     switch (t) {
-    case KVF_GGUF_U8: memcpy(&v.u8, p, 1); *neg = false, *mag = v.u8; return true;
-    case KVF_GGUF_U16: memcpy(&v.u16, p, 2); *neg = false, *mag = v.u16; return true;
-    case KVF_GGUF_U32: memcpy(&v.u32, p, 4); *neg = false, *mag = v.u32; return true;
-    case KVF_GGUF_U64: memcpy(&v.u64, p, 8); *neg = false, *mag = v.u64; return true;
-    case KVF_GGUF_I8: memcpy(&v.i8, p, 1); s = v.i8; break;
-    case KVF_GGUF_I16: memcpy(&v.i16, p, 2); s = v.i16; break;
-    case KVF_GGUF_I32: memcpy(&v.i32, p, 4); s = v.i32; break;
-    case KVF_GGUF_I64: memcpy(&v.i64, p, 8); s = v.i64; break;
-    default: return false;
+    case KVF_GGUF_U8:
+        memcpy(&v.u8, p, 1);
+        *neg = false, *mag = v.u8;
+        return true;
+    case KVF_GGUF_U16:
+        memcpy(&v.u16, p, 2);
+        *neg = false, *mag = v.u16;
+        return true;
+    case KVF_GGUF_U32:
+        memcpy(&v.u32, p, 4);
+        *neg = false, *mag = v.u32;
+        return true;
+    case KVF_GGUF_U64:
+        memcpy(&v.u64, p, 8);
+        *neg = false, *mag = v.u64;
+        return true;
+    case KVF_GGUF_I8:
+        memcpy(&v.i8, p, 1);
+        s = v.i8;
+        break;
+    case KVF_GGUF_I16:
+        memcpy(&v.i16, p, 2);
+        s = v.i16;
+        break;
+    case KVF_GGUF_I32:
+        memcpy(&v.i32, p, 4);
+        s = v.i32;
+        break;
+    case KVF_GGUF_I64:
+        memcpy(&v.i64, p, 8);
+        s = v.i64;
+        break;
+    default:
+        return false;
     }
     *neg = s < 0;
     /* The magnitude of INT64_MIN does not fit in int64; compute it in unsigned arithmetic. */

@@ -19,17 +19,17 @@ struct wtensor {
     uint32_t type, n_dims;
     uint64_t ne[KVF_GGUF_MAX_DIMS];
     uint64_t row_bytes, n_rows, n_bytes;
-    const void *data;    /* borrowed, or NULL when fn produces the rows */
+    const void *data; /* borrowed, or NULL when fn produces the rows */
     kvf_gguf_row_fn fn;
     void *fn_ctx;
 };
 
 struct kvf_gguf_writer {
     uint32_t alignment;
-    uint8_t *meta;     /* the serialized key/values */
+    uint8_t *meta; /* the serialized key/values */
     size_t meta_len, meta_cap;
     uint64_t n_kv;
-    char **keys;       /* [n_kv], to refuse duplicates */
+    char **keys; /* [n_kv], to refuse duplicates */
     struct wtensor *tensors;
     uint64_t n_tensors;
     size_t tensors_cap;
@@ -103,8 +103,7 @@ static int end_kv(kvf_gguf_writer_t *w, const char *key, size_t mark, int rc)
     return 0;
 }
 
-static int add_scalar(kvf_gguf_writer_t *w, const char *key, uint32_t type, const void *v,
-                      size_t n)
+static int add_scalar(kvf_gguf_writer_t *w, const char *key, uint32_t type, const void *v, size_t n)
 {
     size_t mark;
     int rc = begin_kv(w, key, type, &mark);
@@ -160,14 +159,12 @@ static int add_array(kvf_gguf_writer_t *w, const char *key, uint32_t elem_type, 
     return end_kv(w, key, mark, rc);
 }
 
-int kvf_gguf_writer_add_arr_f32(kvf_gguf_writer_t *w, const char *key, const float *v,
-                                uint64_t n)
+int kvf_gguf_writer_add_arr_f32(kvf_gguf_writer_t *w, const char *key, const float *v, uint64_t n)
 {
     return add_array(w, key, KVF_GGUF_F32, v, sizeof *v, n);
 }
 
-int kvf_gguf_writer_add_arr_i32(kvf_gguf_writer_t *w, const char *key, const int32_t *v,
-                                uint64_t n)
+int kvf_gguf_writer_add_arr_i32(kvf_gguf_writer_t *w, const char *key, const int32_t *v, uint64_t n)
 {
     return add_array(w, key, KVF_GGUF_I32, v, sizeof *v, n);
 }
@@ -213,8 +210,10 @@ int kvf_gguf_writer_create(uint32_t alignment, kvf_gguf_writer_t **out)
 void kvf_gguf_writer_destroy(kvf_gguf_writer_t *w)
 {
     if (!w) return;
-    for (uint64_t i = 0; i < w->n_kv; i++) free(w->keys[i]);
-    for (uint64_t i = 0; i < w->n_tensors; i++) free(w->tensors[i].name);
+    for (uint64_t i = 0; i < w->n_kv; i++)
+        free(w->keys[i]);
+    for (uint64_t i = 0; i < w->n_tensors; i++)
+        free(w->tensors[i].name);
     free(w->keys);
     free(w->tensors);
     free(w->meta);

@@ -74,7 +74,7 @@ static float rng_unit(struct rng *r)
 struct gen {
     struct rng rng;
     uint32_t type;
-    uint64_t n;     /* values per row */
+    uint64_t n; /* values per row */
     float center, amp;
     float *scratch; /* [n], for quantized rows */
 };
@@ -85,7 +85,8 @@ static int gen_row(void *ctx, uint64_t row, void *dst, size_t row_bytes)
     (void)row;
     (void)row_bytes;
     float *x = g->type == KVF_GGML_F32 ? dst : g->scratch;
-    for (uint64_t i = 0; i < g->n; i++) x[i] = g->center + g->amp * rng_unit(&g->rng);
+    for (uint64_t i = 0; i < g->n; i++)
+        x[i] = g->center + g->amp * rng_unit(&g->rng);
     if (g->type == KVF_GGML_Q8_0) kvf_quantize_row_q8_0(x, dst, g->n);
     return 0;
 }
@@ -117,7 +118,8 @@ static void add(struct build *b, const char *name, uint64_t ne0, uint64_t ne1, f
     }
     struct gen *g = &b->gens[b->n_gens];
     uint64_t x = b->seed ^ (0x5851f42d4c957f2dull * (b->n_gens + 1));
-    for (int i = 0; i < 4; i++) g->rng.s[i] = splitmix(&x);
+    for (int i = 0; i < 4; i++)
+        g->rng.s[i] = splitmix(&x);
     g->type = ne1 && b->type == KVF_GGML_Q8_0 && ne0 % KVF_QK == 0 ? KVF_GGML_Q8_0 : KVF_GGML_F32;
     g->n = ne0;
     g->center = center;
@@ -165,7 +167,8 @@ static int add_vocab(kvf_gguf_writer_t *w, uint32_t n_vocab)
     if (rc == 0) rc = kvf_gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", false);
 free_all:
     if (toks)
-        for (uint32_t i = 0; i < n_vocab; i++) free(toks[i]);
+        for (uint32_t i = 0; i < n_vocab; i++)
+            free(toks[i]);
     free(toks);
     free(scores);
     free(types);
@@ -185,8 +188,7 @@ static int add_hparams(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, 
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.feed_forward_length", s->ffn_dim);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.attention.head_count", s->n_heads);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.attention.head_count_kv", s->n_kv_heads);
-    if (rc == 0)
-        rc = kvf_gguf_writer_add_u32(w, "llama.rope.dimension_count", s->dim / s->n_heads);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.rope.dimension_count", s->dim / s->n_heads);
     if (rc == 0) rc = kvf_gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f);
     if (rc == 0) rc = kvf_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
     return rc;
@@ -237,7 +239,8 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
     else
         rc = kvf_gguf_writer_write(b.w, path, err, err_len);
     kvf_gguf_writer_destroy(b.w);
-    for (size_t i = 0; i < b.n_gens; i++) free(b.gens[i].scratch);
+    for (size_t i = 0; i < b.n_gens; i++)
+        free(b.gens[i].scratch);
     free(b.gens);
     return rc;
 }

@@ -79,12 +79,12 @@ uint16_t kvf_f32_to_bf16(float f)
 }
 
 static const char *const type_names[] = {
-    [0] = "F32",       [1] = "F16",      [2] = "Q4_0",     [3] = "Q4_1",    [6] = "Q5_0",
-    [7] = "Q5_1",      [8] = "Q8_0",     [9] = "Q8_1",     [10] = "Q2_K",   [11] = "Q3_K",
-    [12] = "Q4_K",     [13] = "Q5_K",    [14] = "Q6_K",    [15] = "Q8_K",   [16] = "IQ2_XXS",
-    [17] = "IQ2_XS",   [18] = "IQ3_XXS", [19] = "IQ1_S",   [20] = "IQ4_NL", [21] = "IQ3_S",
-    [22] = "IQ2_S",    [23] = "IQ4_XS",  [24] = "I8",      [25] = "I16",    [26] = "I32",
-    [27] = "I64",      [28] = "F64",     [29] = "IQ1_M",   [30] = "BF16",   [34] = "TQ1_0",
+    [0] = "F32",     [1] = "F16",      [2] = "Q4_0",   [3] = "Q4_1",    [6] = "Q5_0",
+    [7] = "Q5_1",    [8] = "Q8_0",     [9] = "Q8_1",   [10] = "Q2_K",   [11] = "Q3_K",
+    [12] = "Q4_K",   [13] = "Q5_K",    [14] = "Q6_K",  [15] = "Q8_K",   [16] = "IQ2_XXS",
+    [17] = "IQ2_XS", [18] = "IQ3_XXS", [19] = "IQ1_S", [20] = "IQ4_NL", [21] = "IQ3_S",
+    [22] = "IQ2_S",  [23] = "IQ4_XS",  [24] = "I8",    [25] = "I16",    [26] = "I32",
+    [27] = "I64",    [28] = "F64",     [29] = "IQ1_M", [30] = "BF16",   [34] = "TQ1_0",
     [35] = "TQ2_0",
 };
 
@@ -104,12 +104,21 @@ int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
 {
     uint64_t block, block_bytes;
     switch (type) {
-    case KVF_GGML_F32: block = 1, block_bytes = 4; break;
+    case KVF_GGML_F32:
+        block = 1, block_bytes = 4;
+        break;
     case KVF_GGML_F16:
-    case KVF_GGML_BF16: block = 1, block_bytes = 2; break;
-    case KVF_GGML_Q8_0: block = KVF_QK, block_bytes = sizeof(struct kvf_block_q8_0); break;
-    case KVF_GGML_Q4_0: block = KVF_QK, block_bytes = sizeof(struct kvf_block_q4_0); break;
-    default: return KVF_E_MODEL_UNSUPPORTED;
+    case KVF_GGML_BF16:
+        block = 1, block_bytes = 2;
+        break;
+    case KVF_GGML_Q8_0:
+        block = KVF_QK, block_bytes = sizeof(struct kvf_block_q8_0);
+        break;
+    case KVF_GGML_Q4_0:
+        block = KVF_QK, block_bytes = sizeof(struct kvf_block_q4_0);
+        break;
+    default:
+        return KVF_E_MODEL_UNSUPPORTED;
     }
     if (n % block != 0) return -EINVAL;
     if (n / block > UINT64_MAX / block_bytes) return -EOVERFLOW;
@@ -123,22 +132,27 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n)
     int rc = kvf_quant_row_bytes(type, n, &bytes);
     if (rc < 0) return rc;
     switch (type) {
-    case KVF_GGML_F32: memmove(dst, src, (size_t)bytes); break;
+    case KVF_GGML_F32:
+        memmove(dst, src, (size_t)bytes);
+        break;
     case KVF_GGML_F16: {
         const uint16_t *s = src;
-        for (uint64_t i = 0; i < n; i++) dst[i] = kvf_fp16_to_f32(s[i]);
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = kvf_fp16_to_f32(s[i]);
         break;
     }
     case KVF_GGML_BF16: {
         const uint16_t *s = src;
-        for (uint64_t i = 0; i < n; i++) dst[i] = kvf_bf16_to_f32(s[i]);
+        for (uint64_t i = 0; i < n; i++)
+            dst[i] = kvf_bf16_to_f32(s[i]);
         break;
     }
     case KVF_GGML_Q8_0: {
         const struct kvf_block_q8_0 *b = src;
         for (uint64_t k = 0; k < n / KVF_QK; k++) {
             float d = kvf_fp16_to_f32(b[k].d);
-            for (int j = 0; j < KVF_QK; j++) dst[k * KVF_QK + j] = (float)b[k].qs[j] * d;
+            for (int j = 0; j < KVF_QK; j++)
+                dst[k * KVF_QK + j] = (float)b[k].qs[j] * d;
         }
         break;
     }
@@ -153,7 +167,8 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n)
         }
         break;
     }
-    default: return KVF_E_MODEL_UNSUPPORTED; /* unreachable: row_bytes refused it */
+    default:
+        return KVF_E_MODEL_UNSUPPORTED; /* unreachable: row_bytes refused it */
     }
     return 0;
 }
@@ -163,11 +178,13 @@ void kvf_quantize_row_q8_0(const float *src, struct kvf_block_q8_0 *dst, uint64_
     for (uint64_t k = 0; k < n / KVF_QK; k++) {
         const float *x = src + k * KVF_QK;
         float amax = 0.0f;
-        for (int j = 0; j < KVF_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < KVF_QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         dst[k].d = kvf_f32_to_fp16(d);
-        for (int j = 0; j < KVF_QK; j++) dst[k].qs[j] = (int8_t)lrintf(x[j] * id);
+        for (int j = 0; j < KVF_QK; j++)
+            dst[k].qs[j] = (int8_t)lrintf(x[j] * id);
     }
 }
 

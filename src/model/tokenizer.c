@@ -113,8 +113,8 @@ static int load_vocab(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_t
                                   KVF_TOKENIZER_MAX_PIECE);
         total += n + 1;
     }
-    if (total > UINT32_MAX) return kvf__gguf_fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
-                                                  "vocabulary text over 4 GiB");
+    if (total > UINT32_MAX)
+        return kvf__gguf_fail(err, err_len, KVF_E_MODEL_UNSUPPORTED, "vocabulary text over 4 GiB");
     t->blob = malloc((size_t)total);
     if (!t->blob) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
     uint32_t pos = 0;
@@ -146,15 +146,15 @@ static int load_vocab(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_t
  * first id, as SentencePiece does. */
 static int index_vocab(kvf_tokenizer_t *t, char *err, size_t err_len)
 {
-    for (int b = 0; b < 256; b++) t->byte_tok[b] = -1;
+    for (int b = 0; b < 256; b++)
+        t->byte_tok[b] = -1;
     for (uint32_t i = 0; i < t->n_vocab; i++) {
         const char *s = t->blob + t->off[i];
         if (t->types[i] == KVF_TOKEN_BYTE) {
             uint8_t b;
             if (!parse_byte_piece(s, t->len[i], &b))
                 return kvf__gguf_fail(err, err_len, KVF_E_MODEL_FORMAT,
-                                      "byte token %u is '%.*s', not <0xXX>", i, (int)t->len[i],
-                                      s);
+                                      "byte token %u is '%.*s', not <0xXX>", i, (int)t->len[i], s);
             if (t->byte_tok[b] < 0) t->byte_tok[b] = (int32_t)i;
             continue;
         }
@@ -181,15 +181,18 @@ int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, 
     const char *model;
     size_t model_len;
     int rc = kvf_gguf_get_str(g, "tokenizer.ggml.model", &model, &model_len);
-    if (rc < 0) return kvf__gguf_fail(err, err_len, rc, "tokenizer.ggml.model: %s", kvf_strerror(rc));
+    if (rc < 0)
+        return kvf__gguf_fail(err, err_len, rc, "tokenizer.ggml.model: %s", kvf_strerror(rc));
     if (model_len != 5 || memcmp(model, "llama", 5) != 0)
         return kvf__gguf_fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
                               "tokenizer model '%.*s' is not supported (only 'llama', "
-                              "SentencePiece)", model_len > 64 ? 64 : (int)model_len, model);
+                              "SentencePiece)",
+                              model_len > 64 ? 64 : (int)model_len, model);
     uint32_t et;
     uint64_t n;
     rc = kvf_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n);
-    if (rc < 0) return kvf__gguf_fail(err, err_len, rc, "tokenizer.ggml.tokens: %s", kvf_strerror(rc));
+    if (rc < 0)
+        return kvf__gguf_fail(err, err_len, rc, "tokenizer.ggml.tokens: %s", kvf_strerror(rc));
     if (et != KVF_GGUF_STRING || n == 0 || n > INT32_MAX - 1)
         return kvf__gguf_fail(err, err_len, KVF_E_MODEL_FORMAT,
                               "tokenizer.ggml.tokens is not a non-empty array of strings");
@@ -208,10 +211,12 @@ int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, 
     }
     if ((rc = load_vocab(t, g, err, err_len)) < 0) goto free_t;
     if ((rc = index_vocab(t, err, err_len)) < 0) goto free_t;
-    if ((rc = special_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos, err, err_len)) < 0 ||
-        (rc = special_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err, err_len)) < 0 ||
-        (rc = special_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, err,
-                         err_len)) < 0)
+    if ((rc = special_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab, &t->bos, err, err_len)) <
+            0 ||
+        (rc = special_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab, &t->eos, err, err_len)) <
+            0 ||
+        (rc = special_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, err, err_len)) <
+            0)
         goto free_t;
     t->add_space_prefix = true;
     bool b;
@@ -373,7 +378,8 @@ int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len,
         i += k;
     }
     if (n_sym > 0) sy[n_sym - 1].next = -1;
-    for (int32_t i = 0; i + 1 < n_sym; i++) try_pair(t, norm, sy, &h, i, i + 1);
+    for (int32_t i = 0; i + 1 < n_sym; i++)
+        try_pair(t, norm, sy, &h, i, i + 1);
     /* Merge the best pair until none is left. Each merge removes a symbol and queues at most
      * two pairs, so the heap never exceeds 3 * n_sym entries. */
     while (h.n > 0) {

@@ -28,11 +28,16 @@ static size_t lead_len(uint8_t b)
 static bool second_ok(uint8_t lead, uint8_t b)
 {
     switch (lead) {
-    case 0xe0: return b >= 0xa0 && b <= 0xbf;
-    case 0xed: return b >= 0x80 && b <= 0x9f;
-    case 0xf0: return b >= 0x90 && b <= 0xbf;
-    case 0xf4: return b >= 0x80 && b <= 0x8f;
-    default: return b >= 0x80 && b <= 0xbf;
+    case 0xe0:
+        return b >= 0xa0 && b <= 0xbf;
+    case 0xed:
+        return b >= 0x80 && b <= 0x9f;
+    case 0xf0:
+        return b >= 0x90 && b <= 0xbf;
+    case 0xf4:
+        return b >= 0x80 && b <= 0x8f;
+    default:
+        return b >= 0x80 && b <= 0xbf;
     }
 }
 
@@ -117,24 +122,29 @@ size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok
 {
     struct sink s = {out, out ? cap : 0, 0, d};
     if (tok < 0 || (uint32_t)tok >= t->n_vocab) {
-        for (size_t i = 0; i < 3; i++) feed(&s, (uint8_t)REPLACEMENT[i]);
+        for (size_t i = 0; i < 3; i++)
+            feed(&s, (uint8_t)REPLACEMENT[i]);
         return s.n;
     }
     const uint8_t *p = (const uint8_t *)t->blob + t->off[tok];
     size_t n = t->len[tok];
     switch (t->types[tok]) {
     case KVF_TOKEN_CONTROL:
-    case KVF_TOKEN_UNUSED: return 0;
+    case KVF_TOKEN_UNUSED:
+        return 0;
     case KVF_TOKEN_UNKNOWN:
-        for (size_t i = 0; i < 3; i++) feed(&s, (uint8_t)REPLACEMENT[i]);
+        for (size_t i = 0; i < 3; i++)
+            feed(&s, (uint8_t)REPLACEMENT[i]);
         return s.n;
     case KVF_TOKEN_BYTE:
         /* The piece is "<0xXX>", checked at create; its byte is the one it names. */
         feed(&s, (uint8_t)(hex(p[3]) << 4 | hex(p[4])));
         return s.n;
-    default: break;
+    default:
+        break;
     }
-    for (size_t i = 0; i < n; i++) feed(&s, p[i]);
+    for (size_t i = 0; i < n; i++)
+        feed(&s, p[i]);
     return s.n;
 }
 

@@ -86,7 +86,8 @@ static void walk_tokenizer(const kvf_gguf_t *g)
     static char out[KVF_DETOK_MAX_OUT];
     struct kvf_detok d;
     kvf_detok_init(&d);
-    for (int i = 0; i < n; i++) sink += kvf_detok_push(&d, t, ids[i], out, sizeof out);
+    for (int i = 0; i < n; i++)
+        sink += kvf_detok_push(&d, t, ids[i], out, sizeof out);
     uint32_t nv = kvf_tokenizer_n_vocab(t);
     for (uint32_t i = 0; i < nv && i < 512; i++) {
         sink += kvf_detok_push(&d, t, (int32_t)i, out, sizeof out);

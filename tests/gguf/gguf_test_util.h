@@ -45,7 +45,8 @@ static inline void bb_str(struct bb *b, const char *s)
 static inline void bb_pad(struct bb *b, size_t align)
 {
     static const uint8_t z[64];
-    while (b->n % align) bb_put(b, z, 1);
+    while (b->n % align)
+        bb_put(b, z, 1);
 }
 static inline void bb_free(struct bb *b)
 {

@@ -21,18 +21,28 @@ static void *pattern(uint32_t type, uint64_t n, uint64_t *bytes)
     float *f = malloc(n * sizeof *f);
     uint8_t *out = malloc(*bytes);
     ASSERT_TRUE(f && out);
-    for (uint64_t i = 0; i < n; i++) f[i] = (float)((int)(i * 37 % 101) - 50) / 16.0f;
+    for (uint64_t i = 0; i < n; i++)
+        f[i] = (float)((int)(i * 37 % 101) - 50) / 16.0f;
     switch (type) {
-    case KVF_GGML_F32: memcpy(out, f, *bytes); break;
+    case KVF_GGML_F32:
+        memcpy(out, f, *bytes);
+        break;
     case KVF_GGML_F16:
-        for (uint64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = kvf_f32_to_fp16(f[i]);
+        for (uint64_t i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = kvf_f32_to_fp16(f[i]);
         break;
     case KVF_GGML_BF16:
-        for (uint64_t i = 0; i < n; i++) ((uint16_t *)out)[i] = kvf_f32_to_bf16(f[i]);
+        for (uint64_t i = 0; i < n; i++)
+            ((uint16_t *)out)[i] = kvf_f32_to_bf16(f[i]);
         break;
-    case KVF_GGML_Q8_0: kvf_quantize_row_q8_0(f, (void *)out, n); break;
-    case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(f, (void *)out, n); break;
-    default: KVF_FAIL("type %u", type);
+    case KVF_GGML_Q8_0:
+        kvf_quantize_row_q8_0(f, (void *)out, n);
+        break;
+    case KVF_GGML_Q4_0:
+        kvf_quantize_row_q4_0(f, (void *)out, n);
+        break;
+    default:
+        KVF_FAIL("type %u", type);
     }
     free(f);
     return out;
@@ -44,10 +54,8 @@ struct tspec {
     uint64_t ne[4];
 };
 static const struct tspec tspecs[] = {
-    {"t.f32", KVF_GGML_F32, 2, {5, 3, 1, 1}},
-    {"t.f16", KVF_GGML_F16, 1, {7, 1, 1, 1}},
-    {"t.bf16", KVF_GGML_BF16, 3, {2, 3, 4, 1}},
-    {"t.q8_0", KVF_GGML_Q8_0, 2, {64, 2, 1, 1}},
+    {"t.f32", KVF_GGML_F32, 2, {5, 3, 1, 1}},    {"t.f16", KVF_GGML_F16, 1, {7, 1, 1, 1}},
+    {"t.bf16", KVF_GGML_BF16, 3, {2, 3, 4, 1}},  {"t.q8_0", KVF_GGML_Q8_0, 2, {64, 2, 1, 1}},
     {"t.q4_0", KVF_GGML_Q4_0, 4, {32, 1, 2, 1}},
 };
 
@@ -72,22 +80,23 @@ static void write_all_types(const char *path, uint32_t alignment)
         const struct tspec *s = &tspecs[i];
         uint64_t bytes;
         bufs[i] = pattern(s->type, s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3], &bytes);
-        ASSERT_OK(kvf_gguf_writer_add_tensor(w, s->name, s->type, s->n_dims, s->ne, bufs[i], NULL,
-                                             NULL));
+        ASSERT_OK(
+            kvf_gguf_writer_add_tensor(w, s->name, s->type, s->n_dims, s->ne, bufs[i], NULL, NULL));
     }
-    ASSERT_ERR(kvf_gguf_writer_add_tensor(w, "t.f32", KVF_GGML_F32, 1, tspecs[0].ne, bufs[0],
-                                          NULL, NULL),
-               -EEXIST);
+    ASSERT_ERR(
+        kvf_gguf_writer_add_tensor(w, "t.f32", KVF_GGML_F32, 1, tspecs[0].ne, bufs[0], NULL, NULL),
+        -EEXIST);
     uint64_t bad_ne[1] = {33};
-    ASSERT_ERR(kvf_gguf_writer_add_tensor(w, "t.bad", KVF_GGML_Q8_0, 1, bad_ne, bufs[0], NULL,
-                                          NULL),
-               -EINVAL);
+    ASSERT_ERR(
+        kvf_gguf_writer_add_tensor(w, "t.bad", KVF_GGML_Q8_0, 1, bad_ne, bufs[0], NULL, NULL),
+        -EINVAL);
     ASSERT_ERR(kvf_gguf_writer_add_tensor(w, "t.bad", 12, 1, bad_ne, bufs[0], NULL, NULL),
                KVF_E_MODEL_UNSUPPORTED);
     char err[256];
     ASSERT_OK(kvf_gguf_writer_write(w, path, err, sizeof err));
     kvf_gguf_writer_destroy(w);
-    for (size_t i = 0; i < KVF_ARRAY_LEN(tspecs); i++) free(bufs[i]);
+    for (size_t i = 0; i < KVF_ARRAY_LEN(tspecs); i++)
+        free(bufs[i]);
 }
 
 static void check_all_types(const kvf_gguf_t *g, uint32_t alignment)
@@ -159,7 +168,8 @@ static void check_all_types(const kvf_gguf_t *g, uint32_t alignment)
         ASSERT_STREQ(t->name, sp->name);
         ASSERT_EQ_INT(t->type, sp->type);
         ASSERT_EQ_INT(t->n_dims, sp->n_dims);
-        for (int d = 0; d < 4; d++) ASSERT_EQ_U64(t->ne[d], sp->ne[d]);
+        for (int d = 0; d < 4; d++)
+            ASSERT_EQ_U64(t->ne[d], sp->ne[d]);
         uint64_t bytes;
         void *want = pattern(sp->type, sp->ne[0] * sp->ne[1] * sp->ne[2] * sp->ne[3], &bytes);
         ASSERT_EQ_U64(t->n_bytes, bytes);
@@ -256,20 +266,23 @@ static void copy_kv(const kvf_gguf_t *g, kvf_gguf_writer_t *w, const char *key, 
             const char **v = malloc((n + 1) * sizeof *v);
             size_t *lens = malloc((n + 1) * sizeof *lens);
             ASSERT_TRUE(v && lens);
-            for (uint64_t i = 0; i < n; i++) ASSERT_OK(kvf_gguf_get_arr_str(g, key, i, &v[i], &lens[i]));
+            for (uint64_t i = 0; i < n; i++)
+                ASSERT_OK(kvf_gguf_get_arr_str(g, key, i, &v[i], &lens[i]));
             ASSERT_OK(kvf_gguf_writer_add_arr_str(w, key, v, lens, n));
             free(v);
             free(lens);
         } else if (et == KVF_GGUF_F32) {
             float *v = malloc((n + 1) * sizeof *v);
             ASSERT_NOT_NULL(v);
-            for (uint64_t i = 0; i < n; i++) ASSERT_OK(kvf_gguf_get_arr_f32(g, key, i, &v[i]));
+            for (uint64_t i = 0; i < n; i++)
+                ASSERT_OK(kvf_gguf_get_arr_f32(g, key, i, &v[i]));
             ASSERT_OK(kvf_gguf_writer_add_arr_f32(w, key, v, n));
             free(v);
         } else if (et == KVF_GGUF_I32) {
             int32_t *v = malloc((n + 1) * sizeof *v);
             ASSERT_NOT_NULL(v);
-            for (uint64_t i = 0; i < n; i++) ASSERT_OK(kvf_gguf_get_arr_i32(g, key, i, &v[i]));
+            for (uint64_t i = 0; i < n; i++)
+                ASSERT_OK(kvf_gguf_get_arr_i32(g, key, i, &v[i]));
             ASSERT_OK(kvf_gguf_writer_add_arr_i32(w, key, v, n));
             free(v);
         } else {
@@ -277,7 +290,8 @@ static void copy_kv(const kvf_gguf_t *g, kvf_gguf_writer_t *w, const char *key, 
         }
         break;
     }
-    default: KVF_FAIL("key %s of type %u", key, type);
+    default:
+        KVF_FAIL("key %s of type %u", key, type);
     }
 }
 
@@ -303,13 +317,13 @@ static void check_rewrite_identical(const char *path)
         if (strcmp(key, "general.alignment") == 0) continue; /* the writer adds it */
         copy_kv(g, w, key, type);
     }
-    ASSERT_ERR(kvf_gguf_kv_at(g, kvf_gguf_n_kv(g), &(const char *){0}, &(size_t){0},
-                              &(uint32_t){0}),
-               -ERANGE);
+    ASSERT_ERR(
+        kvf_gguf_kv_at(g, kvf_gguf_n_kv(g), &(const char *){0}, &(size_t){0}, &(uint32_t){0}),
+        -ERANGE);
     for (uint64_t i = 0; i < kvf_gguf_n_tensors(g); i++) {
         const struct kvf_gguf_tensor *t = kvf_gguf_tensor_at(g, i);
-        ASSERT_OK(kvf_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL,
-                                             NULL));
+        ASSERT_OK(
+            kvf_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, NULL, NULL));
     }
     snprintf(copy, sizeof copy, "%s.copy", path);
     ASSERT_OK(kvf_gguf_writer_write(w, copy, err, sizeof err));
@@ -356,7 +370,8 @@ static double tensor_rms(const struct kvf_gguf_tensor *t)
     ASSERT_NOT_NULL(row);
     double sum = 0;
     for (uint64_t r = 0; r < rows; r++) {
-        ASSERT_OK(kvf_dequant_row(t->type, (const uint8_t *)t->data + r * row_bytes, row, t->ne[0]));
+        ASSERT_OK(
+            kvf_dequant_row(t->type, (const uint8_t *)t->data + r * row_bytes, row, t->ne[0]));
         for (uint64_t i = 0; i < t->ne[0]; i++) {
             ASSERT_TRUE(isfinite(row[i]));
             sum += (double)row[i] * row[i];
@@ -382,12 +397,15 @@ static void check_model(const char *path, const struct kvf_mkmodel_shape *s, uin
     struct {
         const char *key;
         uint32_t want;
-    } u[] = {{"llama.context_length", s->n_ctx},     {"llama.embedding_length", s->dim},
-             {"llama.block_count", s->n_layers},     {"llama.feed_forward_length", s->ffn_dim},
+    } u[] = {{"llama.context_length", s->n_ctx},
+             {"llama.embedding_length", s->dim},
+             {"llama.block_count", s->n_layers},
+             {"llama.feed_forward_length", s->ffn_dim},
              {"llama.attention.head_count", s->n_heads},
              {"llama.attention.head_count_kv", s->n_kv_heads},
              {"llama.rope.dimension_count", s->dim / s->n_heads},
-             {"tokenizer.ggml.bos_token_id", 1}, {"tokenizer.ggml.eos_token_id", 2},
+             {"tokenizer.ggml.bos_token_id", 1},
+             {"tokenizer.ggml.eos_token_id", 2},
              {"tokenizer.ggml.unknown_token_id", 0}};
     for (size_t i = 0; i < KVF_ARRAY_LEN(u); i++) {
         ASSERT_OK(kvf_gguf_get_u32(g, u[i].key, &v));
@@ -577,8 +595,10 @@ static int open_bb(const struct bb *b, char *err, size_t err_len)
     if (b->n) memcpy(p, b->p, b->n);
     err[0] = '\0';
     int rc = kvf_gguf_open_mem(p, b->n, &g, err, err_len);
-    if (rc == 0) kvf_gguf_close(g);
-    else ASSERT_NULL(g);
+    if (rc == 0)
+        kvf_gguf_close(g);
+    else
+        ASSERT_NULL(g);
     free(p);
     return rc;
 }
@@ -599,11 +619,13 @@ static void one_tensor(struct bb *b, const char *name, uint32_t n_dims, const ui
     bb_header(b, 3, 1, 0);
     bb_str(b, name);
     bb_u32(b, n_dims);
-    for (uint32_t d = 0; d < n_dims; d++) bb_u64(b, ne[d]);
+    for (uint32_t d = 0; d < n_dims; d++)
+        bb_u64(b, ne[d]);
     bb_u32(b, type);
     bb_u64(b, off);
     bb_pad(b, 32);
-    for (size_t i = 0; i < data_bytes; i++) bb_put(b, "\0", 1);
+    for (size_t i = 0; i < data_bytes; i++)
+        bb_put(b, "\0", 1);
 }
 
 #define EXPECT(build, code)                                                                        \
@@ -612,8 +634,7 @@ static void one_tensor(struct bb *b, const char *name, uint32_t n_dims, const ui
         struct bb *b = &b_;                                                                        \
         build;                                                                                     \
         int rc_ = open_bb(b, err, sizeof err);                                                     \
-        if (rc_ != (code))                                                                         \
-            KVF_FAIL("%s: got %d (%s), want %s", #build, rc_, err, #code);                         \
+        if (rc_ != (code)) KVF_FAIL("%s: got %d (%s), want %s", #build, rc_, err, #code);          \
         if ((code) != 0) ASSERT_TRUE(err[0] != '\0');                                              \
         bb_free(b);                                                                                \
     } while (0)
@@ -798,7 +819,8 @@ static void walk_opened(const kvf_gguf_t *g)
         struct kvf_detok d;
         char out[KVF_DETOK_MAX_OUT];
         kvf_detok_init(&d);
-        for (int i = 0; i < n; i++) kvf_detok_push(&d, tok, ids[i], out, sizeof out);
+        for (int i = 0; i < n; i++)
+            kvf_detok_push(&d, tok, ids[i], out, sizeof out);
         kvf_detok_finish(&d, out, sizeof out);
         kvf_tokenizer_destroy(tok);
     }
@@ -816,12 +838,17 @@ static void mutate_and_open(const uint8_t *orig, size_t len, size_t meta, struct
         for (int m = 0; m < n_mut; m++) {
             size_t at = kvf_rng_below(r, (uint32_t)meta);
             switch (kvf_rng_below(r, 4)) {
-            case 0: p[at] ^= (uint8_t)(1u << kvf_rng_below(r, 8)); break;
-            case 1: p[at] = (uint8_t)kvf_rng_next(r); break;
+            case 0:
+                p[at] ^= (uint8_t)(1u << kvf_rng_below(r, 8));
+                break;
+            case 1:
+                p[at] = (uint8_t)kvf_rng_next(r);
+                break;
             default: {
                 /* An extreme 64-bit value where a count, length or offset may be. */
-                static const uint64_t ex[] = {0, 1, 0x7fffffffffffffffull, UINT64_MAX,
-                                              0xffffffffull, 1ull << 32, 1ull << 63, 31, 33};
+                static const uint64_t ex[] = {
+                    0,  1, 0x7fffffffffffffffull, UINT64_MAX, 0xffffffffull, 1ull << 32, 1ull << 63,
+                    31, 33};
                 uint64_t v = ex[kvf_rng_below(r, KVF_ARRAY_LEN(ex))];
                 if (at + 8 <= len) memcpy(p + at, &v, 8);
                 break;
@@ -900,8 +927,7 @@ static void test_fuzz_seeds(void)
     /* A micro Llama (dim 32, one layer, 259-token byte vocab) in both weight types. */
     const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true};
     const struct kvf_mkmodel_shape micro2 = {"micro2", 32, 1, 2, 2, 32, 259, 64, false};
-    static const char *const names[] = {"micro_f32", "micro_q8_0", "micro2_q8_0",
-                                        "all_types"};
+    static const char *const names[] = {"micro_f32", "micro_q8_0", "micro2_q8_0", "all_types"};
     snprintf(path, sizeof path, "%s/%s", dir, names[0]);
     ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_F32, 1, err, sizeof err));
     snprintf(path, sizeof path, "%s/%s", dir, names[1]);
@@ -923,14 +949,23 @@ static void test_fuzz_seeds(void)
     }
     /* A merge vocabulary, a gpt2 vocabulary, and hostile headers. */
     kvf_gguf_writer_t *w;
-    static const char *const toks[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xe2\x96\x81",
-                                       "a", "b", "ab", "\xe2\x96\x81" "ab", "\xc3\xa9"};
+    static const char *const toks[] = {"<unk>",
+                                       "<s>",
+                                       "</s>",
+                                       "<0x41>",
+                                       "\xe2\x96\x81",
+                                       "a",
+                                       "b",
+                                       "ab",
+                                       "\xe2\x96\x81"
+                                       "ab",
+                                       "\xc3\xa9"};
     static const float scores[] = {0, 0, 0, 0, -3, -5, -5, -2, -1, -4};
     static const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1, 1, 1};
     for (int v = 0; v < 2; v++) {
         ASSERT_OK(kvf_gguf_writer_create(0, &w));
-        ASSERT_OK(kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", v ? "gpt2" : "llama",
-                                          v ? 4 : 5));
+        ASSERT_OK(
+            kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", v ? "gpt2" : "llama", v ? 4 : 5));
         ASSERT_OK(kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 10));
         ASSERT_OK(kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores, 10));
         ASSERT_OK(kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", types, 10));
@@ -952,7 +987,8 @@ static void test_fuzz_seeds(void)
     bb_u32(&b, KVF_GGML_Q4_0);
     bb_u64(&b, 0);
     bb_pad(&b, 16);
-    for (int i = 0; i < 36; i++) bb_put(&b, "\x88", 1);
+    for (int i = 0; i < 36; i++)
+        bb_put(&b, "\x88", 1);
     ASSERT_EQ_INT(open_bb(&b, err, sizeof err), 0);
     seed_file(dir, "q4_0_align16", b.p, b.n);
     bb_free(&b);
@@ -967,11 +1003,9 @@ static void test_fuzz_seeds(void)
     seed_file(dir, "string_past_end", b.p, b.n);
     bb_free(&b);
     if (!keep) {
-        static const char *const all[] = {"micro_f32", "micro_q8_0",
-                                          "micro2_q8_0", "all_types",
-                                          "micro_q8_0_cut", "vocab_merge",
-                                          "vocab_gpt2", "q4_0_align16",
-                                          "huge_counts", "string_past_end"};
+        static const char *const all[] = {
+            "micro_f32",   "micro_q8_0", "micro2_q8_0",  "all_types",   "micro_q8_0_cut",
+            "vocab_merge", "vocab_gpt2", "q4_0_align16", "huge_counts", "string_past_end"};
         for (size_t i = 0; i < KVF_ARRAY_LEN(all); i++) {
             snprintf(path, sizeof path, "%s/%s", dir, all[i]);
             ASSERT_EQ_INT(unlink(path), 0);
@@ -981,10 +1015,10 @@ static void test_fuzz_seeds(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_roundtrip_all_types), KVF_CASE(test_rewrite_identical),
-    KVF_CASE(test_mkmodel_tiny),        KVF_CASE(test_mkmodel_s15m),
+    KVF_CASE(test_roundtrip_all_types),   KVF_CASE(test_rewrite_identical),
+    KVF_CASE(test_mkmodel_tiny),          KVF_CASE(test_mkmodel_s15m),
     KVF_CASE(test_truncate_every_offset), KVF_CASE(test_hostile_headers),
-    KVF_CASE(test_writer_failure),      KVF_CASE(test_fuzz_seeds),
+    KVF_CASE(test_writer_failure),        KVF_CASE(test_fuzz_seeds),
     KVF_CASE(test_random_mutations),
 };
 

@@ -22,7 +22,8 @@ static void test_fp16_exhaustive(void)
             ASSERT_TRUE(isnan(kvf_fp16_to_f32(kvf_f32_to_fp16(f))));
             continue;
         }
-        if (kvf_f32_to_fp16(f) != h) KVF_FAIL("half 0x%04x -> %g -> 0x%04x", h, f, kvf_f32_to_fp16(f));
+        if (kvf_f32_to_fp16(f) != h)
+            KVF_FAIL("half 0x%04x -> %g -> 0x%04x", h, f, kvf_f32_to_fp16(f));
     }
     ASSERT_EQ_INT(kvf_f32_to_fp16(1.0f), 0x3c00);
     ASSERT_EQ_INT(kvf_f32_to_fp16(-0.0f), 0x8000);
@@ -110,9 +111,9 @@ static void test_block_layouts(void)
     ASSERT_TRUE(out[3] == -2.0f && out[31] == 63.5f && out[0] == 0.0f);
     uint8_t q4[18] = {0};
     q4[0] = 0x00, q4[1] = 0x3c; /* d = 1 */
-    memset(q4 + 2, 0x88, 16);    /* every nibble 8: zero */
-    q4[2] = 0x9f;                /* element 0: 15 - 8 = 7; element 16: 9 - 8 = 1 */
-    q4[2 + 15] = 0x01;           /* element 15: 1 - 8 = -7; element 31: 0 - 8 = -8 */
+    memset(q4 + 2, 0x88, 16);   /* every nibble 8: zero */
+    q4[2] = 0x9f;               /* element 0: 15 - 8 = 7; element 16: 9 - 8 = 1 */
+    q4[2 + 15] = 0x01;          /* element 15: 1 - 8 = -7; element 31: 0 - 8 = -8 */
     ASSERT_OK(kvf_dequant_row(KVF_GGML_Q4_0, q4, out, 32));
     ASSERT_TRUE(out[0] == 7.0f && out[16] == 1.0f && out[15] == -7.0f && out[31] == -8.0f);
     ASSERT_TRUE(out[1] == 0.0f && out[17] == 0.0f);
@@ -141,7 +142,8 @@ static void test_quantize_error(void)
         ASSERT_OK(kvf_dequant_row(KVF_GGML_Q8_0, b8, y, N));
         for (int k = 0; k < N / 32; k++) {
             float amax = 0;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[k * 32 + j]));
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[k * 32 + j]));
             for (int j = 0; j < 32; j++)
                 ASSERT_NEAR(y[k * 32 + j], x[k * 32 + j], 0.6 * amax / 127 + 127 * ldexp(1, -24));
         }
@@ -149,7 +151,8 @@ static void test_quantize_error(void)
         ASSERT_OK(kvf_dequant_row(KVF_GGML_Q4_0, b4, y, N));
         for (int k = 0; k < N / 32; k++) {
             float amax = 0;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[k * 32 + j]));
+            for (int j = 0; j < 32; j++)
+                amax = fmaxf(amax, fabsf(x[k * 32 + j]));
             for (int j = 0; j < 32; j++)
                 ASSERT_NEAR(y[k * 32 + j], x[k * 32 + j], 1.1 * amax / 8 + 8 * ldexp(1, -24));
         }
@@ -157,9 +160,8 @@ static void test_quantize_error(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_fp16_exhaustive),    KVF_CASE(test_fp16_nearest),
-    KVF_CASE(test_bf16),               KVF_CASE(test_row_bytes_and_names),
-    KVF_CASE(test_block_layouts),      KVF_CASE(test_quantize_error),
+    KVF_CASE(test_fp16_exhaustive),     KVF_CASE(test_fp16_nearest),  KVF_CASE(test_bf16),
+    KVF_CASE(test_row_bytes_and_names), KVF_CASE(test_block_layouts), KVF_CASE(test_quantize_error),
 };
 
 int main(int argc, char **argv)

@@ -24,7 +24,7 @@ static kvf_gguf_t *build_vocab(const struct vocab *v, void (*extra)(kvf_gguf_wri
 {
     size_t n = 3 + (v->with_bytes ? 256 : 0) + v->n_pieces;
     const char **toks = calloc(n, sizeof *toks);
-    char (*bytes)[8] = calloc(256, 8);
+    char(*bytes)[8] = calloc(256, 8);
     float *scores = calloc(n, sizeof *scores);
     int32_t *types = calloc(n, sizeof *types);
     ASSERT_TRUE(toks && bytes && scores && types);
@@ -210,7 +210,8 @@ static void test_byte_vocab(void)
     expect_ids(t, "hi", true, want, 6);
     /* max_out smaller than the count: the full count, only max_out written. */
     int32_t out[8];
-    for (int i = 0; i < 8; i++) out[i] = -77;
+    for (int i = 0; i < 8; i++)
+        out[i] = -77;
     ASSERT_EQ_INT(kvf_tokenizer_encode(t, "hi", 2, true, out, 3), 6);
     ASSERT_TRUE(out[0] == 1 && out[2] == 3 + 0x96 && out[3] == -77);
     ASSERT_EQ_INT(kvf_tokenizer_encode(t, "hi", 2, true, NULL, 0), 6);
@@ -232,10 +233,14 @@ static void test_invalid_utf8_refused(void)
 {
     kvf_tokenizer_t *t = tiny_tok();
     static const char *const bad[] = {
-        "\xff",         "a\x80",          "\xc0\x80",  /* overlong NUL */
-        "\xe0\x80\xaf", "\xed\xa0\x80",   /* surrogate */
-        "\xf4\x90\x80\x80",               /* past U+10FFFF */
-        "\xe2\x96",     "ok\xf0\x9f\x98", /* truncated sequences */
+        "\xff",
+        "a\x80",
+        "\xc0\x80", /* overlong NUL */
+        "\xe0\x80\xaf",
+        "\xed\xa0\x80",     /* surrogate */
+        "\xf4\x90\x80\x80", /* past U+10FFFF */
+        "\xe2\x96",
+        "ok\xf0\x9f\x98", /* truncated sequences */
         "\xf8\x88\x80\x80\x80",
     };
     int32_t out[4] = {-5, -5, -5, -5};
@@ -255,15 +260,24 @@ static size_t rand_char(struct kvf_rng *r, char *s)
 {
     uint32_t cp;
     switch (kvf_rng_below(r, 5)) {
-    case 0: cp = ' '; break;
-    case 1: cp = 0x20 + kvf_rng_below(r, 0x5f); break;
-    case 2: cp = 0x80 + kvf_rng_below(r, 0x780); break;
+    case 0:
+        cp = ' ';
+        break;
+    case 1:
+        cp = 0x20 + kvf_rng_below(r, 0x5f);
+        break;
+    case 2:
+        cp = 0x80 + kvf_rng_below(r, 0x780);
+        break;
     case 3:
         /* Not a surrogate, and not U+2581, which decodes as a space by design. */
-        do cp = 0x800 + kvf_rng_below(r, 0xf800);
+        do
+            cp = 0x800 + kvf_rng_below(r, 0xf800);
         while ((cp >= 0xd800 && cp <= 0xdfff) || cp == 0x2581);
         break;
-    default: cp = 0x10000 + kvf_rng_below(r, 0x100000); break;
+    default:
+        cp = 0x10000 + kvf_rng_below(r, 0x100000);
+        break;
     }
     if (cp < 0x80) return s[0] = (char)cp, 1;
     if (cp < 0x800) return s[0] = (char)(0xc0 | cp >> 6), s[1] = (char)(0x80 | (cp & 63)), 2;
@@ -293,8 +307,12 @@ static void test_roundtrip_random_utf8(void)
     int32_t ids[2048];
     for (int iter = 0; iter < 400; iter++) {
         size_t len = 0, n_chars = kvf_rng_below(&r, 40);
-        for (size_t i = 0; i < n_chars; i++) len += rand_char(&r, text + len);
-        if (iter % 7 == 0) len += (size_t)snprintf(text + len, 16, " \xc3\xa9\xe2\x9c\x93" "ab");
+        for (size_t i = 0; i < n_chars; i++)
+            len += rand_char(&r, text + len);
+        if (iter % 7 == 0)
+            len += (size_t)snprintf(text + len, 16,
+                                    " \xc3\xa9\xe2\x9c\x93"
+                                    "ab");
         text[len] = '\0';
         for (int k = 0; k < 2; k++) {
             int n = kvf_tokenizer_encode(toks[k], text, len, true, ids, 2048);
@@ -320,7 +338,8 @@ static void test_detok_partial_utf8(void)
     /* 😀 = F0 9F 98 80, one byte token each: nothing until the last. */
     kvf_detok_init(&d);
     const uint8_t emoji[4] = {0xf0, 0x9f, 0x98, 0x80};
-    for (int i = 0; i < 3; i++) ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + emoji[i], buf, sizeof buf), 0);
+    for (int i = 0; i < 3; i++)
+        ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + emoji[i], buf, sizeof buf), 0);
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + emoji[3], buf, sizeof buf), 4);
     ASSERT_MEMEQ(buf, emoji, 4);
     ASSERT_EQ_INT(kvf_detok_finish(&d, buf, sizeof buf), 0);
@@ -335,14 +354,18 @@ static void test_detok_partial_utf8(void)
     kvf_detok_init(&d);
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + 0xe2, buf, sizeof buf), 0);
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + 'a', buf, sizeof buf), 4);
-    ASSERT_MEMEQ(buf, "\xef\xbf\xbd" "a", 4);
+    ASSERT_MEMEQ(buf,
+                 "\xef\xbf\xbd"
+                 "a",
+                 4);
     /* A lone continuation byte, and a surrogate's lead: each U+FFFD. */
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + 0x80, buf, sizeof buf), 3);
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + 0xed, buf, sizeof buf), 0);
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + 0xa0, buf, sizeof buf), 6); /* ED then A0: two */
     /* A cap too small cuts at a character boundary, never inside one. */
     kvf_detok_init(&d);
-    for (int i = 0; i < 3; i++) kvf_detok_push(&d, t, 3 + emoji[i], buf, sizeof buf);
+    for (int i = 0; i < 3; i++)
+        kvf_detok_push(&d, t, 3 + emoji[i], buf, sizeof buf);
     ASSERT_EQ_INT(kvf_detok_push(&d, t, 3 + emoji[3], buf, 2), 0);
     kvf_tokenizer_destroy(t);
     scratch_done();
@@ -383,8 +406,10 @@ static int try_create(const struct vocab *v, void (*extra)(kvf_gguf_writer_t *),
     kvf_gguf_t *g = build_vocab(v, extra);
     kvf_tokenizer_t *t = NULL;
     int rc = kvf_tokenizer_create(g, &t, err, err_len);
-    if (rc == 0) kvf_tokenizer_destroy(t);
-    else ASSERT_NULL(t);
+    if (rc == 0)
+        kvf_tokenizer_destroy(t);
+    else
+        ASSERT_NULL(t);
     kvf_gguf_close(g);
     return rc;
 }
@@ -392,7 +417,10 @@ static int try_create(const struct vocab *v, void (*extra)(kvf_gguf_writer_t *),
 static void test_refused_vocabs(void)
 {
     char err[256];
-    struct vocab v = {.model = "gpt2", .pieces = {"a"}, .n_pieces = 1, .add_space_prefix = -1,
+    struct vocab v = {.model = "gpt2",
+                      .pieces = {"a"},
+                      .n_pieces = 1,
+                      .add_space_prefix = -1,
                       .with_bytes = true};
     ASSERT_ERR(try_create(&v, NULL, err, sizeof err), KVF_E_MODEL_UNSUPPORTED);
     ASSERT_TRUE(strstr(err, "gpt2") != NULL); /* refused by name */
@@ -438,16 +466,17 @@ static void test_refused_vocabs(void)
         ASSERT_OK(kvf_gguf_writer_create(0, &w));
         ASSERT_OK(kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama", 5));
         if (cases[i].n_tokens)
-            ASSERT_OK(kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", cases[i].tokens,
-                                                  NULL, cases[i].n_tokens));
+            ASSERT_OK(kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", cases[i].tokens, NULL,
+                                                  cases[i].n_tokens));
         float scores[4] = {0};
-        ASSERT_OK(kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores,
-                                              cases[i].n_scores));
+        ASSERT_OK(
+            kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", scores, cases[i].n_scores));
         ASSERT_OK(kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", cases[i].types,
                                               cases[i].n_types));
-        if (cases[i].bos) ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id",
-                                                            cases[i].bos));
-        else ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0));
+        if (cases[i].bos)
+            ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", cases[i].bos));
+        else
+            ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0));
         ASSERT_OK(kvf_gguf_writer_write(w, path, err, sizeof err));
         kvf_gguf_writer_destroy(w);
         ASSERT_OK(kvf_gguf_open(path, &g, err, sizeof err));
@@ -477,10 +506,14 @@ static void test_refused_vocabs(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_merge_by_score),        KVF_CASE(test_space_prefix_and_words),
-    KVF_CASE(test_byte_vocab),            KVF_CASE(test_invalid_utf8_refused),
-    KVF_CASE(test_roundtrip_random_utf8), KVF_CASE(test_detok_partial_utf8),
-    KVF_CASE(test_detok_always_valid),    KVF_CASE(test_refused_vocabs),
+    KVF_CASE(test_merge_by_score),
+    KVF_CASE(test_space_prefix_and_words),
+    KVF_CASE(test_byte_vocab),
+    KVF_CASE(test_invalid_utf8_refused),
+    KVF_CASE(test_roundtrip_random_utf8),
+    KVF_CASE(test_detok_partial_utf8),
+    KVF_CASE(test_detok_always_valid),
+    KVF_CASE(test_refused_vocabs),
 };
 
 int main(int argc, char **argv)
