@@ -121,7 +121,7 @@ int kvf_bench_model(int argc, char **argv)
     struct kvf_pool_config pc;
     memset(&pc, 0, sizeof(pc));
     kvf_model_geometry(m, (uint32_t)page_tokens, &pc.geo);
-    pc.n_pages = per_seq * (uint32_t)batch;
+    pc.n_pages = per_seq * (uint32_t)batch + 1; /* + 1 for the warm-up */
     pc.max_peers = 1;
     pc.tag_seed = 1;
     if ((rc = kvf_pool_create(&pc, &pool)) < 0) {
@@ -156,9 +156,23 @@ int kvf_bench_model(int argc, char **argv)
             goto free_bufs;
         }
     }
-    /* Touch the pool's memory first: page faults are not what this measures. */
+    /* Touch the pool's memory and every weight first (one warm-up token on a page of its own):
+     * page faults are not what this measures. */
     size_t pool_bytes = 0;
     memset(kvf_pool_data(pool, &pool_bytes), 0, pool_bytes);
+    {
+        struct kvf_owner wo = {{~0ull, 0}, 1};
+        struct kvf_page_ref wp;
+        if ((rc = kvf_pool_alloc(pool, &wo, KVF_HOLDER_SEQ, 1, false, &wp)) < 0) {
+            fprintf(stderr, "kvfence bench model: alloc: %s\n", kvf_strerror(rc));
+            goto free_bufs;
+        }
+        struct kvf_fwd_seq w = {wo.req, toks, 1, 0, &wp, 1, logits, 0};
+        if (kvf_fwd_run(f, pool, &w, 1) != 1 || w.status != 0) {
+            fprintf(stderr, "kvfence bench model: warm-up failed\n");
+            goto free_bufs;
+        }
+    }
     printf("model %s: %s, dim %u, layers %u, vocab %u, %.1f MB of weights per step; kernels %s\n",
            path, kvf_model_type_name(m), hp->dim, hp->n_layers, hp->n_vocab,
            kvf_model_weight_bytes(m) / 1e6, kvf_kernels_name());

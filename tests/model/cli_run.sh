@@ -1,0 +1,23 @@
+#!/bin/sh
+# kvfence run and kvfence bench model end to end on a tiny model: the run prints both id lines,
+# a seeded sampled run repeats exactly, greedy runs repeat exactly, and the bench ends with its
+# result line.
+set -eu
+K="$1"
+D=$(mktemp -d)
+trap 'rm -rf "$D"' EXIT
+"$K" mkmodel "$D/m.gguf" --shape tiny --type q8_0 --seed 4 >/dev/null
+"$K" run --model "$D/m.gguf" --prompt "Hello there" --max-tokens 12 --print-token-ids >"$D/a"
+grep -q '^prompt_token_ids: 1 ' "$D/a" || { echo "no prompt ids line"; cat "$D/a"; exit 1; }
+n=$(grep '^output_token_ids:' "$D/a" | wc -w)
+[ "$n" -ge 2 ] && [ "$n" -le 13 ] || { echo "bad output ids line"; cat "$D/a"; exit 1; }
+"$K" run --model "$D/m.gguf" --prompt "Hello there" --max-tokens 12 --print-token-ids --threads 1 >"$D/b"
+cmp "$D/a" "$D/b" || { echo "greedy output depends on the thread count"; exit 1; }
+"$K" run --model "$D/m.gguf" --prompt "Hi" --max-tokens 20 --temperature 1.0 --seed 9 --print-token-ids >"$D/c"
+"$K" run --model "$D/m.gguf" --prompt "Hi" --max-tokens 20 --temperature 1.0 --seed 9 --print-token-ids >"$D/d"
+cmp "$D/c" "$D/d" || { echo "a seeded run does not repeat"; exit 1; }
+if "$K" run --model "$D/missing.gguf" --prompt x 2>/dev/null; then echo "missing model accepted"; exit 1; fi
+"$K" bench model --model "$D/m.gguf" --batch 2 --prompt 8 --gen 4 --threads 2 >"$D/e"
+tail -n 1 "$D/e" | grep -Eq '^result bench=model prefill_tps=[0-9.]+ decode_tps=[0-9.]+ batch=2 threads=2$' ||
+    { echo "bad bench result line"; cat "$D/e"; exit 1; }
+echo "ok"
