@@ -133,8 +133,9 @@ void kvf_fwd_destroy(kvf_fwd_t *f);
  */
 int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs);
 
-/* The kernel variant in use: "avx2" or "scalar". Chosen once per process from the CPU; the
- * environment variable KVF_KERNELS=scalar forces the fallback (read at the first model load). */
+/* The kernel variant in use: "avx2+vnni", "avx2" or "scalar". Chosen once per process from the
+ * CPU; the environment variable KVF_KERNELS=avx2 or =scalar asks for a lesser one (read at the
+ * first model load). */
 const char *kvf_kernels_name(void);
 
 /* --- Sampling. ------------------------------------------------------------------------------ */

@@ -20,9 +20,14 @@ static void kern_choose(void)
     if (force && strcmp(force, "scalar") == 0) return;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
-    if (kvf__kern_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-        kvf__kern = kvf__kern_avx2;
+    if (!kvf__kern_avx2 || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+        !__builtin_cpu_supports("f16c"))
+        return;
+    kvf__kern = kvf__kern_avx2;
+    if (force && strcmp(force, "avx2") == 0) return;
+    if (kvf__kern_vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni"))
+        kvf__kern = kvf__kern_vnni;
 #endif
 }
 

@@ -8,9 +8,9 @@
  * thread ran it. Tiles exist only so that a weight row loaded once serves several tokens, or
  * so that several independent rows keep the FMA units busy; they never share or split a sum.
  *
- * A variant ("avx2", "scalar") is chosen once per process by kvf__kernels_init() from the CPU
- * (and KVF_KERNELS=scalar); different variants round differently, so invariance is promised
- * within one variant.
+ * A variant ("avx2+vnni", "avx2", "scalar") is chosen once per process by kvf__kernels_init()
+ * from the CPU (KVF_KERNELS=avx2 or =scalar asks for a lesser one); the scalar variant rounds
+ * differently from the others, so invariance is promised within one variant.
  */
 #ifndef KVF_MODEL_KERNELS_H
 #define KVF_MODEL_KERNELS_H
@@ -45,10 +45,12 @@ struct kvf_kern {
 extern const struct kvf_kern *kvf__kern;
 void kvf__kernels_init(void);
 
-/* The two variants (kernels_scalar.c, kernels_avx2.c); kvf__kern_avx2 is NULL when the compiler
- * cannot build it. */
+/* The variants (kernels_scalar.c, kernels_avx2.c); the x86 ones are NULL when the compiler
+ * cannot build them. "avx2+vnni" computes Q8_0 with AVX-512 VNNI and gives the same values as
+ * "avx2" (its integer sums are exact in both); F32 is the same code in both. */
 extern const struct kvf_kern kvf__kern_scalar;
 extern const struct kvf_kern *const kvf__kern_avx2;
+extern const struct kvf_kern *const kvf__kern_vnni;
 
 /*
  * y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt. x holds nt rows of

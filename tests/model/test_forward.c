@@ -418,12 +418,46 @@ static void test_poisoned_free_pages(void)
     tmodel_close(&tm);
 }
 
+/* The AVX2 and AVX-512 VNNI variants compute Q8_0 with the same exact integer sums, so they
+ * must agree bit for bit (a machine without VNNI runs only the AVX2 half). */
+static void test_variants_agree(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_Q8_0, 21);
+    uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    struct inv_seq a, b;
+    a.n = b.n = 33;
+    rand_tokens(&r, a.toks, a.n, V);
+    memcpy(b.toks, a.toks, sizeof(a.toks));
+    a.alone = malloc((size_t)a.n * V * sizeof(float));
+    b.alone = malloc((size_t)b.n * V * sizeof(float));
+    const struct kvf_kern *saved = kvf__kern;
+    bool have_avx2 = kvf__kern_avx2 && __builtin_cpu_supports("avx2") &&
+                     __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    bool have_vnni = have_avx2 && kvf__kern_vnni && __builtin_cpu_supports("avx512vl") &&
+                     __builtin_cpu_supports("avx512vnni");
+    if (have_avx2) {
+        kvf__kern = kvf__kern_avx2;
+        run_alone(tm.m, &a);
+        kvf__kern = have_vnni ? kvf__kern_vnni : kvf__kern_avx2;
+        run_alone(tm.m, &b);
+        ASSERT_MEMEQ(a.alone, b.alone, (size_t)a.n * V * sizeof(float));
+    }
+    kvf__kern = saved;
+    printf("# Q8_0 variants compared: avx2%s\n", have_vnni ? " = avx2+vnni" : " only (no VNNI here)");
+    free(a.alone);
+    free(b.alone);
+    tmodel_close(&tm);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_reference_tiny_f32),  KVF_CASE(test_reference_tiny_q8_0),
     KVF_CASE(test_reference_s15m_f32),  KVF_CASE(test_reference_s15m_q8_0),
     KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
     KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
-    KVF_CASE(test_poisoned_free_pages),
+    KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
 };
 
 int main(int argc, char **argv)
