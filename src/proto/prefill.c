@@ -390,7 +390,9 @@ static void post(kvf_prefill_t *p, struct preq *e, uint32_t index, uint32_t slot
     e->posted++;
 #if defined(KVF_MUTANT_SRC_FREED_AT_POST)
     /* Mutant: the source page is let go as soon as the put is posted, not when it completes. */
-    push(acts, KVF_ACT_RELEASE_SRC, e->req)->index = index;
+    struct kvf_action *r = push(acts, KVF_ACT_RELEASE_SRC, e->req);
+    r->index = index;
+    r->nonce = e->nonce;
 #endif
 }
 
