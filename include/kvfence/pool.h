@@ -255,29 +255,35 @@ uint32_t kvf_pool_available(const kvf_pool_t *pool);
 int kvf_pool_alloc(kvf_pool_t *pool, const struct kvf_owner *owner, enum kvf_holder holder,
                    uint32_t n, bool from_reserve, struct kvf_page_ref *out);
 
-/* Adds one holder of kind `holder` to an OWNED or GRANTED page. */
+/* Adds one holder of kind `holder` to an OWNED or GRANTED page. Errors: KVF_E_POOL_BAD_ARG (bad
+ * kind, or 65535 holders of it already), KVF_E_POOL_BAD_PAGE, KVF_E_POOL_STALE_TAG,
+ * KVF_E_POOL_BAD_STATE (any other state). */
 int kvf_pool_hold(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder holder);
 
 /*
  * Releases one holder of kind `holder`. When it was the last holder: an OWNED page becomes FREE
  * (scrubbed or poisoned if configured, appended to the free list); a GRANTED page becomes HELD
  * with deadline now_ms + hold_timeout_ms — it is not free, and will not be, until proof or fence.
- * Errors: KVF_E_POOL_BAD_PAGE, KVF_E_POOL_DOUBLE_FREE (page is FREE), KVF_E_POOL_STALE_TAG,
- * KVF_E_POOL_NOT_HOLDER (no holder of that kind, including HELD/QUARANTINED pages).
+ * Errors: KVF_E_POOL_BAD_ARG (bad kind), KVF_E_POOL_BAD_PAGE, KVF_E_POOL_DOUBLE_FREE (page is
+ * FREE and ref names its last tag), KVF_E_POOL_STALE_TAG, KVF_E_POOL_NOT_HOLDER (no holder of
+ * that kind, including HELD/QUARANTINED pages). now_ms behind the pool's clock counts as the
+ * clock (see Time).
  */
 int kvf_pool_release(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder holder,
                      uint64_t now_ms);
 
 /* Sets an OWNED page's verified fill (the decode side's own appends). Fill never decreases and
- * never exceeds page_tokens (KVF_E_POOL_BAD_ARG). */
+ * never exceeds page_tokens (KVF_E_POOL_BAD_ARG). Also KVF_E_POOL_BAD_PAGE,
+ * KVF_E_POOL_STALE_TAG, KVF_E_POOL_BAD_STATE (not OWNED). */
 int kvf_pool_set_fill(kvf_pool_t *pool, struct kvf_page_ref ref, uint32_t fill);
 
 /* --- Write grants. ------------------------------------------------------------------------- */
 
 /*
  * Grants (peer, epoch) the right to write an OWNED page: GRANTED, fill 0, trailer cleared.
- * epoch must be the peer's current epoch (KVF_E_POOL_BAD_EPOCH); the page must be OWNED
- * (KVF_E_POOL_NOT_OWNED).
+ * epoch must be the peer's current epoch (KVF_E_POOL_BAD_EPOCH) and peer < max_peers
+ * (KVF_E_POOL_BAD_ARG); the page must be OWNED (KVF_E_POOL_NOT_OWNED). Also
+ * KVF_E_POOL_BAD_PAGE, KVF_E_POOL_STALE_TAG.
  */
 int kvf_pool_grant(kvf_pool_t *pool, struct kvf_page_ref ref, struct kvf_peer_epoch writer);
 
@@ -285,7 +291,8 @@ int kvf_pool_grant(kvf_pool_t *pool, struct kvf_page_ref ref, struct kvf_peer_ep
  * Ends a grant by proof: a completion that verified (verified_fill = the slots verified) or a
  * drain acknowledgement from the writer (verified_fill = 0). GRANTED → OWNED with that fill;
  * HELD → FREE. The grant must be exactly (ref, writer) (KVF_E_POOL_NO_GRANT); a QUARANTINED
- * page refuses proof (KVF_E_POOL_BAD_STATE) and waits for its fence.
+ * page refuses proof (KVF_E_POOL_BAD_STATE) and waits for its fence. verified_fill above
+ * page_tokens is KVF_E_POOL_BAD_ARG. Also KVF_E_POOL_BAD_PAGE, KVF_E_POOL_STALE_TAG.
  */
 int kvf_pool_grant_end(kvf_pool_t *pool, struct kvf_page_ref ref, struct kvf_peer_epoch writer,
                        uint32_t verified_fill);
@@ -298,7 +305,8 @@ int kvf_pool_peer_epoch(const kvf_pool_t *pool, uint16_t peer, uint32_t *epoch);
  * (peer, epoch) pairs that now need a fence — every writer holding a grant on a QUARANTINED
  * page, including pages quarantined by earlier ticks and not yet fenced — are written to
  * fence_out[0..max_out); returns how many there are (which may exceed max_out: call again with
- * more room). Time alone never frees a page. O(expired pages + peers).
+ * more room). Time alone never frees a page. now_ms behind the pool's clock counts as the clock.
+ * fence_out may be NULL only with max_out 0 (else KVF_E_POOL_BAD_ARG). O(expired pages + peers).
  */
 int kvf_pool_tick(kvf_pool_t *pool, uint64_t now_ms, struct kvf_peer_epoch *fence_out,
                   uint32_t max_out);
@@ -308,7 +316,8 @@ int kvf_pool_tick(kvf_pool_t *pool, uint64_t now_ms, struct kvf_peer_epoch *fenc
  * transport guarantees it can no longer write local memory. Bumps the peer's epoch, then
  * revokes every grant of (peer, epoch): GRANTED → OWNED with fill 0 (the request must fail:
  * some of its writes may have been dropped); HELD and QUARANTINED → FREE. writer.epoch must be
- * the peer's current epoch (KVF_E_POOL_BAD_EPOCH). Returns the number of grants revoked.
+ * the peer's current epoch (KVF_E_POOL_BAD_EPOCH); peer ≥ max_peers is KVF_E_POOL_BAD_ARG.
+ * Returns the number of grants revoked. Pages it frees join the free list in page order.
  * O(n_pages).
  */
 int kvf_pool_fence(kvf_pool_t *pool, struct kvf_peer_epoch writer);
