@@ -107,8 +107,11 @@ int kvf_bench_model(int argc, char **argv)
     kvf_pool_t *pool = NULL;
     kvf_fwd_t *f = NULL;
     int rc, status = 1;
-    if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0 ||
-        (rc = kvf_model_load(g, &m, err, sizeof(err))) < 0) {
+    if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0) {
+        fprintf(stderr, "kvfence bench model: %s\n", err); /* err names the file */
+        goto out;
+    }
+    if ((rc = kvf_model_load(g, &m, err, sizeof(err))) < 0) {
         fprintf(stderr, "kvfence bench model: %s: %s\n", path, err);
         goto out;
     }

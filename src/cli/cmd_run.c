@@ -116,8 +116,11 @@ int kvf_cmd_run(int argc, char **argv)
     int32_t *ids = NULL;
     struct kvf_page_ref *pages = NULL;
     float *logits = NULL;
-    if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0 ||
-        (rc = kvf_model_load(g, &m, err, sizeof(err))) < 0 ||
+    if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0) {
+        fprintf(stderr, "kvfence run: %s\n", err); /* err names the file */
+        goto out;
+    }
+    if ((rc = kvf_model_load(g, &m, err, sizeof(err))) < 0 ||
         (rc = kvf_tokenizer_create(g, &tok, err, sizeof(err))) < 0) {
         fprintf(stderr, "kvfence run: %s: %s\n", path, err);
         goto out;

@@ -18,9 +18,10 @@
  * and at the end, for the last new token of each sequence that asked for logits:
  *   logits = (RMSNorm(x) ⊙ out_norm) Woutputᵀ      (n_vocab)
  *
- * Matmuls are split across threads by output rows, attention by (token, head) pairs; no sum is
- * ever split (kernels.h). Everything else — norms, RoPE, quantizing activations, copying K/V into
- * pages — runs on the calling thread, row by row.
+ * Matmuls are split into chunks of output rows, attention into chunks of (token, head) pairs,
+ * and the chunks are run by whichever thread claims them (forward_pool.h); no sum is ever split
+ * (kernels.h). Norms and activation quantization are chunked by token for batches of
+ * PAR_ROWS_MIN tokens or more; RoPE and copying K/V into pages run on the calling thread.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@ struct kvf_fwd {
     const kvf_model_t *m;
     struct kvf_tpool *tp;
     uint32_t max_tokens, max_seqs;
+    uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers */
     size_t qk_cols;           /* Q8_0 blocks per activation row: max(dim, q_dim, ffn_dim) / 32 */
     float *x;                 /* (max_tokens, dim) the residual stream */
     float *xb;                /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
@@ -65,7 +67,20 @@ struct job {
     const struct kvf_pool_geometry *geo;
     uint32_t layer;
     uint32_t n_out;            /* logit rows */
+    /* The per-row phase (norm_quant): rows [0, nt) of src (stride ld) are RMS-normed with
+     * norm_w into dst when norm_w is set, then quantized to Q8_0 into f->xq when quant is set. */
+    const float *src;
+    float *dst;
+    const float *norm_w;
+    size_t ld;
+    uint32_t cols;
+    bool quant;
 };
+
+/* Batches at least this many tokens do their per-row work (norms, activation quantization) on
+ * every thread; smaller ones on the calling thread, where a dispatch would cost more than it
+ * saves. Either way each row gets the same operations. */
+#define PAR_ROWS_MIN 8
 
 static size_t max3(size_t a, size_t b, size_t c)
 {
@@ -88,6 +103,7 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->m = m;
     f->max_tokens = cfg->max_tokens;
     f->max_seqs = cfg->max_seqs;
+    f->n_chunks = nth > 1 ? 4 * nth : 1;
     f->qk_cols = (widest + KVF_QK - 1) / KVF_QK;
     f->x = malloc(T * hp->dim * sizeof(float));
     f->xb = malloc(T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
@@ -198,22 +214,49 @@ static int check_seq(const kvf_model_t *m, const kvf_pool_t *pool,
 
 /* --- Parallel phases. ---------------------------------------------------------------------- */
 
-/* Quantizes rows [0, nt) of x (n columns, stride ldx) into f->xq when w needs it. */
-static void quantize_for(struct kvf_fwd *f, const struct kvf_weight *w, const float *x, size_t ldx,
-                         uint32_t nt)
+static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi)
 {
-    if (w->type != KVF_GGML_Q8_0) return;
-    for (uint32_t t = 0; t < nt; t++)
-        kvf_quantize_row_q8_0(x + (size_t)t * ldx, f->xq + (size_t)t * f->qk_cols, w->cols);
+    struct kvf_fwd *f = j->f;
+    for (uint32_t t = lo; t < hi; t++) {
+        const float *row = j->src + (size_t)t * j->ld;
+        if (j->norm_w) {
+            kvf__rmsnorm(j->dst + (size_t)t * j->ld, row, j->norm_w, j->cols, f->m->hp.rms_eps);
+            row = j->dst + (size_t)t * j->ld;
+        }
+        if (j->quant) kvf_quantize_row_q8_0(row, f->xq + (size_t)t * f->qk_cols, j->cols);
+    }
 }
 
-static void job_qkv(void *ctx, uint32_t i, uint32_t n)
+static void job_norm_quant(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
+{
+    struct job *j = ctx;
+    uint32_t lo, hi;
+    kvf__split(j->nt, i, n, &lo, &hi);
+    norm_quant_rows(j, lo, hi);
+}
+
+/* RMSNorm (when norm_w) and Q8_0 quantization (when quant) of the rows [0, nt) of src. */
+static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, uint32_t cols,
+                       const float *norm_w, bool quant)
+{
+    if (!norm_w && !quant) return;
+    j->src = src;
+    j->dst = dst;
+    j->ld = ld;
+    j->cols = cols;
+    j->norm_w = norm_w;
+    j->quant = quant;
+    if (j->nt >= PAR_ROWS_MIN) kvf__tpool_run(j->f->tp, job_norm_quant, j, j->f->n_chunks);
+    else norm_quant_rows(j, 0, j->nt);
+}
+
+static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
     struct kvf_fwd *f = j->f;
     const struct kvf_layer *L = j->L;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
     kvf__split(L->wq.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wq, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->q, L->wq.rows, lo, hi, scratch);
@@ -223,11 +266,11 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n)
     kvf__matmul(&L->wv, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->v, L->wv.rows, lo, hi, scratch);
 }
 
-/* Attention for (token, head) pairs: scores over positions 0..pos in index order, softmax with
+/* Attention for (token, head) pairs, each on one thread: scores over positions 0..pos in index order, softmax with
  * the running max subtracted, then the weighted sum of V in index order. Whether a position's
  * K/V was written by an earlier call or by this one, the f32 values read are the same, so
  * chunking a prompt differently gives the same result. */
-static void job_attn(void *ctx, uint32_t i, uint32_t n)
+static void job_attn(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
     struct kvf_fwd *f = j->f;
@@ -238,11 +281,11 @@ static void job_attn(void *ctx, uint32_t i, uint32_t n)
     size_t k_off = kvf_geo_kv_offset(geo, j->layer, 0), v_off = kvf_geo_kv_offset(geo, j->layer, 1);
     size_t q_dim = (size_t)hp->n_heads * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    float *sc = f->scores + (size_t)i * hp->n_ctx;
+    float *sc = f->scores + (size_t)thread * hp->n_ctx;
     const struct kvf_kern *kern = kvf__kern;
-    uint32_t lo, hi;
-    kvf__split(j->nt * hp->n_heads, i, n, &lo, &hi);
-    for (uint32_t item = lo; item < hi; item++) {
+    /* Items are dealt round-robin rather than in ranges: in a prefill chunk, later tokens attend
+     * over more positions, and a range split would give the last thread most of the work. */
+    for (uint32_t item = i; item < j->nt * hp->n_heads; item += n) {
         uint32_t t = item / hp->n_heads, h = item % hp->n_heads, kvh = h / group;
         const struct kvf_fwd_seq *s = &j->seqs[f->tok_seq[t]];
         uint32_t pos = f->tok_pos[t];
@@ -273,11 +316,11 @@ static void job_attn(void *ctx, uint32_t i, uint32_t n)
 
 /* x += in Wᵀ over this thread's rows of W (W has dim rows). */
 static void residual_matmul(struct job *j, const struct kvf_weight *W, const float *in, size_t ldin,
-                            uint32_t i, uint32_t n)
+                            uint32_t i, uint32_t n, uint32_t thread)
 {
     struct kvf_fwd *f = j->f;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
     kvf__split(W->rows, i, n, &lo, &hi);
     kvf__matmul(W, in, ldin, f->xq, f->qk_cols, j->nt, f->o, hp->dim, lo, hi, scratch);
@@ -285,27 +328,27 @@ static void residual_matmul(struct job *j, const struct kvf_weight *W, const flo
         for (uint32_t r = lo; r < hi; r++) f->x[(size_t)t * hp->dim + r] += f->o[(size_t)t * hp->dim + r];
 }
 
-static void job_wo(void *ctx, uint32_t i, uint32_t n)
+static void job_wo(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
     const struct kvf_model_hparams *hp = &j->f->m->hp;
-    residual_matmul(j, &j->L->wo, j->f->xb, (size_t)hp->n_heads * hp->head_dim, i, n);
+    residual_matmul(j, &j->L->wo, j->f->xb, (size_t)hp->n_heads * hp->head_dim, i, n, thread);
 }
 
-static void job_down(void *ctx, uint32_t i, uint32_t n)
+static void job_down(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
-    residual_matmul(j, &j->L->w_down, j->f->hg, j->f->m->hp.ffn_dim, i, n);
+    residual_matmul(j, &j->L->w_down, j->f->hg, j->f->m->hp.ffn_dim, i, n, thread);
 }
 
 /* gate and up over this thread's rows, then h = silu(gate) ⊙ up on those same rows. */
-static void job_gate_up(void *ctx, uint32_t i, uint32_t n)
+static void job_gate_up(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
     struct kvf_fwd *f = j->f;
     const struct kvf_layer *L = j->L;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi, F = hp->ffn_dim;
     kvf__split(F, i, n, &lo, &hi);
     kvf__matmul(&L->w_gate, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hg, F, lo, hi, scratch);
@@ -317,12 +360,12 @@ static void job_gate_up(void *ctx, uint32_t i, uint32_t n)
         }
 }
 
-static void job_logits(void *ctx, uint32_t i, uint32_t n)
+static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
     struct kvf_fwd *f = j->f;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)i * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
     kvf__split(hp->n_vocab, i, n, &lo, &hi);
     kvf__matmul(&f->m->output, f->outx, hp->dim, f->xq, f->qk_cols, j->n_out, f->out, hp->n_vocab,
@@ -405,12 +448,10 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         const struct kvf_layer *L = &m->layers[l];
         j.L = L;
         j.layer = l;
-        for (uint32_t t = 0; t < nt; t++)
-            kvf__rmsnorm(f->xb + (size_t)t * dim, f->x + (size_t)t * dim, L->attn_norm, dim, hp->rms_eps);
-        if (L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 || L->wv.type == KVF_GGML_Q8_0)
-            for (uint32_t t = 0; t < nt; t++)
-                kvf_quantize_row_q8_0(f->xb + (size_t)t * dim, f->xq + (size_t)t * f->qk_cols, dim);
-        kvf__tpool_run(f->tp, job_qkv, &j);
+        norm_quant(&j, f->x, f->xb, dim, dim, L->attn_norm,
+                   L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 ||
+                       L->wv.type == KVF_GGML_Q8_0);
+        kvf__tpool_run(f->tp, job_qkv, &j, f->n_chunks);
         size_t k_off = kvf_geo_kv_offset(geo, l, 0), v_off = kvf_geo_kv_offset(geo, l, 1);
         for (uint32_t t = 0; t < nt; t++) {
             rope_apply(f->q + t * q_dim, f->rope + (size_t)t * hd, hp->n_heads, hd);
@@ -422,23 +463,24 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             memcpy(page + k_off + (size_t)(p % pt) * kv_dim * 4, f->k + t * kv_dim, kv_dim * 4);
             memcpy(page + v_off + (size_t)(p % pt) * kv_dim * 4, f->v + t * kv_dim, kv_dim * 4);
         }
-        kvf__tpool_run(f->tp, job_attn, &j);
-        quantize_for(f, &L->wo, f->xb, q_dim, nt);
-        kvf__tpool_run(f->tp, job_wo, &j);
-        for (uint32_t t = 0; t < nt; t++)
-            kvf__rmsnorm(f->xb + (size_t)t * dim, f->x + (size_t)t * dim, L->ffn_norm, dim, hp->rms_eps);
-        quantize_for(f, &L->w_gate, f->xb, dim, nt);
-        kvf__tpool_run(f->tp, job_gate_up, &j);
-        quantize_for(f, &L->w_down, f->hg, hp->ffn_dim, nt);
-        kvf__tpool_run(f->tp, job_down, &j);
+        kvf__tpool_run(f->tp, job_attn, &j, f->n_chunks);
+        norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL, L->wo.type == KVF_GGML_Q8_0);
+        kvf__tpool_run(f->tp, job_wo, &j, f->n_chunks);
+        norm_quant(&j, f->x, f->xb, dim, dim, L->ffn_norm,
+                   L->w_gate.type == KVF_GGML_Q8_0 || L->w_up.type == KVF_GGML_Q8_0);
+        kvf__tpool_run(f->tp, job_gate_up, &j, f->n_chunks);
+        norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, L->w_down.type == KVF_GGML_Q8_0);
+        kvf__tpool_run(f->tp, job_down, &j, f->n_chunks);
     }
 
     if (n_out > 0) {
         for (uint32_t o = 0; o < n_out; o++)
             kvf__rmsnorm(f->outx + (size_t)o * dim, f->x + (size_t)f->out_tok[o] * dim, m->out_norm,
                          dim, hp->rms_eps);
-        quantize_for(f, &m->output, f->outx, dim, n_out);
-        kvf__tpool_run(f->tp, job_logits, &j);
+        if (m->output.type == KVF_GGML_Q8_0)
+            for (uint32_t o = 0; o < n_out; o++)
+                kvf_quantize_row_q8_0(f->outx + (size_t)o * dim, f->xq + (size_t)o * f->qk_cols, dim);
+        kvf__tpool_run(f->tp, job_logits, &j, f->n_chunks);
         for (uint32_t o = 0; o < n_out; o++)
             memcpy(seqs[f->out_seq[o]].logits, f->out + (size_t)o * hp->n_vocab,
                    hp->n_vocab * sizeof(float));

@@ -1,13 +1,18 @@
 /*
  * forward_pool.c — the forward pass's thread pool (see forward_pool.h).
  *
- * A job is published by bumping `gen` (release); each worker waits for a new gen (spinning, then
- * sleeping), runs its index, and decrements `pending` (release). The caller runs index 0, then
- * waits for pending == 0 (acquire), which orders every worker's writes before the caller reads
- * them.
+ * A job is published as (fn, ctx) and then a 64-bit ticket word: the job's number (24 bits),
+ * its chunk count (20 bits) and the next unclaimed chunk (20 bits). A thread claims a chunk by a
+ * CAS on the whole word, so a claim is always of a real chunk of the job the word names, and a
+ * worker that wakes late, after its job ended, finds no chunk and claims nothing. fn and ctx are
+ * read after an acquire of a ticket naming the job, and a claimed chunk must finish before the
+ * caller can publish the next job, so the fn and ctx a claimer read are its job's. `done` counts
+ * finished chunks; the caller returns when it reaches the chunk count. `gen` only wakes
+ * sleeping workers.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -33,17 +38,38 @@ struct worker {
 
 struct kvf_tpool {
     uint32_t n;
-    struct worker *w; /* [n - 1] */
-    _Atomic uint64_t gen;
-    _Atomic uint32_t pending;
+    struct worker *w; /* [n]; w[0] is the caller's slot, never started */
+    _Atomic uint64_t ticket; /* job << 40 | n_chunks << 20 | next chunk */
+    _Atomic uint32_t done;   /* chunks finished in the current job */
+    _Atomic uint64_t gen;    /* bumped per job and at stop */
     _Atomic bool stop;
-    kvf_tpool_fn fn;
-    void *ctx;
+    _Atomic(kvf_tpool_fn) fn;
+    _Atomic(void *) ctx;
     pthread_mutex_t mu;
     pthread_cond_t cv_job;
-    pthread_cond_t cv_done;
-    _Atomic uint32_t sleepers; /* workers asleep on cv_job, or the caller on cv_done (+1000) */
+    _Atomic uint32_t sleepers;
 };
+
+/* Claims and runs chunks of job `job` until none is left. */
+#define TICKET_BITS 20
+#define TICKET_MASK ((1u << TICKET_BITS) - 1)
+
+static void work(struct kvf_tpool *p, uint64_t job, uint32_t thread)
+{
+    kvf_tpool_fn fn = atomic_load_explicit(&p->fn, memory_order_acquire);
+    void *ctx = atomic_load_explicit(&p->ctx, memory_order_acquire);
+    uint64_t v = atomic_load_explicit(&p->ticket, memory_order_acquire);
+    for (;;) {
+        uint32_t n = (uint32_t)(v >> TICKET_BITS) & TICKET_MASK, c = (uint32_t)v & TICKET_MASK;
+        if ((v >> (2 * TICKET_BITS)) != job || c >= n) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &v, v + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(ctx, c, n, thread);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        v = atomic_load_explicit(&p->ticket, memory_order_acquire);
+    }
+}
 
 static void *worker_main(void *arg)
 {
@@ -53,7 +79,7 @@ static void *worker_main(void *arg)
     for (;;) {
         uint64_t g;
         int spins = 0;
-        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
+        while ((g = atomic_load(&p->gen)) == seen) {
             if (++spins < SPIN_ITERS) {
                 CPU_RELAX();
                 continue;
@@ -65,13 +91,11 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&p->mu);
         }
         seen = g;
-        if (atomic_load_explicit(&p->stop, memory_order_acquire)) return NULL;
-        p->fn(p->ctx, w->index, p->n);
-        if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        if (atomic_load(&p->stop)) return NULL;
+        /* The job number is read from the ticket itself: if that job is already over, work()
+         * finds no chunk and this worker waits for the next gen. */
+        uint64_t job = atomic_load_explicit(&p->ticket, memory_order_acquire) >> (2 * TICKET_BITS);
+        work(p, job, w->index);
     }
 }
 
@@ -88,7 +112,6 @@ int kvf__tpool_create(uint32_t n_threads, struct kvf_tpool **out)
     }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_job, NULL);
-    pthread_cond_init(&p->cv_done, NULL);
     for (uint32_t i = 1; i < n_threads; i++) {
         p->w[i].p = p;
         p->w[i].index = i;
@@ -108,11 +131,10 @@ void kvf__tpool_destroy(struct kvf_tpool *p)
     if (!p) return;
     atomic_store(&p->stop, true);
     pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    atomic_fetch_add(&p->gen, 1);
     pthread_cond_broadcast(&p->cv_job);
     pthread_mutex_unlock(&p->mu);
     for (uint32_t i = 1; i < p->n; i++) pthread_join(p->w[i].th, NULL);
-    pthread_cond_destroy(&p->cv_done);
     pthread_cond_destroy(&p->cv_job);
     pthread_mutex_destroy(&p->mu);
     free(p->w);
@@ -124,33 +146,34 @@ uint32_t kvf__tpool_size(const struct kvf_tpool *p)
     return p->n;
 }
 
-void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx)
+void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx, uint32_t n_chunks)
 {
-    if (p->n == 1) {
-        fn(ctx, 0, 1);
+    if (n_chunks == 0) return;
+    if (p->n == 1 || n_chunks == 1 || n_chunks > TICKET_MASK) {
+        for (uint32_t c = 0; c < n_chunks; c++) fn(ctx, c, n_chunks, 0);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-    /* Sequentially consistent, paired with the worker's sleepers increment then gen load: either
-     * the worker sees the new gen, or this sees it asleep and wakes it. */
+    uint64_t job = ((atomic_load_explicit(&p->ticket, memory_order_relaxed) >> (2 * TICKET_BITS)) + 1) &
+                   0xFFFFFFu;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->ticket, job << (2 * TICKET_BITS) | (uint64_t)n_chunks << TICKET_BITS,
+                          memory_order_release);
+    /* Sequentially consistent, paired with the worker's sleepers increment then gen load:
+     * either the worker sees the new gen, or this sees it asleep and wakes it. */
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->cv_job);
         pthread_mutex_unlock(&p->mu);
     }
-    fn(ctx, 0, p->n);
-    int spins = 0;
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0) {
-        if (++spins < SPIN_ITERS) {
-            CPU_RELAX();
-            continue;
-        }
-        pthread_mutex_lock(&p->mu);
-        while (atomic_load_explicit(&p->pending, memory_order_acquire) != 0)
-            pthread_cond_wait(&p->cv_done, &p->mu);
-        pthread_mutex_unlock(&p->mu);
+    work(p, job, 0);
+    /* Every chunk is claimed; wait for those still running elsewhere. They are short, so spin,
+     * yielding now and then in case their thread is waiting for this core. */
+    uint32_t spins = 0;
+    while (atomic_load_explicit(&p->done, memory_order_acquire) != n_chunks) {
+        CPU_RELAX();
+        if (++spins % 256 == 0) sched_yield();
     }
 }

@@ -1,12 +1,17 @@
 /*
- * forward_pool.h — a small fixed pthread pool for the forward pass (internal).
+ * forward_pool.h — a small pthread pool for the forward pass (internal).
  *
- * kvf__tpool_run(p, fn, ctx) calls fn(ctx, i, n) once for every i in [0, n) — i = 0 on the
- * calling thread, the others on the workers — and returns when all have returned. Work is split
- * by the callee with a static partition of i, never by stealing, so which thread computes what
- * is a pure function of (i, n); with the kernels' per-pair rule, results do not even depend on
- * that. Workers spin briefly for the next job (a decode step issues a few hundred short jobs),
- * then sleep on a condition variable.
+ * kvf__tpool_run(p, fn, ctx, n_chunks) calls fn(ctx, c, n_chunks, thread) once for every chunk
+ * c in [0, n_chunks), on the calling thread and the workers together, and returns when all
+ * have returned. `thread` (< kvf__tpool_size) names the thread running the call, for per-thread
+ * scratch. Chunks are claimed from a shared counter, so a thread the OS has descheduled delays
+ * only the chunk it holds, not a fixed share of the work — on a machine shared with other
+ * processes that is most of the difference. Which thread runs which chunk varies from run to
+ * run; what a chunk computes does not (each chunk covers a fixed range of rows, and the kernels'
+ * per-pair rule makes every value independent of who computes it).
+ *
+ * Workers spin briefly for the next job (a decode step issues a few hundred short jobs), then
+ * sleep on a condition variable.
  */
 #ifndef KVF_MODEL_FORWARD_POOL_H
 #define KVF_MODEL_FORWARD_POOL_H
@@ -14,16 +19,16 @@
 #include <stdint.h>
 
 struct kvf_tpool;
-typedef void (*kvf_tpool_fn)(void *ctx, uint32_t i, uint32_t n);
+typedef void (*kvf_tpool_fn)(void *ctx, uint32_t chunk, uint32_t n_chunks, uint32_t thread);
 
-/* n_threads ≥ 1, including the caller. 0, -ENOMEM or a negated pthread error (nothing left
- * running). */
+/* n_threads ≥ 1, including the caller. 0, -EINVAL, -ENOMEM or a negated pthread error (nothing
+ * left running). */
 int kvf__tpool_create(uint32_t n_threads, struct kvf_tpool **out);
 void kvf__tpool_destroy(struct kvf_tpool *p);
-void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx);
+void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx, uint32_t n_chunks);
 uint32_t kvf__tpool_size(const struct kvf_tpool *p);
 
-/* The part [lo, hi) of n items that worker i of k takes. */
+/* The part [lo, hi) of n items that chunk i of k covers. */
 static inline void kvf__split(uint32_t n, uint32_t i, uint32_t k, uint32_t *lo, uint32_t *hi)
 {
     *lo = (uint32_t)((uint64_t)n * i / k);
