@@ -255,6 +255,99 @@ static void test_invalid_utf8_refused(void)
     scratch_done();
 }
 
+/* ---- the heap-based merge against a naive reference ----
+ * The reference rescans every adjacent pair before each merge and merges the best-scoring one
+ * (leftmost on ties): quadratic, but obviously what SentencePiece's BPE does. Random small
+ * vocabularies with many equal scores make the tie-breaking and the stale-pair logic matter. */
+
+static int32_t ref_lookup(const struct vocab *v, const char *s, size_t n)
+{
+    for (size_t k = 0; k < v->n_pieces; k++)
+        if (strlen(v->pieces[k]) == n && memcmp(v->pieces[k], s, n) == 0)
+            return (int32_t)(3 + 256 + k);
+    return -1;
+}
+
+static size_t ref_encode(const struct vocab *v, const char *text, size_t len, int32_t *out)
+{
+    size_t start[128], n[128], k = 0;
+    for (size_t i = 0; i < len;) {
+        size_t c = (text[i] & 0x80) ? 2 : 1; /* the test alphabet: ASCII and 2-byte characters */
+        start[k] = i, n[k++] = c;
+        i += c;
+    }
+    for (;;) {
+        size_t best = SIZE_MAX;
+        float best_score = 0;
+        for (size_t i = 0; i + 1 < k; i++) {
+            int32_t id = ref_lookup(v, text + start[i], n[i] + n[i + 1]);
+            if (id < 0) continue;
+            float sc = v->scores[id - 259];
+            if (best == SIZE_MAX || sc > best_score) best = i, best_score = sc;
+        }
+        if (best == SIZE_MAX) break;
+        n[best] += n[best + 1];
+        memmove(start + best + 1, start + best + 2, (k - best - 2) * sizeof *start);
+        memmove(n + best + 1, n + best + 2, (k - best - 2) * sizeof *n);
+        k--;
+    }
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++) {
+        int32_t id = ref_lookup(v, text + start[i], n[i]);
+        if (id >= 0) {
+            out[m++] = id;
+            continue;
+        }
+        for (size_t j = 0; j < n[i]; j++) out[m++] = 3 + (uint8_t)text[start[i] + j];
+    }
+    return m;
+}
+
+static void test_merge_matches_reference(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    static const char *const alpha[] = {"a", "b", "c", "\xc3\xa9", "z"}; /* z is never a piece */
+    static char store[32][16];
+    for (int voc = 0; voc < 60; voc++) {
+        struct vocab v = {.model = "llama", .add_space_prefix = 0, .with_bytes = true};
+        for (int i = 0; i < 4; i++) {
+            v.pieces[v.n_pieces] = alpha[i];
+            v.scores[v.n_pieces++] = -(float)kvf_rng_below(&r, 3);
+        }
+        while (v.n_pieces < 32) {
+            size_t len = 0, chars = 2 + kvf_rng_below(&r, 4);
+            for (size_t c = 0; c < chars; c++) {
+                const char *a = alpha[kvf_rng_below(&r, 4)];
+                memcpy(store[v.n_pieces] + len, a, strlen(a));
+                len += strlen(a);
+            }
+            store[v.n_pieces][len] = '\0';
+            if (ref_lookup(&v, store[v.n_pieces], len) >= 0) continue; /* no duplicates */
+            v.pieces[v.n_pieces] = store[v.n_pieces];
+            v.scores[v.n_pieces++] = -(float)kvf_rng_below(&r, 4);
+        }
+        kvf_tokenizer_t *t = make_tok(&v);
+        for (int iter = 0; iter < 100; iter++) {
+            char text[128];
+            size_t len = 0, chars = kvf_rng_below(&r, 40);
+            for (size_t c = 0; c < chars; c++) {
+                const char *a = alpha[kvf_rng_below(&r, 5)];
+                memcpy(text + len, a, strlen(a));
+                len += strlen(a);
+            }
+            int32_t want[128], got[128];
+            size_t nw = ref_encode(&v, text, len, want);
+            int ng = kvf_tokenizer_encode(t, text, len, false, got, 128);
+            if (ng != (int)nw || memcmp(got, want, nw * sizeof *got) != 0)
+                KVF_FAIL("seed %llu vocab %d text '%.*s': %d tokens, reference %zu",
+                         (unsigned long long)kvf_test_seed(), voc, (int)len, text, ng, nw);
+        }
+        kvf_tokenizer_destroy(t);
+    }
+    scratch_done();
+}
+
 /* Appends one random code point (1 to 4 bytes, never a surrogate) as UTF-8. */
 static size_t rand_char(struct kvf_rng *r, char *s)
 {
@@ -514,6 +607,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_detok_partial_utf8),
     KVF_CASE(test_detok_always_valid),
     KVF_CASE(test_refused_vocabs),
+    KVF_CASE(test_merge_matches_reference),
 };
 
 int main(int argc, char **argv)
