@@ -518,6 +518,12 @@ static void test_poison_on_free(void)
     struct kvf_pool_config c = small_config(2, 1);
     c.poison_on_free = true;
     kvf_pool_t *pool = NULL;
+#ifndef KVF_TEST_BUILD
+    /* Poison is a test-build feature: a release build refuses it. */
+    ASSERT_ERR(kvf_pool_create(&c, &pool), -ENOTSUP);
+    ASSERT_NULL(pool);
+    return;
+#endif
     ASSERT_OK(kvf_pool_create(&c, &pool));
     struct kvf_page_ref r = alloc1(pool, &OWNER_A);
     unsigned char *d = kvf_pool_page_data(pool, r.page);
@@ -543,6 +549,39 @@ static void test_poison_on_free(void)
     ASSERT_EQ_INT(t.tenant, 7);
     ASSERT_EQ_INT(t.slots, 0);
     ASSERT_EQ_U64(t.checksum, KVF_POOL_POISON_MARK);
+    drain_and_destroy(pool);
+}
+
+/* A pool without writer peers (a prefill worker's own pool): grants are refused, all else works. */
+static void test_no_peers(void)
+{
+    kvf_pool_t *pool = make_pool(2, 0);
+    struct kvf_page_ref r = alloc1(pool, &OWNER_A);
+    uint32_t e;
+    ASSERT_ERR(kvf_pool_peer_epoch(pool, 0, &e), -EINVAL);
+    EXPECT_ILLEGAL(pool, kvf_pool_grant(pool, r, ((struct kvf_peer_epoch){0, 1})),
+                   KVF_E_POOL_BAD_ARG);
+    EXPECT_ILLEGAL(pool, kvf_pool_fence(pool, ((struct kvf_peer_epoch){0, 1})), KVF_E_POOL_BAD_ARG);
+    struct kvf_peer_epoch f[1];
+    ASSERT_EQ_INT(kvf_pool_tick(pool, 100000, f, 1), 0);
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_SEQ, 0));
+    drain_and_destroy(pool);
+}
+
+/* Holder counts are 16-bit: the 65536th holder of a kind is refused, and nothing changes. */
+static void test_holder_count_bound(void)
+{
+    kvf_pool_t *pool = make_pool(1, 1);
+    struct kvf_page_ref r = alloc1(pool, &OWNER_A);
+    for (int i = 1; i < UINT16_MAX; i++)
+        ASSERT_OK(kvf_pool_hold(pool, r, KVF_HOLDER_PREFIX));
+    ASSERT_EQ_INT(info(pool, r.page).holders[KVF_HOLDER_PREFIX], UINT16_MAX - 1);
+    ASSERT_OK(kvf_pool_hold(pool, r, KVF_HOLDER_PREFIX));
+    EXPECT_ILLEGAL(pool, kvf_pool_hold(pool, r, KVF_HOLDER_PREFIX), KVF_E_POOL_BAD_ARG);
+    for (int i = 0; i < UINT16_MAX; i++)
+        ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_PREFIX, 0));
+    ASSERT_EQ_INT(info(pool, r.page).state, KVF_PAGE_OWNED);
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_SEQ, 0));
     drain_and_destroy(pool);
 }
 
@@ -666,6 +705,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_read_check),
     KVF_CASE(test_scrub_on_free),
     KVF_CASE(test_poison_on_free),
+    KVF_CASE(test_no_peers),
+    KVF_CASE(test_holder_count_bound),
     KVF_CASE(test_checker_catches_corruption),
     KVF_CASE(test_create_alloc_failure_countdown),
 };
