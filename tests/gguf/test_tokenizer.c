@@ -298,7 +298,8 @@ static size_t ref_encode(const struct vocab *v, const char *text, size_t len, in
             out[m++] = id;
             continue;
         }
-        for (size_t j = 0; j < n[i]; j++) out[m++] = 3 + (uint8_t)text[start[i] + j];
+        for (size_t j = 0; j < n[i]; j++)
+            out[m++] = 3 + (uint8_t)text[start[i] + j];
     }
     return m;
 }
