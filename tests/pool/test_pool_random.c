@@ -630,7 +630,7 @@ static void test_pool_model_random(void)
            st.fence_revoked);
     /* The run must have exercised what it claims to: both outcomes of every call, late writes
      * (landing in HELD pages), quarantines and fences. */
-    if (n_ops >= 100000) {
+    if (n_ops >= 100000 && n_pages >= 16) { /* tiny pools rarely reach quarantine */
         for (int i = 0; i < OP__N; i++) {
             if (i == OP_POST || i == OP_LAND) continue;
             ASSERT_TRUE(n_ok[i] > 0);
