@@ -5,8 +5,10 @@
  * The per-pair recipe, shared by every tile shape:
  *   F32:  one 8-lane accumulator; step i adds w·x of floats [8i, 8i + 8) by FMA; then hsum8 in a
  *         fixed lane order; then the last n % 8 products, in index order, in scalar arithmetic.
- *   Q8_0: one 8-lane accumulator; block b adds (its 8 int32 partial dot products, as floats) ×
- *         (d_w × d_x) by FMA; then hsum8.
+ *   Q8_0: one 8-lane accumulator; block b adds ((its 8 int32 partial dot products, as floats)
+ *         × d_w) × d_x, the last step by FMA; then hsum8. (Scaling by d_w then d_x, rather than
+ *         by the product d_w·d_x, costs one multiply per pair instead of a scalar multiply and a
+ *         broadcast per pair.)
  * A tile of R rows × T tokens runs R × T such recipes side by side (independent chains keep the
  * FMA units busy; a weight row loaded once serves T tokens). Nothing is shared between pairs, so
  * every tile shape gives each pair the value the 1 × 1 tile gives, bit for bit.
@@ -127,21 +129,21 @@ AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws,
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         __m256i xv[2];
-        float dx[2];
+        __m256 dx[2];
         for (int t = 0; t < T; t++) {
             xv[t] = _mm256_loadu_si256((const __m256i *)x[t * ldx + b].qs);
-            dx[t] = h2f(x[t * ldx + b].d);
+            dx[t] = _mm256_set1_ps(h2f(x[t * ldx + b].d));
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
             _mm_prefetch((const char *)(wb + PREFETCH_BLOCKS), _MM_HINT_T0);
             __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
             __m256i aw = _mm256_sign_epi8(wv, wv);
-            float dw = h2f(wb->d);
+            __m256 dw = _mm256_set1_ps(h2f(wb->d));
             for (int t = 0; t < T; t++) {
                 __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[t], wv));
                 __m256 q = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-                acc[r][t] = _mm256_fmadd_ps(q, _mm256_set1_ps(dw * dx[t]), acc[r][t]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(q, dw), dx[t], acc[r][t]);
             }
         }
     }
@@ -221,9 +223,10 @@ const struct kvf_kern *const kvf__kern_avx2 = &kern_avx2;
 
 /*
  * The same Q8_0 recipe with AVX-512 VNNI on 256-bit registers: vpdpbusd forms the 8 int32
- * partial sums of |w| × (x with w's sign) in one instruction where AVX2 needs maddubs + madd.
- * Both are exact integer sums (no saturation, see above), so this variant's values are the AVX2
- * variant's, bit for bit; F32 uses the AVX2 code unchanged.
+ * partial sums in one instruction per pair, from x + 128 (unsigned, made once per token and
+ * block) and w, starting from −128·Σw (made once per row and block), where AVX2 needs sign,
+ * maddubs and madd. Both give the exact integer sums (no saturation, see above), so this
+ * variant's values are the AVX2 variant's, bit for bit; F32 uses the AVX2 code unchanged.
  */
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 
@@ -232,27 +235,29 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
                           size_t ldy, const int R, const int T)
 {
     __m256 acc[8][2];
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        __m256i xv[2];
-        float dx[2];
+        __m256i xu[2];
+        __m256 dx[2];
         for (int t = 0; t < T; t++) {
-            xv[t] = _mm256_loadu_si256((const __m256i *)x[t * ldx + b].qs);
-            dx[t] = _cvtsh_ss(x[t * ldx + b].d);
+            /* x + 128 as unsigned bytes (flipping the top bit), for vpdpbusd's u8 operand. */
+            xu[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x[t * ldx + b].qs), bias);
+            dx[t] = _mm256_set1_ps(_cvtsh_ss(x[t * ldx + b].d));
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            /* Weights are streamed once: ask for them a few blocks ahead. */
             _mm_prefetch((const char *)(wb + PREFETCH_BLOCKS), _MM_HINT_T0);
             __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
-            __m256i aw = _mm256_sign_epi8(wv, wv);
-            float dw = _cvtsh_ss(wb->d);
+            /* Σ (x + 128)·w = Σ x·w + 128·Σ w: start each sum at −128·Σ w (per lane group of 4
+             * bytes, like the products), so what comes out is exactly Σ x·w. */
+            __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, wv));
+            __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
             for (int t = 0; t < T; t++) {
-                __m256i p32 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw,
-                                                  _mm256_sign_epi8(xv[t], wv));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(dw * dx[t]),
-                                            acc[r][t]);
+                __m256 q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base, xu[t], wv));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(q, dw), dx[t], acc[r][t]);
             }
         }
     }
