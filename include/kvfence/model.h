@@ -107,7 +107,8 @@ struct kvf_fwd_seq {
     uint32_t n_pages;
     float *logits;                     /* out: n_vocab logits of the last new token, or NULL
                                           (no output projection: an inner prefill chunk) */
-    int status;                        /* out: 0, KVF_E_MODEL_PAGE, or -EINVAL */
+    int status;                        /* out: 0, KVF_E_MODEL_PAGE, or -EINVAL (malformed, or a
+                                          second entry for a request already in the batch) */
 };
 
 struct kvf_fwd_config {

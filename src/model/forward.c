@@ -415,6 +415,9 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
     for (uint32_t s = 0; s < n_seqs; s++) {
         struct kvf_fwd_seq *sq = &seqs[s];
         sq->status = check_seq(m, pool, geo, sq);
+        /* One entry per request: two would write the same slots. O(n_seqs²), n_seqs is small. */
+        for (uint32_t e = 0; e < s && sq->status == 0; e++)
+            if (seqs[e].status == 0 && kvf_req_id_eq(seqs[e].req, sq->req)) sq->status = -EINVAL;
         if (sq->status != 0) continue;
         n_ok++;
         for (uint32_t i = 0; i < sq->n_tokens; i++, nt++) {

@@ -329,6 +329,14 @@ static void test_bad_batches(void)
     struct kvf_page_info info;
     ASSERT_OK(kvf_pool_page_info(pool, a.pages[0].page, &info));
     ASSERT_EQ_INT(info.fill, 0);
+    /* The same request twice in one batch: the second entry is refused, the first runs. */
+    toks[1] = 9;
+    struct kvf_fwd_seq two[2] = {tseq_step(&a, toks, 3, NULL), tseq_step(&a, toks, 3, NULL)};
+    ASSERT_EQ_INT(kvf_fwd_run(f2, pool, two, 2), 1);
+    ASSERT_EQ_INT(two[0].status, 0);
+    ASSERT_ERR(two[1].status, -EINVAL);
+    ASSERT_OK(kvf_pool_page_info(pool, a.pages[0].page, &info));
+    ASSERT_EQ_INT(info.fill, 3);
     tseq_release(pool, &a);
     kvf_fwd_destroy(f2);
     kvf_fwd_destroy(f);
