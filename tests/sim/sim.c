@@ -1043,6 +1043,9 @@ static void final_checks(struct world *W)
         for (int s = 0; s < N_SRC; s++)
             if (W->peer[p].src[s].used) violate(W, "I4: prefill %d leaked source page %d", p, s);
     }
+    struct kvf_decode_stats ds;
+    kvf_decode_stats(W->dec, &ds);
+    W->res->stale = (uint32_t)ds.stale;
     W->res->fences = (uint32_t)st.fences;
     W->res->quarantines = (uint32_t)st.quarantines;
 }

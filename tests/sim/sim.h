@@ -18,6 +18,7 @@ struct sim_result {
     uint64_t steps;       /* events processed */
     uint64_t end_ms;      /* virtual time at quiescence */
     uint32_t committed, failed, fences, quarantines;
+    uint32_t stale;       /* messages the decode machine ignored as stale, duplicate or unknown */
 };
 
 /* Runs one seed. trace, when non-NULL, receives a readable line per event. */

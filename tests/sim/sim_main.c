@@ -36,7 +36,7 @@ static void test_sim_seeds(void)
     const char *env = getenv("KVF_SIM_SEEDS"), *soak = getenv("KVF_SOAK");
     uint64_t first = f ? strtoull(f, NULL, 0) : 1;
     uint64_t count = c ? strtoull(c, NULL, 0) : env ? strtoull(env, NULL, 0) : soak ? 2000000 : 200000;
-    uint64_t steps = 0, committed = 0, failed = 0, fences = 0, quarantines = 0;
+    uint64_t steps = 0, committed = 0, failed = 0, fences = 0, quarantines = 0, stale = 0;
     double t0 = now_s();
     for (uint64_t s = first; s < first + count; s++) {
         sim_run(s, NULL, &r);
@@ -45,6 +45,7 @@ static void test_sim_seeds(void)
         failed += r.failed;
         fences += r.fences;
         quarantines += r.quarantines;
+        stale += r.stale;
         if (!r.ok) {
             printf("FAIL seed %" PRIu64 ": %s\n# replay: test_sim --seed %" PRIu64 "\n# trace:\n", s, r.why, s);
             fflush(stdout);
@@ -56,15 +57,16 @@ static void test_sim_seeds(void)
     double dt = now_s() - t0;
     printf("# %" PRIu64 " seeds (%" PRIu64 "..%" PRIu64 ") in %.1f s: %.0f seeds/s, %" PRIu64
            " steps; requests committed %" PRIu64 ", failed cleanly %" PRIu64 "; quarantines %" PRIu64
-           ", fences %" PRIu64 "\n",
+           ", fences %" PRIu64 "; stale messages ignored %" PRIu64 "\n",
            count, first, first + count - 1, dt, count / (dt > 0 ? dt : 1), steps, committed, failed,
-           quarantines, fences);
+           quarantines, fences, stale);
     /* The runs must reach the paths that matter, or the invariants prove little. */
     if (count >= 1000) {
         ASSERT_TRUE(committed > 0);
         ASSERT_TRUE(failed > 0);
         ASSERT_TRUE(quarantines > 0);
         ASSERT_TRUE(fences > 0);
+        ASSERT_TRUE(stale > 0);
     }
 }
 
