@@ -306,6 +306,31 @@ static int write_corpus(const char *dir)
         }
     }
     write_file(dir, "GRANT_DONE_stream", two, stream);
+
+    /* Frames aimed at the machines fuzz_proto.c drives: its decode machine has request {1, 0}
+     * granted to peer 1 with nonce 1 at epoch 1 (two pages); its prefill is at epoch 1. */
+    struct kvf_msg aim[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&aim[i], 0, sizeof(aim[i]));
+        aim[i].req = (kvf_req_id_t){1, 0};
+        aim[i].nonce = 1;
+        aim[i].epoch = 1;
+    }
+    aim[0].type = KVF_MSG_DONE;
+    aim[0].u.done = (struct kvf_msg_done){6, 5, 2, sums};
+    aim[1].type = KVF_MSG_CANCEL_ACK;
+    aim[2].type = KVF_MSG_GRANT;
+    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL};
+    static const char *const aim_names[] = {"aim_DONE", "aim_CANCEL_ACK", "aim_GRANT"};
+    size_t all = 0;
+    for (int i = 0; i < 3; i++) {
+        long n = kvf_msg_encode(&aim[i], buf, sizeof(buf));
+        if (n < 0) return 1;
+        write_file(dir, aim_names[i], buf, (size_t)n);
+        memcpy(two + all, buf, (size_t)n);
+        all += (size_t)n;
+    }
+    write_file(dir, "aim_stream", two, all);
     return 0;
 }
 
