@@ -75,6 +75,7 @@ mtype:preq pst[NR];               /* prefill request state */
 byte pep[NR];                     /* epoch of the attempt prefill works on (its nonce) */
 byte pn[NR];                      /* puts posted for the attempt */
 bit pph[NR];                      /* mutant placeholder: hand off one token only */
+bit pfl[NR];                      /* draining because prefill failed: FAIL, not CANCEL_ACK */
 byte sown = NONE_R;               /* prefill source buffer: request holding it */
 byte sdata = NONE_R;              /* prefill source buffer: whose KV it holds */
 
@@ -95,6 +96,7 @@ bit m_grant[NR * NE];
 bit m_cancel[NR * NE];
 bit m_ack[NR * NE];
 bit m_reject[NR * NE];
+bit m_fail[NR * NE];
 bit m_done[NR * NE * 2];          /* DONE carries tokens_written n = 1 or 2 */
 #define MI(r, e) ((r) * NE + (e))
 #define DI(r, e, n) (MI(r, e) * 2 + (n) - 1)
@@ -108,7 +110,7 @@ bit m_done[NR * NE * 2];          /* DONE carries tokens_written n = 1 or 2 */
 #ifdef MUTANT_STALE_EPOCH_ACCEPTED
 #define GC_D(r, e) skip
 #else
-#define GC_D(r, e) m_ack[MI(r, e)] = 0; m_reject[MI(r, e)] = 0; \
+#define GC_D(r, e) m_ack[MI(r, e)] = 0; m_reject[MI(r, e)] = 0; m_fail[MI(r, e)] = 0; \
                    m_done[DI(r, e, 1)] = 0; m_done[DI(r, e, 2)] = 0
 #endif
 
@@ -182,13 +184,13 @@ inline read_page(r, k) {
 /* ======================================================================================= */
 
 /*
- * NEW(r) accepted (request 0 may also be re-admitted after a failure, in a later epoch, so
- * that the epoch names the attempt): KVF_DREQ_NONE/FAILED → KVF_DREQ_GRANTED. Reserve all pages or none, record the
+ * NEW(r) accepted (or re-admitted after a failure, in a later epoch, so that the epoch names
+ * the attempt): KVF_DREQ_NONE/FAILED → KVF_DREQ_GRANTED. Reserve all pages or none, record the
  * tags, send GRANT(r, nonce, epoch, pages, expected tokens).
  */
 #define D_ADMIT(r) \
     :: atomic { (dst[r] == KVF_DREQ_NONE || \
-                 ((r) == 0 && dst[r] == KVF_DREQ_FAILED && dep[r] < depoch)) && \
+                 (dst[r] == KVF_DREQ_FAILED && dep[r] < depoch)) && \
                 NFREE >= NEED(r) -> \
         take_page(r, 0); \
         if \
@@ -217,9 +219,9 @@ inline read_page(r, k) {
         fi }
 
 /*
- * Proof that no write of the attempt can still land: REJECT (prefill posted none) on GRANTED or
- * DRAINING; CANCEL_ACK (prefill drained its writes) on DRAINING. (FAIL, a failure after posting
- * sent once the writes drained, is the same proof as CANCEL_ACK and is not modelled apart.) Grants end, pages return
+ * Proof that no write of the attempt can still land: REJECT (prefill posted none) and FAIL
+ * (prefill failed after posting and drained its writes) on GRANTED or DRAINING; CANCEL_ACK
+ * (prefill drained its writes) on DRAINING. Grants end, pages return
  * to FREE, KVF_DREQ_FAILED. QUARANTINED pages wait for the fence, whatever proof comes later.
  */
 #define D_PROOF(r, e, bag, okstate) \
@@ -303,6 +305,10 @@ end:
     D_PROOF(0, 1, m_reject, true)
     D_PROOF(1, 0, m_reject, true)
     D_PROOF(1, 1, m_reject, true)
+    D_PROOF(0, 0, m_fail, true)
+    D_PROOF(0, 1, m_fail, true)
+    D_PROOF(1, 0, m_fail, true)
+    D_PROOF(1, 1, m_fail, true)
     D_PROOF(0, 0, m_ack, dst[0] == KVF_DREQ_DRAINING)
     D_PROOF(0, 1, m_ack, dst[0] == KVF_DREQ_DRAINING)
     D_PROOF(1, 0, m_ack, dst[1] == KVF_DREQ_DRAINING)
@@ -334,11 +340,11 @@ end:
         m_grant[MI(0, 0)] = 0; m_grant[MI(1, 0)] = 0;
         m_cancel[MI(0, 0)] = 0; m_cancel[MI(1, 0)] = 0;
         if
-        :: pst[0] != KVF_PREQ_NONE -> pst[0] = KVF_PREQ_CLEARED; pn[0] = 0; pph[0] = 0
+        :: pst[0] != KVF_PREQ_NONE -> pst[0] = KVF_PREQ_CLEARED; pn[0] = 0; pph[0] = 0; pfl[0] = 0
         :: else -> skip
         fi;
         if
-        :: pst[1] != KVF_PREQ_NONE -> pst[1] = KVF_PREQ_CLEARED; pn[1] = 0; pph[1] = 0
+        :: pst[1] != KVF_PREQ_NONE -> pst[1] = KVF_PREQ_CLEARED; pn[1] = 0; pph[1] = 0; pfl[1] = 0
         :: else -> skip
         fi;
         if
@@ -374,7 +380,7 @@ inline post_put(r) {
 #endif
 #define P_GRANT(r, e) \
     :: atomic { m_grant[MI(r, e)] && depoch == (e) && (pst[r] == KVF_PREQ_NONE || pep[r] < (e)) -> \
-        pep[r] = e; pn[r] = 0; pph[r] = 0; m_grant[MI(r, e)] = 0; \
+        pep[r] = e; pn[r] = 0; pph[r] = 0; pfl[r] = 0; m_grant[MI(r, e)] = 0; \
         if \
         :: pst[r] = KVF_PREQ_COMPUTING \
         :: P_REFUSE(r, e) \
@@ -428,9 +434,12 @@ inline post_put(r) {
  *   reports fewer tokens than reserved, honestly counted) may stop posting early.
  * - FLUSHING → DONE when every posted write completed remotely (landed, or was dropped by a
  *   fence: a writer cannot tell): DONE(r, nonce, tokens_written).
- * - DRAINING → CLEARED when every posted write completed remotely: CANCEL_ACK.
- * - WRITING/FLUSHING → CLEARED: the request is forgotten early (H2), writes may be
- *   outstanding; only the (request, nonce) record remains.
+ * - FLUSHING → DRAINING when the prefill fails after posting (a fault of its own; failing
+ *   earlier is the same step with fewer writes).
+ * - DRAINING → CLEARED when every posted write completed remotely: CANCEL_ACK, or FAIL when the
+ *   prefill itself failed.
+ * - WRITING (after a post) or FLUSHING → CLEARED: the request is forgotten early (H2) while
+ *   writes may be outstanding; only the (request, nonce) record remains.
  * - The source buffer is released once its request posts no more and no put reads it.
  */
 #ifdef MUTANT_SRC_FREED_AT_POST
@@ -457,8 +466,14 @@ inline post_put(r) {
     :: d_step { pst[r] == KVF_PREQ_FLUSHING && NOWR(r, pep[r]) -> \
         m_done[DI(r, pep[r], pn[r])] = 1; pst[r] = KVF_PREQ_DONE; pn[r] = 0 } \
     :: d_step { pst[r] == KVF_PREQ_DRAINING && NOWR(r, pep[r]) -> \
-        m_ack[MI(r, pep[r])] = 1; pst[r] = KVF_PREQ_CLEARED } \
-    :: d_step { pst[r] == KVF_PREQ_WRITING || pst[r] == KVF_PREQ_FLUSHING -> \
+        if \
+        :: pfl[r] -> m_fail[MI(r, pep[r])] = 1; pfl[r] = 0 \
+        :: else -> m_ack[MI(r, pep[r])] = 1 \
+        fi; \
+        pst[r] = KVF_PREQ_CLEARED } \
+    :: d_step { pst[r] == KVF_PREQ_FLUSHING -> \
+        pfl[r] = 1; pst[r] = KVF_PREQ_DRAINING; pn[r] = 0 } \
+    :: d_step { (pst[r] == KVF_PREQ_WRITING && pn[r] >= 1) || pst[r] == KVF_PREQ_FLUSHING -> \
         pst[r] = KVF_PREQ_CLEARED; pn[r] = 0 } \
     :: d_step { sown == r && pst[r] != KVF_PREQ_WRITING && NOWR(r, depoch) -> \
         sown = NONE_R; sdata = NONE_R }
