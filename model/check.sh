@@ -112,7 +112,8 @@ if [ "$errors" -gt 0 ]; then
     echo "  --- spin -t -p (last steps) ---"
     # shellcheck disable=SC2086
     spin -t -p $define handoff.pml 2>&1 | grep -E '^ *[0-9]+:\s+proc|assert|violated' \
-        | grep -v 'proc  0 (:init:' | tail -14 | sed 's/^/  /'
+        | grep -v -E 'proc  0 \(:init:|\[\(1\)\]|\[\.\(goto\)\]|\[IF\]|\[else\]|end state' \
+        | tail -14 | sed 's/^/  /'
     exit 1
 fi
 
