@@ -75,7 +75,10 @@ mtype:preq pst[NR];               /* prefill request state */
 byte pep[NR];                     /* epoch of the attempt prefill works on (its nonce) */
 byte pn[NR];                      /* puts posted for the attempt */
 bit pph[NR];                      /* mutant placeholder: hand off one token only */
-bit pfl[NR];                      /* draining because prefill failed: FAIL, not CANCEL_ACK */
+byte powe[NR];                    /* what DRAINING owes once drained: OWE_NONE, OWE_ACK, OWE_FAIL */
+#define OWE_NONE 0
+#define OWE_ACK 1
+#define OWE_FAIL 2
 byte sown = NONE_R;               /* prefill source buffer: request holding it */
 byte sdata = NONE_R;              /* prefill source buffer: whose KV it holds */
 
@@ -208,9 +211,9 @@ inline read_page(r, k) {
  */
 #define D_DONE(r, e, n) \
     :: d_step { m_done[DI(r, e, n)] && dst[r] == KVF_DREQ_GRANTED && EPOK(r, e) -> \
-        m_done[DI(r, e, n)] = 0; \
         if \
         :: COUNT_OK(r, n) && PAGE_OK(PG(r, 0), r) && ((n) == 1 || PAGE_OK(PG(r, 1), r)) -> \
+            m_done[DI(r, e, n)] = 0; \
             assert(dep[r] == depoch);                                   /* P3 */ \
             set_pages(r, KVF_PAGE_OWNED); dst[r] = KVF_DREQ_RUNNING; GC_D(r, e) \
         :: else -> \
@@ -221,13 +224,18 @@ inline read_page(r, k) {
 /*
  * Proof that no write of the attempt can still land: REJECT (prefill posted none) and FAIL
  * (prefill failed after posting and drained its writes) on GRANTED or DRAINING; CANCEL_ACK
- * (prefill drained its writes) on DRAINING. Grants end, pages return
+ * (prefill drained its writes) and a late DONE (sent after the flush) on DRAINING. Grants end, pages return
  * to FREE, KVF_DREQ_FAILED. QUARANTINED pages wait for the fence, whatever proof comes later.
  */
 #define D_PROOF(r, e, bag, okstate) \
     :: d_step { bag[MI(r, e)] && EPOK(r, e) && okstate && \
                 (dst[r] == KVF_DREQ_GRANTED || \
                  (dst[r] == KVF_DREQ_DRAINING && ALLPG(r, KVF_PAGE_HELD))) -> \
+        set_pages(r, KVF_PAGE_FREE); dst[r] = KVF_DREQ_FAILED; GC_D(r, e) }
+
+#define D_LATE_DONE(r, e, n) \
+    :: d_step { m_done[DI(r, e, n)] && EPOK(r, e) && dst[r] == KVF_DREQ_DRAINING && \
+                ALLPG(r, KVF_PAGE_HELD) -> \
         set_pages(r, KVF_PAGE_FREE); dst[r] = KVF_DREQ_FAILED; GC_D(r, e) }
 
 /*
@@ -309,6 +317,12 @@ end:
     D_PROOF(0, 1, m_fail, true)
     D_PROOF(1, 0, m_fail, true)
     D_PROOF(1, 1, m_fail, true)
+    D_LATE_DONE(0, 0, 1)
+    D_LATE_DONE(0, 0, 2)
+    D_LATE_DONE(0, 1, 1)
+    D_LATE_DONE(0, 1, 2)
+    D_LATE_DONE(1, 0, 1)
+    D_LATE_DONE(1, 1, 1)
     D_PROOF(0, 0, m_ack, dst[0] == KVF_DREQ_DRAINING)
     D_PROOF(0, 1, m_ack, dst[0] == KVF_DREQ_DRAINING)
     D_PROOF(1, 0, m_ack, dst[1] == KVF_DREQ_DRAINING)
@@ -340,11 +354,11 @@ end:
         m_grant[MI(0, 0)] = 0; m_grant[MI(1, 0)] = 0;
         m_cancel[MI(0, 0)] = 0; m_cancel[MI(1, 0)] = 0;
         if
-        :: pst[0] != KVF_PREQ_NONE -> pst[0] = KVF_PREQ_CLEARED; pn[0] = 0; pph[0] = 0; pfl[0] = 0
+        :: pst[0] != KVF_PREQ_NONE -> pst[0] = KVF_PREQ_CLEARED; pn[0] = 0; pph[0] = 0; powe[0] = 0
         :: else -> skip
         fi;
         if
-        :: pst[1] != KVF_PREQ_NONE -> pst[1] = KVF_PREQ_CLEARED; pn[1] = 0; pph[1] = 0; pfl[1] = 0
+        :: pst[1] != KVF_PREQ_NONE -> pst[1] = KVF_PREQ_CLEARED; pn[1] = 0; pph[1] = 0; powe[1] = 0
         :: else -> skip
         fi;
         if
@@ -380,7 +394,7 @@ inline post_put(r) {
 #endif
 #define P_GRANT(r, e) \
     :: atomic { m_grant[MI(r, e)] && depoch == (e) && (pst[r] == KVF_PREQ_NONE || pep[r] < (e)) -> \
-        pep[r] = e; pn[r] = 0; pph[r] = 0; pfl[r] = 0; m_grant[MI(r, e)] = 0; \
+        pep[r] = e; pn[r] = 0; pph[r] = 0; powe[r] = 0; m_grant[MI(r, e)] = 0; \
         if \
         :: pst[r] = KVF_PREQ_COMPUTING \
         :: P_REFUSE(r, e) \
@@ -389,23 +403,14 @@ inline post_put(r) {
 /*
  * CANCEL(r, e). Acked at once when nothing of the attempt can still land: an attempt never seen
  * (recorded as a CLEARED tombstone so that a late GRANT is ignored), one still computing, one
- * whose DONE was sent, or a cleared one with no write outstanding. A posting or flushing attempt
- * stops posting and drains first (KVF_PREQ_DRAINING); so does a cleared one with writes still
- * outstanding (its drain record keeps the ack's return address).
+ * whose DONE was sent, or a CLEARED one (which drained before it was cleared). A posting or
+ * flushing attempt stops posting and drains first (KVF_PREQ_DRAINING, owing the ack); a draining
+ * one now owes the ack too, unless it already owes FAIL (the same proof).
  */
 #ifdef MUTANT_ACK_BEFORE_DRAIN
 #define P_CANCEL_POSTING(r, e) m_ack[MI(r, e)] = 1; pst[r] = KVF_PREQ_CLEARED; pn[r] = 0 /* bug */
 #else
-#define P_CANCEL_POSTING(r, e) pst[r] = KVF_PREQ_DRAINING; pn[r] = 0
-#endif
-#ifdef MUTANT_ACK_LOST_WHEN_CLEARED
-#define P_CANCEL_CLEARED(r, e) m_ack[MI(r, e)] = 1  /* bug: cleared means acked at once */
-#else
-#define P_CANCEL_CLEARED(r, e) \
-    if \
-    :: NOWR(r, e) -> m_ack[MI(r, e)] = 1 \
-    :: else -> pst[r] = KVF_PREQ_DRAINING \
-    fi
+#define P_CANCEL_POSTING(r, e) pst[r] = KVF_PREQ_DRAINING; powe[r] = OWE_ACK; pn[r] = 0
 #endif
 #define P_CANCEL(r, e) \
     :: d_step { m_cancel[MI(r, e)] && depoch == (e) -> \
@@ -415,12 +420,13 @@ inline post_put(r) {
             pep[r] = e; pst[r] = KVF_PREQ_CLEARED; m_ack[MI(r, e)] = 1; m_grant[MI(r, e)] = 0 \
         :: else -> \
             if \
-            :: pst[r] == KVF_PREQ_COMPUTING || pst[r] == KVF_PREQ_DONE -> \
+            :: pst[r] == KVF_PREQ_COMPUTING || pst[r] == KVF_PREQ_DONE || \
+               pst[r] == KVF_PREQ_CLEARED -> \
                 pst[r] = KVF_PREQ_CLEARED; m_ack[MI(r, e)] = 1 \
             :: pst[r] == KVF_PREQ_WRITING || pst[r] == KVF_PREQ_FLUSHING -> \
                 P_CANCEL_POSTING(r, e) \
-            :: pst[r] == KVF_PREQ_CLEARED -> \
-                P_CANCEL_CLEARED(r, e) \
+            :: pst[r] == KVF_PREQ_DRAINING && powe[r] == OWE_NONE -> \
+                powe[r] = OWE_ACK \
             :: else -> skip \
             fi \
         fi }
@@ -434,14 +440,21 @@ inline post_put(r) {
  *   reports fewer tokens than reserved, honestly counted) may stop posting early.
  * - FLUSHING → DONE when every posted write completed remotely (landed, or was dropped by a
  *   fence: a writer cannot tell): DONE(r, nonce, tokens_written).
- * - FLUSHING → DRAINING when the prefill fails after posting (a fault of its own; failing
- *   earlier is the same step with fewer writes).
- * - DRAINING → CLEARED when every posted write completed remotely: CANCEL_ACK, or FAIL when the
- *   prefill itself failed.
- * - WRITING (after a post) or FLUSHING → CLEARED: the request is forgotten early (H2) while
- *   writes may be outstanding; only the (request, nonce) record remains.
+ * - FLUSHING → DRAINING owing FAIL when the prefill fails after posting (a fault of its own;
+ *   failing earlier is the same step with fewer writes).
+ * - WRITING (after a post) or FLUSHING → DRAINING owing nothing: the request is cleared early
+ *   (H2: its client side is done with it) while writes may be outstanding. The mutant
+ *   ack_lost_when_cleared clears it at once instead (KVF_PREQ_CLEARED with writes outstanding),
+ *   so that a later CANCEL is acked before those writes completed.
+ * - DRAINING → CLEARED when every posted write completed remotely, sending what it owes:
+ *   CANCEL_ACK or FAIL. CLEARED keeps the (request, nonce) record.
  * - The source buffer is released once its request posts no more and no put reads it.
  */
+#ifdef MUTANT_ACK_LOST_WHEN_CLEARED
+#define P_CLEAR(r) pst[r] = KVF_PREQ_CLEARED     /* bug: cleared with writes outstanding */
+#else
+#define P_CLEAR(r) pst[r] = KVF_PREQ_DRAINING; powe[r] = OWE_NONE
+#endif
 #ifdef MUTANT_SRC_FREED_AT_POST
 #define P_LAST_POST(r) sown = NONE_R    /* bug: source freed when the last put is posted */
 #else
@@ -467,14 +480,15 @@ inline post_put(r) {
         m_done[DI(r, pep[r], pn[r])] = 1; pst[r] = KVF_PREQ_DONE; pn[r] = 0 } \
     :: d_step { pst[r] == KVF_PREQ_DRAINING && NOWR(r, pep[r]) -> \
         if \
-        :: pfl[r] -> m_fail[MI(r, pep[r])] = 1; pfl[r] = 0 \
-        :: else -> m_ack[MI(r, pep[r])] = 1 \
+        :: powe[r] == OWE_FAIL -> m_fail[MI(r, pep[r])] = 1 \
+        :: powe[r] == OWE_ACK -> m_ack[MI(r, pep[r])] = 1 \
+        :: else -> skip \
         fi; \
-        pst[r] = KVF_PREQ_CLEARED } \
+        powe[r] = OWE_NONE; pst[r] = KVF_PREQ_CLEARED } \
     :: d_step { pst[r] == KVF_PREQ_FLUSHING -> \
-        pfl[r] = 1; pst[r] = KVF_PREQ_DRAINING; pn[r] = 0 } \
+        powe[r] = OWE_FAIL; pst[r] = KVF_PREQ_DRAINING; pn[r] = 0 } \
     :: d_step { (pst[r] == KVF_PREQ_WRITING && pn[r] >= 1) || pst[r] == KVF_PREQ_FLUSHING -> \
-        pst[r] = KVF_PREQ_CLEARED; pn[r] = 0 } \
+        P_CLEAR(r); pn[r] = 0 } \
     :: d_step { sown == r && pst[r] != KVF_PREQ_WRITING && NOWR(r, depoch) -> \
         sown = NONE_R; sdata = NONE_R }
 
