@@ -52,7 +52,7 @@ spin() { # name -> "caught <trail>" / "survived" / "error" / "-"
   local rc=$?
   case $rc in
     1) local trail
-       trail=$(grep -m1 -oE '[^ ]+\.trail' "$log" || true)
+       trail=$(grep -m1 -oE '[^ ]+\.trail' "$log" | head -1 || true)
        echo "caught ${trail:-counterexample}" ;;
     0) echo "survived" ;;
     *) echo "error rc=$rc" ;;
