@@ -584,6 +584,113 @@ static void test_no_room_changes_nothing(void)
     rig_free(&r);
 }
 
+
+/* H1: abort A at every step boundary of its handoff; B takes every page that is free; A's late
+ * puts then land; B's canary must survive, and A's pages come back only after the drain ack. */
+static void test_abort_at_every_step_boundary(void)
+{
+    for (int k = 0; k <= 6; k++) {
+        struct rig r;
+        rig_init(&r);
+        struct kvf_msg g;
+        submit(&r, R1, 10, &g); /* 3 pages */
+        struct kvf_action posted[3];
+        uint32_t n_posted = 0;
+        bool prefill_has_it = false;
+        for (int step = 1; step <= k; step++) {
+            r.a.n = 0;
+            if (step == 1) {
+                ASSERT_OK(kvf_prefill_on_msg(r.p, 0, &g, &r.a));
+                prefill_has_it = true;
+            } else if (step <= 4) {
+                uint32_t i = (uint32_t)step - 2;
+                memset(r.src[i], (int)(0x40 + i), sizeof(r.src[i]));
+                ASSERT_OK(kvf_prefill_page_ready(r.p, 0, R1, g.nonce, i,
+                                                 XXH3_64bits(r.src[i], r.data_bytes), 7, &r.a));
+                posted[n_posted++] = *act(&r, KVF_ACT_POST_WRITE, 0);
+            } else if (step == 5) {
+                for (uint32_t i = 0; i < n_posted; i++) land(&r, &posted[i], R1);
+                n_posted = 0;
+            } else {
+                ASSERT_OK(kvf_prefill_flushed(r.p, 0, R1, g.nonce, &r.a)); /* DONE sent, lost */
+            }
+        }
+        r.a.n = 0;
+        ASSERT_OK(kvf_decode_cancel(r.d, 10, R1, KVF_E_PROTO_CANCELLED, &r.a));
+        struct kvf_msg cancel = wire(&act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL)->msg);
+        expect_pages(&r, &g, KVF_PAGE_HELD);
+
+        /* B takes every free page: none of A's. */
+        uint32_t n_free = kvf_pool_available(r.pool);
+        struct kvf_page_ref b[N_PAGES];
+        struct kvf_owner ob = {.req = R2, .tenant = 6};
+        ASSERT_OK(kvf_pool_alloc(r.pool, &ob, KVF_HOLDER_SEQ, n_free, false, b));
+        for (uint32_t i = 0; i < n_free; i++) {
+            for (uint32_t j = 0; j < 3; j++) ASSERT_NE_INT(b[i].page, g.u.grant.pages[j].page);
+            memset(kvf_pool_page_data(r.pool, b[i].page), 0xCB, kvf_pool_page_bytes(r.pool));
+        }
+        /* A's late puts land; then the cancel reaches prefill and drains. */
+        for (uint32_t i = 0; i < n_posted; i++) land(&r, &posted[i], R1);
+        r.a.n = 0;
+        if (prefill_has_it) {
+            ASSERT_OK(kvf_prefill_on_msg(r.p, 11, &cancel, &r.a));
+        } else {
+            ASSERT_OK(kvf_prefill_on_msg(r.p, 11, &cancel, &r.a)); /* never seen: ack at once */
+            ASSERT_ERR(kvf_prefill_on_msg(r.p, 11, &g, &r.a), KVF_E_PROTO_STALE); /* GRANT after it */
+        }
+        if (!act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL_ACK)) {
+            /* Writes were posted: no ack until a flush (asked now, or already outstanding). */
+            ASSERT_EQ_INT(kvf_prefill_req_state(r.p, R1, g.nonce), KVF_PREQ_DRAINING);
+            expect_pages(&r, &g, KVF_PAGE_HELD);
+            r.a.n = 0;
+            ASSERT_OK(kvf_prefill_flushed(r.p, 12, R1, g.nonce, &r.a));
+        }
+        ASSERT_EQ_INT(count(&r, KVF_ACT_SEND, KVF_MSG_CANCEL_ACK), 1);
+        struct kvf_msg ack = wire(&act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL_ACK)->msg);
+        r.a.n = 0;
+        ASSERT_OK(kvf_decode_on_msg(r.d, 13, PEER, &ack, &r.a));
+        expect_pages(&r, &g, KVF_PAGE_FREE);
+        for (uint32_t i = 0; i < n_free; i++) {
+            const uint8_t *d = kvf_pool_page_data(r.pool, b[i].page);
+            for (size_t x = 0; x < kvf_pool_page_bytes(r.pool); x++)
+                if (d[x] != 0xCB) KVF_FAIL("abort at step %d: B's page %u changed at byte %zu", k, b[i].page, x);
+            ASSERT_OK(kvf_pool_release(r.pool, b[i], KVF_HOLDER_SEQ, 14));
+        }
+        expect_quiescent(&r);
+        rig_free(&r);
+    }
+}
+
+/* H2: the prefill engine gives up on a request mid-write (clear): it drains, then tells decode
+ * FAIL, and a later CANCEL for it is still acknowledged once. */
+static void test_clear_mid_write_drains_then_fails(void)
+{
+    struct rig r;
+    rig_init(&r);
+    struct kvf_msg g;
+    submit(&r, R1, 10, &g);
+    r.a.n = 0;
+    ASSERT_OK(kvf_prefill_on_msg(r.p, 0, &g, &r.a));
+    ASSERT_OK(kvf_prefill_page_ready(r.p, 0, R1, g.nonce, 0, 1, 0, &r.a));
+    r.a.n = 0;
+    ASSERT_OK(kvf_prefill_clear(r.p, 1, R1, g.nonce, &r.a));
+    ASSERT_EQ_INT(count(&r, KVF_ACT_SEND, KVF_MSG_FAIL), 0);
+    ASSERT_NOT_NULL(act(&r, KVF_ACT_FLUSH, 0));
+    r.a.n = 0;
+    ASSERT_OK(kvf_prefill_flushed(r.p, 2, R1, g.nonce, &r.a));
+    ASSERT_EQ_INT(count(&r, KVF_ACT_SEND, KVF_MSG_FAIL), 1);
+    struct kvf_msg fail = wire(&r.a.v[0].msg);
+    struct kvf_msg c = {.type = KVF_MSG_CANCEL, .req = R1, .nonce = g.nonce, .epoch = 1};
+    r.a.n = 0;
+    ASSERT_OK(kvf_prefill_on_msg(r.p, 3, &c, &r.a));
+    ASSERT_EQ_INT(count(&r, KVF_ACT_SEND, KVF_MSG_CANCEL_ACK), 1);
+    r.a.n = 0;
+    ASSERT_OK(kvf_decode_on_msg(r.d, 4, PEER, &fail, &r.a));
+    ASSERT_EQ_INT(act(&r, KVF_ACT_FAIL_REQ, 0)->err, KVF_E_PROTO_FAILED);
+    expect_quiescent(&r);
+    rig_free(&r);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_success_commits_and_quiesces),
     KVF_CASE(test_reject_before_anything_moves),
@@ -600,6 +707,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_peer_down_fails_fast_fence_frees),
     KVF_CASE(test_fence_fails_every_grant_of_the_epoch),
     KVF_CASE(test_no_room_changes_nothing),
+    KVF_CASE(test_abort_at_every_step_boundary),
+    KVF_CASE(test_clear_mid_write_drains_then_fails),
 };
 
 int main(int argc, char **argv)
