@@ -15,8 +15,8 @@
  *   P1  no page is reassigned while a write that can still land targets it (a write can land
  *       while its grant is unfenced): checked when a page is allocated and when a write lands;
  *   P2  decode never reads a page that was not written for its request: when a committed request
- *       reads its pages, each page still carries its tag and holds the (request, tag) stamp and
- *       data of that request;
+ *       reads its pages, each page still carries its tag and holds the bytes of that request
+ *       under that request's tag;
  *   P3  a request whose grant belongs to a fenced epoch never commits (a fence voids every grant
  *       of the epoch, and a completion from a fenced epoch proves nothing);
  *   P4  a put carries only the data of the request it was posted for (the source is kept until
@@ -49,7 +49,8 @@ mtype:dreq = { KVF_DREQ_NONE, KVF_DREQ_GRANTED, KVF_DREQ_RUNNING, KVF_DREQ_DRAIN
 mtype:preq = { KVF_PREQ_NONE, KVF_PREQ_COMPUTING, KVF_PREQ_WRITING, KVF_PREQ_FLUSHING,
                KVF_PREQ_DRAINING, KVF_PREQ_DONE, KVF_PREQ_CLEARED };
 /* Message types: enum kvf_msg_type. KVF_MSG_NEW (router → decode) is the admission step of
- * Decode; KVF_MSG_HELLO is the reconnect step of Prefill. */
+ * Decode; KVF_MSG_HELLO (the prefill's new handshake) is part of the fence step. The network
+ * below keeps one bit per message rather than these values. */
 mtype:msg = { KVF_MSG_HELLO, KVF_MSG_NEW, KVF_MSG_GRANT, KVF_MSG_DONE, KVF_MSG_CANCEL,
               KVF_MSG_CANCEL_ACK, KVF_MSG_REJECT, KVF_MSG_FAIL };
 
@@ -58,7 +59,7 @@ mtype:page pgst[NP];              /* page state */
 byte pgown[NP];                   /* owner request, NONE_R when free */
 byte pgep[NP];                    /* epoch of the grant; (owner, epoch) is the page's tag */
 
-/* ---- decode pool: page data, as the stamp its last writer left (the trailer and the bytes) ---- */
+/* ---- decode pool: page data, as the stamp its last writer left (trailer and bytes) ---- */
 byte cq[NP];                      /* whose KV the bytes are, named by the trailer's request id;
                                      NONE_R = an earlier customer's data */
 byte ce[NP];                      /* trailer: epoch part of the tag */
@@ -90,10 +91,11 @@ bit wr[NP * NR * NE];
 
 /*
  * The network. Each control message is a (type, request, epoch[, count]) triple, and the network
- * is the set of triples ever sent: a receiver may take any member at any time, any number of
- * times, or never. That is loss (never taken), duplication (taken again) and reordering (taken in
- * any order) without bound, with no buffer to overflow; for safety, a message never delivered is
- * the same as a message lost.
+ * is the set of triples sent: a receiver may take any member at any time, in any order, or never
+ * (loss: for safety a message never delivered is a message lost). A message stays in the set,
+ * and may be delivered again (duplication), as long as a delivery can still change anything; a
+ * delivery that could only repeat a step that changes nothing is dropped from the set, which
+ * keeps the search small and removes no behaviour. No buffer bounds any of this.
  */
 bit m_grant[NR * NE];
 bit m_cancel[NR * NE];
@@ -224,8 +226,9 @@ inline read_page(r, k) {
 /*
  * Proof that no write of the attempt can still land: REJECT (prefill posted none) and FAIL
  * (prefill failed after posting and drained its writes) on GRANTED or DRAINING; CANCEL_ACK
- * (prefill drained its writes) and a late DONE (sent after the flush) on DRAINING. Grants end, pages return
- * to FREE, KVF_DREQ_FAILED. QUARANTINED pages wait for the fence, whatever proof comes later.
+ * (prefill drained its writes) and a late DONE (sent only after the flush; D_LATE_DONE) on
+ * DRAINING. Grants end, pages return to FREE, KVF_DREQ_FAILED. QUARANTINED pages wait for the
+ * fence, whatever proof comes later.
  */
 #define D_PROOF(r, e, bag, okstate) \
     :: d_step { bag[MI(r, e)] && EPOK(r, e) && okstate && \
@@ -288,7 +291,8 @@ inline read_page(r, k) {
 #ifdef MUTANT_FENCE_KEEPS_OTHER_GRANTS
 #define FENCE_HITS(r) (dst[r] == KVF_DREQ_DRAINING && ALLPG(r, KVF_PAGE_QUARANTINED))
 #else
-#define FENCE_HITS(r) ((dst[r] == KVF_DREQ_GRANTED || dst[r] == KVF_DREQ_DRAINING) && dep[r] < depoch)
+#define FENCE_HITS(r) \
+    ((dst[r] == KVF_DREQ_GRANTED || dst[r] == KVF_DREQ_DRAINING) && dep[r] < depoch)
 #endif
 inline fence_request(r) {
     if
