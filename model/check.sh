@@ -114,6 +114,11 @@ if [ "$errors" -gt 0 ]; then
     spin -t -p $define handoff.pml 2>&1 | grep -E '^ *[0-9]+:\s+proc|assert|violated' \
         | grep -v -E 'proc  0 \(:init:|\[\(1\)\]|\[\.\(goto\)\]|\[IF\]|\[else\]|end state' \
         | tail -14 | sed 's/^/  /'
+    echo "  --- state at the violation (spin -t -g) ---"
+    # shellcheck disable=SC2086
+    spin -t -g $define handoff.pml 2>&1 \
+        | grep -E '^\s+(depoch|(dst|dep|pst|pep|pgst|pgown|pgep|cq|ce)\[[0-9]+\]) = ' \
+        | sed -e 's/^\s*//' -e 's/ = /=/' | paste -sd' ' | fold -s -w 96 | sed 's/^/  /'
     exit 1
 fi
 
