@@ -162,7 +162,7 @@ const char *kvf_preq_state_name(enum kvf_preq_state s);
 
 /*
  * Bytes the encoding of m takes, or a negative code: KVF_E_PROTO_TYPE for an unknown type,
- * KVF_E_PROTO_BOUNDS for a count beyond its bound (or a non-NULL-less array missing).
+ * KVF_E_PROTO_BOUNDS for a count beyond its bound or a NULL array with a non-zero count.
  */
 long kvf_msg_encoded_size(const struct kvf_msg *m);
 
