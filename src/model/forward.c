@@ -224,7 +224,7 @@ static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi)
             kvf__rmsnorm(j->dst + (size_t)t * j->ld, row, j->norm_w, j->cols, f->m->hp.rms_eps);
             row = j->dst + (size_t)t * j->ld;
         }
-        if (j->quant) kvf_quantize_row_q8_0(row, f->xq + (size_t)t * f->qk_cols, j->cols);
+        if (j->quant) kvf__kern->quant_q8(row, f->xq + (size_t)t * f->qk_cols, j->cols);
     }
 }
 
@@ -483,7 +483,7 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
                          dim, hp->rms_eps);
         if (m->output.type == KVF_GGML_Q8_0)
             for (uint32_t o = 0; o < n_out; o++)
-                kvf_quantize_row_q8_0(f->outx + (size_t)o * dim, f->xq + (size_t)o * f->qk_cols, dim);
+                kvf__kern->quant_q8(f->outx + (size_t)o * dim, f->xq + (size_t)o * f->qk_cols, dim);
         kvf__tpool_run(f->tp, job_logits, &j, f->n_chunks);
         for (uint32_t o = 0; o < n_out; o++)
             memcpy(seqs[f->out_seq[o]].logits, f->out + (size_t)o * hp->n_vocab,

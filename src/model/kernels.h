@@ -39,6 +39,9 @@ struct kvf_kern {
     float (*dot)(const float *a, const float *b, uint32_t n);
     /* y += a × x over n floats (attention's weighted sum of V). */
     void (*axpy)(float *y, float a, const float *x, uint32_t n);
+    /* Quantizes n floats (n a multiple of 32) to Q8_0 blocks; every variant gives exactly the
+     * bytes kvf_quantize_row_q8_0 gives (tested). */
+    void (*quant_q8)(const float *x, struct kvf_block_q8_0 *out, uint32_t n);
 };
 
 /* The chosen variant; valid after kvf__kernels_init(). */

@@ -218,7 +218,41 @@ AVX2 static void axpy(float *y, float a, const float *x, uint32_t n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-static const struct kvf_kern kern_avx2 = {"avx2", f32_rows, q8_rows, dot, axpy};
+/*
+ * kvf_quantize_row_q8_0 in vector form, with the same IEEE operations in the same roles: the
+ * block's largest |x| (max is exact, so its order does not matter), d = amax / 127 and
+ * id = 1 / d in scalar, then x × id rounded to nearest-even (the default rounding mode, as
+ * lrintf uses) — so the bytes are the scalar function's, for every input without NaN.
+ */
+AVX2 static void quant_q8(const float *x, struct kvf_block_q8_0 *out, uint32_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (uint32_t b = 0; b < n / KVF_QK; b++) {
+        const float *p = x + (size_t)b * KVF_QK;
+        __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8), v2 = _mm256_loadu_ps(p + 16),
+               v3 = _mm256_loadu_ps(p + 24);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 0x55));
+        float amax = _mm_cvtss_f32(h);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        out[b].d = kvf_f32_to_fp16(d);
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vid));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, vid));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, vid));
+        /* The packs work within 128-bit lanes; the permute puts the 8 groups of 4 back in order. */
+        __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        _mm256_storeu_si256((__m256i *)out[b].qs, _mm256_permutevar8x32_epi32(q, order));
+    }
+}
+
+static const struct kvf_kern kern_avx2 = {"avx2", f32_rows, q8_rows, dot, axpy, quant_q8};
 const struct kvf_kern *const kvf__kern_avx2 = &kern_avx2;
 
 /*
@@ -289,7 +323,7 @@ VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
     }
 }
 
-static const struct kvf_kern kern_vnni = {"avx2+vnni", f32_rows, q8v_rows, dot, axpy};
+static const struct kvf_kern kern_vnni = {"avx2+vnni", f32_rows, q8v_rows, dot, axpy, quant_q8};
 const struct kvf_kern *const kvf__kern_vnni = &kern_vnni;
 #else
 const struct kvf_kern *const kvf__kern_avx2 = NULL;

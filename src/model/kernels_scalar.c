@@ -42,4 +42,9 @@ static void axpy(float *y, float a, const float *x, uint32_t n)
     for (uint32_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy};
+static void quant_q8(const float *x, struct kvf_block_q8_0 *out, uint32_t n)
+{
+    kvf_quantize_row_q8_0(x, out, n);
+}
+
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_q8};

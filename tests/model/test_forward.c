@@ -460,12 +460,48 @@ static void test_variants_agree(void)
     tmodel_close(&tm);
 }
 
+/* Every variant's activation quantizer gives exactly kvf_quantize_row_q8_0's bytes. */
+static void test_quant_matches(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    const struct kvf_kern *vars[3] = {&kvf__kern_scalar, NULL, NULL};
+    if (kvf__kern_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        vars[1] = kvf__kern_avx2;
+    if (vars[1] && kvf__kern_vnni && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni"))
+        vars[2] = kvf__kern_vnni;
+    float x[256];
+    struct kvf_block_q8_0 want[8], got[8];
+    for (int rep = 0; rep < 2000; rep++) {
+        double scale = ldexp(1.0, (int)kvf_rng_below(&r, 40) - 20);
+        for (int i = 0; i < 256; i++) {
+            x[i] = (float)(((double)kvf_rng_below(&r, 2000001) - 1000000.0) / 1e6 * scale);
+            if (kvf_rng_below(&r, 50) == 0) x[i] = 0.0f;
+            if (kvf_rng_below(&r, 80) == 0) x[i] = -0.0f;
+        }
+        if (rep % 7 == 0) memset(x + 32, 0, 32 * sizeof(float)); /* an all-zero block */
+        kvf_quantize_row_q8_0(x, want, 256);
+        for (int v = 0; v < 3; v++) {
+            if (!vars[v]) continue;
+            memset(got, 0x55, sizeof(got));
+            vars[v]->quant_q8(x, got, 256);
+            if (memcmp(got, want, sizeof(want)) != 0)
+                KVF_FAIL("variant %s quantizes row %d differently", vars[v]->name, rep);
+        }
+    }
+    printf("# activation quantizers compared: scalar%s%s\n", vars[1] ? ", avx2" : "",
+           vars[2] ? ", avx2+vnni" : "");
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_reference_tiny_f32),  KVF_CASE(test_reference_tiny_q8_0),
     KVF_CASE(test_reference_s15m_f32),  KVF_CASE(test_reference_s15m_q8_0),
     KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
     KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
     KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
+    KVF_CASE(test_quant_matches),
 };
 
 int main(int argc, char **argv)
