@@ -201,7 +201,7 @@ static int check_seq(const kvf_model_t *m, const kvf_pool_t *pool,
         /* Compute threads address page p as base + p × stride (pool.h's layout); a page that is
          * not where that says is refused rather than misread. */
         const uint8_t *data = kvf_pool_page_data(pool, s->pages[i].page);
-        if (!data || NEVER(data != base + (size_t)s->pages[i].page * stride))
+        if (!data || data != base + (size_t)s->pages[i].page * stride)
             return KVF_E_MODEL_PAGE;
         if (kvf_pool_page_info(pool, s->pages[i].page, &info) != 0 ||
             info.state != KVF_PAGE_OWNED || info.tag != s->pages[i].tag ||
