@@ -14,6 +14,19 @@ const struct kvf_kern *kvf__kern = &kvf__kern_scalar;
 
 static pthread_once_t kern_once = PTHREAD_ONCE_INIT;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+/* F16C from CPUID leaf 1 (ECX bit 29). Asked directly because clang's __builtin_cpu_supports
+ * does not know the "f16c" feature name; the AVX2 check that precedes it already requires the
+ * OS to save the YMM state F16C uses. */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    return (c >> 29) & 1u;
+}
+#endif
+
 static void kern_choose(void)
 {
     const char *force = getenv("KVF_KERNELS");
@@ -21,7 +34,7 @@ static void kern_choose(void)
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (!kvf__kern_avx2 || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-        !__builtin_cpu_supports("f16c"))
+        !cpu_has_f16c())
         return;
     kvf__kern = kvf__kern_avx2;
     if (force && strcmp(force, "avx2") == 0) return;
