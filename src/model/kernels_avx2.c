@@ -257,40 +257,50 @@ const struct kvf_kern *const kvf__kern_avx2 = &kern_avx2;
 
 /*
  * The same Q8_0 recipe with AVX-512 VNNI on 256-bit registers: vpdpbusd forms the 8 int32
- * partial sums in one instruction per pair, from x + 128 (unsigned, made once per token and
- * block) and w, starting from −128·Σw (made once per row and block), where AVX2 needs sign,
- * maddubs and madd. Both give the exact integer sums (no saturation, see above), so this
- * variant's values are the AVX2 variant's, bit for bit; F32 uses the AVX2 code unchanged.
+ * partial sums in one instruction per pair, from w + 128 (unsigned, made once per row and
+ * block) and x, starting from −128·Σx (made once per token and block, so shared by every row
+ * of a tile), where AVX2 needs sign, maddubs and madd. Both give the exact integer sums (no
+ * saturation, see above), so this variant's values are the AVX2 variant's, bit for bit.
+ *
+ * AVX-512VL gives 32 vector registers, so tiles here are larger: 4 rows × up to 4 tokens
+ * (16 accumulators) for batches, 8 rows × 1 token for a single token. Each weight row is
+ * prefetched one tile ahead (R rows further on), since rows are short next to the distance
+ * memory latency needs. F32 uses the AVX2 recipe with larger tiles (f32v_rows below).
  */
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+
+VNNI INLINE __m256 bcast_h(const uint16_t *h)
+{
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)*h));
+}
 
 VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
                           const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nb, float *y,
                           size_t ldy, const int R, const int T)
 {
-    __m256 acc[8][2];
+    __m256 acc[8][4];
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        __m256i xu[2];
-        __m256 dx[2];
+        __m256i xv[4], base[4];
+        __m256 dx[4];
         for (int t = 0; t < T; t++) {
-            /* x + 128 as unsigned bytes (flipping the top bit), for vpdpbusd's u8 operand. */
-            xu[t] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)x[t * ldx + b].qs), bias);
-            dx[t] = _mm256_set1_ps(_cvtsh_ss(x[t * ldx + b].d));
+            xv[t] = _mm256_loadu_si256((const __m256i *)x[t * ldx + b].qs);
+            /* Σ (w + 128)·x = Σ w·x + 128·Σ x: start each sum at −128·Σ x (per lane group of 4
+             * bytes, like the products), so what comes out is exactly Σ w·x. */
+            base[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xv[t]));
+            dx[t] = bcast_h(&x[t * ldx + b].d);
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + PREFETCH_BLOCKS), _MM_HINT_T0);
-            __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
-            /* Σ (x + 128)·w = Σ x·w + 128·Σ w: start each sum at −128·Σ w (per lane group of 4
-             * bytes, like the products), so what comes out is exactly Σ x·w. */
-            __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                            _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, wv));
-            __m256 dw = _mm256_set1_ps(_cvtsh_ss(wb->d));
+            _mm_prefetch((const char *)(wb + (size_t)R * ws), _MM_HINT_T0);
+            /* w + 128 as unsigned bytes (flipping the top bit), for vpdpbusd's u8 operand. */
+            __m256i wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wb->qs), bias);
+            __m256 dw = bcast_h(&wb->d);
             for (int t = 0; t < T; t++) {
-                __m256 q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base, xu[t], wv));
+                __m256 q = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base[t], wu, xv[t]));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(q, dw), dx[t], acc[r][t]);
             }
         }
@@ -299,6 +309,20 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
 }
 
+/* Rows [r, r + R) of W against every token, in groups of 4 then one group of the rest. */
+#define Q8V_TOKENS(R)                                                                            \
+    do {                                                                                         \
+        uint32_t t = 0;                                                                          \
+        for (; t + 4 <= nt; t += 4)                                                              \
+            q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 4);          \
+        switch (nt - t) {                                                                        \
+        case 3: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 3); break; \
+        case 2: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 2); break; \
+        case 1: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 1); break; \
+        default: break;                                                                          \
+        }                                                                                        \
+    } while (0)
+
 VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
                           const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nt, uint32_t nb,
                           float *y, size_t ldy, uint32_t r0, uint32_t r1)
@@ -306,24 +330,68 @@ VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
     uint32_t r = r0;
     if (nt == 1) {
         for (; r + 8 <= r1; r += 8) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 8, 1);
-        for (; r < r1; r++) q8v_tile(w + r * ws, 0, x, 0, nb, y + r, 0, 1, 1);
+        for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 1, 1);
         return;
     }
-    for (; r + 4 <= r1; r += 4) {
-        uint32_t t = 0;
-        for (; t + 2 <= nt; t += 2)
-            q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, 4, 2);
-        for (; t < nt; t++) q8v_tile(w + r * ws, ws, x + t * ldx, 0, nb, y + t * ldy + r, 0, 4, 1);
-    }
-    for (; r < r1; r++) {
-        uint32_t t = 0;
-        for (; t + 2 <= nt; t += 2)
-            q8v_tile(w + r * ws, 0, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, 1, 2);
-        for (; t < nt; t++) q8v_tile(w + r * ws, 0, x + t * ldx, 0, nb, y + t * ldy + r, 0, 1, 1);
-    }
+    for (; r + 4 <= r1; r += 4) Q8V_TOKENS(4);
+    for (; r < r1; r++) Q8V_TOKENS(1);
 }
 
-static const struct kvf_kern kern_vnni = {"avx2+vnni", f32_rows, q8v_rows, dot, axpy, quant_q8};
+/* The F32 recipe of f32_tile, pair for pair, in tiles up to 8 rows × 5 tokens, with each weight
+ * row prefetched one tile ahead (every other step: once per 64-byte line). */
+VNNI INLINE void f32v_tile(const float *w, size_t ws, const float *x, size_t ldx, uint32_t n,
+                           float *y, size_t ldy, const int R, const int T)
+{
+    __m256 acc[8][5];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv[5];
+        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
+        for (int r = 0; r < R; r++) {
+            if ((i & 8) == 0) _mm_prefetch((const char *)(w + (r + R) * ws + i), _MM_HINT_T0);
+            __m256 wv = _mm256_loadu_ps(w + r * ws + i);
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = hsum8(acc[r][t]);
+            const float *wr = w + r * ws, *xt = x + t * ldx;
+            for (uint32_t k = i; k < n; k++) s += wr[k] * xt[k];
+            y[t * ldy + r] = s;
+        }
+}
+
+#define F32V_TOKENS(R)                                                                           \
+    do {                                                                                         \
+        uint32_t t = 0;                                                                          \
+        for (; t + 5 <= nt; t += 5)                                                              \
+            f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 5);          \
+        switch (nt - t) {                                                                        \
+        case 4: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 4); break; \
+        case 3: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 3); break; \
+        case 2: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 2); break; \
+        case 1: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 1); break; \
+        default: break;                                                                          \
+        }                                                                                        \
+    } while (0)
+
+VNNI static void f32v_rows(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
+                           uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    uint32_t r = r0;
+    if (nt == 1) {
+        for (; r + 8 <= r1; r += 8) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 8, 1);
+        for (; r < r1; r++) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 1, 1);
+        return;
+    }
+    for (; r + 4 <= r1; r += 4) F32V_TOKENS(4);
+    for (; r < r1; r++) F32V_TOKENS(1);
+}
+
+static const struct kvf_kern kern_vnni = {"avx2+vnni", f32v_rows, q8v_rows, dot, axpy, quant_q8};
 const struct kvf_kern *const kvf__kern_vnni = &kern_vnni;
 #else
 const struct kvf_kern *const kvf__kern_avx2 = NULL;
