@@ -42,6 +42,7 @@
  * peer_fenced are O(requests × pages) plus the pool's own bounds.
  */
 #include "kvfence/proto.h"
+#include "actions.h"
 
 #include <stdio.h> /* snprintf for the checker's description; nothing is printed */
 #include <string.h>
@@ -192,19 +193,12 @@ enum kvf_dreq_state kvf_decode_req_state(const kvf_decode_t *d, kvf_req_id_t req
 
 static int room(const kvf_decode_t *d, const struct kvf_actions *acts)
 {
-    if (!acts || acts->n > acts->cap || acts->cap - acts->n < kvf_decode_max_actions(d))
-        return -ENOBUFS;
-    return 0;
+    return kvf__actions_room(acts, kvf_decode_max_actions(d));
 }
 
 static struct kvf_action *push(struct kvf_actions *acts, enum kvf_action_kind kind, kvf_req_id_t req)
 {
-    /* room() was checked on entry against the most any call appends. */
-    struct kvf_action *a = &acts->v[acts->n++];
-    memset(a, 0, sizeof(*a));
-    a->kind = kind;
-    a->req = req;
-    return a;
+    return kvf__actions_push(acts, kind, req);
 }
 
 static void tell_client(struct kvf_actions *acts, const struct dreq *r, int err)

@@ -29,6 +29,7 @@
  * Work bounds: every event is O(max_reqs) to find its entry, plus O(pages) for a DONE.
  */
 #include "kvfence/proto.h"
+#include "actions.h"
 
 #include <stdio.h> /* snprintf for the checker's description; nothing is printed */
 #include <string.h>
@@ -181,18 +182,12 @@ static struct preq *new_entry(kvf_prefill_t *p, kvf_req_id_t req, uint64_t nonce
 
 static int room(const kvf_prefill_t *p, const struct kvf_actions *acts)
 {
-    if (!acts || acts->n > acts->cap || acts->cap - acts->n < kvf_prefill_max_actions(p))
-        return -ENOBUFS;
-    return 0;
+    return kvf__actions_room(acts, kvf_prefill_max_actions(p));
 }
 
 static struct kvf_action *push(struct kvf_actions *acts, enum kvf_action_kind kind, kvf_req_id_t req)
 {
-    struct kvf_action *a = &acts->v[acts->n++];
-    memset(a, 0, sizeof(*a));
-    a->kind = kind;
-    a->req = req;
-    return a;
+    return kvf__actions_push(acts, kind, req);
 }
 
 static struct kvf_action *send(kvf_prefill_t *p, struct kvf_actions *acts, kvf_req_id_t req,
