@@ -30,6 +30,11 @@
  * of a row (or of the weights) is harmless: prefetches never fault. */
 #define PREFETCH_BLOCKS 16
 #define PREFETCH_FLOATS 128
+/* How many tiles ahead a VNNI-variant tile prefetches its rows (decode is latency-bound: the
+ * farther ahead, within reason, the better; a few tiles of short rows is some 10-20 KB). */
+#define PF_TILES 4
+
+
 
 AVX2 INLINE float hsum8(__m256 v)
 {
@@ -295,7 +300,7 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + (size_t)R * ws), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wb + (size_t)PF_TILES * R * ws), _MM_HINT_T0);
             /* w + 128 as unsigned bytes (flipping the top bit), for vpdpbusd's u8 operand. */
             __m256i wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wb->qs), bias);
             __m256 dw = bcast_h(&wb->d);
@@ -323,6 +328,17 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
         }                                                                                        \
     } while (0)
 
+#define Q8V_TOKEN_BLOCK 16
+
+VNNI static void q8v_rows_block(const struct kvf_block_q8_0 *w, size_t ws,
+                                const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nt,
+                                uint32_t nb, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    uint32_t r = r0;
+    for (; r + 4 <= r1; r += 4) Q8V_TOKENS(4);
+    for (; r < r1; r++) Q8V_TOKENS(1);
+}
+
 VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
                           const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nt, uint32_t nb,
                           float *y, size_t ldy, uint32_t r0, uint32_t r1)
@@ -333,8 +349,12 @@ VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
         for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 1, 1);
         return;
     }
-    for (; r + 4 <= r1; r += 4) Q8V_TOKENS(4);
-    for (; r < r1; r++) Q8V_TOKENS(1);
+    /* Tokens in blocks of Q8V_TOKEN_BLOCK, so the block's activations stay in L1 while every
+     * row of [r0, r1) passes over them (the rows, a chunk's share of W, stay in L2). */
+    for (uint32_t t0 = 0; t0 < nt; t0 += Q8V_TOKEN_BLOCK) {
+        uint32_t tn = nt - t0 < Q8V_TOKEN_BLOCK ? nt - t0 : Q8V_TOKEN_BLOCK;
+        q8v_rows_block(w, ws, x + t0 * ldx, ldx, tn, nb, y + t0 * ldy, ldy, r0, r1);
+    }
 }
 
 /* The F32 recipe of f32_tile, pair for pair, in tiles up to 8 rows × 5 tokens, with each weight
@@ -378,6 +398,17 @@ VNNI INLINE void f32v_tile(const float *w, size_t ws, const float *x, size_t ldx
         }                                                                                        \
     } while (0)
 
+#define F32V_TOKEN_BLOCK 10
+
+VNNI static void f32v_rows_block(const float *w, size_t ws, const float *x, size_t ldx,
+                                 uint32_t nt, uint32_t n, float *y, size_t ldy, uint32_t r0,
+                                 uint32_t r1)
+{
+    uint32_t r = r0;
+    for (; r + 4 <= r1; r += 4) F32V_TOKENS(4);
+    for (; r < r1; r++) F32V_TOKENS(1);
+}
+
 VNNI static void f32v_rows(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
                            uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
@@ -387,8 +418,11 @@ VNNI static void f32v_rows(const float *w, size_t ws, const float *x, size_t ldx
         for (; r < r1; r++) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 1, 1);
         return;
     }
-    for (; r + 4 <= r1; r += 4) F32V_TOKENS(4);
-    for (; r < r1; r++) F32V_TOKENS(1);
+    /* Tokens in blocks of F32V_TOKEN_BLOCK, as q8v_rows does, for the same reason. */
+    for (uint32_t t0 = 0; t0 < nt; t0 += F32V_TOKEN_BLOCK) {
+        uint32_t tn = nt - t0 < F32V_TOKEN_BLOCK ? nt - t0 : F32V_TOKEN_BLOCK;
+        f32v_rows_block(w, ws, x + t0 * ldx, ldx, tn, n, y + t0 * ldy, ldy, r0, r1);
+    }
 }
 
 static const struct kvf_kern kern_vnni = {"avx2+vnni", f32v_rows, q8v_rows, dot, axpy, quant_q8};
