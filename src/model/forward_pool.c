@@ -16,6 +16,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "forward_pool.h"
 
@@ -26,9 +27,20 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* Spin iterations before sleeping: a few microseconds, enough to catch the next job of a
- * decode step without burning a core that another process on a loaded machine needs. */
-#define SPIN_ITERS 2000
+/* How long an idle worker spins before it sleeps: a few hundred microseconds, longer than the
+ * serial work between two parallel phases of a decode step (norms, RoPE, copying K/V), so a
+ * worker is awake for the next phase rather than woken through the kernel (tens of
+ * microseconds) after the caller has done most of the work alone. A PAUSE is only a few cycles
+ * on some cores, so the bound is in time, read every SPIN_CHECK iterations. */
+#define SPIN_NS 300000ull
+#define SPIN_CHECK 128
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 struct worker {
     struct kvf_tpool *p;
@@ -78,12 +90,14 @@ static void *worker_main(void *arg)
     uint64_t seen = 0;
     for (;;) {
         uint64_t g;
-        int spins = 0;
+        uint32_t spins = 0;
+        uint64_t t0 = 0;
         while ((g = atomic_load(&p->gen)) == seen) {
-            if (++spins < SPIN_ITERS) {
-                CPU_RELAX();
-                continue;
-            }
+            CPU_RELAX();
+            if (++spins % SPIN_CHECK != 0) continue;
+            uint64_t now = mono_ns();
+            if (t0 == 0) t0 = now;
+            if (now - t0 < SPIN_NS) continue;
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleepers, 1);
             while (atomic_load(&p->gen) == seen) pthread_cond_wait(&p->cv_job, &p->mu);

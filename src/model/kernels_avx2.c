@@ -25,15 +25,11 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* How far ahead of the current position a tile prefetches each weight row: about 512 bytes,
- * enough to cover memory latency at the rate one core consumes a row. A prefetch past the end
- * of a row (or of the weights) is harmless: prefetches never fault. */
-#define PREFETCH_BLOCKS 16
-#define PREFETCH_FLOATS 128
-/* How many tiles ahead a VNNI-variant tile prefetches its rows, into L2 (hint T1). A decode
- * step streams all weights once and is bound by memory; prefetching far ahead into L2, rather
- * than near into L1, keeps enough lines in flight to reach the read bandwidth of one core
- * (measured: smol135m Q8_0 decode on 1 thread, ~60 -> ~135 tokens/s). */
+/* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1).
+ * A decode step streams all weights once and is bound by memory; prefetching far ahead into
+ * L2, rather than near into L1, keeps enough lines in flight to reach the read bandwidth of
+ * one core (measured: smol135m Q8_0 decode on 1 thread, ~60 -> ~135 tokens/s). A prefetch
+ * past the end of the weights is harmless: prefetches never fault. */
 #define PF_TILES 16
 
 
@@ -60,7 +56,8 @@ AVX2 INLINE void f32_tile(const float *w, size_t ws, const float *x, size_t ldx,
         __m256 xv[3];
         for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
         for (int r = 0; r < R; r++) {
-            _mm_prefetch((const char *)(w + r * ws + i + PREFETCH_FLOATS), _MM_HINT_T0);
+            if ((i & 8) == 0)
+                _mm_prefetch((const char *)(w + (r + PF_TILES * R) * ws + i), _MM_HINT_T1);
             __m256 wv = _mm256_loadu_ps(w + r * ws + i);
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
@@ -143,7 +140,7 @@ AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws,
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + PREFETCH_BLOCKS), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wb + (size_t)PF_TILES * R * ws), _MM_HINT_T1);
             __m256i wv = _mm256_loadu_si256((const __m256i *)wb->qs);
             __m256i aw = _mm256_sign_epi8(wv, wv);
             __m256 dw = _mm256_set1_ps(h2f(wb->d));
