@@ -280,7 +280,7 @@ VNNI INLINE __m256 bcast_h(const uint16_t *h)
 
 VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
                           const struct kvf_block_q8_0 *x, size_t ldx, uint32_t nb, float *y,
-                          size_t ldy, const int R, const int T)
+                          size_t ldy, const int R, const int T, size_t pf)
 {
     __m256 acc[8][4];
     const __m256i bias = _mm256_set1_epi8((char)0x80);
@@ -299,7 +299,7 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + (size_t)PF_TILES * R * ws), _MM_HINT_T1);
+            _mm_prefetch((const char *)(wb + pf), _MM_HINT_T1);
             /* w + 128 as unsigned bytes (flipping the top bit), for vpdpbusd's u8 operand. */
             __m256i wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)wb->qs), bias);
             __m256 dw = bcast_h(&wb->d);
@@ -317,12 +317,13 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws,
 #define Q8V_TOKENS(R)                                                                            \
     do {                                                                                         \
         uint32_t t = 0;                                                                          \
+        size_t pf = (size_t)PF_TILES * (R) * ws;                                                 \
         for (; t + 4 <= nt; t += 4)                                                              \
-            q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 4);          \
+            q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 4, pf);        \
         switch (nt - t) {                                                                        \
-        case 3: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 3); break; \
-        case 2: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 2); break; \
-        case 1: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 1); break; \
+        case 3: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 3, pf); break; \
+        case 2: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 2, pf); break; \
+        case 1: q8v_tile(w + r * ws, ws, x + t * ldx, ldx, nb, y + t * ldy + r, ldy, R, 1, pf); break; \
         default: break;                                                                          \
         }                                                                                        \
     } while (0)
@@ -344,8 +345,14 @@ VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
 {
     uint32_t r = r0;
     if (nt == 1) {
-        for (; r + 8 <= r1; r += 8) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 8, 1);
-        for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 1, 1);
+        /* With several threads a call covers one chunk of rows, and the next chunk is likely
+         * another thread's: prefetching PF_TILES tiles ahead would then miss this chunk's own
+         * rows. A third of the chunk ahead (at least one tile) keeps the prefetches inside it. */
+        size_t pf_rows = (r1 - r0) / 3;
+        if (pf_rows > (size_t)PF_TILES * 8) pf_rows = (size_t)PF_TILES * 8;
+        size_t pf = (pf_rows > 8 ? pf_rows : 8) * ws;
+        for (; r + 8 <= r1; r += 8) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 8, 1, pf);
+        for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, 0, nb, y + r, 0, 1, 1, pf);
         return;
     }
     /* Tokens in blocks of Q8V_TOKEN_BLOCK, so the block's activations stay in L1 while every
