@@ -366,7 +366,7 @@ VNNI static void q8v_rows(const struct kvf_block_q8_0 *w, size_t ws,
 /* The F32 recipe of f32_tile, pair for pair, in tiles up to 8 rows × 5 tokens, with each weight
  * row prefetched PF_TILES tiles ahead (every other step: once per 64-byte line). */
 VNNI INLINE void f32v_tile(const float *w, size_t ws, const float *x, size_t ldx, uint32_t n,
-                           float *y, size_t ldy, const int R, const int T)
+                           float *y, size_t ldy, const int R, const int T, size_t pf)
 {
     __m256 acc[8][5];
     for (int r = 0; r < R; r++)
@@ -377,7 +377,7 @@ VNNI INLINE void f32v_tile(const float *w, size_t ws, const float *x, size_t ldx
         for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
         for (int r = 0; r < R; r++) {
             if ((i & 8) == 0)
-                _mm_prefetch((const char *)(w + (r + PF_TILES * R) * ws + i), _MM_HINT_T1);
+                _mm_prefetch((const char *)(w + r * ws + pf + i), _MM_HINT_T1);
             __m256 wv = _mm256_loadu_ps(w + r * ws + i);
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
@@ -394,13 +394,14 @@ VNNI INLINE void f32v_tile(const float *w, size_t ws, const float *x, size_t ldx
 #define F32V_TOKENS(R)                                                                           \
     do {                                                                                         \
         uint32_t t = 0;                                                                          \
+        size_t pf = (size_t)PF_TILES * (R) * ws;                                                 \
         for (; t + 5 <= nt; t += 5)                                                              \
-            f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 5);          \
+            f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 5, pf);        \
         switch (nt - t) {                                                                        \
-        case 4: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 4); break; \
-        case 3: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 3); break; \
-        case 2: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 2); break; \
-        case 1: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 1); break; \
+        case 4: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 4, pf); break; \
+        case 3: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 3, pf); break; \
+        case 2: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 2, pf); break; \
+        case 1: f32v_tile(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, R, 1, pf); break; \
         default: break;                                                                          \
         }                                                                                        \
     } while (0)
@@ -421,8 +422,12 @@ VNNI static void f32v_rows(const float *w, size_t ws, const float *x, size_t ldx
 {
     uint32_t r = r0;
     if (nt == 1) {
-        for (; r + 8 <= r1; r += 8) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 8, 1);
-        for (; r < r1; r++) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 1, 1);
+        /* Prefetch inside this call's chunk of rows, as q8v_rows does. */
+        size_t pf_rows = (r1 - r0) / 3;
+        if (pf_rows > (size_t)PF_TILES * 8) pf_rows = (size_t)PF_TILES * 8;
+        size_t pf = (pf_rows > 8 ? pf_rows : 8) * ws;
+        for (; r + 8 <= r1; r += 8) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 8, 1, pf);
+        for (; r < r1; r++) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 1, 1, pf);
         return;
     }
     /* Tokens in blocks of F32V_TOKEN_BLOCK, as q8v_rows does, for the same reason. */
