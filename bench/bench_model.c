@@ -3,10 +3,12 @@
  * pool pages, and decode as a fraction of the memory-bandwidth roofline.
  *
  *   kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M] [--threads T]
- *                       [--page-tokens P] [--chunk C]
+ *                       [--page-tokens P] [--chunk C] [--runs R]
  *
  * Prefill: B sequences of N seeded random tokens, each in chunks of at most C tokens (default
  * 512). Decode: M steps, each one token for every one of the B sequences in one batch, greedy.
+ * The whole of it is run R times (default 5) on fresh pages, and the figures reported are the
+ * medians over the runs (each run's own are printed too).
  * The roofline: a decode step must stream every weight once, so it cannot beat
  * weight_bytes / bandwidth, where bandwidth is a large memcpy measured in the same run
  * (bytes read + bytes written per second, best of 5).
@@ -25,7 +27,7 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M]\n"
-               "                           [--threads T] [--page-tokens P] [--chunk C]\n");
+               "                           [--threads T] [--page-tokens P] [--chunk C] [--runs R]\n");
 }
 
 /* Copy bandwidth in bytes per second (read + write), best of 5 copies of 128 MiB. */
@@ -61,10 +63,71 @@ static int argmax(const float *l, uint32_t n)
     return (int)b;
 }
 
+/* One prefill of every sequence then gen decode steps, on freshly allocated pages (released
+ * again at the end); the two phases' wall times in seconds. */
+static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparams *hp,
+                   struct kvf_page_ref *pages, uint32_t per_seq, int32_t *toks, float *logits,
+                   struct kvf_fwd_seq *seqs, unsigned long batch, unsigned long prompt,
+                   unsigned long gen, unsigned long chunk, double *prefill_s, double *decode_s)
+{
+    int rc;
+    for (unsigned long s = 0; s < batch; s++) {
+        struct kvf_owner own = {{s + 1, 0}, 1};
+        if ((rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, per_seq, false,
+                                 pages + s * per_seq)) < 0) {
+            fprintf(stderr, "kvfence bench model: alloc: %s\n", kvf_strerror(rc));
+            return -1;
+        }
+    }
+    uint64_t t0 = kvf_bench_now_ns();
+    for (unsigned long s = 0; s < batch; s++)
+        for (unsigned long at = 0; at < prompt; at += chunk) {
+            uint32_t len = (uint32_t)(prompt - at < chunk ? prompt - at : chunk);
+            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + at, len, (uint32_t)at,
+                                    pages + s * per_seq, per_seq,
+                                    at + len == prompt ? logits + s * hp->n_vocab : NULL, 0};
+            if ((rc = kvf_fwd_run(f, pool, &q, 1)) != 1 || q.status != 0) {
+                fprintf(stderr, "kvfence bench model: prefill failed: %s\n",
+                        kvf_strerror(rc < 0 ? rc : q.status));
+                return -1;
+            }
+        }
+    uint64_t t1 = kvf_bench_now_ns();
+    for (unsigned long s = 0; s < batch; s++)
+        toks[s * (prompt + gen) + prompt] = argmax(logits + s * hp->n_vocab, hp->n_vocab);
+    for (unsigned long step = 0; step < gen; step++) {
+        for (unsigned long s = 0; s < batch; s++) {
+            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + prompt + step, 1,
+                                    (uint32_t)(prompt + step), pages + s * per_seq, per_seq,
+                                    logits + s * hp->n_vocab, 0};
+            seqs[s] = q;
+        }
+        if ((rc = kvf_fwd_run(f, pool, seqs, (uint32_t)batch)) != (int)batch) {
+            fprintf(stderr, "kvfence bench model: decode failed: %s\n",
+                    kvf_strerror(rc < 0 ? rc : seqs[0].status));
+            return -1;
+        }
+        if (step + 1 < gen)
+            for (unsigned long s = 0; s < batch; s++)
+                toks[s * (prompt + gen) + prompt + step + 1] =
+                    argmax(logits + s * hp->n_vocab, hp->n_vocab);
+    }
+    uint64_t t2 = kvf_bench_now_ns();
+    for (unsigned long s = 0; s < batch * per_seq; s++)
+        if ((rc = kvf_pool_release(pool, pages[s], KVF_HOLDER_SEQ, 0)) < 0) {
+            fprintf(stderr, "kvfence bench model: release: %s\n", kvf_strerror(rc));
+            return -1;
+        }
+    *prefill_s = (double)(t1 - t0) * 1e-9;
+    *decode_s = (double)(t2 - t1) * 1e-9;
+    return 0;
+}
+
 int kvf_bench_model(int argc, char **argv)
 {
     const char *path = NULL;
-    unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512;
+    unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512,
+                  runs = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -84,6 +147,7 @@ int kvf_bench_model(int argc, char **argv)
         else if (strcmp(a, "--threads") == 0) dst = &threads;
         else if (strcmp(a, "--page-tokens") == 0) dst = &page_tokens;
         else if (strcmp(a, "--chunk") == 0) dst = &chunk;
+        else if (strcmp(a, "--runs") == 0) dst = &runs;
         else {
             usage(stderr);
             return 2;
@@ -91,7 +155,7 @@ int kvf_bench_model(int argc, char **argv)
         if (dst) {
             char *end = NULL;
             *dst = strtoul(v, &end, 10);
-            if (!end || *end || *dst == 0 || *dst > 65536) {
+            if (!end || *end || *dst == 0 || *dst > 65536 || (dst == &runs && *dst > 101)) {
                 fprintf(stderr, "kvfence bench model: bad value '%s' for %s\n", v, a);
                 return 2;
             }
@@ -151,14 +215,6 @@ int kvf_bench_model(int argc, char **argv)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         toks[i] = 3 + (int32_t)(x % (hp->n_vocab - 3));
     }
-    for (unsigned long s = 0; s < batch; s++) {
-        struct kvf_owner own = {{s + 1, 0}, 1};
-        if ((rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, per_seq, false,
-                                 pages + s * per_seq)) < 0) {
-            fprintf(stderr, "kvfence bench model: alloc: %s\n", kvf_strerror(rc));
-            goto free_bufs;
-        }
-    }
     /* Touch the pool's memory and every weight first (one warm-up token on a page of its own):
      * page faults are not what this measures. */
     size_t pool_bytes = 0;
@@ -180,49 +236,37 @@ int kvf_bench_model(int argc, char **argv)
            path, kvf_model_type_name(m), hp->dim, hp->n_layers, hp->n_vocab,
            kvf_model_weight_bytes(m) / 1e6, kvf_kernels_name());
 
-    uint64_t t0 = kvf_bench_now_ns();
-    for (unsigned long s = 0; s < batch; s++)
-        for (unsigned long at = 0; at < prompt; at += chunk) {
-            uint32_t len = (uint32_t)(prompt - at < chunk ? prompt - at : chunk);
-            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + at, len, (uint32_t)at,
-                                    pages + s * per_seq, per_seq,
-                                    at + len == prompt ? logits + s * hp->n_vocab : NULL, 0};
-            if ((rc = kvf_fwd_run(f, pool, &q, 1)) != 1 || q.status != 0) {
-                fprintf(stderr, "kvfence bench model: prefill failed: %s\n",
-                        kvf_strerror(rc < 0 ? rc : q.status));
-                goto free_bufs;
-            }
-        }
-    uint64_t t1 = kvf_bench_now_ns();
-    for (unsigned long s = 0; s < batch; s++)
-        toks[s * (prompt + gen) + prompt] = argmax(logits + s * hp->n_vocab, hp->n_vocab);
-    for (unsigned long step = 0; step < gen; step++) {
-        for (unsigned long s = 0; s < batch; s++) {
-            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + prompt + step, 1,
-                                    (uint32_t)(prompt + step), pages + s * per_seq, per_seq,
-                                    logits + s * hp->n_vocab, 0};
-            seqs[s] = q;
-        }
-        if ((rc = kvf_fwd_run(f, pool, seqs, (uint32_t)batch)) != (int)batch) {
-            fprintf(stderr, "kvfence bench model: decode failed: %s\n",
-                    kvf_strerror(rc < 0 ? rc : seqs[0].status));
+    double *pre_v = calloc(runs, sizeof(double)), *dec_v = calloc(runs, sizeof(double));
+    if (!pre_v || !dec_v) {
+        fprintf(stderr, "kvfence bench model: out of memory\n");
+        free(pre_v);
+        free(dec_v);
+        goto free_bufs;
+    }
+    for (unsigned long run = 0; run < runs; run++) {
+        double pt, dt;
+        if (one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt, gen, chunk,
+                    &pt, &dt) != 0) {
+            free(pre_v);
+            free(dec_v);
             goto free_bufs;
         }
-        if (step + 1 < gen)
-            for (unsigned long s = 0; s < batch; s++)
-                toks[s * (prompt + gen) + prompt + step + 1] =
-                    argmax(logits + s * hp->n_vocab, hp->n_vocab);
+        pre_v[run] = (double)(batch * prompt) / pt;
+        dec_v[run] = (double)(batch * gen) / dt;
+        printf("run %lu: prefill %.1f tokens/s, decode %.1f tokens/s (%.2f ms per step)\n",
+               run + 1, pre_v[run], dec_v[run], dt * 1e3 / gen);
     }
-    uint64_t t2 = kvf_bench_now_ns();
-    double prefill_tps = (double)(batch * prompt) / ((double)(t1 - t0) * 1e-9);
-    double decode_tps = (double)(batch * gen) / ((double)(t2 - t1) * 1e-9);
+    double prefill_tps = kvf_bench_median(pre_v, (int)runs);
+    double decode_tps = kvf_bench_median(dec_v, (int)runs);
+    free(pre_v);
+    free(dec_v);
     double bw = copy_bandwidth();
     double step_min_s = (double)kvf_model_weight_bytes(m) / bw;
     double roof_tps = (double)batch / step_min_s;
-    printf("prefill: %lu x %lu tokens in %.3f s = %.1f tokens/s\n", batch, prompt,
-           (t1 - t0) * 1e-9, prefill_tps);
-    printf("decode: %lu x %lu tokens in %.3f s = %.1f tokens/s (%.2f ms per step)\n", batch, gen,
-           (t2 - t1) * 1e-9, decode_tps, (t2 - t1) * 1e-6 / gen);
+    printf("prefill: %lu x %lu tokens, median of %lu runs: %.1f tokens/s\n", batch, prompt, runs,
+           prefill_tps);
+    printf("decode: %lu x %lu tokens, median of %lu runs: %.1f tokens/s (%.2f ms per step)\n",
+           batch, gen, runs, decode_tps, batch * 1e3 / decode_tps);
     printf("roofline: copy bandwidth %.2f GB/s; weights %.1f MB per step -> at most %.1f "
            "tokens/s at batch %lu; decode reaches %.1f%% of it\n",
            bw / 1e9, kvf_model_weight_bytes(m) / 1e6, roof_tps, batch,

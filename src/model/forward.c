@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "forward_pool.h"
 #include "kvfence/common.h"
 #include "model_internal.h"
@@ -45,7 +46,8 @@ struct kvf_fwd {
     float *k, *v;             /* (max_tokens, kv_dim) */
     float *hg, *hu;           /* (max_tokens, ffn_dim) gate (then h), up */
     float *rope;              /* (max_tokens, head_dim / 2, 2) cos, sin per token and pair */
-    float *scores;            /* (n_threads, n_ctx) attention scores */
+    float *scores;            /* (n_threads, kvf__attn_scratch_floats) attention scratch */
+    size_t scores_per_thread;
     float *wrow;              /* (n_threads, max(dim, q_dim, ffn_dim)) one dequantized row */
     float *outx;              /* (max_seqs, dim) normed final rows of logit tokens */
     float *out;               /* (max_seqs, n_vocab) logits before they are copied out */
@@ -67,6 +69,7 @@ struct job {
     const struct kvf_pool_geometry *geo;
     uint32_t layer;
     uint32_t n_out;            /* logit rows */
+    struct kvf_attn_batch attn;/* this layer's attention (attention.h) */
     /* The per-row phase (norm_quant): rows [0, nt) of src (stride ld) are RMS-normed with
      * norm_w into dst when norm_w is set, then quantized to Q8_0 into f->xq when quant is set. */
     const float *src;
@@ -116,7 +119,8 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->hg = malloc(T * hp->ffn_dim * sizeof(float));
     f->hu = malloc(T * hp->ffn_dim * sizeof(float));
     f->rope = malloc(T * hp->head_dim * sizeof(float));
-    f->scores = malloc((size_t)nth * hp->n_ctx * sizeof(float));
+    f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads);
+    f->scores = malloc((size_t)nth * f->scores_per_thread * sizeof(float));
     f->wrow = malloc((size_t)nth * widest * sizeof(float));
     f->outx = malloc(S * hp->dim * sizeof(float));
     f->out = malloc(S * hp->n_vocab * sizeof(float));
@@ -274,52 +278,9 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     kvf__matmul(&L->wv, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->v, L->wv.rows, lo, hi, scratch);
 }
 
-/* Attention for (token, head) pairs, each on one thread: scores over positions 0..pos in index order, softmax with
- * the running max subtracted, then the weighted sum of V in index order. Whether a position's
- * K/V was written by an earlier call or by this one, the f32 values read are the same, so
- * chunking a prompt differently gives the same result. */
 static void job_attn(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
-    struct job *j = ctx;
-    struct kvf_fwd *f = j->f;
-    const struct kvf_model_hparams *hp = &f->m->hp;
-    const struct kvf_pool_geometry *geo = j->geo;
-    uint32_t hd = hp->head_dim, n_kv = hp->n_kv_heads, group = hp->n_heads / n_kv;
-    uint32_t pt = geo->page_tokens;
-    size_t k_off = kvf_geo_kv_offset(geo, j->layer, 0), v_off = kvf_geo_kv_offset(geo, j->layer, 1);
-    size_t q_dim = (size_t)hp->n_heads * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *sc = f->scores + (size_t)thread * hp->n_ctx;
-    const struct kvf_kern *kern = kvf__kern;
-    /* Items are dealt round-robin rather than in ranges: in a prefill chunk, later tokens attend
-     * over more positions, and a range split would give the last thread most of the work. */
-    for (uint32_t item = i; item < j->nt * hp->n_heads; item += n) {
-        uint32_t t = item / hp->n_heads, h = item % hp->n_heads, kvh = h / group;
-        const struct kvf_fwd_seq *s = &j->seqs[f->tok_seq[t]];
-        uint32_t pos = f->tok_pos[t];
-        const float *q = f->q + (size_t)t * q_dim + (size_t)h * hd;
-        float mx = -INFINITY;
-        for (uint32_t p = 0; p <= pos; p++) {
-            const uint8_t *page = j->pool_base + (size_t)s->pages[p / pt].page * j->page_bytes;
-            const float *kp = (const float *)(page + k_off) + ((size_t)(p % pt) * n_kv + kvh) * hd;
-            float d = kern->dot(q, kp, hd) * scale;
-            sc[p] = d;
-            if (d > mx) mx = d;
-        }
-        float sum = 0.0f;
-        for (uint32_t p = 0; p <= pos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        float inv = 1.0f / sum;
-        float *out = f->xb + (size_t)t * q_dim + (size_t)h * hd;
-        for (uint32_t e = 0; e < hd; e++) out[e] = 0.0f;
-        for (uint32_t p = 0; p <= pos; p++) {
-            const uint8_t *page = j->pool_base + (size_t)s->pages[p / pt].page * j->page_bytes;
-            const float *vp = (const float *)(page + v_off) + ((size_t)(p % pt) * n_kv + kvh) * hd;
-            kern->axpy(out, sc[p] * inv, vp, hd);
-        }
-    }
+    kvf__attn_chunk(&((struct job *)ctx)->attn, i, n, thread);
 }
 
 /* x += in Wᵀ over this thread's rows of W (W has dim rows). */
@@ -362,10 +323,7 @@ static void job_gate_up(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     kvf__matmul(&L->w_gate, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hg, F, lo, hi, scratch);
     kvf__matmul(&L->w_up, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hu, F, lo, hi, scratch);
     for (uint32_t t = 0; t < j->nt; t++)
-        for (uint32_t r = lo; r < hi; r++) {
-            float g = f->hg[(size_t)t * F + r];
-            f->hg[(size_t)t * F + r] = g / (1.0f + expf(-g)) * f->hu[(size_t)t * F + r];
-        }
+        kvf__swiglu(f->hg + (size_t)t * F + lo, f->hu + (size_t)t * F + lo, hi - lo);
 }
 
 static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
@@ -474,6 +432,12 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             memcpy(page + k_off + (size_t)(p % pt) * kv_dim * 4, f->k + t * kv_dim, kv_dim * 4);
             memcpy(page + v_off + (size_t)(p % pt) * kv_dim * 4, f->v + t * kv_dim, kv_dim * 4);
         }
+        j.attn = (struct kvf_attn_batch){
+            .nt = nt, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
+            .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
+            .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
+            .v_off = v_off, .scratch = f->scores, .scratch_floats = f->scores_per_thread,
+        };
         kvf__tpool_run(f->tp, job_attn, &j, f->n_chunks);
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL, L->wo.type == KVF_GGML_Q8_0);
         kvf__tpool_run(f->tp, job_wo, &j, f->n_chunks);
