@@ -193,7 +193,6 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16
 #define Q8V_TOKENS(R)                                                                            \
     do {                                                                                         \
         uint32_t t = 0;                                                                          \
-        size_t pf = (size_t)PF_TILES * (R) * ws;                                                 \
         const struct kvf_block_q8_0 *wr = w + r * ws;                                            \
         for (; t + 4 <= nt; t += 4)                                                              \
             q8v_tile(wr, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, R, 4, pf);      \
@@ -209,11 +208,29 @@ VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16
 
 VNNI static void q8v_rows_block(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
                                 const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
-                                size_t ldy, uint32_t r0, uint32_t r1)
+                                size_t ldy, uint32_t r0, uint32_t r1, size_t pf)
 {
     uint32_t r = r0;
     for (; r + 4 <= r1; r += 4) Q8V_TOKENS(4);
     for (; r < r1; r++) Q8V_TOKENS(1);
+}
+
+/*
+ * How far ahead, in rows, a call over rows [r0, r1) prefetches: a third of its rows, between
+ * one tile (min) and max. With several threads a call covers one chunk of rows and the next
+ * chunk is likely another thread's, so prefetches further on would fetch that thread's rows
+ * instead of this call's own; and the first rows, which no earlier tile prefetched, are
+ * requested before any work starts (into L2, whole 64-byte lines).
+ */
+VNNI static size_t q8v_prefetch_rows(const struct kvf_block_q8_0 *w, size_t ws, uint32_t r0,
+                                     uint32_t r1, size_t min, size_t max)
+{
+    size_t rows = (r1 - r0) / 3;
+    rows = rows < min ? min : rows > max ? max : rows;
+    const char *p = (const char *)(w + r0 * ws);
+    size_t bytes = (rows < r1 - r0 ? rows : r1 - r0) * ws * sizeof(*w);
+    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+    return rows;
 }
 
 VNNI void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
@@ -222,21 +239,19 @@ VNNI void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const int
 {
     uint32_t r = r0;
     if (nt == 1) {
-        /* With several threads a call covers one chunk of rows, and the next chunk is likely
-         * another thread's: prefetching PF_TILES tiles ahead would then miss this chunk's own
-         * rows. A third of the chunk ahead (at least one tile) keeps the prefetches inside it. */
-        size_t pf_rows = (r1 - r0) / 3;
-        if (pf_rows > (size_t)PF_TILES * 8) pf_rows = (size_t)PF_TILES * 8;
-        size_t pf = (pf_rows > 8 ? pf_rows : 8) * ws;
+        size_t pf = q8v_prefetch_rows(w, ws, r0, r1, 8, (size_t)PF_TILES * 8) * ws;
         for (; r + 8 <= r1; r += 8) q8v_tile(w + r * ws, ws, x, xd, 0, nb, y + r, 0, 8, 1, pf);
         for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, xd, 0, nb, y + r, 0, 1, 1, pf);
         return;
     }
+    /* A 4-row tile over several tokens takes longer than a single token's, so fewer tiles
+     * ahead keep enough lines in flight. */
+    size_t pf = q8v_prefetch_rows(w, ws, r0, r1, 4, (size_t)PF_TILES * 4 / (nt < 4 ? nt : 4)) * ws;
     /* Tokens in blocks of Q8V_TOKEN_BLOCK, so the block's activations stay in L1 while every
      * row of [r0, r1) passes over them (the rows, a chunk's share of W, stay in L2). */
     for (uint32_t t0 = 0; t0 < nt; t0 += Q8V_TOKEN_BLOCK) {
         uint32_t tn = nt - t0 < Q8V_TOKEN_BLOCK ? nt - t0 : Q8V_TOKEN_BLOCK;
-        q8v_rows_block(w, ws, x + t0 * ldx, xd + t0, ldx, tn, nb, y + t0 * ldy, ldy, r0, r1);
+        q8v_rows_block(w, ws, x + t0 * ldx, xd + t0, ldx, tn, nb, y + t0 * ldy, ldy, r0, r1, pf);
     }
 }
 
