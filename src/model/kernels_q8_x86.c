@@ -31,10 +31,28 @@
         hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((wb)->qs + 16)));            \
     } while (0)
 
+/*
+ * How far ahead, in rows, a call over rows [r0, r1) prefetches: a third of its rows, between
+ * one tile (min) and max. With several threads a call covers one chunk of rows and the next
+ * chunk is likely another thread's, so prefetches further on would fetch that thread's rows
+ * instead of this call's own; and the first rows, which no earlier tile prefetched, are
+ * requested before any work starts (into L2, whole 64-byte lines).
+ */
+AVX2 static size_t q8_prefetch_rows(const struct kvf_block_q8_0 *w, size_t ws, uint32_t r0,
+                                    uint32_t r1, size_t min, size_t max)
+{
+    size_t rows = (r1 - r0) / 3;
+    rows = rows < min ? min : rows > max ? max : rows;
+    const char *p = (const char *)(w + r0 * ws);
+    size_t bytes = (rows < r1 - r0 ? rows : r1 - r0) * ws * sizeof(*w);
+    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
+    return rows;
+}
+
 /* R rows × T tokens of the recipe, AVX2 (16 registers: up to 4 × 2 or 8 × 1). */
 AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
                          const float *xd, size_t ldx, uint32_t nb, float *y, size_t ldy,
-                         const int R, const int T)
+                         const int R, const int T, size_t pf)
 {
     __m256 acc[8][2];
     for (int r = 0; r < R; r++)
@@ -47,7 +65,7 @@ AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16_
         }
         for (int r = 0; r < R; r++) {
             const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + (size_t)PF_TILES * R * ws), _MM_HINT_T1);
+            _mm_prefetch((const char *)(wb + pf), _MM_HINT_T1);
             __m256i wlo, whi;
             WIDEN_W(wb, wlo, whi);
             __m256 dw = _mm256_set1_ps(h2f(wb->d));
@@ -63,29 +81,29 @@ AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16_
 }
 
 AVX2 static void q8_1x1(const struct kvf_block_q8_0 *w, const int16_t *x, const float *xd,
-                        uint32_t nb, float *y)
+                        uint32_t nb, float *y, size_t pf)
 {
-    q8_tile(w, 0, x, xd, 0, nb, y, 0, 1, 1);
+    q8_tile(w, 0, x, xd, 0, nb, y, 0, 1, 1, pf);
 }
 AVX2 static void q8_1x2(const struct kvf_block_q8_0 *w, const int16_t *x, const float *xd,
-                        size_t ldx, uint32_t nb, float *y, size_t ldy)
+                        size_t ldx, uint32_t nb, float *y, size_t ldy, size_t pf)
 {
-    q8_tile(w, 0, x, xd, ldx, nb, y, ldy, 1, 2);
+    q8_tile(w, 0, x, xd, ldx, nb, y, ldy, 1, 2, pf);
 }
 AVX2 static void q8_4x1(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                        const float *xd, uint32_t nb, float *y)
+                        const float *xd, uint32_t nb, float *y, size_t pf)
 {
-    q8_tile(w, ws, x, xd, 0, nb, y, 0, 4, 1);
+    q8_tile(w, ws, x, xd, 0, nb, y, 0, 4, 1, pf);
 }
 AVX2 static void q8_4x2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                        const float *xd, size_t ldx, uint32_t nb, float *y, size_t ldy)
+                        const float *xd, size_t ldx, uint32_t nb, float *y, size_t ldy, size_t pf)
 {
-    q8_tile(w, ws, x, xd, ldx, nb, y, ldy, 4, 2);
+    q8_tile(w, ws, x, xd, ldx, nb, y, ldy, 4, 2, pf);
 }
 AVX2 static void q8_8x1(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                        const float *xd, uint32_t nb, float *y)
+                        const float *xd, uint32_t nb, float *y, size_t pf)
 {
-    q8_tile(w, ws, x, xd, 0, nb, y, 0, 8, 1);
+    q8_tile(w, ws, x, xd, 0, nb, y, 0, 8, 1, pf);
 }
 
 AVX2 void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
@@ -94,21 +112,23 @@ AVX2 void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const int
 {
     uint32_t r = r0;
     if (nt == 1) {
-        for (; r + 8 <= r1; r += 8) q8_8x1(w + r * ws, ws, x, xd, nb, y + r);
-        for (; r < r1; r++) q8_1x1(w + r * ws, x, xd, nb, y + r);
+        size_t pf = q8_prefetch_rows(w, ws, r0, r1, 8, (size_t)PF_TILES * 8) * ws;
+        for (; r + 8 <= r1; r += 8) q8_8x1(w + r * ws, ws, x, xd, nb, y + r, pf);
+        for (; r < r1; r++) q8_1x1(w + r * ws, x, xd, nb, y + r, pf);
         return;
     }
+    size_t pf = q8_prefetch_rows(w, ws, r0, r1, 4, (size_t)PF_TILES * 4 / (nt < 4 ? nt : 4)) * ws;
     for (; r + 4 <= r1; r += 4) {
         uint32_t t = 0;
         for (; t + 2 <= nt; t += 2)
-            q8_4x2(w + r * ws, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy);
-        for (; t < nt; t++) q8_4x1(w + r * ws, ws, x + t * ldx, xd + t, nb, y + t * ldy + r);
+            q8_4x2(w + r * ws, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, pf);
+        for (; t < nt; t++) q8_4x1(w + r * ws, ws, x + t * ldx, xd + t, nb, y + t * ldy + r, pf);
     }
     for (; r < r1; r++) {
         uint32_t t = 0;
         for (; t + 2 <= nt; t += 2)
-            q8_1x2(w + r * ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy);
-        for (; t < nt; t++) q8_1x1(w + r * ws, x + t * ldx, xd + t, nb, y + t * ldy + r);
+            q8_1x2(w + r * ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, pf);
+        for (; t < nt; t++) q8_1x1(w + r * ws, x + t * ldx, xd + t, nb, y + t * ldy + r, pf);
     }
 }
 
@@ -215,38 +235,20 @@ VNNI static void q8v_rows_block(const struct kvf_block_q8_0 *w, size_t ws, const
     for (; r < r1; r++) Q8V_TOKENS(1);
 }
 
-/*
- * How far ahead, in rows, a call over rows [r0, r1) prefetches: a third of its rows, between
- * one tile (min) and max. With several threads a call covers one chunk of rows and the next
- * chunk is likely another thread's, so prefetches further on would fetch that thread's rows
- * instead of this call's own; and the first rows, which no earlier tile prefetched, are
- * requested before any work starts (into L2, whole 64-byte lines).
- */
-VNNI static size_t q8v_prefetch_rows(const struct kvf_block_q8_0 *w, size_t ws, uint32_t r0,
-                                     uint32_t r1, size_t min, size_t max)
-{
-    size_t rows = (r1 - r0) / 3;
-    rows = rows < min ? min : rows > max ? max : rows;
-    const char *p = (const char *)(w + r0 * ws);
-    size_t bytes = (rows < r1 - r0 ? rows : r1 - r0) * ws * sizeof(*w);
-    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
-    return rows;
-}
-
 VNNI void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
                             const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
                             size_t ldy, uint32_t r0, uint32_t r1)
 {
     uint32_t r = r0;
     if (nt == 1) {
-        size_t pf = q8v_prefetch_rows(w, ws, r0, r1, 8, (size_t)PF_TILES * 8) * ws;
+        size_t pf = q8_prefetch_rows(w, ws, r0, r1, 8, (size_t)PF_TILES * 8) * ws;
         for (; r + 8 <= r1; r += 8) q8v_tile(w + r * ws, ws, x, xd, 0, nb, y + r, 0, 8, 1, pf);
         for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, xd, 0, nb, y + r, 0, 1, 1, pf);
         return;
     }
     /* A 4-row tile over several tokens takes longer than a single token's, so fewer tiles
      * ahead keep enough lines in flight. */
-    size_t pf = q8v_prefetch_rows(w, ws, r0, r1, 4, (size_t)PF_TILES * 4 / (nt < 4 ? nt : 4)) * ws;
+    size_t pf = q8_prefetch_rows(w, ws, r0, r1, 4, (size_t)PF_TILES * 4 / (nt < 4 ? nt : 4)) * ws;
     /* Tokens in blocks of Q8V_TOKEN_BLOCK, so the block's activations stay in L1 while every
      * row of [r0, r1) passes over them (the rows, a chunk's share of W, stay in L2). */
     for (uint32_t t0 = 0; t0 < nt; t0 += Q8V_TOKEN_BLOCK) {
