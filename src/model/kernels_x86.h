@@ -17,7 +17,8 @@
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1).
+/* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1);
+ * Q8_0 tiles take it as the most, and stay inside their chunk (kernels_q8_x86.c).
  * A decode step streams all weights once and is bound by memory; prefetching far ahead into
  * L2, rather than near into L1, keeps enough lines in flight to reach the read bandwidth of
  * one core (measured: smol135m Q8_0 decode on 1 thread, ~60 -> ~135 tokens/s). A prefetch
