@@ -37,11 +37,11 @@ struct kvf_fwd {
     struct kvf_tpool *tp;
     uint32_t max_tokens, max_seqs;
     uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers */
-    size_t qk_cols;           /* Q8_0 blocks per activation row: max(dim, q_dim, ffn_dim) / 32 */
     float *x;                 /* (max_tokens, dim) the residual stream */
     float *xb;                /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
     float *o;                 /* (max_tokens, dim) output of Wo and Wdown before the residual add */
-    struct kvf_block_q8_0 *xq;/* (max_tokens, qk_cols blocks) the current matmul input, Q8_0 */
+    struct kvf_act16 xq;      /* the current matmul input quantized for Q8_0 weights: (max_tokens,
+                               * max(dim, q_dim, ffn_dim) rounded up to 32) int16, a scale each */
     float *q;                 /* (max_tokens, q_dim) */
     float *k, *v;             /* (max_tokens, kv_dim) */
     float *hg, *hu;           /* (max_tokens, ffn_dim) gate (then h), up */
@@ -71,7 +71,7 @@ struct job {
     uint32_t n_out;            /* logit rows */
     struct kvf_attn_batch attn;/* this layer's attention (attention.h) */
     /* The per-row phase (norm_quant): rows [0, nt) of src (stride ld) are RMS-normed with
-     * norm_w into dst when norm_w is set, then quantized to Q8_0 into f->xq when quant is set. */
+     * norm_w into dst when norm_w is set, then quantized into f->xq (16 bits) when quant is set. */
     const float *src;
     float *dst;
     const float *norm_w;
@@ -108,11 +108,12 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->max_tokens = cfg->max_tokens;
     f->max_seqs = cfg->max_seqs;
     f->n_chunks = nth > 1 ? 4 * nth : 1;
-    f->qk_cols = (widest + KVF_QK - 1) / KVF_QK;
     f->x = malloc(T * hp->dim * sizeof(float));
     f->xb = malloc(T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
     f->o = malloc(T * hp->dim * sizeof(float));
-    f->xq = malloc(T * f->qk_cols * sizeof(struct kvf_block_q8_0));
+    f->xq.ld = (widest + KVF_QK - 1) / KVF_QK * KVF_QK;
+    f->xq.q = malloc(T * f->xq.ld * sizeof(int16_t));
+    f->xq.d = malloc(T * sizeof(float));
     f->q = malloc(T * q_dim * sizeof(float));
     f->k = malloc(T * kv_dim * sizeof(float));
     f->v = malloc(T * kv_dim * sizeof(float));
@@ -130,9 +131,9 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->out_tok = malloc(S * sizeof(uint32_t));
     f->out_seq = malloc(S * sizeof(uint32_t));
     int rc = -ENOMEM;
-    if (!f->x || !f->xb || !f->o || !f->xq || !f->q || !f->k || !f->v || !f->hg || !f->hu ||
-        !f->rope || !f->scores || !f->wrow || !f->outx || !f->out || !f->tok_seq || !f->tok_pos ||
-        !f->tok_id || !f->out_tok || !f->out_seq)
+    if (!f->x || !f->xb || !f->o || !f->xq.q || !f->xq.d || !f->q || !f->k || !f->v || !f->hg ||
+        !f->hu || !f->rope || !f->scores || !f->wrow || !f->outx || !f->out || !f->tok_seq ||
+        !f->tok_pos || !f->tok_id || !f->out_tok || !f->out_seq)
         goto free_f;
     /* Touch the scratch now, so the first batch does not pay for page faults. */
     memset(f->x, 0, T * hp->dim * sizeof(float));
@@ -158,7 +159,8 @@ void kvf_fwd_destroy(kvf_fwd_t *f)
     free(f->x);
     free(f->xb);
     free(f->o);
-    free(f->xq);
+    free(f->xq.q);
+    free(f->xq.d);
     free(f->q);
     free(f->k);
     free(f->v);
@@ -235,7 +237,7 @@ static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi)
             kvf__rmsnorm(j->dst + (size_t)t * j->ld, row, j->norm_w, j->cols, f->m->hp.rms_eps);
             row = j->dst + (size_t)t * j->ld;
         }
-        if (j->quant) kvf__kern->quant_q8(row, f->xq + (size_t)t * f->qk_cols, j->cols);
+        if (j->quant) kvf__kern->quant_a16(row, f->xq.q + t * f->xq.ld, f->xq.d + t, j->cols);
     }
 }
 
@@ -247,7 +249,7 @@ static void job_norm_quant(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     norm_quant_rows(j, lo, hi);
 }
 
-/* RMSNorm (when norm_w) and Q8_0 quantization (when quant) of the rows [0, nt) of src. */
+/* RMSNorm (when norm_w) and 16-bit quantization (when quant) of the rows [0, nt) of src. */
 static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, uint32_t cols,
                        const float *norm_w, bool quant)
 {
@@ -271,11 +273,11 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
     kvf__split(L->wq.rows, i, n, &lo, &hi);
-    kvf__matmul(&L->wq, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->q, L->wq.rows, lo, hi, scratch);
+    kvf__matmul(&L->wq, f->xb, hp->dim, &f->xq, j->nt, f->q, L->wq.rows, lo, hi, scratch);
     kvf__split(L->wk.rows, i, n, &lo, &hi);
-    kvf__matmul(&L->wk, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->k, L->wk.rows, lo, hi, scratch);
+    kvf__matmul(&L->wk, f->xb, hp->dim, &f->xq, j->nt, f->k, L->wk.rows, lo, hi, scratch);
     kvf__split(L->wv.rows, i, n, &lo, &hi);
-    kvf__matmul(&L->wv, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->v, L->wv.rows, lo, hi, scratch);
+    kvf__matmul(&L->wv, f->xb, hp->dim, &f->xq, j->nt, f->v, L->wv.rows, lo, hi, scratch);
 }
 
 static void job_attn(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
@@ -292,7 +294,7 @@ static void residual_matmul(struct job *j, const struct kvf_weight *W, const flo
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
     kvf__split(W->rows, i, n, &lo, &hi);
-    kvf__matmul(W, in, ldin, f->xq, f->qk_cols, j->nt, f->o, hp->dim, lo, hi, scratch);
+    kvf__matmul(W, in, ldin, &f->xq, j->nt, f->o, hp->dim, lo, hi, scratch);
     for (uint32_t t = 0; t < j->nt; t++)
         for (uint32_t r = lo; r < hi; r++) f->x[(size_t)t * hp->dim + r] += f->o[(size_t)t * hp->dim + r];
 }
@@ -320,8 +322,8 @@ static void job_gate_up(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi, F = hp->ffn_dim;
     kvf__split(F, i, n, &lo, &hi);
-    kvf__matmul(&L->w_gate, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hg, F, lo, hi, scratch);
-    kvf__matmul(&L->w_up, f->xb, hp->dim, f->xq, f->qk_cols, j->nt, f->hu, F, lo, hi, scratch);
+    kvf__matmul(&L->w_gate, f->xb, hp->dim, &f->xq, j->nt, f->hg, F, lo, hi, scratch);
+    kvf__matmul(&L->w_up, f->xb, hp->dim, &f->xq, j->nt, f->hu, F, lo, hi, scratch);
     for (uint32_t t = 0; t < j->nt; t++)
         kvf__swiglu(f->hg + (size_t)t * F + lo, f->hu + (size_t)t * F + lo, hi - lo);
 }
@@ -334,7 +336,7 @@ static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
     kvf__split(hp->n_vocab, i, n, &lo, &hi);
-    kvf__matmul(&f->m->output, f->outx, hp->dim, f->xq, f->qk_cols, j->n_out, f->out, hp->n_vocab,
+    kvf__matmul(&f->m->output, f->outx, hp->dim, &f->xq, j->n_out, f->out, hp->n_vocab,
                 lo, hi, scratch);
 }
 
@@ -454,7 +456,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
                          dim, hp->rms_eps);
         if (m->output.type == KVF_GGML_Q8_0)
             for (uint32_t o = 0; o < n_out; o++)
-                kvf__kern->quant_q8(f->outx + (size_t)o * dim, f->xq + (size_t)o * f->qk_cols, dim);
+                kvf__kern->quant_a16(f->outx + (size_t)o * dim, f->xq.q + o * f->xq.ld, f->xq.d + o,
+                                     dim);
         kvf__tpool_run(f->tp, job_logits, &j, f->n_chunks);
         for (uint32_t o = 0; o < n_out; o++)
             memcpy(seqs[f->out_seq[o]].logits, f->out + (size_t)o * hp->n_vocab,

@@ -56,8 +56,8 @@ const char *kvf_kernels_name(void)
 }
 
 void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
-                 const struct kvf_block_q8_0 *xq, size_t ldxq, uint32_t nt, float *y, size_t ldy,
-                 uint32_t r0, uint32_t r1, float *scratch)
+                 const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                 uint32_t r1, float *scratch)
 {
     if (r0 >= r1 || nt == 0) return;
     switch (W->type) {
@@ -66,8 +66,8 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                             r0, r1);
         return;
     case KVF_GGML_Q8_0:
-        kvf__kern->q8_rows(W->data, W->row_bytes / sizeof(struct kvf_block_q8_0), xq, ldxq, nt,
-                           W->cols / KVF_QK, y, ldy, r0, r1);
+        kvf__kern->q8_rows(W->data, W->row_bytes / sizeof(struct kvf_block_q8_0), xq->q, xq->d,
+                           xq->ld, nt, W->cols / KVF_QK, y, ldy, r0, r1);
         return;
     default:
         /* F16, BF16, Q4_0: one row at a time, dequantized into scratch, then the F32 kernel

@@ -23,6 +23,21 @@
 struct kvf_weight;
 
 /*
+ * Activations for Q8_0 weights: each row of n floats becomes n int16 q and ONE float scale d for
+ * the whole row, x ≈ q · d, with d = amax / 32767 and q = x · (1 / d) rounded to nearest-even.
+ * 16 bits rather than Q8_0's 8 keep the logits within 1e-4 or so of exact activations (8 bits
+ * cost 1-2e-2, linear in the step), and one scale per row, not per block, lets the dot product
+ * apply it once at the end. Edge cases, identical in every variant: a row with amax below
+ * 32767 · FLT_MIN (where 1 / d would overflow) or all zero has d = 0 and q = 0; a row holding
+ * any Inf or NaN has d = NaN and q = 0, so every output it reaches is NaN.
+ */
+struct kvf_act16 {
+    int16_t *q; /* (rows, ld) the quantized values */
+    float *d;   /* [rows] the scale of each row */
+    size_t ld;  /* int16 per row in q (a multiple of 32) */
+};
+
+/*
  * A variant computes y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt, tiling
  * as it likes, under the per-pair rule above.
  */
@@ -31,17 +46,18 @@ struct kvf_kern {
     /* W: rows of n floats at stride ws floats; x: nt rows of n floats at stride ldx. */
     void (*f32_rows)(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
                      uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
-    /* W: rows of nb Q8_0 blocks at stride ws blocks; x likewise at stride ldx blocks. */
-    void (*q8_rows)(const struct kvf_block_q8_0 *w, size_t ws, const struct kvf_block_q8_0 *x,
+    /* W: rows of nb Q8_0 blocks at stride ws blocks; x: nt activation rows of nb × 32 int16
+     * at stride ldx int16 (struct kvf_act16), with one scale per row in xd. */
+    void (*q8_rows)(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
                     uint32_t r1);
     /* a · b over n floats (attention scores). */
     float (*dot)(const float *a, const float *b, uint32_t n);
     /* y += a × x over n floats (attention's weighted sum of V). */
     void (*axpy)(float *y, float a, const float *x, uint32_t n);
-    /* Quantizes n floats (n a multiple of 32) to Q8_0 blocks; every variant gives exactly the
-     * bytes kvf_quantize_row_q8_0 gives (tested). */
-    void (*quant_q8)(const float *x, struct kvf_block_q8_0 *out, uint32_t n);
+    /* Quantizes one activation row of n floats (n a multiple of 32) to n int16 and its scale
+     * (see struct kvf_act16); every variant gives exactly the scalar variant's bytes (tested). */
+    void (*quant_a16)(const float *x, int16_t *q, float *d, uint32_t n);
 };
 
 /* The chosen variant; valid after kvf__kernels_init(). */
@@ -58,12 +74,12 @@ extern const struct kvf_kern *const kvf__kern_vnni;
 /*
  * y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt. x holds nt rows of
  * W->cols floats at stride ldx; xq (needed when W is Q8_0, else may be NULL) the same rows
- * quantized to Q8_0 at stride ldxq blocks. scratch holds W->cols floats (used for types that
- * are dequantized row by row). Work: (r1 - r0) × nt × cols multiply-adds; W streamed once.
+ * quantized to 16 bits. scratch holds W->cols floats (used for types that are dequantized row
+ * by row). Work: (r1 - r0) × nt × cols multiply-adds; W streamed once.
  */
 void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
-                 const struct kvf_block_q8_0 *xq, size_t ldxq, uint32_t nt, float *y, size_t ldy,
-                 uint32_t r0, uint32_t r1, float *scratch);
+                 const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                 uint32_t r1, float *scratch);
 
 /* out = x / rms(x) * w, n elements (sum of squares in double, in index order). */
 void kvf__rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);

@@ -1,7 +1,12 @@
 /*
- * kernels_scalar.c — the portable fallback. Each (row, token) pair is one sequential sum in
- * index order, so it is invariant by construction.
+ * kernels_scalar.c — the portable fallback. Each (row, token) pair is one fixed sequence of
+ * operations (a sequential sum in index order for F32), so it is invariant by construction.
  */
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
 #include "kernels.h"
 
 static float dot_f32(const float *w, const float *x, uint32_t n)
@@ -18,23 +23,36 @@ static void f32_rows(const float *w, size_t ws, const float *x, size_t ldx, uint
         for (uint32_t t = 0; t < nt; t++) y[t * ldy + r] = dot_f32(w + r * ws, x + t * ldx, n);
 }
 
-static float dot_q8(const struct kvf_block_q8_0 *w, const struct kvf_block_q8_0 *x, uint32_t nb)
+/*
+ * The Q8_0 × int16 recipe of the x86 variants (kernels_q8_x86.c), lane for lane: 8 float
+ * accumulators; block b gives lane l the exact integer sum of the products at 2l, 2l + 1,
+ * 16 + 2l and 17 + 2l, which is added as float(lane) × d_w by one fused multiply-add (fmaf);
+ * then the lanes are summed in hsum8's order and the row scale applied last. The values are
+ * the same as long as fmaf is a true fused operation, which C99 promises.
+ */
+static float dot_q8(const struct kvf_block_q8_0 *w, const int16_t *x, float xd, uint32_t nb)
 {
-    float s = 0.0f;
-    for (uint32_t b = 0; b < nb; b++) {
-        int32_t sumi = 0;
-        for (int j = 0; j < KVF_QK; j++) sumi += (int32_t)w[b].qs[j] * x[b].qs[j];
-        s += (float)sumi * (kvf_fp16_to_f32(w[b].d) * kvf_fp16_to_f32(x[b].d));
+    float acc[8] = {0};
+    for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
+        const int8_t *q = w[b].qs;
+        float dw = kvf_fp16_to_f32(w[b].d);
+        for (int l = 0; l < 8; l++) {
+            int32_t lane = q[2 * l] * x[2 * l] + q[2 * l + 1] * x[2 * l + 1] +
+                           q[16 + 2 * l] * x[16 + 2 * l] + q[17 + 2 * l] * x[17 + 2 * l];
+            acc[l] = fmaf((float)lane, dw, acc[l]);
+        }
     }
-    return s;
+    float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6], s3 = acc[3] + acc[7];
+    return ((s0 + s2) + (s1 + s3)) * xd;
 }
 
-static void q8_rows(const struct kvf_block_q8_0 *w, size_t ws, const struct kvf_block_q8_0 *x,
+static void q8_rows(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
                     uint32_t r1)
 {
     for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t t = 0; t < nt; t++) y[t * ldy + r] = dot_q8(w + r * ws, x + t * ldx, nb);
+        for (uint32_t t = 0; t < nt; t++)
+            y[t * ldy + r] = dot_q8(w + r * ws, x + t * ldx, xd[t], nb);
 }
 
 static void axpy(float *y, float a, const float *x, uint32_t n)
@@ -42,9 +60,29 @@ static void axpy(float *y, float a, const float *x, uint32_t n)
     for (uint32_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-static void quant_q8(const float *x, struct kvf_block_q8_0 *out, uint32_t n)
+/* The reference activation quantizer (struct kvf_act16 in kernels.h); the vector ones match
+ * its bytes. The clamp never acts on finite rows (|x · (1 / d)| ≤ 32767 + a few ulps, which
+ * rounds to 32767) and mirrors the saturating packs of the vector form. */
+static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
 {
-    kvf_quantize_row_q8_0(x, out, n);
+    float amax = 0.0f;
+    bool finite = true;
+    for (uint32_t i = 0; i < n; i++) {
+        finite &= isfinite(x[i]) != 0;
+        amax = fmaxf(amax, fabsf(x[i]));
+    }
+    float dd = amax / 32767.0f;
+    if (!finite || dd < FLT_MIN) {
+        *d = finite ? 0.0f : NAN;
+        memset(q, 0, n * sizeof(int16_t));
+        return;
+    }
+    float id = 1.0f / dd;
+    *d = dd;
+    for (uint32_t i = 0; i < n; i++) {
+        long v = lrintf(x[i] * id);
+        q[i] = (int16_t)(v > 32767 ? 32767 : v < -32768 ? -32768 : v);
+    }
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_q8};
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_a16};

@@ -17,7 +17,8 @@
 #define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
 
-/* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1).
+/* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1);
+ * Q8_0 tiles take it as the most, and stay inside their chunk (kernels_q8_x86.c).
  * A decode step streams all weights once and is bound by memory; prefetching far ahead into
  * L2, rather than near into L1, keeps enough lines in flight to reach the read bandwidth of
  * one core (measured: smol135m Q8_0 decode on 1 thread, ~60 -> ~135 tokens/s). A prefetch
@@ -52,13 +53,13 @@ float kvf__dot_avx2(const float *a, const float *b, uint32_t n);
 void kvf__axpy_avx2(float *y, float a, const float *x, uint32_t n);
 
 /* kernels_q8_x86.c */
-void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const struct kvf_block_q8_0 *x,
-                       size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
-                       uint32_t r1);
-void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const struct kvf_block_q8_0 *x,
-                       size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
-                       uint32_t r1);
-void kvf__quant_q8_avx2(const float *x, struct kvf_block_q8_0 *out, uint32_t n);
+void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
+                       const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
+                       size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
+                       const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
+                       size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, uint32_t n);
 
 #endif
 #endif
