@@ -21,6 +21,7 @@
 #include "kvfence/quant.h"
 
 struct kvf_weight;
+struct kvf_attn_batch;
 
 /*
  * A variant computes y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt, tiling
@@ -42,6 +43,13 @@ struct kvf_kern {
     /* Quantizes n floats (n a multiple of 32) to Q8_0 blocks; every variant gives exactly the
      * bytes kvf_quantize_row_q8_0 gives (tested). */
     void (*quant_q8)(const float *x, struct kvf_block_q8_0 *out, uint32_t n);
+    /* Attention output of the query heads [h0, h1) of token t of the batch, all of one K/V
+     * group (attention.h); scratch: kvf__attn_scratch_floats floats of this thread's own. */
+    void (*attn_heads)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                       float *scratch);
+    /* g[i] = silu(g[i]) · u[i] for i < n, each element by the same operations wherever the
+     * range starts. */
+    void (*swiglu)(float *g, const float *u, uint32_t n);
 };
 
 /* The chosen variant; valid after kvf__kernels_init(). */

@@ -2,6 +2,7 @@
  * kernels_scalar.c — the portable fallback. Each (row, token) pair is one sequential sum in
  * index order, so it is invariant by construction.
  */
+#include "attention.h"
 #include "kernels.h"
 
 static float dot_f32(const float *w, const float *x, uint32_t n)
@@ -47,4 +48,5 @@ static void quant_q8(const float *x, struct kvf_block_q8_0 *out, uint32_t n)
     kvf_quantize_row_q8_0(x, out, n);
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_q8};
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_q8,
+                                          kvf__attn_heads_scalar, kvf__swiglu_scalar};
