@@ -1,14 +1,27 @@
 /*
  * attention.h — causal attention over pool pages, and the SwiGLU activation (internal to
- * src/model). forward.c describes a batch once per layer in a kvf_attn_batch and lets the
- * thread pool call kvf__attn_chunk for every chunk; the arithmetic is done by the kernel
- * variant's attn_heads and swiglu (kernels.h), scalar ones here and AVX2 ones in
- * attention_x86.c.
+ * src/model). forward.c describes a batch once per layer in a kvf_attn_batch, lets the thread
+ * pool call kvf__attn_chunk for every chunk, then calls kvf__attn_finish; the arithmetic is
+ * done by the kernel variant's attn_seg and swiglu (kernels.h), scalar ones in attention.c and
+ * AVX2 ones in attention_x86.c.
+ *
+ * Segments. A token's positions 0..pos are cut into segments of KVF_ATTN_SEG positions
+ * ([0, SEG), [SEG, 2·SEG), ...), always, whatever the batch. For each segment and query head a
+ * kernel computes a partial: m = the segment's max score, l = Σ exp(s_p − m), and
+ * acc = Σ exp(s_p − m) · v_p. The partials are then combined in segment order
+ * (kvf__attn_combine): M = max m, w = exp(m − M), out = (Σ w · acc) / (Σ w · l). A single
+ * segment gives w = 1, so short contexts are plain two-pass softmax.
+ *
+ * Who computes what. Normally one work item is a token's K/V group (its query heads share
+ * every K and V row read) with all its segments, combined on the spot in the thread's scratch.
+ * When a batch has too few such items to keep every chunk busy — a decode step of one or a few
+ * sequences — items are (token, group, segment) instead, the partials go to the shared
+ * b->part, and kvf__attn_finish combines them once all chunks are done.
  *
  * Invariance: each (token, head) output is computed by one fixed sequence of operations that
  * depends only on that token's query, its own sequence's K/V and its position — never on
- * which other tokens share the batch, how the work is chunked, which thread runs it, or which
- * other query heads of its K/V group are computed in the same call.
+ * which other tokens share the batch, how the work is chunked or split into items, which
+ * thread runs it, or which other query heads of its K/V group are computed in the same call.
  */
 #ifndef KVF_MODEL_ATTENTION_H
 #define KVF_MODEL_ATTENTION_H
@@ -34,26 +47,49 @@ struct kvf_attn_batch {
     size_t k_off, v_off;              /* this layer's K and V blocks inside a page */
     float *scratch;                   /* per thread: scratch_floats floats at thread · scratch_floats */
     size_t scratch_floats;
+    float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
 };
 
+/* Positions per segment (see above). A multiple of 8. Long enough that the per-segment work
+ * (a partial's store and its share of the combine, about 2 · head_dim operations) is a few
+ * percent of the segment's 4 · SEG · head_dim; short enough that a decode step at a context
+ * of a few hundred already has several items per K/V group to share between threads. */
+#define KVF_ATTN_SEG 128
+
+/* Floats in one partial: acc[head_dim], then m, then l. */
+static inline size_t kvf__attn_part_size(uint32_t head_dim)
+{
+    return (size_t)head_dim + 2;
+}
+
 /* Floats of per-thread scratch kvf__attn_chunk needs for a model with this context length and
- * head count: one row of scores per query head of a group, each padded so that a kernel may
- * store a whole vector of 8 past the last position. */
-size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads);
+ * head shape: a row of KVF_ATTN_SEG scores per query head (padded by one vector, which a kernel
+ * may store past the last position), and every segment's partial for every query head. */
+size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim);
+
+/* Floats of the shared partials (b->part) for batches of up to max_tokens tokens run in
+ * n_chunks chunks: the split happens only for fewer than 2 · n_chunks tokens. At least 1. */
+size_t kvf__attn_part_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim,
+                             uint32_t max_tokens, uint32_t n_chunks);
 
 /* Chunk i of n of the batch's attention, run by thread `thread`. */
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread);
+
+/* After every chunk i < n of kvf__attn_chunk(b, i, n, ...) has returned: combines the split
+ * partials, if the batch was split (nothing to do otherwise). On the calling thread; O(tokens ·
+ * heads · segments · head_dim), small, as it only splits batches of a few tokens. */
+void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n);
+
+/* out[0..hd) from the n_seg partials of one (token, head), at part + s · kvf__attn_part_size. */
+void kvf__attn_combine(const float *part, uint32_t n_seg, uint32_t hd, float *out);
 
 /* g[i] = silu(g[i]) · u[i] for i < n, by the chosen variant; each element's value depends on
  * g[i] and u[i] alone, wherever the range starts. */
 void kvf__swiglu(float *g, const float *u, uint32_t n);
 
-/* Stride, in floats, between the score rows of the heads of one call, for a token at pos: the
- * positions rounded up to a whole vector, plus one vector of room for stores past the end. */
-static inline size_t kvf__attn_score_stride(uint32_t pos)
-{
-    return (((size_t)pos + 1 + 7) & ~(size_t)7) + 8;
-}
+/* Stride, in floats, between the score rows of the heads of one kernel call: a segment, plus
+ * one vector of room for stores past its end. */
+#define KVF_ATTN_SCORE_STRIDE (KVF_ATTN_SEG + 8)
 
 /*
  * Pointers to the K (off = b->k_off) or V (off = b->v_off) rows of kv head kvh at positions
@@ -129,15 +165,15 @@ static inline float kvf__swiglu1(float g, float u)
     return g / (1.0f + kvf__expf(-g)) * u;
 }
 
-/* The scalar variant's kernels (kernels.h's attn_heads and swiglu). */
-void kvf__attn_heads_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                            float *scratch);
+/* The scalar variant's kernels (kernels.h's attn_seg and swiglu). */
+void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                          uint32_t seg, float *part, size_t part_stride, float *scores);
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
 
 /* The AVX2 ones (attention_x86.c; defined where KVF_HAVE_X86_KERNELS is), and the vector exp
  * they share, y[i] = kvf__expf(x[i]) bit for bit, which the tests check directly. */
-void kvf__attn_heads_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                          float *scratch);
+void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                        uint32_t seg, float *part, size_t part_stride, float *scores);
 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n);
 void kvf__exp_avx2(float *y, const float *x, uint32_t n);
 

@@ -1,33 +1,29 @@
 /*
  * attention_x86.c — the AVX2 attention and SwiGLU kernels (both x86 variants use them).
  *
- * Attention for the query heads [h0, h1) of one K/V group of one token, in three passes:
+ * The partial of one segment (attention.h) for the query heads [h0, h1) of one K/V group of
+ * one token, in three passes over the segment's positions:
  *
- *   1. scores: positions are taken 8 at a time (runs of RUN consecutive positions, their rows
- *      found by a walk along the page table); the 8 K rows are read once for every head of
- *      the group, and for each head one 8-lane FMA accumulator per position runs over
- *      head_dim in steps of 8, then the 8 accumulators are reduced together into one vector of
- *      8 scores (hsum8x8: the same add tree for every lane), times 1/√hd.
- *   2. per head: the max over positions 0..pos (exact, so its order does not matter), e_p =
- *      exp(s_p − max) by the vector exp, Σ e_p as one 8-lane sum in position order then hsum8.
- *   3. per head: out = Σ_p e_p · v_p as head_dim / 8 vector accumulators (at most 8 at a time,
- *      so they stay in registers) taking one FMA per position in position order, then × 1/Σ.
+ *   1. scores: positions 8 at a time; the 8 K rows are read once for every head of the group,
+ *      and for each head one 8-lane FMA accumulator per position runs over head_dim in steps
+ *      of 8, then the 8 accumulators are reduced together into one vector of 8 scores
+ *      (hsum8x8: the same add tree for every lane), times 1/√hd.
+ *   2. per head: m = the max score (exact, so its order does not matter), e_p = exp(s_p − m) by
+ *      the vector exp, l = Σ e_p as one 8-lane sum in position order then hsum8.
+ *   3. per head: acc = Σ_p e_p · v_p as head_dim / 8 vector accumulators (at most 8 at a time,
+ *      so they stay in registers) taking one FMA per position in position order.
  *
  * Every value belongs to one (head, position) or one (head, element) and is made by the same
- * operations whichever positions share its vector of 8, whichever heads share the call and
- * wherever a run starts: lanes past pos hold copies of an earlier row's score, never mixed
- * with real ones (they are dropped from the max and zeroed before the sum). Only head_dim and
- * pos shape the sequence of operations. head_dim not a multiple of 8 goes to the scalar
- * kernel, every time, so that too is fixed per model.
+ * operations whichever positions share its vector of 8 and whichever heads share the call:
+ * lanes past the segment's end hold copies of an earlier row's score, never mixed with real
+ * ones (they are dropped from the max and zeroed before the sum). Only head_dim and the
+ * segment's length shape the sequence of operations. head_dim not a multiple of 8 goes to the
+ * scalar kernel, every time, so that too is fixed per model.
  */
 #include "attention.h"
 #include "kernels_x86.h"
 
 #ifdef KVF_HAVE_X86_KERNELS
-
-/* Positions per run: their K or V rows (RUN × head_dim floats, 16 KiB at head_dim 64) stay in
- * L1 while every head of the group passes over them. A multiple of 8. */
-#define RUN 64
 
 /* kvf__expf (attention.h), lane by lane, with the same operations in the same order. */
 AVX2 INLINE __m256 exp8(__m256 x)
@@ -85,15 +81,13 @@ AVX2 INLINE __m256 dot8x8(const float *q, const float *const k[8], uint32_t nc)
     return hsum8x8(acc);
 }
 
-/* out[0 .. 8·NV) (+)= Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order; starts from
- * zero when first is set, else from out. NV is a constant at every call, so the accumulators
- * live in registers. */
+/* out[0 .. 8·NV) = Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order, from zero.
+ * NV is a constant at every call, so the accumulators live in registers. */
 AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows, size_t col,
-                           uint32_t m, int first, const int NV)
+                           uint32_t m, const int NV)
 {
     __m256 acc[8];
-    for (int c = 0; c < NV; c++)
-        acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * c);
+    for (int c = 0; c < NV; c++) acc[c] = _mm256_setzero_ps();
     for (uint32_t j = 0; j < m; j++) {
         __m256 wj = _mm256_broadcast_ss(w + j);
         for (int c = 0; c < NV; c++)
@@ -103,28 +97,27 @@ AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows,
 }
 
 /* wsum_cols over all nc vectors of a row, 8 vectors (64 floats) at a time. */
-AVX2 static void wsum(float *out, const float *w, const float *const *rows, uint32_t m, int first,
-                      uint32_t nc)
+AVX2 static void wsum(float *out, const float *w, const float *const *rows, uint32_t m, uint32_t nc)
 {
     for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
         float *o = out + 8 * (size_t)c0;
         size_t col = 8 * (size_t)c0;
         switch (nc - c0 < 8 ? nc - c0 : 8) {
-        case 1: wsum_cols(o, w, rows, col, m, first, 1); break;
-        case 2: wsum_cols(o, w, rows, col, m, first, 2); break;
-        case 3: wsum_cols(o, w, rows, col, m, first, 3); break;
-        case 4: wsum_cols(o, w, rows, col, m, first, 4); break;
-        case 5: wsum_cols(o, w, rows, col, m, first, 5); break;
-        case 6: wsum_cols(o, w, rows, col, m, first, 6); break;
-        case 7: wsum_cols(o, w, rows, col, m, first, 7); break;
-        default: wsum_cols(o, w, rows, col, m, first, 8); break;
+        case 1: wsum_cols(o, w, rows, col, m, 1); break;
+        case 2: wsum_cols(o, w, rows, col, m, 2); break;
+        case 3: wsum_cols(o, w, rows, col, m, 3); break;
+        case 4: wsum_cols(o, w, rows, col, m, 4); break;
+        case 5: wsum_cols(o, w, rows, col, m, 5); break;
+        case 6: wsum_cols(o, w, rows, col, m, 6); break;
+        case 7: wsum_cols(o, w, rows, col, m, 7); break;
+        default: wsum_cols(o, w, rows, col, m, 8); break;
         }
     }
 }
 
-/* Max of sc[0..n), then sc[p] = exp(sc[p] − max) for p < n rounded up to 8 (lanes past n set
- * to 0); returns Σ e_p. sc has room for n rounded up to 8 and holds finite-or-not floats there. */
-AVX2 static float softmax_row(float *sc, uint32_t n)
+/* *mx = the max of sc[0..n), then sc[p] = exp(sc[p] − max) for p < n rounded up to 8 (lanes
+ * past n set to 0); returns Σ e_p. sc holds floats up to n rounded up to 8, NaN or not. */
+AVX2 static float softmax_row(float *sc, uint32_t n, float *mx_out)
 {
     uint32_t n8 = n & ~7u;
     __m256 mv = _mm256_set1_ps(-INFINITY);
@@ -149,57 +142,42 @@ AVX2 static float softmax_row(float *sc, uint32_t n)
         _mm256_storeu_ps(sc + n8, e);
         sum = _mm256_add_ps(sum, e);
     }
+    *mx_out = mx;
     return hsum8(sum);
 }
 
-/* O((h1 - h0) · (pos + 1) · head_dim); K and V rows of the group read once per RUN positions. */
-AVX2 void kvf__attn_heads_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0,
-                               uint32_t h1, float *scratch)
+/* O((h1 - h0) · KVF_ATTN_SEG · head_dim); the segment's K and V rows (32 KiB each at head_dim
+ * 64) are fetched from memory once for all heads of the group. */
+AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                             uint32_t seg, float *part, size_t part_stride, float *scores)
 {
     uint32_t hd = b->head_dim;
     if (hd % 8 != 0) {
-        kvf__attn_heads_scalar(b, t, h0, h1, scratch);
+        kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores);
         return;
     }
-    const float *rows[RUN];
+    const float *rows[KVF_ATTN_SEG];
     uint32_t nc = hd / 8, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
-    size_t q_dim = (size_t)b->n_heads * hd;
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
-    uint32_t pos = b->tok_pos[t], n = pos + 1;
-    size_t stride = kvf__attn_score_stride(pos);
-    const float *q = b->q + (size_t)t * q_dim;
-    float *out = b->out + (size_t)t * q_dim;
+    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
+    uint32_t n = end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
+    const float *q = b->q + (size_t)t * b->n_heads * hd;
     __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)hd));
 
-    for (uint32_t p0 = 0; p0 < n; p0 += RUN) {
-        uint32_t m = n - p0 < RUN ? n - p0 : RUN;
-        kvf__attn_rows(b, s, b->k_off, kvh, p0, m, rows);
-        for (uint32_t j0 = 0; j0 < m; j0 += 8) {
-            const float *k8[8];
-            for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < m ? j0 + j : j0];
-            for (uint32_t h = h0; h < h1; h++) {
-                __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc), scale);
-                _mm256_storeu_ps(scratch + (h - h0) * stride + p0 + j0, d);
-            }
+    kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
+    for (uint32_t j0 = 0; j0 < n; j0 += 8) {
+        const float *k8[8];
+        for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
+        for (uint32_t h = h0; h < h1; h++) {
+            __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc), scale);
+            _mm256_storeu_ps(scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
         }
     }
-    /* 1 / Σ e_p of each head is kept in the last float of its score row, which no score
-     * reaches (kvf__attn_score_stride). */
+    kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
     for (uint32_t h = h0; h < h1; h++) {
-        float *sc = scratch + (h - h0) * stride;
-        sc[stride - 1] = 1.0f / softmax_row(sc, n);
-    }
-    for (uint32_t p0 = 0; p0 < n; p0 += RUN) {
-        uint32_t m = n - p0 < RUN ? n - p0 : RUN;
-        kvf__attn_rows(b, s, b->v_off, kvh, p0, m, rows);
-        for (uint32_t h = h0; h < h1; h++)
-            wsum(out + (size_t)h * hd, scratch + (h - h0) * stride + p0, rows, m, p0 == 0, nc);
-    }
-    for (uint32_t h = h0; h < h1; h++) {
-        __m256 iv = _mm256_set1_ps(scratch[(h - h0) * stride + stride - 1]);
-        float *o = out + (size_t)h * hd;
-        for (uint32_t c = 0; c < nc; c++)
-            _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(_mm256_loadu_ps(o + 8 * c), iv));
+        float *sc = scores + (h - h0) * KVF_ATTN_SCORE_STRIDE, *acc = part + (h - h0) * part_stride;
+        acc[hd + 1] = softmax_row(sc, n, &acc[hd]);
+        wsum(acc, sc, rows, n, nc);
     }
 }
 

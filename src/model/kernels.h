@@ -43,10 +43,11 @@ struct kvf_kern {
     /* Quantizes n floats (n a multiple of 32) to Q8_0 blocks; every variant gives exactly the
      * bytes kvf_quantize_row_q8_0 gives (tested). */
     void (*quant_q8)(const float *x, struct kvf_block_q8_0 *out, uint32_t n);
-    /* Attention output of the query heads [h0, h1) of token t of the batch, all of one K/V
-     * group (attention.h); scratch: kvf__attn_scratch_floats floats of this thread's own. */
-    void (*attn_heads)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                       float *scratch);
+    /* Attention partials of segment seg of token t of the batch for the query heads [h0, h1),
+     * all of one K/V group (attention.h): head h's at part + (h - h0) · part_stride. scores:
+     * (h1 - h0) · KVF_ATTN_SCORE_STRIDE floats of this thread's own. */
+    void (*attn_seg)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                     uint32_t seg, float *part, size_t part_stride, float *scores);
     /* g[i] = silu(g[i]) · u[i] for i < n, each element by the same operations wherever the
      * range starts. */
     void (*swiglu)(float *g, const float *u, uint32_t n);

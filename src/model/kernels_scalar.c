@@ -49,4 +49,4 @@ static void quant_q8(const float *x, struct kvf_block_q8_0 *out, uint32_t n)
 }
 
 const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_q8,
-                                          kvf__attn_heads_scalar, kvf__swiglu_scalar};
+                                          kvf__attn_seg_scalar, kvf__swiglu_scalar};

@@ -220,20 +220,23 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
                 for (size_t e = 0; e < row; e++) d[e] = rand_float(&r, -1.5f, 1.5f);
             }
 
-    /* Tokens: pos 0, the ends and starts of pages, the last position, and random ones. */
+    /* Tokens: pos 0, the ends and starts of pages and segments, the last position, and random
+     * ones. */
     enum { NT = 24 };
     uint32_t tok_pos[NT], tok_seq[NT] = {0};
     for (uint32_t t = 0; t < NT; t++) {
-        uint32_t want[] = {0, 1, pt - 1, pt, pt + 1, 2 * pt - 1, 2 * pt, sh->n_pos - 1, 7, 8, 9};
-        tok_pos[t] = t < 11 ? want[t] : kvf_rng_below(&r, sh->n_pos);
+        uint32_t want[] = {0, 1, pt - 1, pt, pt + 1, 2 * pt - 1, 2 * pt, sh->n_pos - 1, 7, 8, 9,
+                           KVF_ATTN_SEG - 1, KVF_ATTN_SEG, KVF_ATTN_SEG + 1, 2 * KVF_ATTN_SEG};
+        tok_pos[t] = t < 15 ? want[t] : kvf_rng_below(&r, sh->n_pos);
         if (tok_pos[t] >= sh->n_pos) tok_pos[t] = sh->n_pos - 1;
     }
     size_t q_dim = (size_t)n_heads * hd;
     float *q = malloc(NT * q_dim * sizeof(float));
     for (size_t i = 0; i < NT * q_dim; i++) q[i] = rand_float(&r, -1.5f, 1.5f);
-    size_t sf = kvf__attn_scratch_floats(sh->n_pos, n_heads);
+    size_t sf = kvf__attn_scratch_floats(sh->n_pos, n_heads, hd);
     float *scratch = malloc(3 * sf * sizeof(float));
-    float *outs[3];
+    float *part = malloc(kvf__attn_part_floats(sh->n_pos, n_heads, hd, NT, 64) * sizeof(float));
+    float *outs[4];
     double *ref = malloc(q_dim * sizeof(double));
     const struct kvf_kern *saved = kvf__kern;
     kvf__kern = kern;
@@ -244,12 +247,12 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
             .page_bytes = page_bytes, .page_tokens = pt,
             .k_off = kvf_geo_kv_offset(&cfg.geo, layer, 0),
             .v_off = kvf_geo_kv_offset(&cfg.geo, layer, 1), .scratch = scratch,
-            .scratch_floats = sf,
+            .scratch_floats = sf, .part = part,
         };
-        /* Three ways to cut the same work: the whole batch as one chunk, the whole batch in 7
-         * chunks on "threads" 0-2 (whole K/V groups per item), and each token alone in 8
-         * chunks (one query head per item). */
-        for (int way = 0; way < 3; way++) {
+        /* Four ways to cut the same work: the whole batch as one chunk and in 7 chunks on
+         * "threads" 0-2 (whole groups with all their segments per item), each token alone in 8
+         * chunks and the whole batch in 64 (split into segments, combined by finish). */
+        for (int way = 0; way < 4; way++) {
             outs[way] = malloc(NT * q_dim * sizeof(float));
             for (size_t i = 0; i < NT * q_dim; i++) outs[way][i] = NAN;
             b.out = outs[way];
@@ -264,20 +267,26 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
                     one.out = outs[way] + t * q_dim;
                     one.tok_pos = tok_pos + t;
                     for (uint32_t c = 0; c < 8; c++) kvf__attn_chunk(&one, c, 8, (c + t) % 3);
+                    kvf__attn_finish(&one, 8);
                 }
+            if (way == 3) {
+                for (uint32_t c = 0; c < 64; c++) kvf__attn_chunk(&b, c, 64, c % 3);
+                kvf__attn_finish(&b, 64);
+            }
         }
-        ASSERT_MEMEQ(outs[0], outs[1], NT * q_dim * sizeof(float));
-        ASSERT_MEMEQ(outs[0], outs[2], NT * q_dim * sizeof(float));
+        for (int way = 1; way < 4; way++)
+            ASSERT_MEMEQ(outs[0], outs[way], NT * q_dim * sizeof(float));
         for (uint32_t t = 0; t < NT; t++) {
             attn_ref(&b, &seq, tok_pos[t], q + t * q_dim, ref);
             double mr, e = rel_err(outs[0] + t * q_dim, ref, q_dim, &mr);
             if (!(e <= 2e-6))
                 KVF_FAIL("%s: token at pos %u: relative error %g", kern->name, tok_pos[t], e);
         }
-        for (int way = 0; way < 3; way++) free(outs[way]);
+        for (int way = 0; way < 4; way++) free(outs[way]);
     }
     kvf__kern = saved;
     free(ref);
+    free(part);
     free(scratch);
     free(q);
     tseq_release(pool, ts);
@@ -289,11 +298,11 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
 static void test_attention_reference(void)
 {
     static const struct ashape shapes[] = {
-        {2, 2, 16, 5, 40},    /* the tiny test model's heads, small pages */
-        {3, 3, 64, 16, 150},  /* smol135m's heads */
-        {6, 1, 48, 16, 70},   /* s15m's: no GQA */
-        {1, 4, 24, 7, 33},    /* head_dim 3 vectors, one K/V head */
-        {2, 2, 12, 3, 20},    /* head_dim not a multiple of 8: the scalar path everywhere */
+        {2, 2, 16, 5, 40},    /* the tiny test model's heads, small pages, one segment */
+        {3, 3, 64, 16, 450},  /* smol135m's heads, four segments */
+        {6, 1, 48, 16, 300},  /* s15m's: no GQA */
+        {1, 4, 24, 7, 200},   /* head_dim 3 vectors, one K/V head */
+        {2, 2, 12, 3, 260},   /* head_dim not a multiple of 8: the scalar path everywhere */
         {1, 2, 136, 9, 140},  /* head_dim 17 vectors: two column blocks in the V sum */
     };
     const struct kvf_kern *vars[2] = {&kvf__kern_scalar, have_avx2() ? kvf__kern_avx2 : NULL};
@@ -302,9 +311,89 @@ static void test_attention_reference(void)
             if (vars[v]) check_attention(&shapes[i], vars[v], kvf_test_seed() + i);
 }
 
+/* --- Through the forward pass. ---------------------------------------------------------- */
+
+#define LONG_N 300
+
+/* Logits of every position of toks, one token per call, on `threads` threads: with several
+ * threads a single token is split into (group, segment) items, with one it is not. */
+static void run_steps(const kvf_model_t *m, const int32_t *toks, uint32_t threads, float *logits)
+{
+    uint32_t V = kvf_model_hparams(m)->n_vocab;
+    kvf_pool_t *pool = tpool_create(m, 16, (LONG_N + 15) / 16, false);
+    kvf_fwd_t *f = tfwd_create(m, threads, 1, 1);
+    struct tseq *s = malloc(sizeof(*s));
+    tseq_alloc(pool, s, (LONG_N + 15) / 16, 1);
+    for (uint32_t i = 0; i < LONG_N; i++) {
+        struct kvf_fwd_seq fs = tseq_step(s, toks + i, 1, logits + (size_t)i * V);
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &fs, 1), 1);
+        ASSERT_EQ_INT(fs.status, 0);
+        s->pos++;
+    }
+    tseq_release(pool, s);
+    free(s);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+}
+
+/* A sequence longer than two segments gives the same logits at every position whether its
+ * attention was split across threads (decode steps on 2 threads), done whole per group (1
+ * thread), or done in prefill chunks of random length beside another sequence (3 threads,
+ * 5-slot pages). */
+static void test_long_context_invariance(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_F32, 5);
+    uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    static int32_t toks[2][LONG_N];
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; i < LONG_N; i++) toks[k][i] = (int32_t)kvf_rng_below(&r, V);
+    float *split = malloc((size_t)LONG_N * V * sizeof(float));
+    float *whole = malloc((size_t)LONG_N * V * sizeof(float));
+    run_steps(tm.m, toks[0], 2, split);
+    run_steps(tm.m, toks[0], 1, whole);
+    ASSERT_MEMEQ(split, whole, (size_t)LONG_N * V * sizeof(float));
+
+    uint32_t per = (LONG_N + 4) / 5;
+    kvf_pool_t *pool = tpool_create(tm.m, 5, 2 * per, false);
+    kvf_fwd_t *f = tfwd_create(tm.m, 3, 2 * 70, 2);
+    struct tseq *s = calloc(2, sizeof(*s));
+    float *logits = malloc(2 * (size_t)V * sizeof(float));
+    tseq_alloc(pool, &s[0], per, 10);
+    tseq_alloc(pool, &s[1], per, 11);
+    while (s[0].pos < LONG_N) {
+        struct kvf_fwd_seq fs[2];
+        uint32_t k = 0;
+        for (int i = 0; i < 2; i++) {
+            if (s[i].pos == LONG_N) continue;
+            uint32_t len = 1 + kvf_rng_below(&r, 70);
+            if (len > LONG_N - s[i].pos) len = LONG_N - s[i].pos;
+            fs[k++] = tseq_step(&s[i], toks[i] + s[i].pos, len, logits + (size_t)i * V);
+        }
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, fs, k), k);
+        s[0].pos += fs[0].n_tokens; /* the main sequence is always fs[0] */
+        if (k == 2) s[1].pos += fs[1].n_tokens;
+        if (memcmp(logits, split + (size_t)(s[0].pos - 1) * V, V * sizeof(float)) != 0)
+            KVF_FAIL("position %u differs between a prefill chunk and a split decode step",
+                     s[0].pos - 1);
+    }
+    tseq_release(pool, &s[0]);
+    tseq_release(pool, &s[1]);
+    free(s);
+    free(logits);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+    free(split);
+    free(whole);
+    tmodel_close(&tm);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_exp_accuracy),  KVF_CASE(test_exp_vector_matches),
     KVF_CASE(test_swiglu_ranges), KVF_CASE(test_attention_reference),
+    KVF_CASE(test_long_context_invariance),
 };
 
 int main(int argc, char **argv)
