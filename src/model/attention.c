@@ -102,10 +102,12 @@ void kvf__attn_combine(const float *part, uint32_t n_seg, uint32_t hd, float *ou
         const float *acc = part + s * ps;
         float w = kvf__expf(acc[hd] - mx);
         l += acc[hd + 1] * w;
+        /* Multiply, then add: this file is built for baseline x86-64, where fmaf would be a
+         * library call per element. */
         if (s == 0)
             for (uint32_t e = 0; e < hd; e++) out[e] = acc[e] * w;
         else
-            for (uint32_t e = 0; e < hd; e++) out[e] = fmaf(acc[e], w, out[e]);
+            for (uint32_t e = 0; e < hd; e++) out[e] += acc[e] * w;
     }
     float inv = 1.0f / l;
     for (uint32_t e = 0; e < hd; e++) out[e] *= inv;

@@ -25,6 +25,9 @@
 
 #ifdef KVF_HAVE_X86_KERNELS
 
+/* Positions per run of the V pass: V_RUN rows of head_dim floats (16 KiB at head_dim 64). */
+#define V_RUN 64
+
 /* kvf__expf (attention.h), lane by lane, with the same operations in the same order. */
 AVX2 INLINE __m256 exp8(__m256 x)
 {
@@ -81,13 +84,15 @@ AVX2 INLINE __m256 dot8x8(const float *q, const float *const k[8], uint32_t nc)
     return hsum8x8(acc);
 }
 
-/* out[0 .. 8·NV) = Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order, from zero.
- * NV is a constant at every call, so the accumulators live in registers. */
+/* out[0 .. 8·NV) (+)= Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order; from zero
+ * when first is set, else from out. NV is a constant at every call, so the accumulators live
+ * in registers. */
 AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows, size_t col,
-                           uint32_t m, const int NV)
+                           uint32_t m, int first, const int NV)
 {
     __m256 acc[8];
-    for (int c = 0; c < NV; c++) acc[c] = _mm256_setzero_ps();
+    for (int c = 0; c < NV; c++)
+        acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * c);
     for (uint32_t j = 0; j < m; j++) {
         __m256 wj = _mm256_broadcast_ss(w + j);
         for (int c = 0; c < NV; c++)
@@ -97,20 +102,21 @@ AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows,
 }
 
 /* wsum_cols over all nc vectors of a row, 8 vectors (64 floats) at a time. */
-AVX2 static void wsum(float *out, const float *w, const float *const *rows, uint32_t m, uint32_t nc)
+AVX2 static void wsum(float *out, const float *w, const float *const *rows, uint32_t m, int first,
+                      uint32_t nc)
 {
     for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
         float *o = out + 8 * (size_t)c0;
         size_t col = 8 * (size_t)c0;
         switch (nc - c0 < 8 ? nc - c0 : 8) {
-        case 1: wsum_cols(o, w, rows, col, m, 1); break;
-        case 2: wsum_cols(o, w, rows, col, m, 2); break;
-        case 3: wsum_cols(o, w, rows, col, m, 3); break;
-        case 4: wsum_cols(o, w, rows, col, m, 4); break;
-        case 5: wsum_cols(o, w, rows, col, m, 5); break;
-        case 6: wsum_cols(o, w, rows, col, m, 6); break;
-        case 7: wsum_cols(o, w, rows, col, m, 7); break;
-        default: wsum_cols(o, w, rows, col, m, 8); break;
+        case 1: wsum_cols(o, w, rows, col, m, first, 1); break;
+        case 2: wsum_cols(o, w, rows, col, m, first, 2); break;
+        case 3: wsum_cols(o, w, rows, col, m, first, 3); break;
+        case 4: wsum_cols(o, w, rows, col, m, first, 4); break;
+        case 5: wsum_cols(o, w, rows, col, m, first, 5); break;
+        case 6: wsum_cols(o, w, rows, col, m, first, 6); break;
+        case 7: wsum_cols(o, w, rows, col, m, first, 7); break;
+        default: wsum_cols(o, w, rows, col, m, first, 8); break;
         }
     }
 }
@@ -173,11 +179,19 @@ AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_
             _mm256_storeu_ps(scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
         }
     }
-    kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
     for (uint32_t h = h0; h < h1; h++) {
         float *sc = scores + (h - h0) * KVF_ATTN_SCORE_STRIDE, *acc = part + (h - h0) * part_stride;
         acc[hd + 1] = softmax_row(sc, n, &acc[hd]);
-        wsum(acc, sc, rows, n, nc);
+    }
+    /* V in runs of V_RUN positions, every head over a run before the next, so that the run's
+     * rows are still in L1 for the second and third head of a group. Storing and reloading
+     * the accumulators between runs is exact: runs do not change the values. */
+    kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
+    for (uint32_t j0 = 0; j0 < n; j0 += V_RUN) {
+        uint32_t m = n - j0 < V_RUN ? n - j0 : V_RUN;
+        for (uint32_t h = h0; h < h1; h++)
+            wsum(part + (h - h0) * part_stride, scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0,
+                 rows + j0, m, j0 == 0, nc);
     }
 }
 
