@@ -36,10 +36,6 @@ struct kvf_kern {
     void (*q8_rows)(const struct kvf_block_q8_0 *w, size_t ws, const struct kvf_block_q8_0 *x,
                     size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
                     uint32_t r1);
-    /* a · b over n floats (attention scores). */
-    float (*dot)(const float *a, const float *b, uint32_t n);
-    /* y += a × x over n floats (attention's weighted sum of V). */
-    void (*axpy)(float *y, float a, const float *x, uint32_t n);
     /* Quantizes n floats (n a multiple of 32) to Q8_0 blocks; every variant gives exactly the
      * bytes kvf_quantize_row_q8_0 gives (tested). */
     void (*quant_q8)(const float *x, struct kvf_block_q8_0 *out, uint32_t n);

@@ -38,15 +38,10 @@ static void q8_rows(const struct kvf_block_q8_0 *w, size_t ws, const struct kvf_
         for (uint32_t t = 0; t < nt; t++) y[t * ldy + r] = dot_q8(w + r * ws, x + t * ldx, nb);
 }
 
-static void axpy(float *y, float a, const float *x, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 static void quant_q8(const float *x, struct kvf_block_q8_0 *out, uint32_t n)
 {
     kvf_quantize_row_q8_0(x, out, n);
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_q8,
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, quant_q8,
                                           kvf__attn_seg_scalar, kvf__swiglu_scalar};
