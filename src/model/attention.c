@@ -20,7 +20,8 @@ static uint32_t n_segs(uint32_t n_ctx)
 
 size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim)
 {
-    return (size_t)n_heads * (KVF_ATTN_SCORE_STRIDE + n_segs(n_ctx) * kvf__attn_part_size(head_dim));
+    size_t parts = (size_t)n_segs(n_ctx) * kvf__attn_part_size(head_dim);
+    return (size_t)n_heads * (KVF_ATTN_SCORE_STRIDE + parts);
 }
 
 /* Splits only when whole groups would leave chunks idle, and there is more than one chunk. */
@@ -44,6 +45,31 @@ static uint32_t batch_segs(const struct kvf_attn_batch *b)
     for (uint32_t t = 0; t < b->nt; t++)
         if (b->tok_pos[t] > most) most = b->tok_pos[t];
     return most / KVF_ATTN_SEG + 1;
+}
+
+/* out[0..hd) from the n_seg partials of one (token, head), at part + s · kvf__attn_part_size.
+ * Every variant combines with this code, so the split and the unsplit path agree bit for bit.
+ * A NaN anywhere in a partial reaches the output: through l, which is NaN whenever a score or
+ * m is. O(n_seg · hd). */
+static void combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
+{
+    size_t ps = kvf__attn_part_size(hd);
+    float mx = part[hd], l = 0.0f;
+    for (uint32_t s = 1; s < n_seg; s++)
+        if (part[s * ps + hd] > mx) mx = part[s * ps + hd];
+    for (uint32_t s = 0; s < n_seg; s++) {
+        const float *acc = part + s * ps;
+        float w = kvf__expf(acc[hd] - mx);
+        l += acc[hd + 1] * w;
+        /* Multiply, then add: this file is built for baseline x86-64, where fmaf would be a
+         * library call per element. */
+        if (s == 0)
+            for (uint32_t e = 0; e < hd; e++) out[e] = acc[e] * w;
+        else
+            for (uint32_t e = 0; e < hd; e++) out[e] += acc[e] * w;
+    }
+    float inv = 1.0f / l;
+    for (uint32_t e = 0; e < hd; e++) out[e] *= inv;
 }
 
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread)
@@ -72,7 +98,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
         for (uint32_t seg = 0; seg < segs; seg++)
             kern->attn_seg(b, t, h0, h0 + group, seg, part + seg * ps, segs * ps, scores);
         for (uint32_t h = h0; h < h0 + group; h++)
-            kvf__attn_combine(part + (h - h0) * segs * ps, segs, hd,
+            combine(part + (h - h0) * segs * ps, segs, hd,
                               b->out + (size_t)t * q_dim + (size_t)h * hd);
     }
 }
@@ -84,33 +110,9 @@ void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n)
     size_t ps = kvf__attn_part_size(hd);
     for (uint32_t t = 0; t < b->nt; t++)
         for (uint32_t h = 0; h < b->n_heads; h++)
-            kvf__attn_combine(b->part + ((size_t)t * b->n_heads + h) * S * ps,
+            combine(b->part + ((size_t)t * b->n_heads + h) * S * ps,
                               b->tok_pos[t] / KVF_ATTN_SEG + 1, hd,
                               b->out + ((size_t)t * b->n_heads + h) * hd);
-}
-
-/* Every variant combines with this code, so the split and the unsplit path agree bit for bit.
- * A NaN anywhere in a partial reaches the output: through l, which is NaN whenever a score or
- * m is. O(n_seg · hd). */
-void kvf__attn_combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
-{
-    size_t ps = kvf__attn_part_size(hd);
-    float mx = part[hd], l = 0.0f;
-    for (uint32_t s = 1; s < n_seg; s++)
-        if (part[s * ps + hd] > mx) mx = part[s * ps + hd];
-    for (uint32_t s = 0; s < n_seg; s++) {
-        const float *acc = part + s * ps;
-        float w = kvf__expf(acc[hd] - mx);
-        l += acc[hd + 1] * w;
-        /* Multiply, then add: this file is built for baseline x86-64, where fmaf would be a
-         * library call per element. */
-        if (s == 0)
-            for (uint32_t e = 0; e < hd; e++) out[e] = acc[e] * w;
-        else
-            for (uint32_t e = 0; e < hd; e++) out[e] += acc[e] * w;
-    }
-    float inv = 1.0f / l;
-    for (uint32_t e = 0; e < hd; e++) out[e] *= inv;
 }
 
 /*

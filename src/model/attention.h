@@ -9,7 +9,7 @@
  * ([0, SEG), [SEG, 2·SEG), ...), always, whatever the batch. For each segment and query head a
  * kernel computes a partial: m = the segment's max score, l = Σ exp(s_p − m), and
  * acc = Σ exp(s_p − m) · v_p. The partials are then combined in segment order
- * (kvf__attn_combine): M = max m, w = exp(m − M), out = (Σ w · acc) / (Σ w · l). A single
+ * (attention.c): M = max m, w = exp(m − M), out = (Σ w · acc) / (Σ w · l). A single
  * segment gives w = 1, so short contexts are plain two-pass softmax.
  *
  * Who computes what. Normally one work item is a token's K/V group (its query heads share
@@ -80,9 +80,6 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
  * heads · segments · head_dim), small, as it only splits batches of a few tokens. */
 void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n);
 
-/* out[0..hd) from the n_seg partials of one (token, head), at part + s · kvf__attn_part_size. */
-void kvf__attn_combine(const float *part, uint32_t n_seg, uint32_t hd, float *out);
-
 /* g[i] = silu(g[i]) · u[i] for i < n, by the chosen variant; each element's value depends on
  * g[i] and u[i] alone, wherever the range starts. */
 void kvf__swiglu(float *g, const float *u, uint32_t n);
@@ -102,13 +99,14 @@ static inline void kvf__attn_rows(const struct kvf_attn_batch *b, const struct k
 {
     uint32_t pt = b->page_tokens, pi = p0 / pt, slot = p0 % pt;
     size_t row_floats = (size_t)b->n_kv_heads * b->head_dim, head = (size_t)kvh * b->head_dim;
-    const float *blk = (const float *)(b->pool_base + (size_t)s->pages[pi].page * b->page_bytes + off);
+    const uint8_t *base = b->pool_base + off;
+    const float *blk = (const float *)(base + (size_t)s->pages[pi].page * b->page_bytes);
     for (uint32_t j = 0; j < n; j++) {
         rows[j] = blk + slot * row_floats + head;
         if (++slot == pt && j + 1 < n) {
             slot = 0;
             pi++;
-            blk = (const float *)(b->pool_base + (size_t)s->pages[pi].page * b->page_bytes + off);
+            blk = (const float *)(base + (size_t)s->pages[pi].page * b->page_bytes);
         }
     }
 }
@@ -155,7 +153,9 @@ static inline float kvf__expf(float x)
     int32_t ki = (int32_t)k;
     int32_t k1 = (ki - (ki & 1)) / 2; /* floor(ki / 2), as the vector's arithmetic shift */
     int32_t k2 = ki - k1;
-    union { uint32_t u; float f; } s1 = {(uint32_t)(k1 + 127) << 23}, s2 = {(uint32_t)(k2 + 127) << 23};
+    union { uint32_t u; float f; } s1, s2;
+    s1.u = (uint32_t)(k1 + 127) << 23;
+    s2.u = (uint32_t)(k2 + 127) << 23;
     return p * s1.f * s2.f;
 }
 

@@ -122,8 +122,8 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->rope = malloc(T * hp->head_dim * sizeof(float));
     f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads, hp->head_dim);
     f->scores = malloc((size_t)nth * f->scores_per_thread * sizeof(float));
-    f->attn_part = malloc(kvf__attn_part_floats(hp->n_ctx, hp->n_heads, hp->head_dim, cfg->max_tokens,
-                                                f->n_chunks) * sizeof(float));
+    f->attn_part = malloc(kvf__attn_part_floats(hp->n_ctx, hp->n_heads, hp->head_dim,
+                                                cfg->max_tokens, f->n_chunks) * sizeof(float));
     f->wrow = malloc((size_t)nth * widest * sizeof(float));
     f->outx = malloc(S * hp->dim * sizeof(float));
     f->out = malloc(S * hp->n_vocab * sizeof(float));
@@ -134,8 +134,8 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->out_seq = malloc(S * sizeof(uint32_t));
     int rc = -ENOMEM;
     if (!f->x || !f->xb || !f->o || !f->xq || !f->q || !f->k || !f->v || !f->hg || !f->hu ||
-        !f->rope || !f->scores || !f->attn_part || !f->wrow || !f->outx || !f->out || !f->tok_seq || !f->tok_pos ||
-        !f->tok_id || !f->out_tok || !f->out_seq)
+        !f->rope || !f->scores || !f->attn_part || !f->wrow || !f->outx || !f->out ||
+        !f->tok_seq || !f->tok_pos || !f->tok_id || !f->out_tok || !f->out_seq)
         goto free_f;
     /* Touch the scratch now, so the first batch does not pay for page faults. */
     memset(f->x, 0, T * hp->dim * sizeof(float));
