@@ -1,65 +1,164 @@
 /*
- * attention.c — causal attention over pool pages, and SwiGLU.
+ * attention.c — causal attention over pool pages, and SwiGLU: work items, the combine of
+ * segment partials, and the scalar variant's kernels.
  *
  * For a token at position pos of its sequence, and query head h (K/V head h / group):
  *   s_p  = (q · k_p) / √head_dim            p = 0..pos, k_p read from its page slot
- *   a_p  = exp(s_p − max s) / Σ exp(s − max s)
- *   out  = Σ_p a_p · v_p                    in index order
- * Position p lives in slot p mod page_tokens of page-table entry p / page_tokens; forward.c
- * checked every page (owner, tag, verified fill) before this runs, and positions past pos are
- * never read.
+ *   out  = Σ_p softmax(s)_p · v_p
+ * computed segment by segment and combined as attention.h describes. Position p lives in slot
+ * p mod page_tokens of page-table entry p / page_tokens; forward.c checked every page (owner,
+ * tag, verified fill) before this runs, and positions past pos are never read.
  */
 #include "attention.h"
 
-#include <math.h>
-
 #include "kernels.h"
 
-size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads)
+static uint32_t n_segs(uint32_t n_ctx)
 {
-    return (size_t)n_ctx * n_heads;
+    return (n_ctx + KVF_ATTN_SEG - 1) / KVF_ATTN_SEG;
+}
+
+size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim)
+{
+    size_t parts = (size_t)n_segs(n_ctx) * kvf__attn_part_size(head_dim);
+    return (size_t)n_heads * (KVF_ATTN_SCORE_STRIDE + parts);
+}
+
+/* Splits only when whole groups would leave chunks idle, and there is more than one chunk. */
+static bool split_batch(const struct kvf_attn_batch *b, uint32_t n)
+{
+    return n > 1 && (uint64_t)b->nt * b->n_kv_heads < 2u * n;
+}
+
+size_t kvf__attn_part_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim,
+                             uint32_t max_tokens, uint32_t n_chunks)
+{
+    size_t tokens = n_chunks > 1 ? 2u * n_chunks : 0;
+    if (tokens > max_tokens) tokens = max_tokens;
+    return tokens * n_heads * n_segs(n_ctx) * kvf__attn_part_size(head_dim) + 1;
+}
+
+/* The most segments any token of the batch has: the stride of the shared partials. O(nt). */
+static uint32_t batch_segs(const struct kvf_attn_batch *b)
+{
+    uint32_t most = 0;
+    for (uint32_t t = 0; t < b->nt; t++)
+        if (b->tok_pos[t] > most) most = b->tok_pos[t];
+    return most / KVF_ATTN_SEG + 1;
+}
+
+/* out[0..hd) from the n_seg partials of one (token, head), at part + s · kvf__attn_part_size.
+ * Every variant combines with this code, so the split and the unsplit path agree bit for bit.
+ * A NaN anywhere in a partial reaches the output: through l, which is NaN whenever a score or
+ * m is. O(n_seg · hd). */
+static void combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
+{
+    size_t ps = kvf__attn_part_size(hd);
+    float mx = part[hd], l = 0.0f;
+    for (uint32_t s = 1; s < n_seg; s++)
+        if (part[s * ps + hd] > mx) mx = part[s * ps + hd];
+    for (uint32_t s = 0; s < n_seg; s++) {
+        const float *acc = part + s * ps;
+        float w = kvf__expf(acc[hd] - mx);
+        l += acc[hd + 1] * w;
+        /* Multiply, then add: this file is built for baseline x86-64, where fmaf would be a
+         * library call per element. */
+        if (s == 0)
+            for (uint32_t e = 0; e < hd; e++) out[e] = acc[e] * w;
+        else
+            for (uint32_t e = 0; e < hd; e++) out[e] += acc[e] * w;
+    }
+    float inv = 1.0f / l;
+    for (uint32_t e = 0; e < hd; e++) out[e] *= inv;
 }
 
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread)
 {
     uint32_t hd = b->head_dim, n_kv = b->n_kv_heads, group = b->n_heads / n_kv;
-    uint32_t pt = b->page_tokens;
-    size_t q_dim = (size_t)b->n_heads * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *sc = b->scratch + (size_t)thread * b->scratch_floats;
+    size_t ps = kvf__attn_part_size(hd);
+    float *scores = b->scratch + (size_t)thread * b->scratch_floats;
     const struct kvf_kern *kern = kvf__kern;
     /* Items are dealt round-robin rather than in ranges: in a prefill chunk, later tokens attend
      * over more positions, and a range split would give the last thread most of the work. */
-    for (uint32_t item = i; item < b->nt * b->n_heads; item += n) {
-        uint32_t t = item / b->n_heads, h = item % b->n_heads, kvh = h / group;
-        const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
-        uint32_t pos = b->tok_pos[t];
-        const float *q = b->q + (size_t)t * q_dim + (size_t)h * hd;
-        float mx = -INFINITY;
-        for (uint32_t p = 0; p <= pos; p++) {
-            const uint8_t *page = b->pool_base + (size_t)s->pages[p / pt].page * b->page_bytes;
-            const float *kp = (const float *)(page + b->k_off) + ((size_t)(p % pt) * n_kv + kvh) * hd;
-            float d = kern->dot(q, kp, hd) * scale;
-            sc[p] = d;
-            if (d > mx) mx = d;
+    if (split_batch(b, n)) {
+        uint32_t S = batch_segs(b);
+        for (uint32_t item = i; item < b->nt * n_kv * S; item += n) {
+            uint32_t t = item / (n_kv * S), kvh = item / S % n_kv, seg = item % S;
+            if (seg > b->tok_pos[t] / KVF_ATTN_SEG) continue;
+            float *part = b->part + (((size_t)t * b->n_heads + kvh * group) * S + seg) * ps;
+            kern->attn_seg(b, t, kvh * group, (kvh + 1) * group, seg, part, S * ps, scores);
         }
-        float sum = 0.0f;
-        for (uint32_t p = 0; p <= pos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        float inv = 1.0f / sum;
-        float *out = b->out + (size_t)t * q_dim + (size_t)h * hd;
-        for (uint32_t e = 0; e < hd; e++) out[e] = 0.0f;
-        for (uint32_t p = 0; p <= pos; p++) {
-            const uint8_t *page = b->pool_base + (size_t)s->pages[p / pt].page * b->page_bytes;
-            const float *vp = (const float *)(page + b->v_off) + ((size_t)(p % pt) * n_kv + kvh) * hd;
-            kern->axpy(out, sc[p] * inv, vp, hd);
-        }
+        return;
     }
+    float *part = scores + (size_t)b->n_heads * KVF_ATTN_SCORE_STRIDE;
+    size_t q_dim = (size_t)b->n_heads * hd;
+    for (uint32_t item = i; item < b->nt * n_kv; item += n) {
+        uint32_t t = item / n_kv, h0 = item % n_kv * group;
+        uint32_t segs = b->tok_pos[t] / KVF_ATTN_SEG + 1;
+        for (uint32_t seg = 0; seg < segs; seg++)
+            kern->attn_seg(b, t, h0, h0 + group, seg, part + seg * ps, segs * ps, scores);
+        for (uint32_t h = h0; h < h0 + group; h++)
+            combine(part + (h - h0) * segs * ps, segs, hd,
+                              b->out + (size_t)t * q_dim + (size_t)h * hd);
+    }
+}
+
+void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n)
+{
+    if (!split_batch(b, n)) return;
+    uint32_t S = batch_segs(b), hd = b->head_dim;
+    size_t ps = kvf__attn_part_size(hd);
+    for (uint32_t t = 0; t < b->nt; t++)
+        for (uint32_t h = 0; h < b->n_heads; h++)
+            combine(b->part + ((size_t)t * b->n_heads + h) * S * ps,
+                              b->tok_pos[t] / KVF_ATTN_SEG + 1, hd,
+                              b->out + ((size_t)t * b->n_heads + h) * hd);
+}
+
+/*
+ * The scalar variant: each head on its own, every sum a plain loop in index order.
+ * O((h1 - h0) · KVF_ATTN_SEG · hd).
+ */
+void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                          uint32_t seg, float *part, size_t part_stride, float *scores)
+{
+    const float *rows[KVF_ATTN_SEG];
+    uint32_t hd = b->head_dim, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
+    size_t q_dim = (size_t)b->n_heads * hd;
+    const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
+    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
+    uint32_t n = end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (uint32_t h = h0; h < h1; h++) {
+        const float *q = b->q + (size_t)t * q_dim + (size_t)h * hd;
+        float *acc = part + (h - h0) * part_stride, mx = -INFINITY, sum = 0.0f;
+        kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
+        for (uint32_t j = 0; j < n; j++) {
+            float d = 0.0f;
+            for (uint32_t e = 0; e < hd; e++) d += q[e] * rows[j][e];
+            scores[j] = d * scale;
+            /* A NaN score is skipped here but not lost: its own exp, and so l, is NaN. */
+            if (scores[j] > mx) mx = scores[j];
+        }
+        for (uint32_t j = 0; j < n; j++) {
+            scores[j] = kvf__expf(scores[j] - mx);
+            sum += scores[j];
+        }
+        for (uint32_t e = 0; e < hd; e++) acc[e] = 0.0f;
+        kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
+        for (uint32_t j = 0; j < n; j++)
+            for (uint32_t e = 0; e < hd; e++) acc[e] += scores[j] * rows[j][e];
+        acc[hd] = mx;
+        acc[hd + 1] = sum;
+    }
+}
+
+void kvf__swiglu_scalar(float *g, const float *u, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) g[i] = kvf__swiglu1(g[i], u[i]);
 }
 
 void kvf__swiglu(float *g, const float *u, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    kvf__kern->swiglu(g, u, n);
 }

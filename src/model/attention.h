@@ -1,15 +1,32 @@
 /*
  * attention.h — causal attention over pool pages, and the SwiGLU activation (internal to
- * src/model). forward.c describes a batch once per layer in a kvf_attn_batch and lets the
- * thread pool call kvf__attn_chunk for every chunk.
+ * src/model). forward.c describes a batch once per layer in a kvf_attn_batch, lets the thread
+ * pool call kvf__attn_chunk for every chunk, then calls kvf__attn_finish; the arithmetic is
+ * done by the kernel variant's attn_seg and swiglu (kernels.h), scalar ones in attention.c and
+ * AVX2 ones in attention_x86.c.
+ *
+ * Segments. A token's positions 0..pos are cut into segments of KVF_ATTN_SEG positions
+ * ([0, SEG), [SEG, 2·SEG), ...), always, whatever the batch. For each segment and query head a
+ * kernel computes a partial: m = the segment's max score, l = Σ exp(s_p − m), and
+ * acc = Σ exp(s_p − m) · v_p. The partials are then combined in segment order
+ * (attention.c): M = max m, w = exp(m − M), out = (Σ w · acc) / (Σ w · l). A single
+ * segment gives w = 1, so short contexts are plain two-pass softmax.
+ *
+ * Who computes what. Normally one work item is a token's K/V group (its query heads share
+ * every K and V row read) with all its segments, combined on the spot in the thread's scratch.
+ * When a batch has too few such items to keep every chunk busy — a decode step of one or a few
+ * sequences — items are (token, group, segment) instead, the partials go to the shared
+ * b->part, and kvf__attn_finish combines them once all chunks are done.
  *
  * Invariance: each (token, head) output is computed by one fixed sequence of operations that
  * depends only on that token's query, its own sequence's K/V and its position — never on
- * which other tokens share the batch, how the work is chunked, or which thread runs it.
+ * which other tokens share the batch, how the work is chunked or split into items, which
+ * thread runs it, or which other query heads of its K/V group are computed in the same call.
  */
 #ifndef KVF_MODEL_ATTENTION_H
 #define KVF_MODEL_ATTENTION_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,16 +47,134 @@ struct kvf_attn_batch {
     size_t k_off, v_off;              /* this layer's K and V blocks inside a page */
     float *scratch;                   /* per thread: scratch_floats floats at thread · scratch_floats */
     size_t scratch_floats;
+    float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
 };
 
-/* Floats of per-thread scratch kvf__attn_chunk needs for a model with this context length and
- * head count. */
-size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads);
+/* Positions per segment (see above). A multiple of 8. Long enough that the per-segment work
+ * (a partial's store and its share of the combine, about 2 · head_dim operations) is a few
+ * percent of the segment's 4 · SEG · head_dim; short enough that a decode step at a context
+ * of a few hundred already has several items per K/V group to share between threads. */
+#define KVF_ATTN_SEG 128
 
-/* Chunk i of n of the batch's (token, head) work, run by thread `thread`. */
+/* Floats in one partial: acc[head_dim], then m, then l. */
+static inline size_t kvf__attn_part_size(uint32_t head_dim)
+{
+    return (size_t)head_dim + 2;
+}
+
+/* Floats of per-thread scratch kvf__attn_chunk needs for a model with this context length and
+ * head shape: a row of KVF_ATTN_SEG scores per query head (padded by one vector, which a kernel
+ * may store past the last position), and every segment's partial for every query head. */
+size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim);
+
+/* Floats of the shared partials (b->part) for batches of up to max_tokens tokens run in
+ * n_chunks chunks: the split happens only for fewer than 2 · n_chunks tokens. At least 1. */
+size_t kvf__attn_part_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim,
+                             uint32_t max_tokens, uint32_t n_chunks);
+
+/* Chunk i of n of the batch's attention, run by thread `thread`. */
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread);
 
-/* g[i] = silu(g[i]) · u[i] for i < n; each element's value depends on g[i] and u[i] alone. */
+/* After every chunk i < n of kvf__attn_chunk(b, i, n, ...) has returned: combines the split
+ * partials, if the batch was split (nothing to do otherwise). On the calling thread; O(tokens ·
+ * heads · segments · head_dim), small, as it only splits batches of a few tokens. */
+void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n);
+
+/* g[i] = silu(g[i]) · u[i] for i < n, by the chosen variant; each element's value depends on
+ * g[i] and u[i] alone, wherever the range starts. */
 void kvf__swiglu(float *g, const float *u, uint32_t n);
+
+/* Stride, in floats, between the score rows of the heads of one kernel call: a segment, plus
+ * one vector of room for stores past its end. */
+#define KVF_ATTN_SCORE_STRIDE (KVF_ATTN_SEG + 8)
+
+/*
+ * Pointers to the K (off = b->k_off) or V (off = b->v_off) rows of kv head kvh at positions
+ * p0 .. p0 + n - 1 of sequence s, into rows[0..n). One division for the first position, then
+ * a walk along the page table: O(n).
+ */
+static inline void kvf__attn_rows(const struct kvf_attn_batch *b, const struct kvf_fwd_seq *s,
+                                  size_t off, uint32_t kvh, uint32_t p0, uint32_t n,
+                                  const float **rows)
+{
+    uint32_t pt = b->page_tokens, pi = p0 / pt, slot = p0 % pt;
+    size_t row_floats = (size_t)b->n_kv_heads * b->head_dim, head = (size_t)kvh * b->head_dim;
+    const uint8_t *base = b->pool_base + off;
+    const float *blk = (const float *)(base + (size_t)s->pages[pi].page * b->page_bytes);
+    for (uint32_t j = 0; j < n; j++) {
+        rows[j] = blk + slot * row_floats + head;
+        if (++slot == pt && j + 1 < n) {
+            slot = 0;
+            pi++;
+            blk = (const float *)(base + (size_t)s->pages[pi].page * b->page_bytes);
+        }
+    }
+}
+
+/*
+ * e^x in float: x = k·ln 2 + r with k = round(x · log2 e) and |r| ≤ ln 2 / 2 (Cody-Waite, two
+ * FMA steps), e^r by its Taylor polynomial of degree 7 (truncation error below 1e-8 relative),
+ * times 2^k applied as 2^(k/2) · 2^(k - k/2) so that both factors are normal floats. Within
+ * 1.5 ulp of e^x for results above FLT_MIN (tested; about 0.93 ulp at worst measured); smaller
+ * results lose bits in the second scaling step's rounding, to 0 below about -103.3; +inf
+ * above 88.72; NaN stays NaN.
+ *
+ * The AVX2 variant's vector exp (attention_x86.c) is this same sequence of operations lane by
+ * lane — the clamp written as its max/min, fmaf where it uses FMA, the same constants — so the
+ * two give the same bits, and a scalar tail computes exactly what a vector lane would.
+ */
+#define KVF_EXP_LO (-110.0f)      /* below: e^x rounds to 0 anyway */
+#define KVF_EXP_HI 90.0f          /* above: e^x overflows to +inf anyway */
+#define KVF_EXP_LOG2E 1.44269502f
+#define KVF_EXP_LN2_HI 0.693359375f     /* 355/512: k · LN2_HI is exact */
+#define KVF_EXP_LN2_LO (-2.12194440e-4f) /* ln 2 − LN2_HI */
+#define KVF_EXP_C2 (1.0f / 2.0f)
+#define KVF_EXP_C3 (1.0f / 6.0f)
+#define KVF_EXP_C4 (1.0f / 24.0f)
+#define KVF_EXP_C5 (1.0f / 120.0f)
+#define KVF_EXP_C6 (1.0f / 720.0f)
+#define KVF_EXP_C7 (1.0f / 5040.0f)
+
+static inline float kvf__expf(float x)
+{
+    if (x != x) return x;
+    float xc = x > KVF_EXP_LO ? x : KVF_EXP_LO;
+    xc = xc < KVF_EXP_HI ? xc : KVF_EXP_HI;
+    float k = nearbyintf(xc * KVF_EXP_LOG2E);
+    float r = fmaf(k, -KVF_EXP_LN2_HI, xc);
+    r = fmaf(k, -KVF_EXP_LN2_LO, r);
+    float p = fmaf(KVF_EXP_C7, r, KVF_EXP_C6);
+    p = fmaf(p, r, KVF_EXP_C5);
+    p = fmaf(p, r, KVF_EXP_C4);
+    p = fmaf(p, r, KVF_EXP_C3);
+    p = fmaf(p, r, KVF_EXP_C2);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    int32_t ki = (int32_t)k;
+    int32_t k1 = (ki - (ki & 1)) / 2; /* floor(ki / 2), as the vector's arithmetic shift */
+    int32_t k2 = ki - k1;
+    union { uint32_t u; float f; } s1, s2;
+    s1.u = (uint32_t)(k1 + 127) << 23;
+    s2.u = (uint32_t)(k2 + 127) << 23;
+    return p * s1.f * s2.f;
+}
+
+/* silu(g) · u, written as the vector kernels compute it: (g / (1 + e^-g)) · u. */
+static inline float kvf__swiglu1(float g, float u)
+{
+    return g / (1.0f + kvf__expf(-g)) * u;
+}
+
+/* The scalar variant's kernels (kernels.h's attn_seg and swiglu). */
+void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                          uint32_t seg, float *part, size_t part_stride, float *scores);
+void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
+
+/* The AVX2 ones (attention_x86.c; defined where KVF_HAVE_X86_KERNELS is), and the vector exp
+ * they share, y[i] = kvf__expf(x[i]) bit for bit, which the tests check directly. */
+void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                        uint32_t seg, float *part, size_t part_stride, float *scores);
+void kvf__swiglu_avx2(float *g, const float *u, uint32_t n);
+void kvf__exp_avx2(float *y, const float *x, uint32_t n);
 
 #endif

@@ -48,6 +48,7 @@ struct kvf_fwd {
     float *rope;              /* (max_tokens, head_dim / 2, 2) cos, sin per token and pair */
     float *scores;            /* (n_threads, kvf__attn_scratch_floats) attention scratch */
     size_t scores_per_thread;
+    float *attn_part;         /* kvf__attn_part_floats: attention partials shared by threads */
     float *wrow;              /* (n_threads, max(dim, q_dim, ffn_dim)) one dequantized row */
     float *outx;              /* (max_seqs, dim) normed final rows of logit tokens */
     float *out;               /* (max_seqs, n_vocab) logits before they are copied out */
@@ -120,8 +121,10 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->hg = malloc(T * hp->ffn_dim * sizeof(float));
     f->hu = malloc(T * hp->ffn_dim * sizeof(float));
     f->rope = malloc(T * hp->head_dim * sizeof(float));
-    f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads);
+    f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads, hp->head_dim);
     f->scores = malloc((size_t)nth * f->scores_per_thread * sizeof(float));
+    f->attn_part = malloc(kvf__attn_part_floats(hp->n_ctx, hp->n_heads, hp->head_dim,
+                                                cfg->max_tokens, f->n_chunks) * sizeof(float));
     f->wrow = malloc((size_t)nth * widest * sizeof(float));
     f->outx = malloc(S * hp->dim * sizeof(float));
     f->out = malloc(S * hp->n_vocab * sizeof(float));
@@ -132,8 +135,8 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->out_seq = malloc(S * sizeof(uint32_t));
     int rc = -ENOMEM;
     if (!f->x || !f->xb || !f->o || !f->xq.q || !f->xq.d || !f->q || !f->k || !f->v || !f->hg ||
-        !f->hu || !f->rope || !f->scores || !f->wrow || !f->outx || !f->out || !f->tok_seq ||
-        !f->tok_pos || !f->tok_id || !f->out_tok || !f->out_seq)
+        !f->hu || !f->rope || !f->scores || !f->attn_part || !f->wrow || !f->outx || !f->out ||
+        !f->tok_seq || !f->tok_pos || !f->tok_id || !f->out_tok || !f->out_seq)
         goto free_f;
     /* Touch the scratch now, so the first batch does not pay for page faults. */
     memset(f->x, 0, T * hp->dim * sizeof(float));
@@ -168,6 +171,7 @@ void kvf_fwd_destroy(kvf_fwd_t *f)
     free(f->hu);
     free(f->rope);
     free(f->scores);
+    free(f->attn_part);
     free(f->wrow);
     free(f->outx);
     free(f->out);
@@ -439,8 +443,10 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
             .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
             .v_off = v_off, .scratch = f->scores, .scratch_floats = f->scores_per_thread,
+            .part = f->attn_part,
         };
         kvf__tpool_run(f->tp, job_attn, &j, f->n_chunks);
+        kvf__attn_finish(&j.attn, f->n_chunks);
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL, L->wo.type == KVF_GGML_Q8_0);
         kvf__tpool_run(f->tp, job_wo, &j, f->n_chunks);
         norm_quant(&j, f->x, f->xb, dim, dim, L->ffn_norm,

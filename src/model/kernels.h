@@ -21,6 +21,7 @@
 #include "kvfence/quant.h"
 
 struct kvf_weight;
+struct kvf_attn_batch;
 
 /*
  * Activations for Q8_0 weights: each row of n floats becomes n int16 q and ONE float scale d for
@@ -51,13 +52,17 @@ struct kvf_kern {
     void (*q8_rows)(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
                     uint32_t r1);
-    /* a · b over n floats (attention scores). */
-    float (*dot)(const float *a, const float *b, uint32_t n);
-    /* y += a × x over n floats (attention's weighted sum of V). */
-    void (*axpy)(float *y, float a, const float *x, uint32_t n);
     /* Quantizes one activation row of n floats (n a multiple of 32) to n int16 and its scale
      * (see struct kvf_act16); every variant gives exactly the scalar variant's bytes (tested). */
     void (*quant_a16)(const float *x, int16_t *q, float *d, uint32_t n);
+    /* Attention partials of segment seg of token t of the batch for the query heads [h0, h1),
+     * all of one K/V group (attention.h): head h's at part + (h - h0) · part_stride. scores:
+     * (h1 - h0) · KVF_ATTN_SCORE_STRIDE floats of this thread's own. */
+    void (*attn_seg)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                     uint32_t seg, float *part, size_t part_stride, float *scores);
+    /* g[i] = silu(g[i]) · u[i] for i < n, each element by the same operations wherever the
+     * range starts. */
+    void (*swiglu)(float *g, const float *u, uint32_t n);
 };
 
 /* The chosen variant; valid after kvf__kernels_init(). */

@@ -1,6 +1,5 @@
 /*
- * kernels_f32_x86.c — F32 tiles for the "avx2" and "avx2+vnni" variants, and the dot / axpy
- * used by attention.
+ * kernels_f32_x86.c — F32 tiles for the "avx2" and "avx2+vnni" variants.
  *
  * The F32 per-pair recipe, shared by every tile shape: one 8-lane accumulator; step i adds w·x
  * of floats [8i, 8i + 8) by FMA; then hsum8 in a fixed lane order; then the last n % 8
@@ -82,24 +81,6 @@ AVX2 void kvf__f32_rows_avx2(const float *w, size_t ws, const float *x, size_t l
         for (; t + 3 <= nt; t += 3) f32_1x3(w + r * ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
         for (; t < nt; t++) f32_1x1(w + r * ws, x + t * ldx, n, y + t * ldy + r);
     }
-}
-
-AVX2 float kvf__dot_avx2(const float *a, const float *b, uint32_t n)
-{
-    float y;
-    f32_tile(a, 0, b, 0, n, &y, 0, 1, 1);
-    return y;
-}
-
-/* Element i always takes the same path (vector for i < n rounded down to 8, scalar after), so
- * the result for each element does not depend on anything but its inputs. */
-AVX2 void kvf__axpy_avx2(float *y, float a, const float *x, uint32_t n)
-{
-    __m256 av = _mm256_set1_ps(a);
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
 }
 
 /* The F32 recipe of f32_tile, pair for pair, in tiles up to 8 rows × 5 tokens, with each weight

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "attention.h"
 #include "kernels.h"
 
 static float dot_f32(const float *w, const float *x, uint32_t n)
@@ -55,11 +56,6 @@ static void q8_rows(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
             y[t * ldy + r] = dot_q8(w + r * ws, x + t * ldx, xd[t], nb);
 }
 
-static void axpy(float *y, float a, const float *x, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 /* The reference activation quantizer (struct kvf_act16 in kernels.h); the vector ones match
  * its bytes. The clamp never acts on finite rows (|x · (1 / d)| ≤ 32767 + a few ulps, which
  * rounds to 32767) and mirrors the saturating packs of the vector form. */
@@ -85,4 +81,5 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
     }
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, dot_f32, axpy, quant_a16};
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, quant_a16,
+                                          kvf__attn_seg_scalar, kvf__swiglu_scalar};

@@ -49,8 +49,6 @@ void kvf__f32_rows_avx2(const float *w, size_t ws, const float *x, size_t ldx, u
                         uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 void kvf__f32_rows_vnni(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
                         uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
-float kvf__dot_avx2(const float *a, const float *b, uint32_t n);
-void kvf__axpy_avx2(float *y, float a, const float *x, uint32_t n);
 
 /* kernels_q8_x86.c */
 void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,

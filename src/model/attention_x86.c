@@ -1,0 +1,213 @@
+/*
+ * attention_x86.c — the AVX2 attention and SwiGLU kernels (both x86 variants use them).
+ *
+ * The partial of one segment (attention.h) for the query heads [h0, h1) of one K/V group of
+ * one token, in three passes over the segment's positions:
+ *
+ *   1. scores: positions 8 at a time; the 8 K rows are read once for every head of the group,
+ *      and for each head one 8-lane FMA accumulator per position runs over head_dim in steps
+ *      of 8, then the 8 accumulators are reduced together into one vector of 8 scores
+ *      (hsum8x8: the same add tree for every lane), times 1/√hd.
+ *   2. per head: m = the max score (exact, so its order does not matter), e_p = exp(s_p − m) by
+ *      the vector exp, l = Σ e_p as one 8-lane sum in position order then hsum8.
+ *   3. per head: acc = Σ_p e_p · v_p as head_dim / 8 vector accumulators (at most 8 at a time,
+ *      so they stay in registers) taking one FMA per position in position order.
+ *
+ * Every value belongs to one (head, position) or one (head, element) and is made by the same
+ * operations whichever positions share its vector of 8 and whichever heads share the call:
+ * lanes past the segment's end hold copies of an earlier row's score, never mixed with real
+ * ones (they are dropped from the max and zeroed before the sum). Only head_dim and the
+ * segment's length shape the sequence of operations. head_dim not a multiple of 8 goes to the
+ * scalar kernel, every time, so that too is fixed per model.
+ */
+#include "attention.h"
+#include "kernels_x86.h"
+
+#ifdef KVF_HAVE_X86_KERNELS
+
+/* Positions per run of the V pass: V_RUN rows of head_dim floats (16 KiB at head_dim 64). */
+#define V_RUN 64
+
+/* kvf__expf (attention.h), lane by lane, with the same operations in the same order. */
+AVX2 INLINE __m256 exp8(__m256 x)
+{
+    __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(KVF_EXP_LO));  /* x > LO ? x : LO */
+    xc = _mm256_min_ps(xc, _mm256_set1_ps(KVF_EXP_HI));        /* xc < HI ? xc : HI */
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(KVF_EXP_LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-KVF_EXP_LN2_HI), xc);
+    r = _mm256_fmadd_ps(k, _mm256_set1_ps(-KVF_EXP_LN2_LO), r);
+    __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(KVF_EXP_C7), r, _mm256_set1_ps(KVF_EXP_C6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KVF_EXP_C5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KVF_EXP_C4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KVF_EXP_C3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(KVF_EXP_C2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i ki = _mm256_cvtps_epi32(k);
+    __m256i k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q)); /* NaN stays NaN */
+}
+
+AVX2 void kvf__exp_avx2(float *y, const float *x, uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = kvf__expf(x[i]);
+}
+
+/* Lane j = the sum of a_j's 8 lanes, ((0+1) + (2+3)) + ((4+5) + (6+7)), for every j. */
+AVX2 INLINE __m256 hsum8x8(const __m256 a[8])
+{
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 h03 = _mm256_hadd_ps(h01, h23), h47 = _mm256_hadd_ps(h45, h67);
+    /* h03: (a0 lanes 0-3, a1 0-3, a2 0-3, a3 0-3 | the same of lanes 4-7); h47 likewise. */
+    __m256 lo = _mm256_permute2f128_ps(h03, h47, 0x20), hi = _mm256_permute2f128_ps(h03, h47, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
+/* q · k[j] for the 8 rows k[0..8) of nc × 8 floats. */
+AVX2 INLINE __m256 dot8x8(const float *q, const float *const k[8], uint32_t nc)
+{
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < nc; c++) {
+        __m256 qv = _mm256_loadu_ps(q + 8 * c);
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + 8 * c), acc[j]);
+    }
+    return hsum8x8(acc);
+}
+
+/* out[0 .. 8·NV) (+)= Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order; from zero
+ * when first is set, else from out. NV is a constant at every call, so the accumulators live
+ * in registers. */
+AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows, size_t col,
+                           uint32_t m, int first, const int NV)
+{
+    __m256 acc[8];
+    for (int c = 0; c < NV; c++)
+        acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * c);
+    for (uint32_t j = 0; j < m; j++) {
+        __m256 wj = _mm256_broadcast_ss(w + j);
+        for (int c = 0; c < NV; c++)
+            acc[c] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(rows[j] + col + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < NV; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+/* wsum_cols over all nc vectors of a row, 8 vectors (64 floats) at a time. */
+AVX2 static void wsum(float *out, const float *w, const float *const *rows, uint32_t m, int first,
+                      uint32_t nc)
+{
+    for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
+        float *o = out + 8 * (size_t)c0;
+        size_t col = 8 * (size_t)c0;
+        switch (nc - c0 < 8 ? nc - c0 : 8) {
+        case 1: wsum_cols(o, w, rows, col, m, first, 1); break;
+        case 2: wsum_cols(o, w, rows, col, m, first, 2); break;
+        case 3: wsum_cols(o, w, rows, col, m, first, 3); break;
+        case 4: wsum_cols(o, w, rows, col, m, first, 4); break;
+        case 5: wsum_cols(o, w, rows, col, m, first, 5); break;
+        case 6: wsum_cols(o, w, rows, col, m, first, 6); break;
+        case 7: wsum_cols(o, w, rows, col, m, first, 7); break;
+        default: wsum_cols(o, w, rows, col, m, first, 8); break;
+        }
+    }
+}
+
+/* *mx = the max of sc[0..n), then sc[p] = exp(sc[p] − max) for p < n rounded up to 8 (lanes
+ * past n set to 0); returns Σ e_p. sc holds floats up to n rounded up to 8, NaN or not. */
+AVX2 static float softmax_row(float *sc, uint32_t n, float *mx_out)
+{
+    uint32_t n8 = n & ~7u;
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    for (uint32_t i = 0; i < n8; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(sc + i), mv);
+    float lanes[8], mx;
+    _mm256_storeu_ps(lanes, mv);
+    mx = lanes[0];
+    for (int l = 1; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (uint32_t i = n8; i < n; i++) mx = sc[i] > mx ? sc[i] : mx;
+    /* A NaN score may or may not win the max; either way its own exp, and the sum, are NaN. */
+    __m256 mxv = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < n8; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), mxv));
+        _mm256_storeu_ps(sc + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (n8 < n) {
+        __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - n8)),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + n8), mxv));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(live));
+        _mm256_storeu_ps(sc + n8, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *mx_out = mx;
+    return hsum8(sum);
+}
+
+/* O((h1 - h0) · KVF_ATTN_SEG · head_dim); the segment's K and V rows (32 KiB each at head_dim
+ * 64) are fetched from memory once for all heads of the group. */
+AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                             uint32_t seg, float *part, size_t part_stride, float *scores)
+{
+    uint32_t hd = b->head_dim;
+    if (hd % 8 != 0) {
+        kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores);
+        return;
+    }
+    const float *rows[KVF_ATTN_SEG];
+    uint32_t nc = hd / 8, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
+    const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
+    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
+    uint32_t n = end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
+    const float *q = b->q + (size_t)t * b->n_heads * hd;
+    __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)hd));
+
+    kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
+    for (uint32_t j0 = 0; j0 < n; j0 += 8) {
+        const float *k8[8];
+        for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
+        for (uint32_t h = h0; h < h1; h++) {
+            __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc), scale);
+            _mm256_storeu_ps(scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
+        }
+    }
+    for (uint32_t h = h0; h < h1; h++) {
+        float *sc = scores + (h - h0) * KVF_ATTN_SCORE_STRIDE, *acc = part + (h - h0) * part_stride;
+        acc[hd + 1] = softmax_row(sc, n, &acc[hd]);
+    }
+    /* V in runs of V_RUN positions, every head over a run before the next, so that the run's
+     * rows are still in L1 for the second and third head of a group. Storing and reloading
+     * the accumulators between runs is exact: runs do not change the values. */
+    kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
+    for (uint32_t j0 = 0; j0 < n; j0 += V_RUN) {
+        uint32_t m = n - j0 < V_RUN ? n - j0 : V_RUN;
+        for (uint32_t h = h0; h < h1; h++)
+            wsum(part + (h - h0) * part_stride, scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0,
+                 rows + j0, m, j0 == 0, nc);
+    }
+}
+
+/* silu(g) · u as kvf__swiglu1 computes it: vectors of 8 from the start of the range, then the
+ * scalar form for the rest, which gives what a vector lane would (kvf__expf). */
+AVX2 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)),
+                                              _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = kvf__swiglu1(g[i], u[i]);
+}
+
+#endif
