@@ -151,6 +151,39 @@ VNNI INLINE __m512 bcast8(const float *a)
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(a))));
 }
 
+/* The sums of eight rows' accumulators for one token, rows 0-7 held in the halves of a, b, c, d
+ * in order, then each row's tail from i to n, stored to y[0..8). Each row's sum is hsum8's, add
+ * for add with the same operands in the same order — ((l0 + l4) + (l2 + l6)) + ((l1 + l5) +
+ * (l3 + l7)) — only computed for eight rows at once by shuffling them into common registers. */
+VNNI INLINE void hsum8_x8(__m512 a, __m512 b, __m512 c, __m512 d, const float *w, size_t ws,
+                          const float *x, uint32_t i, uint32_t n, float *y)
+{
+    /* 128-bit lane k of u03 holds row k's (l0 + l4, l1 + l5, l2 + l6, l3 + l7); u47 rows 4-7. */
+    __m512 u03 = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 u47 = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* Lane k: row k's (u0 + u2, u1 + u3), then row k + 4's. */
+    __m512 v = _mm512_add_ps(_mm512_shuffle_ps(u03, u47, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(u03, u47, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* Lane k: (row k, row k + 4) twice, each v0 + v1. */
+    __m512 f = _mm512_add_ps(_mm512_shuffle_ps(v, v, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_ps(v, v, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m256 s = _mm512_castps512_ps256(_mm512_permutexvar_ps(order, f));
+    if (i == n) {
+        _mm256_storeu_ps(y, s);
+        return;
+    }
+    float sum[8];
+    _mm256_storeu_ps(sum, s);
+    for (int r = 0; r < 8; r++) {
+        const float *wr = w + r * ws;
+        for (uint32_t k = i; k < n; k++) sum[r] += wr[k] * x[k];
+        y[r] = sum[r];
+    }
+}
+
 VNNI INLINE void f32z_tile(const float *w, size_t ws, const float *x, size_t ldx, uint32_t n,
                            float *y, size_t ldy, const int RP, const int T, size_t pf)
 {
@@ -171,6 +204,11 @@ VNNI INLINE void f32z_tile(const float *w, size_t ws, const float *x, size_t ldx
             __m512 xv = bcast8(x + t * ldx + i);
             for (int p = 0; p < RP; p++) acc[p][t] = _mm512_fmadd_ps(wv[p], xv, acc[p][t]);
         }
+    }
+    if (RP == 4) {
+        for (int t = 0; t < T; t++) hsum8_x8(acc[0][t], acc[1][t], acc[2][t], acc[3][t], w, ws,
+                                             x + t * ldx, i, n, y + t * ldy);
+        return;
     }
     for (int p = 0; p < RP; p++)
         for (int t = 0; t < T; t++) {
