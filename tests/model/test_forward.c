@@ -459,6 +459,45 @@ static void test_variants_agree(void)
     tmodel_close(&tm);
 }
 
+/* The AVX2 and VNNI variants run the same F32 recipe through different tiles (4-row strips of
+ * 256-bit accumulators against 8-row strips of paired ones), so they too must agree bit for bit:
+ * every position computed alone, one token a call, by one variant must equal what the other
+ * gives for it in batches of three sequences sent in chunks of up to 13 tokens — both ways. */
+static void test_variants_agree_f32(void)
+{
+    bool have_vnni = kvf__kern_avx2 && kvf__kern_vnni && __builtin_cpu_supports("avx2") &&
+                     __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    if (!have_vnni) {
+        printf("# F32 variants not compared (no VNNI here)\n");
+        return;
+    }
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_F32, 23);
+    uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    const struct kvf_kern *saved = kvf__kern;
+    const struct kvf_kern *alone[2] = {kvf__kern_vnni, kvf__kern_avx2};
+    const struct kvf_kern *batched[2] = {kvf__kern_avx2, kvf__kern_vnni};
+    struct inv_seq qs[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        qs[i].n = 8 + kvf_rng_below(&r, INV_MAX_LEN - 8 + 1);
+        rand_tokens(&r, qs[i].toks, qs[i].n, V);
+        qs[i].alone = malloc((size_t)qs[i].n * V * sizeof(float));
+    }
+    for (int way = 0; way < 2; way++) {
+        kvf__kern = alone[way];
+        for (uint32_t i = 0; i < 3; i++) run_alone(tm.m, &qs[i]);
+        kvf__kern = batched[way];
+        run_batched(tm.m, qs, 3, 2, 16, 13, &r);
+    }
+    kvf__kern = saved;
+    printf("# F32 variants compared: avx2 = avx2+vnni, each batched against the other alone\n");
+    for (uint32_t i = 0; i < 3; i++) free(qs[i].alone);
+    tmodel_close(&tm);
+}
+
 /* Every vector variant's activation quantizer writes exactly the scalar one's values and scale:
  * seeded rows over 40 binary orders of magnitude, rows with zeros, ±0 and an all-zero stretch,
  * all-zero rows, rows too small to scale (d = 0), and rows holding Inf or NaN (d = NaN). */
@@ -516,7 +555,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
     KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
     KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
-    KVF_CASE(test_quant_matches),
+    KVF_CASE(test_variants_agree_f32),  KVF_CASE(test_quant_matches),
 };
 
 int main(int argc, char **argv)
