@@ -19,6 +19,22 @@
 #include "kvfence/quant.h"
 #include "model/model_internal.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+/* F16C from CPUID leaf 1 (ECX bit 29), asked directly: clang's __builtin_cpu_supports does not
+ * know the "f16c" feature name. */
+static inline bool test_cpu_f16c(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+#else
+    return false;
+#endif
+}
+
 struct tmodel {
     char dir[64];
     char path[128];

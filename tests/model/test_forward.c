@@ -442,7 +442,7 @@ static void test_variants_agree(void)
     b.alone = malloc((size_t)b.n * V * sizeof(float));
     const struct kvf_kern *saved = kvf__kern;
     bool have_avx2 = kvf__kern_avx2 && __builtin_cpu_supports("avx2") &&
-                     __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+                     __builtin_cpu_supports("fma") && test_cpu_f16c();
     bool have_vnni = have_avx2 && kvf__kern_vnni && __builtin_cpu_supports("avx512vl") &&
                      __builtin_cpu_supports("avx512vnni");
     if (have_avx2) {
@@ -466,7 +466,7 @@ static void test_variants_agree(void)
 static void test_variants_agree_f32(void)
 {
     bool have_vnni = kvf__kern_avx2 && kvf__kern_vnni && __builtin_cpu_supports("avx2") &&
-                     __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+                     __builtin_cpu_supports("fma") && test_cpu_f16c() &&
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (!have_vnni) {
         printf("# F32 variants not compared (no VNNI here)\n");
@@ -507,7 +507,7 @@ static void test_quant_matches(void)
     kvf_rng_seed(&r, kvf_test_seed());
     const struct kvf_kern *vars[2] = {NULL, NULL};
     if (kvf__kern_avx2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+        test_cpu_f16c())
         vars[0] = kvf__kern_avx2;
     if (vars[0] && kvf__kern_vnni && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512vnni"))
