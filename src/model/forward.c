@@ -276,11 +276,11 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     const struct kvf_model_hparams *hp = &f->m->hp;
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
-    kvf__split(L->wq.rows, i, n, &lo, &hi);
+    kvf__split_rows(L->wq.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wq, f->xb, hp->dim, &f->xq, j->nt, f->q, L->wq.rows, lo, hi, scratch);
-    kvf__split(L->wk.rows, i, n, &lo, &hi);
+    kvf__split_rows(L->wk.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wk, f->xb, hp->dim, &f->xq, j->nt, f->k, L->wk.rows, lo, hi, scratch);
-    kvf__split(L->wv.rows, i, n, &lo, &hi);
+    kvf__split_rows(L->wv.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wv, f->xb, hp->dim, &f->xq, j->nt, f->v, L->wv.rows, lo, hi, scratch);
 }
 
@@ -297,7 +297,7 @@ static void residual_matmul(struct job *j, const struct kvf_weight *W, const flo
     const struct kvf_model_hparams *hp = &f->m->hp;
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
-    kvf__split(W->rows, i, n, &lo, &hi);
+    kvf__split_rows(W->rows, i, n, &lo, &hi);
     kvf__matmul(W, in, ldin, &f->xq, j->nt, f->o, hp->dim, lo, hi, scratch);
     for (uint32_t t = 0; t < j->nt; t++)
         for (uint32_t r = lo; r < hi; r++) f->x[(size_t)t * hp->dim + r] += f->o[(size_t)t * hp->dim + r];
@@ -325,7 +325,7 @@ static void job_gate_up(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     const struct kvf_model_hparams *hp = &f->m->hp;
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi, F = hp->ffn_dim;
-    kvf__split(F, i, n, &lo, &hi);
+    kvf__split_rows(F, i, n, &lo, &hi);
     kvf__matmul(&L->w_gate, f->xb, hp->dim, &f->xq, j->nt, f->hg, F, lo, hi, scratch);
     kvf__matmul(&L->w_up, f->xb, hp->dim, &f->xq, j->nt, f->hu, F, lo, hi, scratch);
     for (uint32_t t = 0; t < j->nt; t++)
@@ -339,7 +339,7 @@ static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     const struct kvf_model_hparams *hp = &f->m->hp;
     float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
     uint32_t lo, hi;
-    kvf__split(hp->n_vocab, i, n, &lo, &hi);
+    kvf__split_rows(hp->n_vocab, i, n, &lo, &hi);
     kvf__matmul(&f->m->output, f->outx, hp->dim, &f->xq, j->n_out, f->out, hp->n_vocab,
                 lo, hi, scratch);
 }

@@ -39,7 +39,7 @@ static void kern_choose(void)
     kvf__kern = kvf__kern_avx2;
     if (force && strcmp(force, "avx2") == 0) return;
     if (kvf__kern_vnni && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512vnni"))
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         kvf__kern = kvf__kern_vnni;
 #endif
 }
@@ -66,9 +66,13 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                             r0, r1);
         return;
     case KVF_GGML_Q8_0:
-        kvf__kern->q8_rows(W->data, W->row_bytes / sizeof(struct kvf_block_q8_0), xq->q, xq->d,
-                           xq->ld, nt, W->cols / KVF_QK, y, ldy, r0, r1);
-        return;
+        if (W->packed) {
+            kvf__kern->q8_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->ld, nt, y, ldy, r0,
+                               r1);
+            return;
+        }
+        /* A weight built by hand without the packed form: the row-at-a-time path below. */
+        /* fallthrough */
     default:
         /* F16, BF16, Q4_0: one row at a time, dequantized into scratch, then the F32 kernel
          * for that one row — the same pair-wise operations as any F32 weight. */
@@ -78,6 +82,24 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
             kvf__kern->f32_rows(scratch, 0, x, ldx, nt, W->cols, y + r, ldy, 0, 1);
         }
         return;
+    }
+}
+
+void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
+                   struct kvf_q8g *dst)
+{
+    memset(dst, 0, kvf__q8g_blocks(rows, nb) * sizeof(*dst));
+    for (uint32_t r = 0; r < rows; r++) {
+        struct kvf_q8g *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        uint32_t lane = r % KVF_Q8G_ROWS;
+        for (uint32_t b = 0; b < nb; b++) {
+            const struct kvf_block_q8_0 *blk = &src[(size_t)r * nb + b];
+            g[b].d[lane] = blk->d;
+            for (uint32_t p = 0; p < KVF_QK / 2; p++) {
+                g[b].qs[32 * p + 2 * lane] = blk->qs[2 * p];
+                g[b].qs[32 * p + 2 * lane + 1] = blk->qs[2 * p + 1];
+            }
+        }
     }
 }
 

@@ -39,19 +39,52 @@ struct kvf_act16 {
 };
 
 /*
+ * Q8_0 weights as the kernels read them: repacked once at load (kvf__q8g_pack) into groups of
+ * KVF_Q8G_ROWS rows, so that one vector lane holds one row. Group g's block b (columns
+ * 32b..32b+31 of rows 16g..16g+15) is one struct kvf_q8g: the 16 rows' fp16 scales, then their
+ * weights by column pair: qs[32 p + 2 r + k] is row r's weight in column 32b + 2p + k. A
+ * 32-byte run qs[32 p .. 32 p + 31] is "pair p of all 16 rows": widened to int16 it is one
+ * 512-bit operand whose 32-bit lane r multiplies row r's pair against a token's pair of
+ * activations broadcast to every lane (vpdpwssd), so a tile needs no horizontal sum. The
+ * groups of a weight follow each other (group g at g · nb blocks), so a chunk of rows is one
+ * sequential stream. Rows past the last full group are padded with zero weights and scales.
+ */
+#define KVF_Q8G_ROWS 16
+struct kvf_q8g {
+    uint16_t d[KVF_Q8G_ROWS];          /* each row's fp16 block scale */
+    int8_t qs[KVF_Q8G_ROWS * KVF_QK]; /* qs[32 p + 2 r + k] = row r, column 2p + k */
+};
+
+/* Blocks a packed weight of rows × (nb · 32) takes: ceil(rows / 16) groups of nb blocks. */
+static inline size_t kvf__q8g_blocks(uint32_t rows, uint32_t nb)
+{
+    return (size_t)((rows + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS) * nb;
+}
+
+/* Repacks rows × nb Q8_0 blocks (row r at src + r · nb) into dst (kvf__q8g_blocks of them). */
+void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
+                   struct kvf_q8g *dst);
+
+/*
  * A variant computes y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt, tiling
  * as it likes, under the per-pair rule above.
+ *
+ * The Q8_0 per-pair recipe (row r, token t), the same in every variant and tile: acc = 0; for
+ * each block b in order, s = the exact integer Σ_i w[32b + i] · x[32b + i] (int8 × int16, 32
+ * products: |s| < 2^28, so int32 holds it and any order of the integer adds gives it), then
+ * acc = fma((float)s, d_w[b], acc) (the conversion rounds to nearest-even, as C's does); then
+ * y = acc · d_x, the token row's one activation scale.
  */
 struct kvf_kern {
     const char *name;
     /* W: rows of n floats at stride ws floats; x: nt rows of n floats at stride ldx. */
     void (*f32_rows)(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
                      uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
-    /* W: rows of nb Q8_0 blocks at stride ws blocks; x: nt activation rows of nb × 32 int16
-     * at stride ldx int16 (struct kvf_act16), with one scale per row in xd. */
-    void (*q8_rows)(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x, const float *xd,
-                    size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
-                    uint32_t r1);
+    /* W: packed (struct kvf_q8g) rows of nb blocks; x: nt activation rows of nb × 32 int16 at
+     * stride ldx int16 (struct kvf_act16), with one scale per row in xd. r0 and r1 may fall
+     * inside a group: only rows [r0, r1) are written. */
+    void (*q8_rows)(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
     /* Quantizes one activation row of n floats (n a multiple of 32) to n int16 and its scale
      * (see struct kvf_act16); every variant gives exactly the scalar variant's bytes (tested). */
     void (*quant_a16)(const float *x, int16_t *q, float *d, uint32_t n);

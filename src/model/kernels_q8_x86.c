@@ -2,18 +2,19 @@
  * kernels_q8_x86.c — Q8_0 tiles for the "avx2" and "avx2+vnni" variants, and the quantizer of
  * their 16-bit activations (struct kvf_act16 in kernels.h).
  *
- * The Q8_0 per-pair recipe (row r of W, token t), shared by every tile shape and both variants:
- * one 8-lane float accumulator; block b gives 8 int32 lanes, lane l the exact sum
- *   w[2l]·x[2l] + w[2l+1]·x[2l+1] + w[16+2l]·x[16+2l] + w[17+2l]·x[17+2l]
- * (weights sign-extended to int16; |lane| ≤ 4 · 128 · 32767 < 2^24, so the sum and its
- * conversion to float are exact), and acc = fma(float(lanes), d_w[b], acc); then
- * y = hsum8(acc) · d_x, the row's one activation scale applied once at the end. AVX2 forms a
- * block's lanes with two vpmaddwd and a vpaddd, VNNI with vpmaddwd then vpdpwssd; both give
- * the same exact integers, so the two variants' values agree bit for bit.
+ * Both read the packed weights of kernels.h (struct kvf_q8g: 16 rows per group, a column pair
+ * of all 16 rows in 32 bytes) and keep its per-pair recipe: per block, the exact integer sum of
+ * the row's 32 products with the token's int16 activations, then one fma with the row's block
+ * scale into a float accumulator, and the token's scale applied at the end. Widened to int16, a
+ * column pair of the group is one operand whose 32-bit lane r is row r's pair; vpmaddwd (AVX2)
+ * or vpdpwssd (VNNI) against the token's pair broadcast to every lane adds
+ * w[r][2p]·x[2p] + w[r][2p+1]·x[2p+1] to lane r. So a vector lane is a row from start to end:
+ * no horizontal sums, and a conversion and an fma per block serve 16 rows.
  *
- * A tile of R rows × T tokens widens each row's block to int16 once (two vpmovsxbw) and uses
- * it for all T tokens; nothing is shared between pairs, so every tile shape gives each pair the
- * value the 1 × 1 tile gives.
+ * A tile of R groups × T tokens widens each pair once for its T tokens. Integer sums may be
+ * split over several accumulators and added later (integer adds are exact, so the order does
+ * not matter); the float operations are the recipe's, in block order, for every tile shape, so
+ * every tile gives each (row, token) pair the value the scalar variant gives it.
  */
 #include <float.h>
 #include <math.h>
@@ -24,111 +25,77 @@
 
 #ifdef KVF_HAVE_X86_KERNELS
 
-/* Block b of a row, widened to int16: bytes 0-15 in lo, 16-31 in hi. */
-#define WIDEN_W(wb, lo, hi)                                                                      \
-    do {                                                                                         \
-        lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb)->qs));                   \
-        hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((wb)->qs + 16)));            \
-    } while (0)
-
-/*
- * How far ahead, in rows, a call over rows [r0, r1) prefetches: a third of its rows, between
- * one tile (min) and max. With several threads a call covers one chunk of rows and the next
- * chunk is likely another thread's, so prefetches further on would fetch that thread's rows
- * instead of this call's own; and the first rows, which no earlier tile prefetched, are
- * requested before any work starts (into L2, whole 64-byte lines).
- */
-AVX2 static size_t q8_prefetch_rows(const struct kvf_block_q8_0 *w, size_t ws, uint32_t r0,
-                                    uint32_t r1, size_t min, size_t max)
+/* Token x's activations 2p and 2p + 1 as one 32-bit word, to broadcast to every lane. */
+static inline int32_t act_pair(const int16_t *x)
 {
-    size_t rows = (r1 - r0) / 3;
-    rows = rows < min ? min : rows > max ? max : rows;
-    const char *p = (const char *)(w + r0 * ws);
-    size_t bytes = (rows < r1 - r0 ? rows : r1 - r0) * ws * sizeof(*w);
-    for (size_t i = 0; i < bytes; i += 64) _mm_prefetch(p + i, _MM_HINT_T1);
-    return rows;
+    int32_t v;
+    memcpy(&v, x, sizeof(v));
+    return v;
 }
 
-/* R rows × T tokens of the recipe, AVX2 (16 registers: up to 4 × 2 or 8 × 1). */
-AVX2 INLINE void q8_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                         const float *xd, size_t ldx, uint32_t nb, float *y, size_t ldy,
-                         const int R, const int T, size_t pf)
+/* Lanes of group g (rows 16g..16g+15) that fall in [r0, r1), as a bit mask. */
+static inline uint32_t group_mask(uint32_t g, uint32_t r0, uint32_t r1)
 {
-    __m256 acc[8][2];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    uint32_t base = g * KVF_Q8G_ROWS;
+    uint32_t lo = r0 > base ? r0 - base : 0;
+    uint32_t hi = r1 - base < KVF_Q8G_ROWS ? r1 - base : KVF_Q8G_ROWS;
+    return ((1u << hi) - 1) & ~((1u << lo) - 1);
+}
+
+/* One group × T tokens (T ≤ 3), AVX2: 16 registers hold 2 × T integer and 2 × T float
+ * accumulators (rows 0-7 and 8-15), the two widened halves of a pair and a token's pair. */
+AVX2 INLINE void q8g_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
+                          const float *xd, size_t ldx, float *y, size_t ldy, const int T,
+                          uint32_t mask)
+{
+    __m256 acc[3][2];
+    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        __m256i xlo[2], xhi[2];
-        for (int t = 0; t < T; t++) {
-            xlo[t] = _mm256_loadu_si256((const __m256i *)(x + t * ldx + (size_t)b * KVF_QK));
-            xhi[t] = _mm256_loadu_si256((const __m256i *)(x + t * ldx + (size_t)b * KVF_QK + 16));
-        }
-        for (int r = 0; r < R; r++) {
-            const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + pf), _MM_HINT_T1);
-            __m256i wlo, whi;
-            WIDEN_W(wb, wlo, whi);
-            __m256 dw = _mm256_set1_ps(h2f(wb->d));
+        const struct kvf_q8g *wb = w + b;
+        __m256i s[3][2];
+        for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+        for (int p = 0; p < KVF_QK / 2; p++) {
+            __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p)));
+            __m256i hi =
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p + 16)));
             for (int t = 0; t < T; t++) {
-                __m256i s = _mm256_add_epi32(_mm256_madd_epi16(wlo, xlo[t]),
-                                             _mm256_madd_epi16(whi, xhi[t]));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dw, acc[r][t]);
+                __m256i xv = _mm256_set1_epi32(act_pair(x + t * ldx + (size_t)b * KVF_QK + 2 * p));
+                s[t][0] = _mm256_add_epi32(s[t][0], _mm256_madd_epi16(lo, xv));
+                s[t][1] = _mm256_add_epi32(s[t][1], _mm256_madd_epi16(hi, xv));
             }
         }
+        __m256 dlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));
+        __m256 dhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb->d + 8)));
+        for (int t = 0; t < T; t++) {
+            acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][0]), dlo, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][1]), dhi, acc[t][1]);
+        }
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]) * xd[t];
+    for (int t = 0; t < T; t++) {
+        __m256 xs = _mm256_set1_ps(xd[t]);
+        float v[KVF_Q8G_ROWS];
+        _mm256_storeu_ps(v, _mm256_mul_ps(acc[t][0], xs));
+        _mm256_storeu_ps(v + 8, _mm256_mul_ps(acc[t][1], xs));
+        float *yt = y + t * ldy;
+        if (mask == 0xffffu) memcpy(yt, v, sizeof(v));
+        else
+            for (int r = 0; r < KVF_Q8G_ROWS; r++)
+                if (mask >> r & 1) yt[r] = v[r];
+    }
 }
 
-AVX2 static void q8_1x1(const struct kvf_block_q8_0 *w, const int16_t *x, const float *xd,
-                        uint32_t nb, float *y, size_t pf)
+AVX2 void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
+                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
 {
-    q8_tile(w, 0, x, xd, 0, nb, y, 0, 1, 1, pf);
-}
-AVX2 static void q8_1x2(const struct kvf_block_q8_0 *w, const int16_t *x, const float *xd,
-                        size_t ldx, uint32_t nb, float *y, size_t ldy, size_t pf)
-{
-    q8_tile(w, 0, x, xd, ldx, nb, y, ldy, 1, 2, pf);
-}
-AVX2 static void q8_4x1(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                        const float *xd, uint32_t nb, float *y, size_t pf)
-{
-    q8_tile(w, ws, x, xd, 0, nb, y, 0, 4, 1, pf);
-}
-AVX2 static void q8_4x2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                        const float *xd, size_t ldx, uint32_t nb, float *y, size_t ldy, size_t pf)
-{
-    q8_tile(w, ws, x, xd, ldx, nb, y, ldy, 4, 2, pf);
-}
-AVX2 static void q8_8x1(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                        const float *xd, uint32_t nb, float *y, size_t pf)
-{
-    q8_tile(w, ws, x, xd, 0, nb, y, 0, 8, 1, pf);
-}
-
-AVX2 void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
-                            size_t ldy, uint32_t r0, uint32_t r1)
-{
-    uint32_t r = r0;
-    if (nt == 1) {
-        size_t pf = q8_prefetch_rows(w, ws, r0, r1, 8, (size_t)PF_TILES * 8) * ws;
-        for (; r + 8 <= r1; r += 8) q8_8x1(w + r * ws, ws, x, xd, nb, y + r, pf);
-        for (; r < r1; r++) q8_1x1(w + r * ws, x, xd, nb, y + r, pf);
-        return;
-    }
-    size_t pf = q8_prefetch_rows(w, ws, r0, r1, 4, (size_t)PF_TILES * 4 / (nt < 4 ? nt : 4)) * ws;
-    for (; r + 4 <= r1; r += 4) {
-        uint32_t t = 0;
-        for (; t + 2 <= nt; t += 2)
-            q8_4x2(w + r * ws, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, pf);
-        for (; t < nt; t++) q8_4x1(w + r * ws, ws, x + t * ldx, xd + t, nb, y + t * ldy + r, pf);
-    }
-    for (; r < r1; r++) {
-        uint32_t t = 0;
-        for (; t + 2 <= nt; t += 2)
-            q8_1x2(w + r * ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, pf);
-        for (; t < nt; t++) q8_1x1(w + r * ws, x + t * ldx, xd + t, nb, y + t * ldy + r, pf);
+    for (uint32_t g = r0 / KVF_Q8G_ROWS; g * KVF_Q8G_ROWS < r1; g++) {
+        const struct kvf_q8g *wg = w + (size_t)g * nb;
+        float *yg = y + (size_t)g * KVF_Q8G_ROWS;
+        uint32_t mask = group_mask(g, r0, r1), t = 0;
+        for (; t + 3 <= nt; t += 3)
+            q8g_tile(wg, nb, x + t * ldx, xd + t, ldx, yg + t * ldy, ldy, 3, mask);
+        if (nt - t == 2) q8g_tile(wg, nb, x + t * ldx, xd + t, ldx, yg + t * ldy, ldy, 2, mask);
+        if (nt - t == 1) q8g_tile(wg, nb, x + t * ldx, xd + t, 0, yg + t * ldy, 0, 1, mask);
     }
 }
 
@@ -171,89 +138,113 @@ AVX2 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, uint32_t n)
 }
 
 /*
- * The same recipe with AVX-512 VNNI on 256-bit registers: vpmaddwd forms the first half of a
- * block's lanes and vpdpwssd adds the second half's products to it — the exact integers AVX2
- * forms with two vpmaddwd and a vpaddd, one instruction fewer per pair.
+ * The same recipe on 512-bit registers with AVX-512 VNNI: a pair of all 16 rows widens to one
+ * register (vpmovsxbw) and vpdpwssd adds a token's pair products to 16 row sums at once, its
+ * activations broadcast from memory. A tile is R groups × T tokens: 2 × 6 for batches (12
+ * integer and 12 float accumulators, 2 widened pairs: 26 of the 32 registers), 4 × 1 for a
+ * single token. Where R × T is small the integer sums of even and odd pairs go to separate
+ * accumulators (S = 2), so the chain of dependent vpdpwssd is half as long.
  *
- * AVX-512VL gives 32 vector registers, so tiles here are larger: 4 rows × up to 4 tokens
- * (16 accumulators, 8 activation registers) for batches, 8 rows × 1 token for a single token.
- * Each weight row is prefetched pf blocks ahead (whole rows further on), since rows are short
- * next to the distance memory latency needs.
+ * pf, when set, is how many blocks ahead each group's loads are prefetched into L2: one tile's
+ * worth (R groups further on), the next tile's weights, fetched while this one computes.
  */
-VNNI INLINE void q8v_tile(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                          const float *xd, size_t ldx, uint32_t nb, float *y, size_t ldy,
-                          const int R, const int T, size_t pf)
+VNNI INLINE void q8z_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                          size_t ldx, float *y, size_t ldy, const int R, const int T,
+                          const int S, size_t pf, const uint32_t *mask)
 {
-    __m256 acc[8][4];
+    __m512 acc[4][6];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        __m256i xlo[4], xhi[4];
-        for (int t = 0; t < T; t++) {
-            xlo[t] = _mm256_loadu_si256((const __m256i *)(x + t * ldx + (size_t)b * KVF_QK));
-            xhi[t] = _mm256_loadu_si256((const __m256i *)(x + t * ldx + (size_t)b * KVF_QK + 16));
+        __m512i s[2][4][6];
+        for (int h = 0; h < S; h++)
+            for (int r = 0; r < R; r++)
+                for (int t = 0; t < T; t++) s[h][r][t] = _mm512_setzero_si512();
+        const int16_t *xb = x + (size_t)b * KVF_QK;
+        for (int p = 0; p < KVF_QK / 2; p += S) {
+            for (int h = 0; h < S; h++) {
+                __m512i wv[4];
+                for (int r = 0; r < R; r++) {
+                    const struct kvf_q8g *wb = w + (size_t)r * nb + b;
+                    if (pf && ((p + h) & 1) == 0)
+                        _mm_prefetch((const char *)(wb + pf) + 32 * (p + h), _MM_HINT_T1);
+                    wv[r] = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * (p + h))));
+                }
+                for (int t = 0; t < T; t++) {
+                    __m512i xv = _mm512_set1_epi32(act_pair(xb + t * ldx + 2 * (p + h)));
+                    for (int r = 0; r < R; r++)
+                        s[h][r][t] = _mm512_dpwssd_epi32(s[h][r][t], wv[r], xv);
+                }
+            }
         }
         for (int r = 0; r < R; r++) {
-            const struct kvf_block_q8_0 *wb = &w[r * ws + b];
-            _mm_prefetch((const char *)(wb + pf), _MM_HINT_T1);
-            __m256i wlo, whi;
-            WIDEN_W(wb, wlo, whi);
-            __m256 dw = bcast_h(&wb->d);
+            const struct kvf_q8g *wb = w + (size_t)r * nb + b;
+            if (pf) _mm_prefetch((const char *)(wb + pf) + 512, _MM_HINT_T1);
+            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb->d));
             for (int t = 0; t < T; t++) {
-                __m256i s = _mm256_dpwssd_epi32(_mm256_madd_epi16(wlo, xlo[t]), whi, xhi[t]);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dw, acc[r][t]);
+                __m512i st = S == 2 ? _mm512_add_epi32(s[0][r][t], s[1][r][t]) : s[0][r][t];
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), dw, acc[r][t]);
             }
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]) * xd[t];
+    for (int t = 0; t < T; t++) {
+        __m512 xs = _mm512_set1_ps(xd[t]);
+        for (int r = 0; r < R; r++)
+            _mm512_mask_storeu_ps(y + t * ldy + r * KVF_Q8G_ROWS, (__mmask16)mask[r],
+                                  _mm512_mul_ps(acc[r][t], xs));
+    }
 }
 
-/* Rows [r, r + R) of W against every token, in groups of 4 then one group of the rest. */
-#define Q8V_TOKENS(R)                                                                            \
+/* Groups [g, g + R) against every token: 6 at a time, then the rest in one tile. Only the
+ * first tile prefetches (the next R groups); the others find the groups in L1. */
+#define Q8Z_TOKENS(R)                                                                            \
     do {                                                                                         \
+        const struct kvf_q8g *wg = w + (size_t)g * nb;                                           \
+        float *yg = y + (size_t)g * KVF_Q8G_ROWS;                                                \
+        size_t pf = (size_t)(R) * nb;                                                            \
         uint32_t t = 0;                                                                          \
-        const struct kvf_block_q8_0 *wr = w + r * ws;                                            \
-        for (; t + 4 <= nt; t += 4)                                                              \
-            q8v_tile(wr, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, R, 4, pf);      \
+        for (; t + 6 <= nt; t += 6, pf = 0)                                                      \
+            q8z_tile(wg, nb, x + t * ldx, xd + t, ldx, yg + t * ldy, ldy, R, 6, 1, pf, m);       \
+        const int16_t *xt = x + t * ldx;                                                         \
+        float *yt = yg + t * ldy;                                                                \
         switch (nt - t) {                                                                        \
-        case 3: q8v_tile(wr, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, R, 3, pf); break; \
-        case 2: q8v_tile(wr, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, R, 2, pf); break; \
-        case 1: q8v_tile(wr, ws, x + t * ldx, xd + t, ldx, nb, y + t * ldy + r, ldy, R, 1, pf); break; \
+        case 5: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 5, 1, pf, m); break;               \
+        case 4: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 4, 1, pf, m); break;               \
+        case 3: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 3, 2, pf, m); break;               \
+        case 2: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 2, 2, pf, m); break;               \
+        case 1: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 1, 2, pf, m); break;               \
         default: break;                                                                          \
         }                                                                                        \
     } while (0)
 
-#define Q8V_TOKEN_BLOCK 16
-
-VNNI static void q8v_rows_block(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                                const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
-                                size_t ldy, uint32_t r0, uint32_t r1, size_t pf)
+VNNI void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
+                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
 {
-    uint32_t r = r0;
-    for (; r + 4 <= r1; r += 4) Q8V_TOKENS(4);
-    for (; r < r1; r++) Q8V_TOKENS(1);
-}
-
-VNNI void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
-                            size_t ldy, uint32_t r0, uint32_t r1)
-{
-    uint32_t r = r0;
+    uint32_t g = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;
+    uint32_t m[4];
     if (nt == 1) {
-        size_t pf = q8_prefetch_rows(w, ws, r0, r1, 8, (size_t)PF_TILES * 8) * ws;
-        for (; r + 8 <= r1; r += 8) q8v_tile(w + r * ws, ws, x, xd, 0, nb, y + r, 0, 8, 1, pf);
-        for (; r < r1; r++) q8v_tile(w + r * ws, ws, x, xd, 0, nb, y + r, 0, 1, 1, pf);
+        for (; g + 4 <= g1; g += 4) {
+            for (int r = 0; r < 4; r++) m[r] = group_mask(g + r, r0, r1);
+            q8z_tile(w + (size_t)g * nb, nb, x, xd, 0, y + (size_t)g * KVF_Q8G_ROWS, 0, 4, 1, 2,
+                     4 * (size_t)nb, m);
+        }
+        for (; g < g1; g++) {
+            m[0] = group_mask(g, r0, r1);
+            q8z_tile(w + (size_t)g * nb, nb, x, xd, 0, y + (size_t)g * KVF_Q8G_ROWS, 0, 1, 1, 2,
+                     nb, m);
+        }
         return;
     }
-    /* A 4-row tile over several tokens takes longer than a single token's, so fewer tiles
-     * ahead keep enough lines in flight. */
-    size_t pf = q8_prefetch_rows(w, ws, r0, r1, 4, (size_t)PF_TILES * 4 / (nt < 4 ? nt : 4)) * ws;
-    /* Tokens in blocks of Q8V_TOKEN_BLOCK, so the block's activations stay in L1 while every
-     * row of [r0, r1) passes over them (the rows, a chunk's share of W, stay in L2). */
-    for (uint32_t t0 = 0; t0 < nt; t0 += Q8V_TOKEN_BLOCK) {
-        uint32_t tn = nt - t0 < Q8V_TOKEN_BLOCK ? nt - t0 : Q8V_TOKEN_BLOCK;
-        q8v_rows_block(w, ws, x + t0 * ldx, xd + t0, ldx, tn, nb, y + t0 * ldy, ldy, r0, r1, pf);
+    for (; g + 2 <= g1; g += 2) {
+        m[0] = group_mask(g, r0, r1);
+        m[1] = group_mask(g + 1, r0, r1);
+        Q8Z_TOKENS(2);
+    }
+    if (g < g1) {
+        m[0] = group_mask(g, r0, r1);
+        Q8Z_TOKENS(1);
     }
 }
 

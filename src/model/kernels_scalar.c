@@ -24,36 +24,28 @@ static void f32_rows(const float *w, size_t ws, const float *x, size_t ldx, uint
         for (uint32_t t = 0; t < nt; t++) y[t * ldy + r] = dot_f32(w + r * ws, x + t * ldx, n);
 }
 
-/*
- * The Q8_0 × int16 recipe of the x86 variants (kernels_q8_x86.c), lane for lane: 8 float
- * accumulators; block b gives lane l the exact integer sum of the products at 2l, 2l + 1,
- * 16 + 2l and 17 + 2l, which is added as float(lane) × d_w by one fused multiply-add (fmaf);
- * then the lanes are summed in hsum8's order and the row scale applied last. The values are
- * the same as long as fmaf is a true fused operation, which C99 promises.
- */
-static float dot_q8(const struct kvf_block_q8_0 *w, const int16_t *x, float xd, uint32_t nb)
+/* The Q8_0 × int16 recipe of kernels.h, on the packed layout, one (row, token) pair at a time:
+ * row r of group g is lane r of every block of the group. */
+static float dot_q8(const struct kvf_q8g *g, uint32_t r, const int16_t *x, float xd, uint32_t nb)
 {
-    float acc[8] = {0};
+    float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
-        const int8_t *q = w[b].qs;
-        float dw = kvf_fp16_to_f32(w[b].d);
-        for (int l = 0; l < 8; l++) {
-            int32_t lane = q[2 * l] * x[2 * l] + q[2 * l + 1] * x[2 * l + 1] +
-                           q[16 + 2 * l] * x[16 + 2 * l] + q[17 + 2 * l] * x[17 + 2 * l];
-            acc[l] = fmaf((float)lane, dw, acc[l]);
-        }
+        int32_t s = 0;
+        for (uint32_t p = 0; p < KVF_QK / 2; p++)
+            s += g[b].qs[32 * p + 2 * r] * x[2 * p] + g[b].qs[32 * p + 2 * r + 1] * x[2 * p + 1];
+        acc = fmaf((float)s, kvf_fp16_to_f32(g[b].d[r]), acc);
     }
-    float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6], s3 = acc[3] + acc[7];
-    return ((s0 + s2) + (s1 + s3)) * xd;
+    return acc * xd;
 }
 
-static void q8_rows(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x, const float *xd,
-                    size_t ldx, uint32_t nt, uint32_t nb, float *y, size_t ldy, uint32_t r0,
-                    uint32_t r1)
+static void q8_rows(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
-    for (uint32_t r = r0; r < r1; r++)
+    for (uint32_t r = r0; r < r1; r++) {
+        const struct kvf_q8g *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
         for (uint32_t t = 0; t < nt; t++)
-            y[t * ldy + r] = dot_q8(w + r * ws, x + t * ldx, xd[t], nb);
+            y[t * ldy + r] = dot_q8(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t], nb);
+    }
 }
 
 /* The reference activation quantizer (struct kvf_act16 in kernels.h); the vector ones match

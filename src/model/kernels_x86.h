@@ -14,7 +14,7 @@
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni")))
+#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
 
 /* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1);
@@ -51,12 +51,10 @@ void kvf__f32_rows_vnni(const float *w, size_t ws, const float *x, size_t ldx, u
                         uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 
 /* kernels_q8_x86.c */
-void kvf__q8_rows_avx2(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                       const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
-                       size_t ldy, uint32_t r0, uint32_t r1);
-void kvf__q8_rows_vnni(const struct kvf_block_q8_0 *w, size_t ws, const int16_t *x,
-                       const float *xd, size_t ldx, uint32_t nt, uint32_t nb, float *y,
-                       size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                       size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                       size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, uint32_t n);
 
 #endif

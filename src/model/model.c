@@ -1,9 +1,10 @@
 /*
  * model.c — loading a Llama model from GGUF: hyper-parameters and weight views.
  *
- * Nothing is copied: each weight is a view into the mapped file, checked against the shape
- * the hyper-parameters imply before it is accepted, so the forward pass never needs to check a
- * size again.
+ * Each weight is a view into the mapped file, checked against the shape the hyper-parameters
+ * imply before it is accepted, so the forward pass never needs to check a size again. Q8_0
+ * matrices are also copied once into the kernels' 16-row groups (kernels.h), all into one
+ * allocation; the token embedding is read from the file, row by row, as it is looked up.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "kvfence/common.h"
 #include "kvfence/quant.h"
+#include "kernels.h"
 #include "model_internal.h"
 
 static int fail(char *err, size_t err_len, int rc, const char *fmt, ...)
@@ -125,6 +127,50 @@ static int read_hparams(const kvf_gguf_t *g, struct kvf_model_hparams *hp, char 
     return 0;
 }
 
+/* The weights the matmuls read, n_layers × 7 + the output projection; *n is set to the count. */
+static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
+{
+    size_t k = 0, cap = (size_t)m->hp.n_layers * 7 + 1;
+    struct kvf_weight **ws = malloc(cap * sizeof(*ws));
+    if (!ws) return NULL;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        struct kvf_layer *L = &m->layers[l];
+        ws[k++] = &L->wq, ws[k++] = &L->wk, ws[k++] = &L->wv, ws[k++] = &L->wo;
+        ws[k++] = &L->w_gate, ws[k++] = &L->w_up, ws[k++] = &L->w_down;
+    }
+    ws[k++] = &m->output;
+    *n = k;
+    return ws;
+}
+
+/* Gives every Q8_0 matmul weight its packed copy, in one 64-byte-aligned allocation. */
+static int pack_q8(kvf_model_t *m)
+{
+    size_t n, blocks = 0;
+    struct kvf_weight **ws = matmul_weights(m, &n);
+    if (!ws) return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (ws[i]->type == KVF_GGML_Q8_0) blocks += kvf__q8g_blocks(ws[i]->rows, ws[i]->cols / KVF_QK);
+    if (blocks > 0) {
+        size_t bytes = (blocks * sizeof(struct kvf_q8g) + 63) / 64 * 64;
+        struct kvf_q8g *at = m->packed_mem = aligned_alloc(64, bytes);
+        if (!at) {
+            free(ws);
+            return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+            struct kvf_weight *w = ws[i];
+            if (w->type != KVF_GGML_Q8_0) continue;
+            uint32_t nb = w->cols / KVF_QK;
+            kvf__q8g_pack(w->data, w->rows, nb, at);
+            w->packed = at;
+            at += kvf__q8g_blocks(w->rows, nb);
+        }
+    }
+    free(ws);
+    return 0;
+}
+
 int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err_len)
 {
     if (!g || !out) return -EINVAL;
@@ -168,6 +214,10 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
 #undef W
 #undef N
     }
+    if ((rc = pack_q8(m)) < 0) {
+        fail(err, err_len, rc, "out of memory for the packed Q8_0 weights");
+        goto free_m;
+    }
     kvf__kernels_init();
     *out = m;
     return 0;
@@ -181,6 +231,7 @@ free_m:
 void kvf_model_free(kvf_model_t *m)
 {
     if (!m) return;
+    free(m->packed_mem);
     free(m->layers);
     free(m);
 }

@@ -27,6 +27,7 @@ struct kvf_model {
     struct kvf_layer *layers;   /* [n_layers], owned */
     const float *out_norm;      /* (dim) */
     struct kvf_weight output;   /* (n_vocab, dim); == tok_embd when the file ties them */
+    void *packed_mem;           /* owned: every packed Q8_0 weight (kernels.h), one allocation */
 };
 
 #endif

@@ -444,6 +444,7 @@ static void test_variants_agree(void)
     bool have_avx2 = kvf__kern_avx2 && __builtin_cpu_supports("avx2") &&
                      __builtin_cpu_supports("fma") && test_cpu_f16c();
     bool have_vnni = have_avx2 && kvf__kern_vnni && __builtin_cpu_supports("avx512vl") &&
+                     __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vnni");
     if (have_avx2) {
         kvf__kern = kvf__kern_avx2;

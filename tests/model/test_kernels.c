@@ -1,0 +1,152 @@
+/*
+ * test_kernels.c — the Q8_0 matmul kernels on their own, on random packed weights: every variant
+ * this machine runs against a reference that reads the unpacked Q8_0 blocks, bit for bit, for
+ * any row range (starting and ending inside 16-row groups), any token count, the extremes of
+ * the int8 × int16 products, and without writing a row outside the range.
+ */
+#include "model/kernels.h"
+#include "model_test_util.h"
+
+/* The recipe of kernels.h read straight from the file's blocks (row r at w + r · nb). */
+static float ref_q8(const struct kvf_block_q8_0 *w, uint32_t nb, const int16_t *x, float xd)
+{
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (uint32_t i = 0; i < KVF_QK; i++) s += w[b].qs[i] * x[b * KVF_QK + i];
+        acc = fmaf((float)s, kvf_fp16_to_f32(w[b].d), acc);
+    }
+    return acc * xd;
+}
+
+/* The variants to check: the scalar one and whichever x86 ones this CPU runs. */
+static uint32_t variants(const struct kvf_kern **out)
+{
+    uint32_t n = 0;
+    out[n++] = &kvf__kern_scalar;
+    kvf__kernels_init();
+    if (kvf__kern == &kvf__kern_scalar) return n; /* KVF_KERNELS=scalar, or no AVX2 */
+    out[n++] = kvf__kern_avx2;
+    if (kvf__kern == kvf__kern_vnni) out[n++] = kvf__kern_vnni;
+    return n;
+}
+
+/* Fills a weight: extreme = every weight ±127/-128 and every activation ±32767/-32768 (the
+ * largest block sums, 32 · 128 · 32768 = 2^27), else uniform values. */
+static void fill(struct kvf_rng *r, struct kvf_block_q8_0 *w, size_t nblocks, int16_t *x,
+                 size_t nx, bool extreme)
+{
+    for (size_t i = 0; i < nblocks; i++) {
+        w[i].d = kvf_f32_to_fp16(0.001f + (float)kvf_rng_below(r, 1000) * 1e-4f);
+        for (int k = 0; k < KVF_QK; k++)
+            w[i].qs[k] = extreme ? (kvf_rng_below(r, 2) ? 127 : -128)
+                                 : (int8_t)((int)kvf_rng_below(r, 256) - 128);
+    }
+    for (size_t i = 0; i < nx; i++)
+        x[i] = extreme ? (kvf_rng_below(r, 2) ? 32767 : -32768)
+                       : (int16_t)((int)kvf_rng_below(r, 65536) - 32768);
+}
+
+static void test_q8_variants_match_reference(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    const struct kvf_kern *vs[3];
+    uint32_t nv = variants(vs);
+    const uint32_t shapes[][2] = {{1, 1}, {15, 2}, {16, 1}, {17, 3}, {47, 18}, {100, 9}, {64, 5}};
+    const uint32_t nts[] = {1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 37};
+    uint32_t cases = 0;
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        uint32_t rows = shapes[si][0], nb = shapes[si][1], cols = nb * KVF_QK;
+        for (int extreme = 0; extreme < 2; extreme++) {
+            uint32_t max_nt = 37;
+            struct kvf_block_q8_0 *w = malloc((size_t)rows * nb * sizeof(*w));
+            /* C11 asks aligned_alloc for a size that is a multiple of the alignment. */
+            size_t packed_bytes = (kvf__q8g_blocks(rows, nb) * sizeof(struct kvf_q8g) + 63) / 64 * 64;
+            struct kvf_q8g *packed = aligned_alloc(64, packed_bytes);
+            int16_t *x = malloc((size_t)max_nt * cols * sizeof(int16_t));
+            float *xd = malloc(max_nt * sizeof(float));
+            float *want = malloc((size_t)max_nt * rows * sizeof(float));
+            float *got = malloc((size_t)max_nt * rows * sizeof(float));
+            fill(&r, w, (size_t)rows * nb, x, (size_t)max_nt * cols, extreme);
+            for (uint32_t t = 0; t < max_nt; t++) xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
+            kvf__q8g_pack(w, rows, nb, packed);
+            for (uint32_t t = 0; t < max_nt; t++)
+                for (uint32_t k = 0; k < rows; k++)
+                    want[t * rows + k] = ref_q8(w + (size_t)k * nb, nb, x + (size_t)t * cols, xd[t]);
+            for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
+                uint32_t nt = nts[ni];
+                /* The whole range, then a random one (usually inside groups at both ends). */
+                for (int which = 0; which < 2; which++) {
+                    uint32_t r0 = 0, r1 = rows;
+                    if (which) {
+                        r0 = kvf_rng_below(&r, rows);
+                        r1 = r0 + 1 + kvf_rng_below(&r, rows - r0);
+                    }
+                    for (uint32_t v = 0; v < nv; v++) {
+                        for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
+                        vs[v]->q8_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
+                        for (uint32_t t = 0; t < nt; t++)
+                            for (uint32_t k = 0; k < rows; k++) {
+                                float g = got[t * rows + k];
+                                float e = k >= r0 && k < r1 ? want[t * rows + k] : -7.0f;
+                                if (memcmp(&g, &e, sizeof(g)) != 0) {
+                                    printf("# %s: rows %u nb %u nt %u [%u, %u) extreme %d: "
+                                           "row %u token %u is %a, expected %a\n",
+                                           vs[v]->name, rows, nb, nt, r0, r1, extreme, k, t,
+                                           (double)g, (double)e);
+                                    ASSERT_TRUE(false);
+                                }
+                            }
+                        cases++;
+                    }
+                }
+            }
+            free(w);
+            free(packed);
+            free(x);
+            free(xd);
+            free(want);
+            free(got);
+        }
+    }
+    printf("# Q8_0 kernels equal to the reference in %u cases (%u variants:", cases, nv);
+    for (uint32_t v = 0; v < nv; v++) printf(" %s", vs[v]->name);
+    printf(")\n");
+}
+
+/* Rows past the last full group are padded with zero weights and scales, and the packed bytes
+ * are exactly the blocks' values moved (every weight and scale found where kernels.h says). */
+static void test_q8_pack_layout(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed() ^ 0x5a);
+    uint32_t rows = 21, nb = 2;
+    struct kvf_block_q8_0 w[21 * 2];
+    int16_t x[1];
+    fill(&r, w, 21 * 2, x, 1, false);
+    struct kvf_q8g packed[4];
+    ASSERT_EQ_U64(kvf__q8g_blocks(rows, nb), 4);
+    memset(packed, 0x55, sizeof(packed));
+    kvf__q8g_pack(w, rows, nb, packed);
+    for (uint32_t g = 0; g < 2; g++)
+        for (uint32_t b = 0; b < nb; b++)
+            for (uint32_t lane = 0; lane < KVF_Q8G_ROWS; lane++) {
+                uint32_t row = g * KVF_Q8G_ROWS + lane;
+                const struct kvf_q8g *pb = &packed[g * nb + b];
+                ASSERT_EQ_INT(pb->d[lane], row < rows ? w[row * nb + b].d : 0);
+                for (uint32_t c = 0; c < KVF_QK; c++)
+                    ASSERT_EQ_INT(pb->qs[32 * (c / 2) + 2 * lane + c % 2],
+                                  row < rows ? w[row * nb + b].qs[c] : 0);
+            }
+}
+
+static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_q8_variants_match_reference),
+    KVF_CASE(test_q8_pack_layout),
+};
+
+int main(int argc, char **argv)
+{
+    return KVF_TEST_MAIN(argc, argv, cases);
+}
