@@ -84,8 +84,12 @@ struct kvf_alloc_ops {
     void *ctx;
 };
 
-/* The default allocator: aligned host memory. */
+/* The default allocator: aligned host memory (kvf_alloc_large). */
 extern const struct kvf_alloc_ops kvf_default_alloc;
+
+/* posix_memalign for `bytes` at `align` (a power of two), except that 4 MiB or more starts on
+ * a 2 MiB boundary with transparent huge pages asked for. NULL when out of memory; free() it. */
+void *kvf_alloc_large(size_t bytes, size_t align);
 
 /* A static string naming `err` (a negative kvfence code or negated errno). Never NULL. */
 const char *kvf_strerror(int err);

@@ -143,7 +143,8 @@ static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
     return ws;
 }
 
-/* Gives every Q8_0 matmul weight its packed copy, in one 64-byte-aligned allocation. */
+/* Gives every Q8_0 matmul weight its packed copy, in one allocation (on huge pages where the
+ * kernel gives them: decode streams all of it every step). */
 static int pack_q8(kvf_model_t *m)
 {
     size_t n, blocks = 0;
@@ -152,8 +153,8 @@ static int pack_q8(kvf_model_t *m)
     for (size_t i = 0; i < n; i++)
         if (ws[i]->type == KVF_GGML_Q8_0) blocks += kvf__q8g_blocks(ws[i]->rows, ws[i]->cols / KVF_QK);
     if (blocks > 0) {
-        size_t bytes = (blocks * sizeof(struct kvf_q8g) + 63) / 64 * 64;
-        struct kvf_q8g *at = m->packed_mem = aligned_alloc(64, bytes);
+        size_t bytes = blocks * sizeof(struct kvf_q8g);
+        struct kvf_q8g *at = m->packed_mem = kvf_alloc_large(bytes, 64);
         if (!at) {
             free(ws);
             return -ENOMEM;
