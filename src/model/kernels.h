@@ -119,7 +119,7 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                  const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
                  uint32_t r1, float *scratch);
 
-/* out = x / rms(x) * w, n elements (sum of squares in double, in index order). */
+/* out = x / rms(x) * w, n elements (sum of squares in double, in a fixed order: kernels.c). */
 void kvf__rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
 
 #endif
