@@ -66,9 +66,9 @@ struct kvf_model_hparams {
 };
 
 /* A 2-D weight: `rows` rows of `cols` elements of `type`, row r at data + r * row_bytes.
- * A view into the GGUF mapping (or a caller's buffer). A loaded model's Q8_0 weights also
- * have `packed`, the same values regrouped for the kernels (owned by the model); without it
- * they are read row by row, more slowly. */
+ * A view into the GGUF mapping (or a caller's buffer). A loaded model's F32 and Q8_0 weights
+ * also have `packed`, the same values regrouped for the kernels (owned by the model); without
+ * it they are read row by row, more slowly. */
 struct kvf_weight {
     const void *data;
     const void *packed;

@@ -62,6 +62,10 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
     if (r0 >= r1 || nt == 0) return;
     switch (W->type) {
     case KVF_GGML_F32:
+        if (W->packed) {
+            kvf__kern->f32g_rows(W->packed, W->cols, x, ldx, nt, y, ldy, r0, r1);
+            return;
+        }
         kvf__kern->f32_rows(W->data, W->row_bytes / sizeof(float), x, ldx, nt, W->cols, y, ldy,
                             r0, r1);
         return;
@@ -82,6 +86,15 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
             kvf__kern->f32_rows(scratch, 0, x, ldx, nt, W->cols, y + r, ldy, 0, 1);
         }
         return;
+    }
+}
+
+void kvf__f32g_pack(const float *src, size_t ws, uint32_t rows, uint32_t n, float *dst)
+{
+    memset(dst, 0, kvf__f32g_floats(rows, n) * sizeof(float));
+    for (uint32_t r = 0; r < rows; r++) {
+        float *g = dst + (size_t)(r / KVF_F32G_ROWS) * KVF_F32G_ROWS * n + r % KVF_F32G_ROWS;
+        for (uint32_t c = 0; c < n; c++) g[(size_t)c * KVF_F32G_ROWS] = src[(size_t)r * ws + c];
     }
 }
 

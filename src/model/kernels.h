@@ -66,8 +66,28 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
                    struct kvf_q8g *dst);
 
 /*
+ * F32 weights as the kernels read them: repacked once at load (kvf__f32g_pack) into groups of
+ * 16 rows stored column by column, group g's column c at 16 · (g · n + c): one 64-byte line
+ * holds a column of the group, one vector lane per row. Padding rows are zero.
+ */
+#define KVF_F32G_ROWS 16
+
+/* Floats a packed F32 weight of rows × n takes. */
+static inline size_t kvf__f32g_floats(uint32_t rows, uint32_t n)
+{
+    return (size_t)((rows + KVF_F32G_ROWS - 1) / KVF_F32G_ROWS) * KVF_F32G_ROWS * n;
+}
+
+/* Repacks rows × n floats (row r at src + r · ws) into dst (kvf__f32g_floats of them). */
+void kvf__f32g_pack(const float *src, size_t ws, uint32_t rows, uint32_t n, float *dst);
+
+/*
  * A variant computes y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt, tiling
  * as it likes, under the per-pair rule above.
+ *
+ * The packed F32 recipe (row r, token t), the same in every variant, scalar included: acc = 0;
+ * acc = fma(w[c], x[c], acc) for c = 0, 1, ..., n - 1 in order; y = acc. One chain per pair,
+ * with no horizontal sum: a vector lane is a row and a tile's pairs are independent chains.
  *
  * The Q8_0 per-pair recipe (row r, token t), the same in every variant and tile: acc = 0; for
  * each block b in order, s = the exact integer Σ_i w[32b + i] · x[32b + i] (int8 × int16, 32
@@ -77,9 +97,14 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
  */
 struct kvf_kern {
     const char *name;
-    /* W: rows of n floats at stride ws floats; x: nt rows of n floats at stride ldx. */
+    /* W: rows of n floats at stride ws floats; x: nt rows of n floats at stride ldx (the rows
+     * of F16, BF16 and Q4_0 weights, dequantized one at a time). */
     void (*f32_rows)(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
                      uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    /* W: packed F32 (kvf__f32g_pack) rows of n floats; x: nt rows of n floats at stride ldx.
+     * r0 and r1 may fall inside a group: only rows [r0, r1) are written. */
+    void (*f32g_rows)(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
+                      float *y, size_t ldy, uint32_t r0, uint32_t r1);
     /* W: packed (struct kvf_q8g) rows of nb blocks; x: nt activation rows of nb × 32 int16 at
      * stride ldx int16 (struct kvf_act16), with one scale per row in xd. r0 and r1 may fall
      * inside a group: only rows [r0, r1) are written. */

@@ -1,17 +1,20 @@
 /*
  * kernels_avx2.c — the two x86 variant tables. The kernels are compiled with target attributes
  * (kernels_x86.h), so the rest of the library stays baseline x86-64 and the choice is made at
- * run time (kernels.c): F32 tiles in kernels_f32_x86.c, Q8_0 in kernels_q8_x86.c.
+ * run time (kernels.c): F32 tiles in kernels_f32_x86.c (row-major, for dequantized rows) and
+ * kernels_f32g_x86.c (packed), Q8_0 in kernels_q8_x86.c.
  */
 #include "attention.h"
 #include "kernels_x86.h"
 
 #ifdef KVF_HAVE_X86_KERNELS
-static const struct kvf_kern kern_avx2 = {"avx2", kvf__f32_rows_avx2, kvf__q8_rows_avx2,
+static const struct kvf_kern kern_avx2 = {"avx2", kvf__f32_rows_avx2, kvf__f32g_rows_avx2,
+                                          kvf__q8_rows_avx2,
                                           kvf__quant_a16_avx2, kvf__attn_seg_avx2,
                                           kvf__swiglu_avx2};
 const struct kvf_kern *const kvf__kern_avx2 = &kern_avx2;
-static const struct kvf_kern kern_vnni = {"avx2+vnni", kvf__f32_rows_vnni, kvf__q8_rows_vnni,
+static const struct kvf_kern kern_vnni = {"avx2+vnni", kvf__f32_rows_vnni, kvf__f32g_rows_vnni,
+                                          kvf__q8_rows_vnni,
                                           kvf__quant_a16_avx2, kvf__attn_seg_avx2,
                                           kvf__swiglu_avx2};
 const struct kvf_kern *const kvf__kern_vnni = &kern_vnni;

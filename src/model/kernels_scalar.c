@@ -24,6 +24,21 @@ static void f32_rows(const float *w, size_t ws, const float *x, size_t ldx, uint
         for (uint32_t t = 0; t < nt; t++) y[t * ldy + r] = dot_f32(w + r * ws, x + t * ldx, n);
 }
 
+/* The packed F32 recipe of kernels.h: one fused multiply-add chain per pair, in column order. */
+static void f32g_rows(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
+                      float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    for (uint32_t r = r0; r < r1; r++) {
+        const float *g = w + (size_t)(r / KVF_F32G_ROWS) * KVF_F32G_ROWS * n + r % KVF_F32G_ROWS;
+        for (uint32_t t = 0; t < nt; t++) {
+            const float *xt = x + t * ldx;
+            float acc = 0.0f;
+            for (uint32_t c = 0; c < n; c++) acc = fmaf(g[(size_t)c * KVF_F32G_ROWS], xt[c], acc);
+            y[t * ldy + r] = acc;
+        }
+    }
+}
+
 /* The Q8_0 × int16 recipe of kernels.h, on the packed layout, one (row, token) pair at a time:
  * row r of group g is lane r of every block of the group. */
 static float dot_q8(const struct kvf_q8g *g, uint32_t r, const int16_t *x, float xd, uint32_t nb)
@@ -73,5 +88,5 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
     }
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, q8_rows, quant_a16,
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, f32g_rows, q8_rows, quant_a16,
                                           kvf__attn_seg_scalar, kvf__swiglu_scalar};

@@ -50,6 +50,12 @@ void kvf__f32_rows_avx2(const float *w, size_t ws, const float *x, size_t ldx, u
 void kvf__f32_rows_vnni(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
                         uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 
+/* kernels_f32g_x86.c */
+void kvf__f32g_rows_avx2(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
+                         float *y, size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__f32g_rows_vnni(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
+                         float *y, size_t ldy, uint32_t r0, uint32_t r1);
+
 /* kernels_q8_x86.c */
 void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);

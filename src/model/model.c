@@ -2,8 +2,8 @@
  * model.c — loading a Llama model from GGUF: hyper-parameters and weight views.
  *
  * Each weight is a view into the mapped file, checked against the shape the hyper-parameters
- * imply before it is accepted, so the forward pass never needs to check a size again. Q8_0
- * matrices are also copied once into the kernels' 16-row groups (kernels.h), all into one
+ * imply before it is accepted, so the forward pass never needs to check a size again. F32 and
+ * Q8_0 matrices are also copied once into the kernels' 16-row groups (kernels.h), all into one
  * allocation; the token embedding is read from the file, row by row, as it is looked up.
  */
 #include <stdarg.h>
@@ -143,29 +143,43 @@ static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
     return ws;
 }
 
-/* Gives every Q8_0 matmul weight its packed copy, in one allocation (on huge pages where the
- * kernel gives them: decode streams all of it every step). */
-static int pack_q8(kvf_model_t *m)
+/* Gives every F32 and Q8_0 matmul weight its packed copy (kernels.h), all in one allocation
+ * (on huge pages where the kernel gives them: decode streams all of it every step). The file's
+ * own bytes stay mapped for the token embedding, looked up row by row. */
+static int pack_weights(kvf_model_t *m)
 {
-    size_t n, blocks = 0;
+    size_t n, bytes = 0;
     struct kvf_weight **ws = matmul_weights(m, &n);
     if (!ws) return -ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        if (ws[i]->type == KVF_GGML_Q8_0) blocks += kvf__q8g_blocks(ws[i]->rows, ws[i]->cols / KVF_QK);
-    if (blocks > 0) {
-        size_t bytes = blocks * sizeof(struct kvf_q8g);
-        struct kvf_q8g *at = m->packed_mem = kvf_alloc_large(bytes, 64);
+    for (size_t i = 0; i < n; i++) {
+        const struct kvf_weight *w = ws[i];
+        if (w->type == KVF_GGML_Q8_0)
+            bytes += kvf__q8g_blocks(w->rows, w->cols / KVF_QK) * sizeof(struct kvf_q8g);
+        else if (w->type == KVF_GGML_F32)
+            bytes += kvf__f32g_floats(w->rows, w->cols) * sizeof(float);
+        bytes = (bytes + 63) / 64 * 64;
+    }
+    if (bytes > 0) {
+        uint8_t *at = m->packed_mem = kvf_alloc_large(bytes, 64);
         if (!at) {
             free(ws);
             return -ENOMEM;
         }
         for (size_t i = 0; i < n; i++) {
             struct kvf_weight *w = ws[i];
-            if (w->type != KVF_GGML_Q8_0) continue;
-            uint32_t nb = w->cols / KVF_QK;
-            kvf__q8g_pack(w->data, w->rows, nb, at);
+            size_t used = 0;
+            if (w->type == KVF_GGML_Q8_0) {
+                uint32_t nb = w->cols / KVF_QK;
+                kvf__q8g_pack(w->data, w->rows, nb, (struct kvf_q8g *)at);
+                used = kvf__q8g_blocks(w->rows, nb) * sizeof(struct kvf_q8g);
+            } else if (w->type == KVF_GGML_F32) {
+                kvf__f32g_pack(w->data, w->row_bytes / sizeof(float), w->rows, w->cols, (float *)at);
+                used = kvf__f32g_floats(w->rows, w->cols) * sizeof(float);
+            } else {
+                continue;
+            }
             w->packed = at;
-            at += kvf__q8g_blocks(w->rows, nb);
+            at += (used + 63) / 64 * 64;
         }
     }
     free(ws);
@@ -215,8 +229,8 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
 #undef W
 #undef N
     }
-    if ((rc = pack_q8(m)) < 0) {
-        fail(err, err_len, rc, "out of memory for the packed Q8_0 weights");
+    if ((rc = pack_weights(m)) < 0) {
+        fail(err, err_len, rc, "out of memory for the packed weights");
         goto free_m;
     }
     kvf__kernels_init();

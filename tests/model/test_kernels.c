@@ -1,8 +1,8 @@
 /*
- * test_kernels.c — the Q8_0 matmul kernels on their own, on random packed weights: every variant
- * this machine runs against a reference that reads the unpacked Q8_0 blocks, bit for bit, for
- * any row range (starting and ending inside 16-row groups), any token count, the extremes of
- * the int8 × int16 products, and without writing a row outside the range.
+ * test_kernels.c — the packed matmul kernels on their own, on random weights: every variant
+ * this machine runs against a reference that reads the unpacked rows (F32) or Q8_0 blocks, bit
+ * for bit, for any row range (starting and ending inside 16-row groups), any token count, the
+ * extremes of the int8 × int16 products, and without writing a row outside the range.
  */
 #include "model/kernels.h"
 #include "model_test_util.h"
@@ -17,6 +17,12 @@ static float ref_q8(const struct kvf_block_q8_0 *w, uint32_t nb, const int16_t *
         acc = fmaf((float)s, kvf_fp16_to_f32(w[b].d), acc);
     }
     return acc * xd;
+}
+
+/* Uniform in [-1, 1). */
+static float rand_unit(struct kvf_rng *r)
+{
+    return (float)((double)(kvf_rng_next(r) >> 40) * 0x1p-23 - 1.0);
 }
 
 /* The variants to check: the scalar one and whichever x86 ones this CPU runs. */
@@ -141,7 +147,73 @@ static void test_q8_pack_layout(void)
             }
 }
 
+/* The packed F32 recipe read straight from a row: one fmaf chain in column order. */
+static float ref_f32(const float *w, const float *x, uint32_t n)
+{
+    float acc = 0.0f;
+    for (uint32_t c = 0; c < n; c++) acc = fmaf(w[c], x[c], acc);
+    return acc;
+}
+
+static void test_f32_variants_match_reference(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed() ^ 0xf32);
+    const struct kvf_kern *vs[3];
+    uint32_t nv = variants(vs);
+    const uint32_t shapes[][2] = {{1, 1}, {15, 7}, {16, 64}, {17, 33}, {47, 100}, {100, 96}, {130, 9}};
+    const uint32_t nts[] = {1, 2, 3, 5, 6, 7, 8, 9, 13, 16, 37};
+    uint32_t cases = 0, max_nt = 37;
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        uint32_t rows = shapes[si][0], n = shapes[si][1];
+        float *w = malloc((size_t)rows * n * sizeof(float));
+        float *packed = malloc(kvf__f32g_floats(rows, n) * sizeof(float));
+        float *x = malloc((size_t)max_nt * n * sizeof(float));
+        float *want = malloc((size_t)max_nt * rows * sizeof(float));
+        float *got = malloc((size_t)max_nt * rows * sizeof(float));
+        for (size_t i = 0; i < (size_t)rows * n; i++) w[i] = rand_unit(&r);
+        for (size_t i = 0; i < (size_t)max_nt * n; i++) x[i] = rand_unit(&r);
+        kvf__f32g_pack(w, n, rows, n, packed);
+        for (uint32_t t = 0; t < max_nt; t++)
+            for (uint32_t k = 0; k < rows; k++)
+                want[t * rows + k] = ref_f32(w + (size_t)k * n, x + (size_t)t * n, n);
+        for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
+            uint32_t nt = nts[ni];
+            for (int which = 0; which < 2; which++) {
+                uint32_t r0 = 0, r1 = rows;
+                if (which) {
+                    r0 = kvf_rng_below(&r, rows);
+                    r1 = r0 + 1 + kvf_rng_below(&r, rows - r0);
+                }
+                for (uint32_t v = 0; v < nv; v++) {
+                    for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
+                    vs[v]->f32g_rows(packed, n, x, n, nt, got, rows, r0, r1);
+                    for (uint32_t t = 0; t < nt; t++)
+                        for (uint32_t k = 0; k < rows; k++) {
+                            float g = got[t * rows + k];
+                            float e = k >= r0 && k < r1 ? want[t * rows + k] : -7.0f;
+                            if (memcmp(&g, &e, sizeof(g)) != 0) {
+                                printf("# %s F32: rows %u n %u nt %u [%u, %u): row %u token %u "
+                                       "is %a, expected %a\n",
+                                       vs[v]->name, rows, n, nt, r0, r1, k, t, (double)g, (double)e);
+                                ASSERT_TRUE(false);
+                            }
+                        }
+                    cases++;
+                }
+            }
+        }
+        free(w);
+        free(packed);
+        free(x);
+        free(want);
+        free(got);
+    }
+    printf("# packed F32 kernels equal to the reference in %u cases (%u variants)\n", cases, nv);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_f32_variants_match_reference),
     KVF_CASE(test_q8_variants_match_reference),
     KVF_CASE(test_q8_pack_layout),
 };
