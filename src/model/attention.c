@@ -72,6 +72,29 @@ static void combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
     for (uint32_t e = 0; e < hd; e++) out[e] *= inv;
 }
 
+/* Asks for the whole slots (every K/V head) of segment seg of token t, K and V, into L2: on
+ * each page a contiguous run of bytes, which memory serves far better than the K/V heads'
+ * rows one by one (a head's row is a few hundred bytes of every slot). The heads of the token
+ * then find them in L2; measured on a batched decode step of smol135m Q8_0 (16 sequences at
+ * 128-192 positions), 6-8% faster, alternating with and without step by step in one process. */
+static void prefetch_slots(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg)
+{
+    const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
+    uint32_t pt = b->page_tokens, p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
+    uint32_t p1 = end - p0 < KVF_ATTN_SEG ? end : p0 + KVF_ATTN_SEG;
+    size_t slot_bytes = (size_t)b->n_kv_heads * b->head_dim * sizeof(float);
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t pi = p / pt, s0 = p % pt, s1 = p1 - p + s0 < pt ? p1 - p + s0 : pt;
+        const uint8_t *page = b->pool_base + (size_t)s->pages[pi].page * b->page_bytes;
+        for (int kv = 0; kv < 2; kv++) {
+            const uint8_t *from = page + (kv ? b->v_off : b->k_off) + s0 * slot_bytes;
+            for (size_t o = 0; o < (s1 - s0) * slot_bytes; o += 64)
+                __builtin_prefetch(from + o, 0, 2);
+        }
+        p += s1 - s0;
+    }
+}
+
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread)
 {
     uint32_t hd = b->head_dim, n_kv = b->n_kv_heads, group = b->n_heads / n_kv;
@@ -99,11 +122,17 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
     if (b->nt >= 2u * n) {
         for (uint32_t t = i; t < b->nt; t += n) {
             uint32_t segs = b->tok_pos[t] / KVF_ATTN_SEG + 1;
-            for (uint32_t seg = 0; seg < segs; seg++)
+            /* Only for a sequence's one token (a decode step): a prefill chunk's tokens share
+             * their sequence's slots, which the first of them has brought in already. */
+            bool alone = (t == 0 || b->tok_seq[t - 1] != b->tok_seq[t]) &&
+                         (t + 1 == b->nt || b->tok_seq[t + 1] != b->tok_seq[t]);
+            for (uint32_t seg = 0; seg < segs; seg++) {
+                if (alone) prefetch_slots(b, t, seg);
                 for (uint32_t kvh = 0; kvh < n_kv; kvh++)
                     kern->attn_seg(b, t, kvh * group, (kvh + 1) * group, seg,
                                    part + ((size_t)kvh * group * segs + seg) * ps, segs * ps,
                                    scores);
+            }
             for (uint32_t h = 0; h < b->n_heads; h++)
                 combine(part + (size_t)h * segs * ps, segs, hd,
                         b->out + (size_t)t * q_dim + (size_t)h * hd);
