@@ -37,6 +37,32 @@ static uint32_t variants(const struct kvf_kern **out)
     return n;
 }
 
+/* The row range of try `which`: 0 the whole [0, rows), 1 a random one (usually starting and
+ * ending inside 16-row groups). */
+static void pick_range(struct kvf_rng *r, int which, uint32_t rows, uint32_t *r0, uint32_t *r1)
+{
+    *r0 = which ? kvf_rng_below(r, rows) : 0;
+    *r1 = which ? *r0 + 1 + kvf_rng_below(r, rows - *r0) : rows;
+}
+
+/* Rows [r0, r1) of got must be want's bits and every other row the -7 it was filled with.
+ * Prints the first difference, labelled with what, and returns false there. */
+static bool rows_match(const char *what, const float *got, const float *want, uint32_t rows,
+                       uint32_t nt, uint32_t r0, uint32_t r1)
+{
+    for (uint32_t t = 0; t < nt; t++)
+        for (uint32_t k = 0; k < rows; k++) {
+            float g = got[t * rows + k];
+            float e = k >= r0 && k < r1 ? want[t * rows + k] : -7.0f;
+            if (memcmp(&g, &e, sizeof(g)) != 0) {
+                printf("# %s, rows [%u, %u) of %u, %u tokens: row %u token %u is %a, expected %a\n",
+                       what, r0, r1, rows, nt, k, t, (double)g, (double)e);
+                return false;
+            }
+        }
+    return true;
+}
+
 /* Fills a weight: extreme = every weight ±127/-128 and every activation ±32767/-32768 (the
  * largest block sums, 32 · 128 · 32768 = 2^27), else uniform values. */
 static void fill(struct kvf_rng *r, struct kvf_block_q8_0 *w, size_t nblocks, int16_t *x,
@@ -82,28 +108,16 @@ static void test_q8_variants_match_reference(void)
                     want[t * rows + k] = ref_q8(w + (size_t)k * nb, nb, x + (size_t)t * cols, xd[t]);
             for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
                 uint32_t nt = nts[ni];
-                /* The whole range, then a random one (usually inside groups at both ends). */
                 for (int which = 0; which < 2; which++) {
-                    uint32_t r0 = 0, r1 = rows;
-                    if (which) {
-                        r0 = kvf_rng_below(&r, rows);
-                        r1 = r0 + 1 + kvf_rng_below(&r, rows - r0);
-                    }
+                    uint32_t r0, r1;
+                    pick_range(&r, which, rows, &r0, &r1);
                     for (uint32_t v = 0; v < nv; v++) {
                         for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
                         vs[v]->q8_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
-                        for (uint32_t t = 0; t < nt; t++)
-                            for (uint32_t k = 0; k < rows; k++) {
-                                float g = got[t * rows + k];
-                                float e = k >= r0 && k < r1 ? want[t * rows + k] : -7.0f;
-                                if (memcmp(&g, &e, sizeof(g)) != 0) {
-                                    printf("# %s: rows %u nb %u nt %u [%u, %u) extreme %d: "
-                                           "row %u token %u is %a, expected %a\n",
-                                           vs[v]->name, rows, nb, nt, r0, r1, extreme, k, t,
-                                           (double)g, (double)e);
-                                    ASSERT_TRUE(false);
-                                }
-                            }
+                        char what[64];
+                        snprintf(what, sizeof(what), "%s Q8_0, nb %u, extreme %d", vs[v]->name,
+                                 nb, extreme);
+                        ASSERT_TRUE(rows_match(what, got, want, rows, nt, r0, r1));
                         cases++;
                     }
                 }
@@ -180,25 +194,14 @@ static void test_f32_variants_match_reference(void)
         for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
             uint32_t nt = nts[ni];
             for (int which = 0; which < 2; which++) {
-                uint32_t r0 = 0, r1 = rows;
-                if (which) {
-                    r0 = kvf_rng_below(&r, rows);
-                    r1 = r0 + 1 + kvf_rng_below(&r, rows - r0);
-                }
+                uint32_t r0, r1;
+                pick_range(&r, which, rows, &r0, &r1);
                 for (uint32_t v = 0; v < nv; v++) {
                     for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
                     vs[v]->f32g_rows(packed, n, x, n, nt, got, rows, r0, r1);
-                    for (uint32_t t = 0; t < nt; t++)
-                        for (uint32_t k = 0; k < rows; k++) {
-                            float g = got[t * rows + k];
-                            float e = k >= r0 && k < r1 ? want[t * rows + k] : -7.0f;
-                            if (memcmp(&g, &e, sizeof(g)) != 0) {
-                                printf("# %s F32: rows %u n %u nt %u [%u, %u): row %u token %u "
-                                       "is %a, expected %a\n",
-                                       vs[v]->name, rows, n, nt, r0, r1, k, t, (double)g, (double)e);
-                                ASSERT_TRUE(false);
-                            }
-                        }
+                    char what[64];
+                    snprintf(what, sizeof(what), "%s F32, n %u", vs[v]->name, n);
+                    ASSERT_TRUE(rows_match(what, got, want, rows, nt, r0, r1));
                     cases++;
                 }
             }
