@@ -3,12 +3,13 @@
  * pool pages, and decode as a fraction of the memory-bandwidth roofline.
  *
  *   kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M] [--threads T]
- *                       [--page-tokens P] [--chunk C] [--runs R]
+ *                       [--page-tokens P] [--chunk C] [--runs R] [--kv-type f32|f16]
  *
  * Prefill: B sequences of N seeded random tokens, each in chunks of at most C tokens (default
  * 512). Decode: M steps, each one token for every one of the B sequences in one batch, greedy.
  * The whole of it is run R times (default 5) on fresh pages, and the figures reported are the
- * medians over the runs (each run's own are printed too).
+ * medians over the runs (each run's own are printed too). --kv-type f16 keeps K and V in the
+ * pool as IEEE halves (half the bytes per page; the default is f32).
  * The roofline: a decode step must stream every weight once, so it cannot beat
  * weight_bytes / bandwidth, where bandwidth is a large memcpy measured in the same run
  * (bytes read + bytes written per second, best of 5).
@@ -27,7 +28,8 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M]\n"
-               "                           [--threads T] [--page-tokens P] [--chunk C] [--runs R]\n");
+               "                           [--threads T] [--page-tokens P] [--chunk C] [--runs R]\n"
+               "                           [--kv-type f32|f16]\n");
 }
 
 /* Copy bandwidth in bytes per second (read + write), best of 5 copies of 128 MiB. */
@@ -126,6 +128,7 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
 int kvf_bench_model(int argc, char **argv)
 {
     const char *path = NULL;
+    uint32_t kv_bytes = 4;
     unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512,
                   runs = 5;
     for (int i = 1; i < argc; i++) {
@@ -141,6 +144,14 @@ int kvf_bench_model(int argc, char **argv)
         const char *v = argv[++i];
         unsigned long *dst = NULL;
         if (strcmp(a, "--model") == 0) path = v;
+        else if (strcmp(a, "--kv-type") == 0) {
+            if (strcmp(v, "f32") == 0) kv_bytes = 4;
+            else if (strcmp(v, "f16") == 0) kv_bytes = 2;
+            else {
+                fprintf(stderr, "kvfence bench model: --kv-type is f32 or f16, not '%s'\n", v);
+                return 2;
+            }
+        }
         else if (strcmp(a, "--batch") == 0) dst = &batch;
         else if (strcmp(a, "--prompt") == 0) dst = &prompt;
         else if (strcmp(a, "--gen") == 0) dst = &gen;
@@ -188,6 +199,7 @@ int kvf_bench_model(int argc, char **argv)
     struct kvf_pool_config pc;
     memset(&pc, 0, sizeof(pc));
     kvf_model_geometry(m, (uint32_t)page_tokens, &pc.geo);
+    pc.geo.elem_bytes = kv_bytes;
     pc.n_pages = per_seq * (uint32_t)batch + 1; /* + 1 for the warm-up */
     pc.max_peers = 1;
     pc.tag_seed = 1;
@@ -267,6 +279,7 @@ int kvf_bench_model(int argc, char **argv)
            prefill_tps);
     printf("decode: %lu x %lu tokens, median of %lu runs: %.1f tokens/s (%.2f ms per step)\n",
            batch, gen, runs, decode_tps, batch * 1e3 / decode_tps);
+    printf("kv: %s (%u bytes per K/V element)\n", kv_bytes == 2 ? "f16" : "f32", kv_bytes);
     printf("roofline: copy bandwidth %.2f GB/s; weights %.1f MB per step -> at most %.1f "
            "tokens/s at batch %lu; decode reaches %.1f%% of it\n",
            bw / 1e9, kvf_model_weight_bytes(m) / 1e6, roof_tps, batch,

@@ -82,7 +82,7 @@ static void prefetch_slots(const struct kvf_attn_batch *b, uint32_t t, uint32_t 
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
     uint32_t pt = b->page_tokens, p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
     uint32_t p1 = end - p0 < KVF_ATTN_SEG ? end : p0 + KVF_ATTN_SEG;
-    size_t slot_bytes = (size_t)b->n_kv_heads * b->head_dim * sizeof(float);
+    size_t slot_bytes = (size_t)b->n_kv_heads * b->head_dim * b->elem_bytes;
     for (uint32_t p = p0; p < p1;) {
         uint32_t pi = p / pt, s0 = p % pt, s1 = p1 - p + s0 < pt ? p1 - p + s0 : pt;
         const uint8_t *page = b->pool_base + (size_t)s->pages[pi].page * b->page_bytes;
@@ -169,8 +169,8 @@ void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n)
 void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                           uint32_t seg, float *part, size_t part_stride, float *scores)
 {
-    const float *rows[KVF_ATTN_SEG];
-    uint32_t hd = b->head_dim, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
+    const void *rows[KVF_ATTN_SEG];
+    uint32_t eb = b->elem_bytes, hd = b->head_dim, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
     size_t q_dim = (size_t)b->n_heads * hd;
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
     uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
@@ -182,7 +182,7 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
         kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
         for (uint32_t j = 0; j < n; j++) {
             float d = 0.0f;
-            for (uint32_t e = 0; e < hd; e++) d += q[e] * rows[j][e];
+            for (uint32_t e = 0; e < hd; e++) d += q[e] * kvf__kv_elem(rows[j], e, eb);
             scores[j] = d * scale;
             /* A NaN score is skipped here but not lost: its own exp, and so l, is NaN. */
             if (scores[j] > mx) mx = scores[j];
@@ -194,7 +194,7 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
         for (uint32_t e = 0; e < hd; e++) acc[e] = 0.0f;
         kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
         for (uint32_t j = 0; j < n; j++)
-            for (uint32_t e = 0; e < hd; e++) acc[e] += scores[j] * rows[j][e];
+            for (uint32_t e = 0; e < hd; e++) acc[e] += scores[j] * kvf__kv_elem(rows[j], e, eb);
         acc[hd] = mx;
         acc[hd + 1] = sum;
     }

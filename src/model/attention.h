@@ -32,6 +32,7 @@
 
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
+#include "kvfence/quant.h"
 
 struct kvf_attn_batch {
     uint32_t nt;                      /* tokens in the batch */
@@ -45,6 +46,7 @@ struct kvf_attn_batch {
     size_t page_bytes;
     uint32_t page_tokens;
     size_t k_off, v_off;              /* this layer's K and V blocks inside a page */
+    uint32_t elem_bytes;              /* a K/V element: 4, a float; 2, an IEEE half */
     float *scratch;                   /* per thread: scratch_floats floats at thread · scratch_floats */
     size_t scratch_floats;
     float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
@@ -90,25 +92,33 @@ void kvf__swiglu(float *g, const float *u, uint32_t n);
 
 /*
  * Pointers to the K (off = b->k_off) or V (off = b->v_off) rows of kv head kvh at positions
- * p0 .. p0 + n - 1 of sequence s, into rows[0..n). One division for the first position, then
- * a walk along the page table: O(n).
+ * p0 .. p0 + n - 1 of sequence s, into rows[0..n): head_dim elements of b->elem_bytes each.
+ * One division for the first position, then a walk along the page table: O(n).
  */
 static inline void kvf__attn_rows(const struct kvf_attn_batch *b, const struct kvf_fwd_seq *s,
                                   size_t off, uint32_t kvh, uint32_t p0, uint32_t n,
-                                  const float **rows)
+                                  const void **rows)
 {
     uint32_t pt = b->page_tokens, pi = p0 / pt, slot = p0 % pt;
-    size_t row_floats = (size_t)b->n_kv_heads * b->head_dim, head = (size_t)kvh * b->head_dim;
+    size_t row_bytes = (size_t)b->n_kv_heads * b->head_dim * b->elem_bytes;
+    size_t head = (size_t)kvh * b->head_dim * b->elem_bytes;
     const uint8_t *base = b->pool_base + off;
-    const float *blk = (const float *)(base + (size_t)s->pages[pi].page * b->page_bytes);
+    const uint8_t *blk = base + (size_t)s->pages[pi].page * b->page_bytes;
     for (uint32_t j = 0; j < n; j++) {
-        rows[j] = blk + slot * row_floats + head;
+        rows[j] = blk + slot * row_bytes + head;
         if (++slot == pt && j + 1 < n) {
             slot = 0;
             pi++;
-            blk = (const float *)(base + (size_t)s->pages[pi].page * b->page_bytes);
+            blk = base + (size_t)s->pages[pi].page * b->page_bytes;
         }
     }
+}
+
+/* Element e of a K/V row of elem_bytes-wide elements, as a float (a half converts exactly). */
+static inline float kvf__kv_elem(const void *row, uint32_t e, uint32_t elem_bytes)
+{
+    if (elem_bytes == 2) return kvf_fp16_to_f32(((const uint16_t *)row)[e]);
+    return ((const float *)row)[e];
 }
 
 /*

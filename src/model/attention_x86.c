@@ -2,7 +2,9 @@
  * attention_x86.c — the AVX2 attention and SwiGLU kernels (both x86 variants use them).
  *
  * The partial of one segment (attention.h) for the query heads [h0, h1) of one K/V group of
- * one token, in three passes over the segment's positions:
+ * one token, in three passes over the segment's positions (K/V elements are floats or IEEE
+ * halves, as the pool's geometry says; a half is converted to a float, exactly, as it is
+ * loaded, so both give the same operations on the same values):
  *
  *   1. scores: positions 8 at a time; the 8 K rows are read once for every head of the group,
  *      and for each head one 8-lane FMA accumulator per position runs over head_dim in steps
@@ -71,15 +73,22 @@ AVX2 INLINE __m256 hsum8x8(const __m256 a[8])
     return _mm256_add_ps(lo, hi);
 }
 
-/* q · k[j] for the 8 rows k[0..8) of nc × 8 floats. */
-AVX2 INLINE __m256 dot8x8(const float *q, const float *const k[8], uint32_t nc)
+/* 8 elements of a K/V row from element e: floats, or halves converted (exactly) to floats. */
+AVX2 INLINE __m256 load_kv8(const void *row, size_t e, const int F16)
+{
+    if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e)));
+    return _mm256_loadu_ps((const float *)row + e);
+}
+
+/* q · k[j] for the 8 rows k[0..8) of nc × 8 elements. */
+AVX2 INLINE __m256 dot8x8(const float *q, const void *const k[8], uint32_t nc, const int F16)
 {
     __m256 acc[8];
     for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     for (uint32_t c = 0; c < nc; c++) {
         __m256 qv = _mm256_loadu_ps(q + 8 * c);
         for (int j = 0; j < 8; j++)
-            acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[j] + 8 * c), acc[j]);
+            acc[j] = _mm256_fmadd_ps(qv, load_kv8(k[j], 8 * c, F16), acc[j]);
     }
     return hsum8x8(acc);
 }
@@ -87,8 +96,8 @@ AVX2 INLINE __m256 dot8x8(const float *q, const float *const k[8], uint32_t nc)
 /* out[0 .. 8·NV) (+)= Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order; from zero
  * when first is set, else from out. NV is a constant at every call, so the accumulators live
  * in registers. */
-AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows, size_t col,
-                           uint32_t m, int first, const int NV)
+AVX2 INLINE void wsum_cols(float *out, const float *w, const void *const *rows, size_t col,
+                           uint32_t m, int first, const int NV, const int F16)
 {
     __m256 acc[8];
     for (int c = 0; c < NV; c++)
@@ -96,27 +105,27 @@ AVX2 INLINE void wsum_cols(float *out, const float *w, const float *const *rows,
     for (uint32_t j = 0; j < m; j++) {
         __m256 wj = _mm256_broadcast_ss(w + j);
         for (int c = 0; c < NV; c++)
-            acc[c] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(rows[j] + col + 8 * c), acc[c]);
+            acc[c] = _mm256_fmadd_ps(wj, load_kv8(rows[j], col + 8 * c, F16), acc[c]);
     }
     for (int c = 0; c < NV; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
-/* wsum_cols over all nc vectors of a row, 8 vectors (64 floats) at a time. */
-AVX2 static void wsum(float *out, const float *w, const float *const *rows, uint32_t m, int first,
-                      uint32_t nc)
+/* wsum_cols over all nc vectors of a row, 8 vectors (64 elements) at a time. */
+AVX2 INLINE void wsum(float *out, const float *w, const void *const *rows, uint32_t m, int first,
+                      uint32_t nc, const int F16)
 {
     for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
         float *o = out + 8 * (size_t)c0;
         size_t col = 8 * (size_t)c0;
         switch (nc - c0 < 8 ? nc - c0 : 8) {
-        case 1: wsum_cols(o, w, rows, col, m, first, 1); break;
-        case 2: wsum_cols(o, w, rows, col, m, first, 2); break;
-        case 3: wsum_cols(o, w, rows, col, m, first, 3); break;
-        case 4: wsum_cols(o, w, rows, col, m, first, 4); break;
-        case 5: wsum_cols(o, w, rows, col, m, first, 5); break;
-        case 6: wsum_cols(o, w, rows, col, m, first, 6); break;
-        case 7: wsum_cols(o, w, rows, col, m, first, 7); break;
-        default: wsum_cols(o, w, rows, col, m, first, 8); break;
+        case 1: wsum_cols(o, w, rows, col, m, first, 1, F16); break;
+        case 2: wsum_cols(o, w, rows, col, m, first, 2, F16); break;
+        case 3: wsum_cols(o, w, rows, col, m, first, 3, F16); break;
+        case 4: wsum_cols(o, w, rows, col, m, first, 4, F16); break;
+        case 5: wsum_cols(o, w, rows, col, m, first, 5, F16); break;
+        case 6: wsum_cols(o, w, rows, col, m, first, 6, F16); break;
+        case 7: wsum_cols(o, w, rows, col, m, first, 7, F16); break;
+        default: wsum_cols(o, w, rows, col, m, first, 8, F16); break;
         }
     }
 }
@@ -152,29 +161,27 @@ AVX2 static float softmax_row(float *sc, uint32_t n, float *mx_out)
     return hsum8(sum);
 }
 
-/* Asks for every line of n rows of hd floats at once. A segment's rows lie in several pages,
- * hd floats of every kv_dim, so the hardware prefetcher, which follows one stride, finds few of
- * them; asked for together, their misses overlap instead of coming one row at a time. */
-AVX2 INLINE void prefetch_rows(const float *const *rows, uint32_t n, uint32_t hd, const int hint)
+/* Asks for every line of n rows of row_bytes at once. A segment's rows lie in several pages,
+ * one head's part of every slot, so the hardware prefetcher, which follows one stride, finds
+ * few of them; asked for together, their misses overlap instead of coming one row at a time. */
+AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_bytes,
+                               const int hint)
 {
     for (uint32_t j = 0; j < n; j++)
-        for (uint32_t e = 0; e < hd; e += 16) {
-            if (hint == _MM_HINT_T0) _mm_prefetch((const char *)(rows[j] + e), _MM_HINT_T0);
-            else _mm_prefetch((const char *)(rows[j] + e), _MM_HINT_T1);
+        for (size_t e = 0; e < row_bytes; e += 64) {
+            if (hint == _MM_HINT_T0) _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T0);
+            else _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T1);
         }
 }
 
 /* O((h1 - h0) · KVF_ATTN_SEG · head_dim); the segment's K and V rows (32 KiB each at head_dim
  * 64) are fetched from memory once for all heads of the group. */
-AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                             uint32_t seg, float *part, size_t part_stride, float *scores)
+AVX2 INLINE void attn_seg(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                          uint32_t seg, float *part, size_t part_stride, float *scores,
+                          const int F16)
 {
     uint32_t hd = b->head_dim;
-    if (hd % 8 != 0) {
-        kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores);
-        return;
-    }
-    const float *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
+    const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
     uint32_t nc = hd / 8, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
     uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
@@ -184,13 +191,13 @@ AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_
 
     kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
     kvf__attn_rows(b, s, b->v_off, kvh, p0, n, vrows);
-    prefetch_rows(rows, n, hd, _MM_HINT_T0);
-    prefetch_rows(vrows, n, hd, _MM_HINT_T1);
+    prefetch_rows(rows, n, (size_t)hd * b->elem_bytes, _MM_HINT_T0);
+    prefetch_rows(vrows, n, (size_t)hd * b->elem_bytes, _MM_HINT_T1);
     for (uint32_t j0 = 0; j0 < n; j0 += 8) {
-        const float *k8[8];
+        const void *k8[8];
         for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
         for (uint32_t h = h0; h < h1; h++) {
-            __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc), scale);
+            __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc, F16), scale);
             _mm256_storeu_ps(scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
         }
     }
@@ -205,8 +212,16 @@ AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_
         uint32_t m = n - j0 < V_RUN ? n - j0 : V_RUN;
         for (uint32_t h = h0; h < h1; h++)
             wsum(part + (h - h0) * part_stride, scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0,
-                 vrows + j0, m, j0 == 0, nc);
+                 vrows + j0, m, j0 == 0, nc, F16);
     }
+}
+
+AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                             uint32_t seg, float *part, size_t part_stride, float *scores)
+{
+    if (b->head_dim % 8 != 0) kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores);
+    else if (b->elem_bytes == 2) attn_seg(b, t, h0, h1, seg, part, part_stride, scores, 1);
+    else attn_seg(b, t, h0, h1, seg, part, part_stride, scores, 0);
 }
 
 /* silu(g) · u as kvf__swiglu1 computes it: vectors of 8 from the start of the range, then the

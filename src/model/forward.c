@@ -30,6 +30,7 @@
 #include "attention.h"
 #include "forward_pool.h"
 #include "kvfence/common.h"
+#include "kvfence/quant.h"
 #include "model_internal.h"
 
 struct kvf_fwd {
@@ -356,6 +357,18 @@ static void rope_table(float *dst, uint32_t pos, uint32_t hd, float base)
     }
 }
 
+/* A token's K or V row of n floats into its page slot: as floats (eb 4), or as IEEE halves
+ * (eb 2) rounded to nearest-even — the one rounding a half K/V cache adds, the same bits on
+ * every path since every variant reads the stored halves. */
+static void store_kv(uint8_t *dst, const float *src, size_t n, uint32_t eb)
+{
+    if (eb == 4) {
+        memcpy(dst, src, n * sizeof(float));
+        return;
+    }
+    kvf__kern->f16_row(src, (uint16_t *)dst, (uint32_t)n);
+}
+
 static void rope_apply(float *x, const float *cs, uint32_t n_heads, uint32_t hd)
 {
     for (uint32_t h = 0; h < n_heads; h++) {
@@ -375,7 +388,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
     const struct kvf_model_hparams *hp = &m->hp;
     const struct kvf_pool_geometry *geo = kvf_pool_geometry(pool);
     if (geo->n_layers != hp->n_layers || geo->n_kv_heads != hp->n_kv_heads ||
-        geo->head_dim != hp->head_dim || geo->elem_bytes != 4 || geo->page_tokens == 0)
+        geo->head_dim != hp->head_dim || (geo->elem_bytes != 4 && geo->elem_bytes != 2) ||
+        geo->page_tokens == 0)
         return -EINVAL;
     if (n_seqs > f->max_seqs) return -EINVAL;
     uint64_t total = 0;
@@ -409,7 +423,7 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         .f = f, .nt = nt, .seqs = seqs, .pool_base = kvf_pool_data(pool, &pool_bytes),
         .page_bytes = kvf_pool_page_bytes(pool), .geo = geo, .n_out = n_out,
     };
-    uint32_t dim = hp->dim, hd = hp->head_dim, pt = geo->page_tokens;
+    uint32_t dim = hp->dim, hd = hp->head_dim, pt = geo->page_tokens, eb = geo->elem_bytes;
     size_t q_dim = (size_t)hp->n_heads * hd, kv_dim = (size_t)hp->n_kv_heads * hd;
     uint8_t *base = kvf_pool_data(pool, &pool_bytes);
 
@@ -435,14 +449,15 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             const struct kvf_fwd_seq *s = &seqs[f->tok_seq[t]];
             uint32_t p = f->tok_pos[t];
             uint8_t *page = base + (size_t)s->pages[p / pt].page * j.page_bytes;
-            memcpy(page + k_off + (size_t)(p % pt) * kv_dim * 4, f->k + t * kv_dim, kv_dim * 4);
-            memcpy(page + v_off + (size_t)(p % pt) * kv_dim * 4, f->v + t * kv_dim, kv_dim * 4);
+            size_t slot = (size_t)(p % pt) * kv_dim * eb;
+            store_kv(page + k_off + slot, f->k + t * kv_dim, kv_dim, eb);
+            store_kv(page + v_off + slot, f->v + t * kv_dim, kv_dim, eb);
         }
         j.attn = (struct kvf_attn_batch){
             .nt = nt, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
             .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
             .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
-            .v_off = v_off, .scratch = f->scores, .scratch_floats = f->scores_per_thread,
+            .v_off = v_off, .elem_bytes = eb, .scratch = f->scores, .scratch_floats = f->scores_per_thread,
             .part = f->attn_part,
         };
         kvf__tpool_run(f->tp, job_attn, &j, f->n_chunks);

@@ -110,6 +110,9 @@ struct kvf_kern {
      * inside a group: only rows [r0, r1) are written. */
     void (*q8_rows)(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    /* h[i] = x[i] as an IEEE half, rounded to nearest-even (kvf_f32_to_fp16's bits, NaN
+     * included; tested), for i < n: K/V rows stored as halves. */
+    void (*f16_row)(const float *x, uint16_t *h, uint32_t n);
     /* Quantizes one activation row of n floats (n a multiple of 32) to n int16 and its scale
      * (see struct kvf_act16); every variant gives exactly the scalar variant's bytes (tested). */
     void (*quant_a16)(const float *x, int16_t *q, float *d, uint32_t n);

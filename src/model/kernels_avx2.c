@@ -9,12 +9,12 @@
 
 #ifdef KVF_HAVE_X86_KERNELS
 static const struct kvf_kern kern_avx2 = {"avx2", kvf__f32_rows_avx2, kvf__f32g_rows_avx2,
-                                          kvf__q8_rows_avx2,
+                                          kvf__q8_rows_avx2, kvf__f16_row_avx2,
                                           kvf__quant_a16_avx2, kvf__attn_seg_avx2,
                                           kvf__swiglu_avx2};
 const struct kvf_kern *const kvf__kern_avx2 = &kern_avx2;
 static const struct kvf_kern kern_vnni = {"avx2+vnni", kvf__f32_rows_vnni, kvf__f32g_rows_vnni,
-                                          kvf__q8_rows_vnni,
+                                          kvf__q8_rows_vnni, kvf__f16_row_avx2,
                                           kvf__quant_a16_avx2, kvf__attn_seg_avx2,
                                           kvf__swiglu_avx2};
 const struct kvf_kern *const kvf__kern_vnni = &kern_vnni;

@@ -63,6 +63,11 @@ static void q8_rows(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, cons
     }
 }
 
+static void f16_row(const float *x, uint16_t *h, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) h[i] = kvf_f32_to_fp16(x[i]);
+}
+
 /* The reference activation quantizer (struct kvf_act16 in kernels.h); the vector ones match
  * its bytes. The clamp never acts on finite rows (|x · (1 / d)| ≤ 32767 + a few ulps, which
  * rounds to 32767) and mirrors the saturating packs of the vector form. */
@@ -88,5 +93,5 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
     }
 }
 
-const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, f32g_rows, q8_rows, quant_a16,
+const struct kvf_kern kvf__kern_scalar = {"scalar", f32_rows, f32g_rows, q8_rows, f16_row, quant_a16,
                                           kvf__attn_seg_scalar, kvf__swiglu_scalar};

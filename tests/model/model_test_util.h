@@ -67,12 +67,17 @@ static inline void tmodel_close(struct tmodel *t)
     rmdir(t->dir);
 }
 
+/* Bytes per K/V element of the pools tpool_create makes: 4 (floats) unless a test sets 2
+ * (IEEE halves). */
+static uint32_t tpool_kv_bytes = 4;
+
 static inline kvf_pool_t *tpool_create(const kvf_model_t *m, uint32_t page_tokens,
                                        uint32_t n_pages, bool poison)
 {
     struct kvf_pool_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     kvf_model_geometry(m, page_tokens, &cfg.geo);
+    cfg.geo.elem_bytes = tpool_kv_bytes;
     cfg.n_pages = n_pages;
     cfg.max_peers = 1;
     cfg.tag_seed = 1000;

@@ -160,15 +160,15 @@ struct ashape {
 static void attn_ref(const struct kvf_attn_batch *b, const struct kvf_fwd_seq *s, uint32_t pos,
                      const float *q, double *out)
 {
-    uint32_t hd = b->head_dim, group = b->n_heads / b->n_kv_heads;
-    const float *rows[1];
+    uint32_t hd = b->head_dim, group = b->n_heads / b->n_kv_heads, eb = b->elem_bytes;
+    const void *rows[1];
     double *sc = malloc((pos + 1) * sizeof(double));
     for (uint32_t h = 0; h < b->n_heads; h++) {
         double mx = -INFINITY, sum = 0.0;
         for (uint32_t p = 0; p <= pos; p++) {
             kvf__attn_rows(b, s, b->k_off, h / group, p, 1, rows);
             double d = 0.0;
-            for (uint32_t e = 0; e < hd; e++) d += (double)q[h * hd + e] * rows[0][e];
+            for (uint32_t e = 0; e < hd; e++) d += (double)q[h * hd + e] * kvf__kv_elem(rows[0], e, eb);
             sc[p] = d / sqrt((double)hd);
             if (sc[p] > mx) mx = sc[p];
         }
@@ -176,13 +176,15 @@ static void attn_ref(const struct kvf_attn_batch *b, const struct kvf_fwd_seq *s
         for (uint32_t e = 0; e < hd; e++) out[h * hd + e] = 0.0;
         for (uint32_t p = 0; p <= pos; p++) {
             kvf__attn_rows(b, s, b->v_off, h / group, p, 1, rows);
-            for (uint32_t e = 0; e < hd; e++) out[h * hd + e] += sc[p] / sum * rows[0][e];
+            for (uint32_t e = 0; e < hd; e++)
+                out[h * hd + e] += sc[p] / sum * kvf__kv_elem(rows[0], e, eb);
         }
     }
     free(sc);
 }
 
-static void check_attention(const struct ashape *sh, const struct kvf_kern *kern, uint64_t seed)
+static void check_attention(const struct ashape *sh, const struct kvf_kern *kern, uint64_t seed,
+                            uint32_t eb)
 {
     struct kvf_rng r;
     kvf_rng_seed(&r, seed);
@@ -190,7 +192,7 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
     uint32_t n_pages = (sh->n_pos + pt - 1) / pt;
     struct kvf_pool_config cfg;
     memset(&cfg, 0, sizeof(cfg));
-    cfg.geo = (struct kvf_pool_geometry){2, sh->n_kv, hd, pt, 4};
+    cfg.geo = (struct kvf_pool_geometry){2, sh->n_kv, hd, pt, eb};
     cfg.n_pages = n_pages + 3;
     cfg.max_peers = 1;
     cfg.tag_seed = 77;
@@ -216,10 +218,14 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
     for (uint32_t l = 0; l < 2; l++)
         for (uint32_t p = 0; p < sh->n_pos; p++)
             for (int kv = 0; kv < 2; kv++) {
-                float *d = (float *)(base + (size_t)ts->pages[p / pt].page * page_bytes +
-                                     kvf_geo_kv_offset(&cfg.geo, l, kv)) + (p % pt) * row;
+                uint8_t *d = base + (size_t)ts->pages[p / pt].page * page_bytes +
+                             kvf_geo_kv_offset(&cfg.geo, l, kv) + (p % pt) * row * eb;
                 /* Spread scores, so that softmax has both peaked and flat rows. */
-                for (size_t e = 0; e < row; e++) d[e] = rand_float(&r, -1.5f, 1.5f);
+                for (size_t e = 0; e < row; e++) {
+                    float v = rand_float(&r, -1.5f, 1.5f);
+                    if (eb == 2) ((uint16_t *)d)[e] = kvf_f32_to_fp16(v);
+                    else ((float *)d)[e] = v;
+                }
             }
 
     /* Tokens: pos 0, the ends and starts of pages and segments, the last position, and random
@@ -238,7 +244,7 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
     size_t sf = kvf__attn_scratch_floats(sh->n_pos, n_heads, hd);
     float *scratch = malloc(3 * sf * sizeof(float));
     float *part = malloc(kvf__attn_part_floats(sh->n_pos, n_heads, hd, NT, 64) * sizeof(float));
-    float *outs[4];
+    float *outs[5];
     double *ref = malloc(q_dim * sizeof(double));
     const struct kvf_kern *saved = kvf__kern;
     kvf__kern = kern;
@@ -248,13 +254,14 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
             .tok_seq = tok_seq, .tok_pos = tok_pos, .seqs = &seq, .pool_base = base,
             .page_bytes = page_bytes, .page_tokens = pt,
             .k_off = kvf_geo_kv_offset(&cfg.geo, layer, 0),
-            .v_off = kvf_geo_kv_offset(&cfg.geo, layer, 1), .scratch = scratch,
+            .v_off = kvf_geo_kv_offset(&cfg.geo, layer, 1), .elem_bytes = eb, .scratch = scratch,
             .scratch_floats = sf, .part = part,
         };
-        /* Four ways to cut the same work: the whole batch as one chunk and in 7 chunks on
-         * "threads" 0-2 (whole groups with all their segments per item), each token alone in 8
-         * chunks and the whole batch in 64 (split into segments, combined by finish). */
-        for (int way = 0; way < 4; way++) {
+        /* Five ways to cut the same work: the whole batch as one chunk and in 7 chunks on
+         * "threads" 0-2 (whole tokens per item), in 16 chunks ((token, K/V group) items), each
+         * token alone in 8 chunks and the whole batch in 64 (split into segments, combined by
+         * finish). */
+        for (int way = 0; way < 5; way++) {
             outs[way] = malloc(NT * q_dim * sizeof(float));
             for (size_t i = 0; i < NT * q_dim; i++) outs[way][i] = NAN;
             b.out = outs[way];
@@ -275,16 +282,21 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
                 for (uint32_t c = 0; c < 64; c++) kvf__attn_chunk(&b, c, 64, c % 3);
                 kvf__attn_finish(&b, 64);
             }
+            if (way == 4) {
+                for (uint32_t c = 0; c < 16; c++) kvf__attn_chunk(&b, c, 16, c % 3);
+                kvf__attn_finish(&b, 16);
+            }
         }
-        for (int way = 1; way < 4; way++)
+        for (int way = 1; way < 5; way++)
             ASSERT_MEMEQ(outs[0], outs[way], NT * q_dim * sizeof(float));
         for (uint32_t t = 0; t < NT; t++) {
             attn_ref(&b, &seq, tok_pos[t], q + t * q_dim, ref);
             double mr, e = rel_err(outs[0] + t * q_dim, ref, q_dim, &mr);
             if (!(e <= 2e-6))
-                KVF_FAIL("%s: token at pos %u: relative error %g", kern->name, tok_pos[t], e);
+                KVF_FAIL("%s, K/V of %u bytes: token at pos %u: relative error %g", kern->name,
+                         eb, tok_pos[t], e);
         }
-        for (int way = 0; way < 4; way++) free(outs[way]);
+        for (int way = 0; way < 5; way++) free(outs[way]);
     }
     kvf__kern = saved;
     free(ref);
@@ -308,9 +320,11 @@ static void test_attention_reference(void)
         {1, 2, 136, 9, 140},  /* head_dim 17 vectors: two column blocks in the V sum */
     };
     const struct kvf_kern *vars[2] = {&kvf__kern_scalar, have_avx2() ? kvf__kern_avx2 : NULL};
-    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-        for (int v = 0; v < 2; v++)
-            if (vars[v]) check_attention(&shapes[i], vars[v], kvf_test_seed() + i);
+    /* K/V as floats and as IEEE halves (the reference reads the same halves). */
+    for (uint32_t eb = 4; eb >= 2; eb -= 2)
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+            for (int v = 0; v < 2; v++)
+                if (vars[v]) check_attention(&shapes[i], vars[v], kvf_test_seed() + i, eb);
 }
 
 /* --- Through the forward pass. ---------------------------------------------------------- */

@@ -215,7 +215,51 @@ static void test_f32_variants_match_reference(void)
     printf("# packed F32 kernels equal to the reference in %u cases (%u variants)\n", cases, nv);
 }
 
+/* K/V rows stored as halves: every variant writes kvf_f32_to_fp16's bits, on values across the
+ * whole float range (ties, half subnormals, overflow to infinity, every kind of NaN). */
+static void test_f16_rows_match_scalar(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed() ^ 0xf16);
+    const struct kvf_kern *vs[3];
+    uint32_t nv = variants(vs);
+    enum { N = 4099 };
+    static float x[N];
+    static uint16_t want[N], got[N];
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+        0x7f800001u, 0x7fbfffffu, 0x477fe000u, 0x477fefffu, 0x477ff000u, 0x47800000u,
+        0x38800000u, 0x387fffffu, 0x33800000u, 0x33000000u, 0x33000001u, 0x00000001u,
+        0x3f801000u, 0x3f803000u, 0x3f801001u, 0x3f802fffu, 0x387fe000u, 0x38002000u};
+    for (int round = 0; round < 40; round++) {
+        for (uint32_t i = 0; i < N; i++) {
+            uint32_t u;
+            if (i < KVF_ARRAY_LEN(special)) u = special[i];
+            /* Any bits at all, or exponents near the half range, with low bits at a tie. */
+            else if (i % 3 == 0) u = (uint32_t)kvf_rng_next(&r);
+            else u = ((uint32_t)kvf_rng_next(&r) & 0x80000000u) |
+                     ((100u + kvf_rng_below(&r, 50)) << 23) |
+                     ((uint32_t)kvf_rng_next(&r) & 0x7fe000u) | (i % 2 ? 0x1000u : 0x0fffu);
+            memcpy(&x[i], &u, sizeof(u));
+        }
+        for (uint32_t i = 0; i < N; i++) want[i] = kvf_f32_to_fp16(x[i]);
+        for (uint32_t v = 0; v < nv; v++) {
+            memset(got, 0xa5, sizeof(got));
+            vs[v]->f16_row(x, got, N);
+            for (uint32_t i = 0; i < N; i++)
+                if (got[i] != want[i]) {
+                    uint32_t u;
+                    memcpy(&u, &x[i], sizeof(u));
+                    KVF_FAIL("%s: half of 0x%08x is 0x%04x, expected 0x%04x", vs[v]->name, u,
+                             got[i], want[i]);
+                }
+        }
+    }
+    printf("# halves of %u floats: %u variants equal to kvf_f32_to_fp16\n", 40 * N, nv);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_f16_rows_match_scalar),
     KVF_CASE(test_f32_variants_match_reference),
     KVF_CASE(test_q8_variants_match_reference),
     KVF_CASE(test_q8_pack_layout),
