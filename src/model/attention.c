@@ -124,8 +124,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
             uint32_t segs = b->tok_pos[t] / KVF_ATTN_SEG + 1;
             /* Only for a sequence's one token (a decode step): a prefill chunk's tokens share
              * their sequence's slots, which the first of them has brought in already. */
-            bool alone = (t == 0 || b->tok_seq[t - 1] != b->tok_seq[t]) &&
-                         (t + 1 == b->nt || b->tok_seq[t + 1] != b->tok_seq[t]);
+            bool alone = kvf__attn_tok_alone(b, t);
             for (uint32_t seg = 0; seg < segs; seg++) {
                 if (alone) prefetch_slots(b, t, seg);
                 for (uint32_t kvh = 0; kvh < n_kv; kvh++)

@@ -27,6 +27,7 @@
 #define KVF_MODEL_ATTENTION_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -112,6 +113,14 @@ static inline void kvf__attn_rows(const struct kvf_attn_batch *b, const struct k
             blk = base + (size_t)s->pages[pi].page * b->page_bytes;
         }
     }
+}
+
+/* Whether token t is its sequence's only token in the batch (a decode step, not a prefill
+ * chunk, whose tokens share their sequence's K/V rows and so find them cached). */
+static inline bool kvf__attn_tok_alone(const struct kvf_attn_batch *b, uint32_t t)
+{
+    return (t == 0 || b->tok_seq[t - 1] != b->tok_seq[t]) &&
+           (t + 1 == b->nt || b->tok_seq[t + 1] != b->tok_seq[t]);
 }
 
 /* Element e of a K/V row of elem_bytes-wide elements, as a float (a half converts exactly). */
