@@ -169,7 +169,8 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
                           uint32_t seg, float *part, size_t part_stride, float *scores)
 {
     const void *rows[KVF_ATTN_SEG];
-    uint32_t eb = b->elem_bytes, hd = b->head_dim, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
+    uint32_t eb = b->elem_bytes, hd = b->head_dim, group = b->n_heads / b->n_kv_heads;
+    uint32_t kvh = h0 / group;
     size_t q_dim = (size_t)b->n_heads * hd;
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
     uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;

@@ -30,7 +30,6 @@
 #include "attention.h"
 #include "forward_pool.h"
 #include "kvfence/common.h"
-#include "kvfence/quant.h"
 #include "model_internal.h"
 
 struct kvf_fwd {
@@ -457,8 +456,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             .nt = nt, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
             .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
             .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
-            .v_off = v_off, .elem_bytes = eb, .scratch = f->scores, .scratch_floats = f->scores_per_thread,
-            .part = f->attn_part,
+            .v_off = v_off, .elem_bytes = eb, .scratch = f->scores,
+            .scratch_floats = f->scores_per_thread, .part = f->attn_part,
         };
         kvf__tpool_run(f->tp, job_attn, &j, f->n_chunks);
         kvf__attn_finish(&j.attn, f->n_chunks);

@@ -36,8 +36,8 @@ static inline void kvf__split(uint32_t n, uint32_t i, uint32_t k, uint32_t *lo, 
 }
 
 /* kvf__split for the output rows of a matmul: the bounds fall on multiples of 16 (but the
- * last, n), so a chunk holds whole 16-row groups of a packed Q8_0 weight and whole 8-row strips
- * of an F32 one, and no group is computed by two chunks. */
+ * last, n), so a chunk holds whole 16-row groups of a packed weight (kernels.h) and no group is
+ * computed by two chunks. */
 static inline void kvf__split_rows(uint32_t n, uint32_t i, uint32_t k, uint32_t *lo, uint32_t *hi)
 {
     uint32_t groups = n / 16 + (n % 16 != 0), glo, ghi;
