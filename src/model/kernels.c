@@ -122,6 +122,11 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
  * of a batched decode step spent most of its time here). */
 void kvf__rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
 {
+    kvf__kern->rmsnorm(out, x, w, n, eps);
+}
+
+void kvf__rmsnorm_scalar(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
     double s[8] = {0};
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8)

@@ -121,6 +121,9 @@ struct kvf_kern {
      * (h1 - h0) · KVF_ATTN_SCORE_STRIDE floats of this thread's own. */
     void (*attn_seg)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                      uint32_t seg, float *part, size_t part_stride, float *scores);
+    /* out = x / rms(x) · w over n elements, the operations of kvf__rmsnorm_scalar (kernels.c)
+     * in every variant, so the same bits (tested). */
+    void (*rmsnorm)(float *out, const float *x, const float *w, uint32_t n, float eps);
     /* g[i] = silu(g[i]) · u[i] for i < n, each element by the same operations wherever the
      * range starts. */
     void (*swiglu)(float *g, const float *u, uint32_t n);
@@ -147,7 +150,9 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                  const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
                  uint32_t r1, float *scratch);
 
-/* out = x / rms(x) * w, n elements (sum of squares in double, in a fixed order: kernels.c). */
+/* out = x / rms(x) * w, n elements (sum of squares in double, in a fixed order: kernels.c),
+ * by the chosen variant. */
 void kvf__rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
+void kvf__rmsnorm_scalar(float *out, const float *x, const float *w, uint32_t n, float eps);
 
 #endif

@@ -15,6 +15,7 @@
  * each group's line prefetched F32G_PF_AHEAD floats (64 columns, 4 KiB) further on in its own
  * stream.
  */
+#include <math.h>
 #include <string.h>
 
 #include "kernels_x86.h"
@@ -196,6 +197,33 @@ VNNI void kvf__f32g_rows_vnni(const float *w, uint32_t n, const float *x, size_t
         m[0] = f32g_mask(g, r0, r1);
         F32GZ_TOKENS(1);
     }
+}
+
+/* kvf__rmsnorm_scalar eight elements at a time: the same 8 interleaved double accumulators
+ * (lanes 0-3 and 4-7 of two registers), each product exact in double so an FMA, if the compiler
+ * fuses one, rounds the same; the same tree, and the same two float roundings per output. */
+AVX2 void kvf__rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        s0 = _mm256_add_pd(s0, _mm256_mul_pd(lo, lo));
+        s1 = _mm256_add_pd(s1, _mm256_mul_pd(hi, hi));
+    }
+    double s[8];
+    _mm256_storeu_pd(s, s0);
+    _mm256_storeu_pd(s + 4, s1);
+    for (; i < n; i++) s[i % 8] += (double)x[i] * x[i];
+    double ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    __m256 sc = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sc),
+                                                _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
 #endif

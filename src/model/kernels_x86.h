@@ -56,6 +56,8 @@ void kvf__f32g_rows_avx2(const float *w, uint32_t n, const float *x, size_t ldx,
 void kvf__f32g_rows_vnni(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
                          float *y, size_t ldy, uint32_t r0, uint32_t r1);
 
+void kvf__rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t n, float eps);
+
 /* kernels_q8_x86.c */
 void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);

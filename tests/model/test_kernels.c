@@ -258,7 +258,45 @@ static void test_f16_rows_match_scalar(void)
     printf("# halves of %u floats: %u variants equal to kvf_f32_to_fp16\n", 40 * N, nv);
 }
 
+/* RMSNorm: every variant gives kvf__rmsnorm_scalar's bits (both NaN counts as equal: a NaN's
+ * payload may come from either operand), at lengths around multiples of 8 and over magnitudes
+ * from 1e-30 to 1e30, with an Inf or NaN now and then. */
+static void test_rmsnorm_matches_scalar(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed() ^ 0x4a5);
+    const struct kvf_kern *vs[3];
+    uint32_t nv = variants(vs);
+    static const uint32_t lens[] = {1, 7, 8, 9, 15, 64, 172, 288, 577, 1536};
+    float x[1536], w[1536], want[1536], got[1536];
+    uint32_t rows = 0;
+    for (int round = 0; round < 60; round++)
+        for (size_t li = 0; li < KVF_ARRAY_LEN(lens); li++) {
+            uint32_t n = lens[li];
+            float mag = powf(10.0f, (float)((int)kvf_rng_below(&r, 61) - 30));
+            for (uint32_t i = 0; i < n; i++) {
+                x[i] = rand_unit(&r) * mag;
+                w[i] = 1.0f + rand_unit(&r);
+            }
+            if (round % 10 == 9) x[kvf_rng_below(&r, n)] = round % 20 == 9 ? INFINITY : NAN;
+            kvf__rmsnorm_scalar(want, x, w, n, 1e-5f);
+            for (uint32_t v = 0; v < nv; v++) {
+                memset(got, 0, sizeof(got));
+                vs[v]->rmsnorm(got, x, w, n, 1e-5f);
+                for (uint32_t i = 0; i < n; i++)
+                    if (memcmp(&got[i], &want[i], sizeof(float)) != 0 &&
+                        !(isnan(got[i]) && isnan(want[i])))
+                        KVF_FAIL("%s: rmsnorm of %u at magnitude %g: element %u is %a, expected "
+                                 "%a", vs[v]->name, n, (double)mag, i, (double)got[i],
+                                 (double)want[i]);
+            }
+            rows++;
+        }
+    printf("# rmsnorm: %u rows, %u variants equal to the scalar form\n", rows, nv);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_rmsnorm_matches_scalar),
     KVF_CASE(test_f16_rows_match_scalar),
     KVF_CASE(test_f32_variants_match_reference),
     KVF_CASE(test_q8_variants_match_reference),
