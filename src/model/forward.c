@@ -380,6 +380,29 @@ static void rope_apply(float *x, const float *cs, uint32_t n_heads, uint32_t hd)
     }
 }
 
+/* Each token of [lo, hi): its embedding row into x, and its RoPE angles (double sin and cos,
+ * which cost as much as the row in a prefill). */
+static void embed_rows(struct job *j, uint32_t lo, uint32_t hi)
+{
+    struct kvf_fwd *f = j->f;
+    const kvf_model_t *m = f->m;
+    uint32_t dim = m->hp.dim, hd = m->hp.head_dim;
+    for (uint32_t t = lo; t < hi; t++) {
+        const uint8_t *row =
+            (const uint8_t *)m->tok_embd.data + (size_t)f->tok_id[t] * m->tok_embd.row_bytes;
+        kvf_dequant_row(m->tok_embd.type, row, f->x + (size_t)t * dim, dim);
+        rope_table(f->rope + (size_t)t * hd, f->tok_pos[t], hd, m->hp.rope_base);
+    }
+}
+
+static void job_embed(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
+{
+    struct job *j = ctx;
+    uint32_t lo, hi;
+    kvf__split(j->nt, i, n, &lo, &hi);
+    embed_rows(j, lo, hi);
+}
+
 /* RoPE on the q and k rows of tokens [lo, hi) (each token's own rows and angles). */
 static void rope_rows(struct job *j, uint32_t lo, uint32_t hi)
 {
@@ -450,11 +473,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
     size_t q_dim = (size_t)hp->n_heads * hd, kv_dim = (size_t)hp->n_kv_heads * hd;
     uint8_t *base = kvf_pool_data(pool, &pool_bytes);
 
-    for (uint32_t t = 0; t < nt; t++) {
-        const uint8_t *row = (const uint8_t *)m->tok_embd.data + (size_t)f->tok_id[t] * m->tok_embd.row_bytes;
-        kvf_dequant_row(m->tok_embd.type, row, f->x + (size_t)t * dim, dim);
-        rope_table(f->rope + (size_t)t * hd, f->tok_pos[t], hd, hp->rope_base);
-    }
+    if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_embed, &j, f->n_chunks);
+    else embed_rows(&j, 0, nt);
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const struct kvf_layer *L = &m->layers[l];
