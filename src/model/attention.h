@@ -75,6 +75,43 @@ size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_
 size_t kvf__attn_part_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim,
                              uint32_t max_tokens, uint32_t n_chunks);
 
+/*
+ * The next work item's K/V lines, asked for a few at a time while a kernel computes the current
+ * item: in a decode step every token's slots come from memory, and asking for a whole segment
+ * at once (as for a chunk's first item) leaves the thread idle until they have all arrived;
+ * spread over the arithmetic of the item before, the fetch overlaps it. Measured on the
+ * attention of a 16-sequence decode step of smol135m F32 K/V (192 positions, 30 layers, 2
+ * threads), about 30% less time, together with one chunk per thread (forward.c).
+ *
+ * runs[] are contiguous byte ranges (a segment's K or V slots on one page), lines[] their
+ * 64-byte lines; a segment on more than KVF_ATTN_PF_RUNS / 2 pages is queued only in part,
+ * which only fetches less ahead. Filled by attention.c, drained by kvf__attn_pf_step.
+ */
+#define KVF_ATTN_PF_RUNS (2 * (KVF_ATTN_SEG / 8 + 1))
+
+struct kvf_attn_pf {
+    const uint8_t *run[KVF_ATTN_PF_RUNS];
+    uint32_t lines[KVF_ATTN_PF_RUNS];
+    uint32_t n_runs;
+    uint32_t run_at, line_at; /* the next line to ask for */
+    uint32_t per_step;        /* lines asked for per kvf__attn_pf_step */
+};
+
+/* Kernels call this once per (block of 8 positions, query head) of the score pass: the steps
+ * of one item number n_heads · ceil(positions / 8), which is what the queue was sized for.
+ * pf may be NULL (nothing queued). */
+static inline void kvf__attn_pf_step(struct kvf_attn_pf *pf)
+{
+    if (!pf) return;
+    for (uint32_t c = pf->per_step; c > 0 && pf->run_at < pf->n_runs; c--) {
+        __builtin_prefetch(pf->run[pf->run_at] + (size_t)pf->line_at * 64, 0, 2);
+        if (++pf->line_at == pf->lines[pf->run_at]) {
+            pf->line_at = 0;
+            pf->run_at++;
+        }
+    }
+}
+
 /* Chunk i of n of the batch's attention, run by thread `thread`. */
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread);
 
@@ -186,13 +223,15 @@ static inline float kvf__swiglu1(float g, float u)
 
 /* The scalar variant's kernels (kernels.h's attn_seg and swiglu). */
 void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                          uint32_t seg, float *part, size_t part_stride, float *scores);
+                          uint32_t seg, float *part, size_t part_stride, float *scores,
+                          struct kvf_attn_pf *pf);
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
 
 /* The AVX2 ones (attention_x86.c; defined where KVF_HAVE_X86_KERNELS is), and the vector exp
  * they share, y[i] = kvf__expf(x[i]) bit for bit, which the tests check directly. */
 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                        uint32_t seg, float *part, size_t part_stride, float *scores);
+                        uint32_t seg, float *part, size_t part_stride, float *scores,
+                        struct kvf_attn_pf *pf);
 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n);
 void kvf__exp_avx2(float *y, const float *x, uint32_t n);
 

@@ -178,7 +178,7 @@ AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_b
  * 64) are fetched from memory once for all heads of the group. */
 AVX2 INLINE void attn_seg(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                           uint32_t seg, float *part, size_t part_stride, float *scores,
-                          const int F16)
+                          struct kvf_attn_pf *pf, const int F16)
 {
     uint32_t hd = b->head_dim;
     const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
@@ -201,6 +201,7 @@ AVX2 INLINE void attn_seg(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
         const void *k8[8];
         for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
         for (uint32_t h = h0; h < h1; h++) {
+            kvf__attn_pf_step(pf);
             __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc, F16), scale);
             _mm256_storeu_ps(scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
         }
@@ -221,11 +222,13 @@ AVX2 INLINE void attn_seg(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
 }
 
 AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                             uint32_t seg, float *part, size_t part_stride, float *scores)
+                             uint32_t seg, float *part, size_t part_stride, float *scores,
+                             struct kvf_attn_pf *pf)
 {
-    if (b->head_dim % 8 != 0) kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores);
-    else if (b->elem_bytes == 2) attn_seg(b, t, h0, h1, seg, part, part_stride, scores, 1);
-    else attn_seg(b, t, h0, h1, seg, part, part_stride, scores, 0);
+    if (b->head_dim % 8 != 0)
+        kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
+    else if (b->elem_bytes == 2) attn_seg(b, t, h0, h1, seg, part, part_stride, scores, pf, 1);
+    else attn_seg(b, t, h0, h1, seg, part, part_stride, scores, pf, 0);
 }
 
 /* silu(g) · u as kvf__swiglu1 computes it: vectors of 8 from the start of the range, then the

@@ -475,6 +475,12 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
 
     if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_embed, &j, f->n_chunks);
     else embed_rows(&j, 0, nt);
+    /* A decode step's attention (one token per sequence, enough of them for whole-token items)
+     * runs as one chunk per thread: each thread's items then follow one another in a known
+     * order, so each can queue the next one's K/V while it computes (attention.h). Other
+     * batches keep n_chunks, for balance between threads. */
+    uint32_t attn_chunks = nt == n_ok && nt >= 2u * f->n_chunks ? kvf__tpool_size(f->tp)
+                                                                : f->n_chunks;
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const struct kvf_layer *L = &m->layers[l];
@@ -503,8 +509,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             .v_off = v_off, .elem_bytes = eb, .scratch = f->scores,
             .scratch_floats = f->scores_per_thread, .part = f->attn_part,
         };
-        kvf__tpool_run(f->tp, job_attn, &j, f->n_chunks);
-        kvf__attn_finish(&j.attn, f->n_chunks);
+        kvf__tpool_run(f->tp, job_attn, &j, attn_chunks);
+        kvf__attn_finish(&j.attn, attn_chunks);
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL, L->wo.type == KVF_GGML_Q8_0);
         kvf__tpool_run(f->tp, job_wo, &j, f->n_chunks);
         norm_quant(&j, f->x, f->xb, dim, dim, L->ffn_norm,

@@ -22,6 +22,7 @@
 
 struct kvf_weight;
 struct kvf_attn_batch;
+struct kvf_attn_pf;
 
 /*
  * Activations for Q8_0 weights: each row of n floats becomes n int16 q and ONE float scale d for
@@ -118,9 +119,11 @@ struct kvf_kern {
     void (*quant_a16)(const float *x, int16_t *q, float *d, uint32_t n);
     /* Attention partials of segment seg of token t of the batch for the query heads [h0, h1),
      * all of one K/V group (attention.h): head h's at part + (h - h0) · part_stride. scores:
-     * (h1 - h0) · KVF_ATTN_SCORE_STRIDE floats of this thread's own. */
+     * (h1 - h0) · KVF_ATTN_SCORE_STRIDE floats of this thread's own. pf: the next item's
+     * prefetch queue, stepped as attention.h says (NULL: none). */
     void (*attn_seg)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                     uint32_t seg, float *part, size_t part_stride, float *scores);
+                     uint32_t seg, float *part, size_t part_stride, float *scores,
+                     struct kvf_attn_pf *pf);
     /* out = x / rms(x) · w over n elements, the operations of kvf__rmsnorm_scalar (kernels.c)
      * in every variant, so the same bits (tested). */
     void (*rmsnorm)(float *out, const float *x, const float *w, uint32_t n, float eps);
