@@ -11,13 +11,15 @@ static const struct kvf_cmd benches[] = {
     {"pool", "page pool: ns per alloc+release pair, ns per reader tag check", kvf_bench_pool},
     {"model", "forward pass: prefill and decode tokens/s, decode vs the bandwidth roofline",
      kvf_bench_model},
+    {"attention", "a decode step's attention alone over K/V in pool pages: ms, GB/s, GMAC/s",
+     kvf_bench_attention},
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence bench <name> [options]\n\nbenchmarks:\n");
     for (size_t i = 0; i < KVF_ARRAY_LEN(benches); i++)
-        fprintf(f, "  %-8s %s\n", benches[i].name, benches[i].summary);
+        fprintf(f, "  %-10s %s\n", benches[i].name, benches[i].summary);
     fprintf(f, "\nEach prints a median over repeated runs; the last line is `result bench=...`.\n");
 }
 

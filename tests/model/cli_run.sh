@@ -1,7 +1,7 @@
 #!/bin/sh
 # kvfence run and kvfence bench model end to end on a tiny model: the run prints both id lines,
-# a seeded sampled run repeats exactly, greedy runs repeat exactly, and the bench ends with its
-# result line.
+# a seeded sampled run repeats exactly, greedy runs repeat exactly, and the benches (model,
+# attention) end with their result lines and refuse a bad option value.
 set -eu
 K="$1"
 D=$(mktemp -d)
@@ -20,4 +20,9 @@ if "$K" run --model "$D/missing.gguf" --prompt x 2>/dev/null; then echo "missing
 "$K" bench model --model "$D/m.gguf" --batch 2 --prompt 8 --gen 4 --threads 2 >"$D/e"
 tail -n 1 "$D/e" | grep -Eq '^result bench=model prefill_tps=[0-9.]+ decode_tps=[0-9.]+ batch=2 threads=2$' ||
     { echo "bad bench result line"; cat "$D/e"; exit 1; }
+"$K" bench attention --seqs 4 --positions 40 --layers 2 --threads 2 --runs 1 >"$D/f"
+tail -n 1 "$D/f" | grep -Eq '^result bench=attention ms_per_pass=[0-9.]+ kv_gbps=[0-9.]+ gmacps=[0-9.]+ seqs=4 positions=40 threads=2$' ||
+    { echo "bad attention bench result line"; cat "$D/f"; exit 1; }
+if "$K" bench attention --kv-type f8 2>/dev/null; then echo "bad --kv-type accepted"; exit 1; fi
+if "$K" bench attention --positions 0 2>/dev/null; then echo "--positions 0 accepted"; exit 1; fi
 echo "ok"
