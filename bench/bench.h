@@ -14,5 +14,11 @@ int kvf_bench_attention(int argc, char **argv);
 uint64_t kvf_bench_now_ns(void);
 /* Sorts v[0..n) and returns its median. */
 double kvf_bench_median(double *v, int n);
+/* *dst = v, a decimal in [1, most], for option opt of benchmark bench: 0, or 2 (the exit
+ * status) after saying on stderr what is wrong. */
+int kvf_bench_ulong_arg(const char *bench, const char *opt, const char *v, unsigned long most,
+                        unsigned long *dst);
+/* *elem_bytes = 4 for "f32", 2 for "f16" (--kv-type): 0, or 2 after saying what is wrong. */
+int kvf_bench_kv_type_arg(const char *bench, const char *v, uint32_t *elem_bytes);
 
 #endif

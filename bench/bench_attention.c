@@ -82,12 +82,7 @@ int kvf_bench_attention(int argc, char **argv)
         const char *v = argv[++i];
         unsigned long *dst = NULL, most = 4096;
         if (strcmp(a, "--kv-type") == 0) {
-            if (strcmp(v, "f32") == 0) eb = 4;
-            else if (strcmp(v, "f16") == 0) eb = 2;
-            else {
-                fprintf(stderr, "kvfence bench attention: --kv-type is f32 or f16, not '%s'\n", v);
-                return 2;
-            }
+            if (kvf_bench_kv_type_arg("attention", v, &eb) != 0) return 2;
         }
         else if (strcmp(a, "--seqs") == 0) dst = &seqs;
         else if (strcmp(a, "--positions") == 0) dst = &positions, most = 65536;
@@ -98,14 +93,7 @@ int kvf_bench_attention(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (dst) {
-            char *end = NULL;
-            *dst = strtoul(v, &end, 10);
-            if (!end || *end || *dst == 0 || *dst > most) {
-                fprintf(stderr, "kvfence bench attention: bad value '%s' for %s\n", v, a);
-                return 2;
-            }
-        }
+        if (dst && kvf_bench_ulong_arg("attention", a, v, most, dst) != 0) return 2;
     }
     kvf__kernels_init();
     uint32_t S = (uint32_t)seqs, P = (uint32_t)positions, L = (uint32_t)layers;

@@ -145,12 +145,7 @@ int kvf_bench_model(int argc, char **argv)
         unsigned long *dst = NULL;
         if (strcmp(a, "--model") == 0) path = v;
         else if (strcmp(a, "--kv-type") == 0) {
-            if (strcmp(v, "f32") == 0) kv_bytes = 4;
-            else if (strcmp(v, "f16") == 0) kv_bytes = 2;
-            else {
-                fprintf(stderr, "kvfence bench model: --kv-type is f32 or f16, not '%s'\n", v);
-                return 2;
-            }
+            if (kvf_bench_kv_type_arg("model", v, &kv_bytes) != 0) return 2;
         }
         else if (strcmp(a, "--batch") == 0) dst = &batch;
         else if (strcmp(a, "--prompt") == 0) dst = &prompt;
@@ -163,14 +158,8 @@ int kvf_bench_model(int argc, char **argv)
             usage(stderr);
             return 2;
         }
-        if (dst) {
-            char *end = NULL;
-            *dst = strtoul(v, &end, 10);
-            if (!end || *end || *dst == 0 || *dst > 65536 || (dst == &runs && *dst > 101)) {
-                fprintf(stderr, "kvfence bench model: bad value '%s' for %s\n", v, a);
-                return 2;
-            }
-        }
+        if (dst && kvf_bench_ulong_arg("model", a, v, dst == &runs ? 101 : 65536, dst) != 0)
+            return 2;
     }
     if (!path) {
         usage(stderr);

@@ -1,4 +1,6 @@
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "bench.h"
@@ -20,4 +22,29 @@ double kvf_bench_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2.0;
+}
+
+int kvf_bench_ulong_arg(const char *bench, const char *opt, const char *v, unsigned long most,
+                        unsigned long *dst)
+{
+    char *end = NULL;
+    unsigned long x = strtoul(v, &end, 10);
+    if (!end || end == v || *end || x == 0 || x > most) {
+        fprintf(stderr, "kvfence bench %s: bad value '%s' for %s (1 to %lu)\n", bench, v, opt,
+                most);
+        return 2;
+    }
+    *dst = x;
+    return 0;
+}
+
+int kvf_bench_kv_type_arg(const char *bench, const char *v, uint32_t *elem_bytes)
+{
+    if (strcmp(v, "f32") == 0) *elem_bytes = 4;
+    else if (strcmp(v, "f16") == 0) *elem_bytes = 2;
+    else {
+        fprintf(stderr, "kvfence bench %s: --kv-type is f32 or f16, not '%s'\n", bench, v);
+        return 2;
+    }
+    return 0;
 }
