@@ -21,7 +21,7 @@ static uint32_t n_segs(uint32_t n_ctx)
 size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim)
 {
     size_t parts = (size_t)n_segs(n_ctx) * kvf__attn_part_size(head_dim);
-    return (size_t)n_heads * (KVF_ATTN_SCORE_STRIDE + parts);
+    return (size_t)KVF_ATTN_BLOCK * n_heads * (KVF_ATTN_SCORE_STRIDE + parts);
 }
 
 /* Splits only when whole groups would leave chunks idle, and there is more than one chunk. */
@@ -134,8 +134,38 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
         }
         return;
     }
-    float *part = scores + (size_t)b->n_heads * KVF_ATTN_SCORE_STRIDE;
+    float *part = scores + (size_t)KVF_ATTN_BLOCK * b->n_heads * KVF_ATTN_SCORE_STRIDE;
     size_t q_dim = (size_t)b->n_heads * hd;
+    bool decode = true; /* every token its sequence's only one */
+    for (uint32_t t = 1; t < b->nt && decode; t++) decode = b->tok_seq[t] != b->tok_seq[t - 1];
+    /* A prefill chunk, with enough tokens for every chunk: an item is a block of
+     * KVF_ATTN_BLOCK consecutive tokens of the batch, taken as runs of one sequence's tokens at
+     * consecutive positions (a prefill chunk's are; any others make runs of one); each run's
+     * tokens share every K and V row read (attn_segs), segment by segment, all K/V heads,
+     * then combine their partials. */
+    if (b->nt >= 2u * n && !decode) {
+        for (uint32_t a0 = i * KVF_ATTN_BLOCK; a0 < b->nt; a0 += n * KVF_ATTN_BLOCK) {
+            uint32_t e = b->nt - a0 < KVF_ATTN_BLOCK ? b->nt : a0 + KVF_ATTN_BLOCK;
+            for (uint32_t a = a0, z; a < e; a = z) {
+                for (z = a + 1; z < e && b->tok_seq[z] == b->tok_seq[a] &&
+                                b->tok_pos[z] == b->tok_pos[z - 1] + 1;)
+                    z++;
+                uint32_t segs = b->tok_pos[z - 1] / KVF_ATTN_SEG + 1;
+                size_t ts = (size_t)b->n_heads * segs * ps;
+                for (uint32_t seg = 0; seg < segs; seg++)
+                    for (uint32_t kvh = 0; kvh < n_kv; kvh++)
+                        kern->attn_segs(b, a, z - a, kvh * group, (kvh + 1) * group, seg,
+                                        part + ((size_t)kvh * group * segs + seg) * ps, segs * ps,
+                                        ts, scores);
+                for (uint32_t u = a; u < z; u++)
+                    for (uint32_t h = 0; h < b->n_heads; h++)
+                        combine(part + (u - a) * ts + (size_t)h * segs * ps,
+                                b->tok_pos[u] / KVF_ATTN_SEG + 1, hd,
+                                b->out + (size_t)u * q_dim + (size_t)h * hd);
+            }
+        }
+        return;
+    }
     /* With enough tokens for every chunk, an item is a whole token: for each segment, all its
      * K/V heads in turn. The heads of a position sit side by side in its slot, so the segment's
      * K and V are then read as whole slots, close together in time (measured: a batched decode
@@ -233,6 +263,17 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
         acc[hd] = mx;
         acc[hd + 1] = sum;
     }
+}
+
+void kvf__attn_segs_scalar(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                           uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                           size_t tok_stride, float *scores)
+{
+    if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
+    for (uint32_t u = 0; u < nb; u++)
+        if (b->tok_pos[t0 + u] / KVF_ATTN_SEG >= seg)
+            kvf__attn_seg_scalar(b, t0 + u, h0, h1, seg, part + u * tok_stride, part_stride,
+                                 scores + (size_t)u * (h1 - h0) * KVF_ATTN_SCORE_STRIDE, NULL);
 }
 
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n)

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvfence/common.h"
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
 #include "kvfence/quant.h"
@@ -53,6 +54,10 @@ struct kvf_attn_batch {
     float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
 };
 
+/* Tokens of one sequence a prefill work item takes together (attention_x86.c's attn_segs):
+ * they share each K and V row while it is in L1. */
+#define KVF_ATTN_BLOCK 4
+
 /* Positions per segment (see above). A multiple of 8. Long enough that the per-segment work
  * (a partial's store and its share of the combine, about 2 · head_dim operations) is a few
  * percent of the segment's 4 · SEG · head_dim; short enough that a decode step at a context
@@ -66,8 +71,9 @@ static inline size_t kvf__attn_part_size(uint32_t head_dim)
 }
 
 /* Floats of per-thread scratch kvf__attn_chunk needs for a model with this context length and
- * head shape: a row of KVF_ATTN_SEG scores per query head (padded by one vector, which a kernel
- * may store past the last position), and every segment's partial for every query head. */
+ * head shape: for each of KVF_ATTN_BLOCK tokens, a row of KVF_ATTN_SEG scores per query head
+ * (padded by one vector, which a kernel may store past the last position), and every segment's
+ * partial for every query head. */
 size_t kvf__attn_scratch_floats(uint32_t n_ctx, uint32_t n_heads, uint32_t head_dim);
 
 /* Floats of the shared partials (b->part) for batches of up to max_tokens tokens run in
@@ -152,6 +158,17 @@ static inline void kvf__attn_rows(const struct kvf_attn_batch *b, const struct k
     }
 }
 
+/* Whether tokens t0 .. t0 + nb - 1 are what attn_segs takes: 1 to KVF_ATTN_BLOCK of them, of
+ * one sequence, at consecutive positions. O(nb). */
+static inline bool kvf__attn_run_ok(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb)
+{
+    if (nb == 0 || nb > KVF_ATTN_BLOCK) return false;
+    for (uint32_t u = 1; u < nb; u++)
+        if (b->tok_seq[t0 + u] != b->tok_seq[t0] || b->tok_pos[t0 + u] != b->tok_pos[t0] + u)
+            return false;
+    return true;
+}
+
 /* Whether token t is its sequence's only token in the batch (a decode step, not a prefill
  * chunk, whose tokens share their sequence's K/V rows and so find them cached). */
 static inline bool kvf__attn_tok_alone(const struct kvf_attn_batch *b, uint32_t t)
@@ -225,6 +242,9 @@ static inline float kvf__swiglu1(float g, float u)
 void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                           uint32_t seg, float *part, size_t part_stride, float *scores,
                           struct kvf_attn_pf *pf);
+void kvf__attn_segs_scalar(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                           uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                           size_t tok_stride, float *scores);
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
 
 /* The AVX2 ones (attention_x86.c; defined where KVF_HAVE_X86_KERNELS is), and the vector exp
@@ -232,6 +252,9 @@ void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                         uint32_t seg, float *part, size_t part_stride, float *scores,
                         struct kvf_attn_pf *pf);
+void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
+                         uint32_t h0, uint32_t h1, uint32_t seg, float *part,
+                         size_t part_stride, size_t tok_stride, float *scores);
 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n);
 void kvf__exp_avx2(float *y, const float *x, uint32_t n);
 

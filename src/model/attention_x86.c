@@ -174,51 +174,81 @@ AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_b
         }
 }
 
-/* O((h1 - h0) · KVF_ATTN_SEG · head_dim); the segment's K and V rows (32 KiB each at head_dim
- * 64) are fetched from memory once for all heads of the group. */
-AVX2 INLINE void attn_seg(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                          uint32_t seg, float *part, size_t part_stride, float *scores,
-                          struct kvf_attn_pf *pf, const int F16)
+/* Positions of segment seg that token t attends over: 0 when its position is before it. */
+static inline uint32_t seg_positions(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg)
+{
+    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
+    if (end <= p0) return 0;
+    return end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
+}
+
+/*
+ * The partials of segment seg for the query heads [h0, h1) of one K/V group, for the nb tokens
+ * t0 .. t0 + nb - 1 of one sequence at consecutive positions (a prefill chunk's), or for one
+ * token; tokens whose positions do not reach the segment are skipped, their partials left as
+ * they were. Token u's head h at part + u · tok_stride + (h - h0) · part_stride, its scores at
+ * scores + (u · (h1 - h0) + h - h0) · KVF_ATTN_SCORE_STRIDE. The tokens take turns by blocks
+ * of 8 positions in the score pass and by runs of V_RUN in the V pass, so a K or V row read
+ * for the first is still in L1 for the others; each (token, head) gets exactly the operations
+ * it gets alone (the same rows, clamped at its own segment end, the same sums in the same
+ * order). O(nb · (h1 - h0) · KVF_ATTN_SEG · head_dim); the segment's K and V rows (32 KiB
+ * each at head_dim 64) are fetched from memory once for all heads and tokens.
+ */
+AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                           uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                           size_t tok_stride, float *scores, struct kvf_attn_pf *pf,
+                           const int F16)
 {
     uint32_t hd = b->head_dim;
     const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
-    uint32_t nc = hd / 8, group = b->n_heads / b->n_kv_heads, kvh = h0 / group;
-    const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
-    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
-    uint32_t n = end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
-    const float *q = b->q + (size_t)t * b->n_heads * hd;
+    uint32_t nc = hd / 8, group = b->n_heads / b->n_kv_heads, kvh = h0 / group, nh = h1 - h0;
+    const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t0]];
+    uint32_t p0 = seg * KVF_ATTN_SEG, n = seg_positions(b, t0 + nb - 1, seg);
     __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)hd));
 
     kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
     kvf__attn_rows(b, s, b->v_off, kvh, p0, n, vrows);
     /* Only in a decode step: a prefill chunk's tokens find their sequence's rows in cache,
      * where asking again cost a fifth of the attention time (s15m, prompt 128). */
-    if (kvf__attn_tok_alone(b, t)) {
+    if (nb == 1 && kvf__attn_tok_alone(b, t0)) {
         prefetch_rows(rows, n, (size_t)hd * b->elem_bytes, _MM_HINT_T0);
         prefetch_rows(vrows, n, (size_t)hd * b->elem_bytes, _MM_HINT_T1);
     }
-    for (uint32_t j0 = 0; j0 < n; j0 += 8) {
-        const void *k8[8];
-        for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
+    for (uint32_t j0 = 0; j0 < n; j0 += 8)
+        for (uint32_t u = 0; u < nb; u++) {
+            uint32_t nu = seg_positions(b, t0 + u, seg);
+            if (j0 >= nu) continue;
+            const float *q = b->q + (size_t)(t0 + u) * b->n_heads * hd;
+            const void *k8[8];
+            for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < nu ? j0 + j : j0];
+            for (uint32_t h = h0; h < h1; h++) {
+                kvf__attn_pf_step(pf);
+                __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc, F16), scale);
+                _mm256_storeu_ps(scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
+            }
+        }
+    for (uint32_t u = 0; u < nb; u++) {
+        uint32_t nu = seg_positions(b, t0 + u, seg);
+        if (nu == 0) continue;
         for (uint32_t h = h0; h < h1; h++) {
-            kvf__attn_pf_step(pf);
-            __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc, F16), scale);
-            _mm256_storeu_ps(scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
+            float *sc = scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE;
+            float *acc = part + u * tok_stride + (h - h0) * part_stride;
+            acc[hd + 1] = softmax_row(sc, nu, &acc[hd]);
         }
     }
-    for (uint32_t h = h0; h < h1; h++) {
-        float *sc = scores + (h - h0) * KVF_ATTN_SCORE_STRIDE, *acc = part + (h - h0) * part_stride;
-        acc[hd + 1] = softmax_row(sc, n, &acc[hd]);
-    }
-    /* V in runs of V_RUN positions, every head over a run before the next, so that the run's
-     * rows are still in L1 for the second and third head of a group. Storing and reloading
-     * the accumulators between runs is exact: runs do not change the values. */
-    for (uint32_t j0 = 0; j0 < n; j0 += V_RUN) {
-        uint32_t m = n - j0 < V_RUN ? n - j0 : V_RUN;
-        for (uint32_t h = h0; h < h1; h++)
-            wsum(part + (h - h0) * part_stride, scores + (h - h0) * KVF_ATTN_SCORE_STRIDE + j0,
-                 vrows + j0, m, j0 == 0, nc, F16);
-    }
+    /* V in runs of V_RUN positions, every head of every token over a run before the next, so
+     * that the run's rows are still in L1 for the others. Storing and reloading the
+     * accumulators between runs is exact: runs do not change the values. */
+    for (uint32_t j0 = 0; j0 < n; j0 += V_RUN)
+        for (uint32_t u = 0; u < nb; u++) {
+            uint32_t nu = seg_positions(b, t0 + u, seg);
+            if (j0 >= nu) continue;
+            uint32_t m = nu - j0 < V_RUN ? nu - j0 : V_RUN;
+            for (uint32_t h = h0; h < h1; h++)
+                wsum(part + u * tok_stride + (h - h0) * part_stride,
+                     scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE + j0, vrows + j0, m,
+                     j0 == 0, nc, F16);
+        }
 }
 
 AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
@@ -227,8 +257,21 @@ AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_
 {
     if (b->head_dim % 8 != 0)
         kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
-    else if (b->elem_bytes == 2) attn_seg(b, t, h0, h1, seg, part, part_stride, scores, pf, 1);
-    else attn_seg(b, t, h0, h1, seg, part, part_stride, scores, pf, 0);
+    else if (b->elem_bytes == 2)
+        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1);
+    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0);
+}
+
+AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
+                              uint32_t h0, uint32_t h1, uint32_t seg, float *part,
+                              size_t part_stride, size_t tok_stride, float *scores)
+{
+    if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
+    if (b->head_dim % 8 != 0)
+        kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
+    else if (b->elem_bytes == 2)
+        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1);
+    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0);
 }
 
 /* silu(g) · u as kvf__swiglu1 computes it: vectors of 8 from the start of the range, then the

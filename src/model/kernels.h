@@ -124,6 +124,13 @@ struct kvf_kern {
     void (*attn_seg)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                      uint32_t seg, float *part, size_t part_stride, float *scores,
                      struct kvf_attn_pf *pf);
+    /* The same for nb ≤ KVF_ATTN_BLOCK tokens t0 .. t0 + nb - 1 of one sequence at consecutive
+     * positions, each (token, head) getting exactly what attn_seg gives it, tokens before the
+     * segment skipped: token u's partials at part + u · tok_stride, its scores at
+     * scores + u · (h1 - h0) · KVF_ATTN_SCORE_STRIDE. */
+    void (*attn_segs)(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                      uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                      size_t tok_stride, float *scores);
     /* out = x / rms(x) · w over n elements, the operations of kvf__rmsnorm_scalar (kernels.c)
      * in every variant, so the same bits (tested). */
     void (*rmsnorm)(float *out, const float *x, const float *w, uint32_t n, float eps);

@@ -152,6 +152,8 @@ static void test_swiglu_ranges(void)
 
 /* --- Attention over pool pages. ----------------------------------------------------------- */
 
+_Static_assert(KVF_ATTN_BLOCK == 4, "check_attention's tokens 16-19 are meant as one work item");
+
 struct ashape {
     uint32_t n_kv, group, hd, page_tokens, n_pos; /* n_pos: positions written in the pages */
 };
@@ -228,14 +230,18 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
                 }
             }
 
-    /* Tokens: pos 0, the ends and starts of pages and segments, the last position, and random
-     * ones. */
+    /* Tokens: pos 0, the ends and starts of pages and segments, the last position, runs of
+     * consecutive positions, and random ones. */
     enum { NT = 24 };
     uint32_t tok_pos[NT], tok_seq[NT] = {0};
     for (uint32_t t = 0; t < NT; t++) {
         uint32_t want[] = {0, 1, pt - 1, pt, pt + 1, 2 * pt - 1, 2 * pt, sh->n_pos - 1, 7, 8, 9,
                            KVF_ATTN_SEG - 1, KVF_ATTN_SEG, KVF_ATTN_SEG + 1, 2 * KVF_ATTN_SEG};
         tok_pos[t] = t < 15 ? want[t] : kvf_rng_below(&r, sh->n_pos);
+        /* Tokens 16-19, one work item of KVF_ATTN_BLOCK prefill tokens: consecutive positions
+         * across the first segment boundary, so the item's later tokens have a segment its
+         * first two lack. */
+        if (t >= 16 && t < 20) tok_pos[t] = KVF_ATTN_SEG - 2 + (t - 16);
         if (tok_pos[t] >= sh->n_pos) tok_pos[t] = sh->n_pos - 1;
     }
     size_t q_dim = (size_t)n_heads * hd;
