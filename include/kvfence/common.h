@@ -97,12 +97,15 @@ const char *kvf_strerror(int err);
 /* The version string, "MAJOR.MINOR.PATCH". */
 const char *kvf_version(void);
 
-/* ALWAYS(x)/NEVER(x): a defensive check that is expected to hold. Debug and test builds assert
- * it, so a violation is found in testing; release builds evaluate it and take the safe branch. */
-#include <assert.h>
+/* ALWAYS(x)/NEVER(x): a defensive check that is expected to hold. Debug and test builds stop
+ * on a violation (kvf__check_failed: a message naming the check, then abort), so it is found in
+ * testing — whatever NDEBUG says: the test builds are optimized and define it, which once made
+ * these checks vanish there, neither stopping nor taking the safe branch. Release builds
+ * evaluate the check and take the safe branch. */
 #if defined(KVF_TEST_BUILD) || !defined(NDEBUG)
-#define ALWAYS(x) (assert(x), 1)
-#define NEVER(x) (assert(!(x)), 0)
+_Noreturn void kvf__check_failed(const char *check, const char *file, int line);
+#define ALWAYS(x) ((x) ? 1 : (kvf__check_failed("ALWAYS(" #x ")", __FILE__, __LINE__), 0))
+#define NEVER(x) ((x) ? (kvf__check_failed("NEVER(" #x ")", __FILE__, __LINE__), 1) : 0)
 #else
 #define ALWAYS(x) (!!(x))
 #define NEVER(x) (!!(x))

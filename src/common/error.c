@@ -1,7 +1,18 @@
-/* kvf_strerror(): the name of every kvfence error code. */
+/* kvf_strerror(): the name of every kvfence error code; and what a failed ALWAYS/NEVER check
+ * does in a debug or test build. */
 #include "kvfence/common.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#if defined(KVF_TEST_BUILD) || !defined(NDEBUG)
+_Noreturn void kvf__check_failed(const char *check, const char *file, int line)
+{
+    fprintf(stderr, "%s:%d: %s failed\n", file, line, check);
+    abort();
+}
+#endif
 
 const char *kvf_strerror(int err)
 {
