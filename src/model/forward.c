@@ -81,6 +81,10 @@ struct job {
     bool quant;
 };
 
+/* Batches of at least this many tokens (prefill chunks) run the layers' matrix products as one
+ * chunk per thread (kvf_fwd_run). */
+#define MM_ONE_CHUNK_MIN 64
+
 /* Batches at least this many tokens do their per-row work (norms, activation quantization) on
  * every thread; smaller ones on the calling thread, where a dispatch would cost more than it
  * saves. A batched decode step of 16 rows spent about 6% of its time in this work on one
@@ -479,6 +483,12 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
      * runs as one chunk per thread: each thread's items then follow one another in a known
      * order, so each can queue the next one's K/V while it computes (attention.h). Other
      * batches keep n_chunks, for balance between threads. */
+    /* A prefill-sized batch runs its layer matrix products as one chunk per thread: each
+     * thread streams one contiguous range of every matrix, its prefetch of the next groups
+     * running on through the range, instead of four ranges each starting cold; the threads'
+     * idle time in those phases fell from about 6% to about 2%, prefill 2-9% faster on both
+     * shapes and both types (alternated run by run). Smaller batches keep n_chunks. */
+    uint32_t mm_chunks = nt >= MM_ONE_CHUNK_MIN ? kvf__tpool_size(f->tp) : f->n_chunks;
     uint32_t attn_chunks = nt == n_ok && nt >= 2u * f->n_chunks ? kvf__tpool_size(f->tp)
                                                                 : f->n_chunks;
 
@@ -489,7 +499,7 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         norm_quant(&j, f->x, f->xb, dim, dim, L->attn_norm,
                    L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 ||
                        L->wv.type == KVF_GGML_Q8_0);
-        kvf__tpool_run(f->tp, job_qkv, &j, f->n_chunks);
+        kvf__tpool_run(f->tp, job_qkv, &j, mm_chunks);
         size_t k_off = kvf_geo_kv_offset(geo, l, 0), v_off = kvf_geo_kv_offset(geo, l, 1);
         if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_rope, &j, f->n_chunks);
         else rope_rows(&j, 0, nt);
@@ -512,12 +522,12 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         kvf__tpool_run(f->tp, job_attn, &j, attn_chunks);
         kvf__attn_finish(&j.attn, attn_chunks);
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL, L->wo.type == KVF_GGML_Q8_0);
-        kvf__tpool_run(f->tp, job_wo, &j, f->n_chunks);
+        kvf__tpool_run(f->tp, job_wo, &j, mm_chunks);
         norm_quant(&j, f->x, f->xb, dim, dim, L->ffn_norm,
                    L->w_gate.type == KVF_GGML_Q8_0 || L->w_up.type == KVF_GGML_Q8_0);
-        kvf__tpool_run(f->tp, job_gate_up, &j, f->n_chunks);
+        kvf__tpool_run(f->tp, job_gate_up, &j, mm_chunks);
         norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, L->w_down.type == KVF_GGML_Q8_0);
-        kvf__tpool_run(f->tp, job_down, &j, f->n_chunks);
+        kvf__tpool_run(f->tp, job_down, &j, mm_chunks);
     }
 
     if (n_out > 0) {
