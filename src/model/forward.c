@@ -81,10 +81,6 @@ struct job {
     bool quant;
 };
 
-/* Batches of at least this many tokens (prefill chunks) run the layers' matrix products as one
- * chunk per thread (kvf_fwd_run). */
-#define MM_ONE_CHUNK_MIN 64
-
 /* Batches at least this many tokens do their per-row work (norms, activation quantization) on
  * every thread; smaller ones on the calling thread, where a dispatch would cost more than it
  * saves. A batched decode step of 16 rows spent about 6% of its time in this work on one
@@ -483,12 +479,13 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
      * runs as one chunk per thread: each thread's items then follow one another in a known
      * order, so each can queue the next one's K/V while it computes (attention.h). Other
      * batches keep n_chunks, for balance between threads. */
-    /* A prefill-sized batch runs its layer matrix products as one chunk per thread: each
-     * thread streams one contiguous range of every matrix, its prefetch of the next groups
-     * running on through the range, instead of four ranges each starting cold; the threads'
-     * idle time in those phases fell from about 6% to about 2%, prefill 2-9% faster on both
-     * shapes and both types (alternated run by run). Smaller batches keep n_chunks. */
-    uint32_t mm_chunks = nt >= MM_ONE_CHUNK_MIN ? kvf__tpool_size(f->tp) : f->n_chunks;
+    /* The layer matrix products run as one chunk per thread: each thread streams one
+     * contiguous range of every matrix, its prefetch of the next groups running on through the
+     * range, instead of four ranges each starting cold. In a 128-token prefill the threads'
+     * idle time in those phases fell from about 6% to about 2%; prefill 2-12% and decode
+     * 6-19% faster (alternated run by run, docs/MODEL_ENGINE.md). The price: a thread the OS
+     * deschedules holds up the phase, where four chunks let the other take over. */
+    uint32_t mm_chunks = kvf__tpool_size(f->tp);
     uint32_t attn_chunks = nt == n_ok && nt >= 2u * f->n_chunks ? kvf__tpool_size(f->tp)
                                                                 : f->n_chunks;
 
