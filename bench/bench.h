@@ -5,6 +5,7 @@
 #define KVF_BENCH_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 int kvf_bench_pool(int argc, char **argv);
 int kvf_bench_model(int argc, char **argv);
@@ -14,6 +15,11 @@ int kvf_bench_attention(int argc, char **argv);
 uint64_t kvf_bench_now_ns(void);
 /* Sorts v[0..n) and returns its median. */
 double kvf_bench_median(double *v, int n);
+/* The option at argv[*i] and its value, for a benchmark's parser: 1 with *opt and *val set and
+ * *i moved to the value; 0 after printing usage to stdout for --help or -h; 2 (the exit status)
+ * after printing it to stderr when the value is missing. */
+int kvf_bench_opt(int argc, char **argv, int *i, void (*usage)(FILE *), const char **opt,
+                  const char **val);
 /* *dst = v, a decimal in [1, most], for option opt of benchmark bench: 0, or 2 (the exit
  * status) after saying on stderr what is wrong. */
 int kvf_bench_ulong_arg(const char *bench, const char *opt, const char *v, unsigned long most,

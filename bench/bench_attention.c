@@ -70,16 +70,9 @@ int kvf_bench_attention(int argc, char **argv)
     unsigned long seqs = 16, positions = 192, layers = 30, threads = 2, runs = 5;
     uint32_t eb = 4;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
+        const char *a = NULL, *v = NULL;
+        int st = kvf_bench_opt(argc, argv, &i, usage, &a, &v);
+        if (st != 1) return st;
         unsigned long *dst = NULL, most = 4096;
         if (strcmp(a, "--kv-type") == 0) {
             if (kvf_bench_kv_type_arg("attention", v, &eb) != 0) return 2;

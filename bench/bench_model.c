@@ -132,16 +132,9 @@ int kvf_bench_model(int argc, char **argv)
     unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512,
                   runs = 5;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
+        const char *a = NULL, *v = NULL;
+        int st = kvf_bench_opt(argc, argv, &i, usage, &a, &v);
+        if (st != 1) return st;
         unsigned long *dst = NULL;
         if (strcmp(a, "--model") == 0) path = v;
         else if (strcmp(a, "--kv-type") == 0) {

@@ -48,3 +48,20 @@ int kvf_bench_kv_type_arg(const char *bench, const char *v, uint32_t *elem_bytes
     }
     return 0;
 }
+
+int kvf_bench_opt(int argc, char **argv, int *i, void (*usage)(FILE *), const char **opt,
+                  const char **val)
+{
+    const char *a = argv[*i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (*i + 1 >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    *opt = a;
+    *val = argv[++*i];
+    return 1;
+}
