@@ -80,8 +80,7 @@ static void queue_slots(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg
                         struct kvf_attn_pf *pf)
 {
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
-    uint32_t pt = b->page_tokens, p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
-    uint32_t p1 = end - p0 < KVF_ATTN_SEG ? end : p0 + KVF_ATTN_SEG;
+    uint32_t pt = b->page_tokens, p0 = seg * KVF_ATTN_SEG, p1 = p0 + kvf__attn_seg_len(b, t, seg);
     size_t slot_bytes = (size_t)b->n_kv_heads * b->head_dim * b->elem_bytes;
     uint64_t total = 0;
     pf->n_runs = pf->run_at = pf->line_at = 0;
@@ -96,13 +95,6 @@ static void queue_slots(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg
         p += s1 - s0;
     }
     pf->per_step = (uint32_t)((total + steps - 1) / steps);
-}
-
-/* Positions of segment seg of token t. */
-static uint32_t seg_len(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg)
-{
-    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
-    return end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
 }
 
 /* Asks for segment seg of token t's slots into L2 all at once, for an item that nothing before
@@ -136,8 +128,9 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
     }
     float *part = scores + (size_t)KVF_ATTN_BLOCK * b->n_heads * KVF_ATTN_SCORE_STRIDE;
     size_t q_dim = (size_t)b->n_heads * hd;
-    bool decode = true; /* every token its sequence's only one */
-    for (uint32_t t = 1; t < b->nt && decode; t++) decode = b->tok_seq[t] != b->tok_seq[t - 1];
+    bool decode = true; /* every token its sequence's only one (tokens come grouped by sequence) */
+    for (uint32_t t = 1; t < b->nt && b->nt >= 2u * n && decode; t++)
+        decode = b->tok_seq[t] != b->tok_seq[t - 1];
     /* A prefill chunk, with enough tokens for every chunk: an item is a block of
      * KVF_ATTN_BLOCK consecutive tokens of the batch, taken as runs of one sequence's tokens at
      * consecutive positions (a prefill chunk's are; any others make runs of one); each run's
@@ -166,30 +159,26 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
         }
         return;
     }
-    /* With enough tokens for every chunk, an item is a whole token: for each segment, all its
-     * K/V heads in turn. The heads of a position sit side by side in its slot, so the segment's
-     * K and V are then read as whole slots, close together in time (measured: a batched decode
-     * step about 3% faster at 400 positions); fewer tokens are cut finer, by K/V head. */
+    /* A decode step with enough tokens for every chunk: an item is a whole token, for each
+     * segment all its K/V heads in turn. The heads of a position sit side by side in its slot,
+     * so the segment's K and V are then read as whole slots, close together in time (measured:
+     * a batched decode step about 3% faster at 400 positions). The chunk's first item asks for
+     * its slots at once; every other one was queued by the item before (attention.h). Fewer
+     * tokens are cut finer, by K/V head. */
     if (b->nt >= 2u * n) {
         struct kvf_attn_pf pf;
-        bool queued = false; /* the current item's slots were queued by the item before */
         for (uint32_t t = i; t < b->nt; t += n) {
             uint32_t segs = b->tok_pos[t] / KVF_ATTN_SEG + 1;
-            /* Only for a sequence's one token (a decode step): a prefill chunk's tokens share
-             * their sequence's slots, which the first of them has brought in already. */
-            bool alone = kvf__attn_tok_alone(b, t);
             for (uint32_t seg = 0; seg < segs; seg++) {
+                if (t == i && seg == 0) prefetch_slots(b, t, seg);
+                /* This chunk's next item, while this one computes. */
+                uint32_t t2 = seg + 1 < segs ? t : t + n, s2 = seg + 1 < segs ? seg + 1 : 0;
                 struct kvf_attn_pf *next = NULL;
-                if (alone) {
-                    if (!queued) prefetch_slots(b, t, seg);
-                    /* This chunk's next item, while this one computes. */
-                    uint32_t t2 = seg + 1 < segs ? t : t + n, s2 = seg + 1 < segs ? seg + 1 : 0;
-                    if (t2 < b->nt && kvf__attn_tok_alone(b, t2)) {
-                        queue_slots(b, t2, s2, b->n_heads * ((seg_len(b, t, seg) + 7) / 8), &pf);
-                        next = &pf;
-                    }
+                if (t2 < b->nt) {
+                    uint32_t steps = b->n_heads * ((kvf__attn_seg_len(b, t, seg) + 7) / 8);
+                    queue_slots(b, t2, s2, steps, &pf);
+                    next = &pf;
                 }
-                queued = next != NULL;
                 for (uint32_t kvh = 0; kvh < n_kv; kvh++)
                     kern->attn_seg(b, t, kvh * group, (kvh + 1) * group, seg,
                                    part + ((size_t)kvh * group * segs + seg) * ps, segs * ps,
@@ -237,8 +226,7 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
     uint32_t kvh = h0 / group;
     size_t q_dim = (size_t)b->n_heads * hd;
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
-    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
-    uint32_t n = end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
+    uint32_t p0 = seg * KVF_ATTN_SEG, n = kvf__attn_seg_len(b, t, seg);
     float scale = 1.0f / sqrtf((float)hd);
     for (uint32_t h = h0; h < h1; h++) {
         const float *q = b->q + (size_t)t * q_dim + (size_t)h * hd;
@@ -271,7 +259,7 @@ void kvf__attn_segs_scalar(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
 {
     if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
     for (uint32_t u = 0; u < nb; u++)
-        if (b->tok_pos[t0 + u] / KVF_ATTN_SEG >= seg)
+        if (kvf__attn_seg_len(b, t0 + u, seg) > 0)
             kvf__attn_seg_scalar(b, t0 + u, h0, h1, seg, part + u * tok_stride, part_stride,
                                  scores + (size_t)u * (h1 - h0) * KVF_ATTN_SCORE_STRIDE, NULL);
 }

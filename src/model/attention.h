@@ -158,6 +158,14 @@ static inline void kvf__attn_rows(const struct kvf_attn_batch *b, const struct k
     }
 }
 
+/* Positions of segment seg that token t attends over: 0 when its position is before it. */
+static inline uint32_t kvf__attn_seg_len(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg)
+{
+    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
+    if (end <= p0) return 0;
+    return end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
+}
+
 /* Whether tokens t0 .. t0 + nb - 1 are what attn_segs takes: 1 to KVF_ATTN_BLOCK of them, of
  * one sequence, at consecutive positions. O(nb). */
 static inline bool kvf__attn_run_ok(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb)

@@ -174,14 +174,6 @@ AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_b
         }
 }
 
-/* Positions of segment seg that token t attends over: 0 when its position is before it. */
-static inline uint32_t seg_positions(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg)
-{
-    uint32_t p0 = seg * KVF_ATTN_SEG, end = b->tok_pos[t] + 1;
-    if (end <= p0) return 0;
-    return end - p0 < KVF_ATTN_SEG ? end - p0 : KVF_ATTN_SEG;
-}
-
 /*
  * The partials of segment seg for the query heads [h0, h1) of one K/V group, for the nb tokens
  * t0 .. t0 + nb - 1 of one sequence at consecutive positions (a prefill chunk's), or for one
@@ -203,7 +195,7 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
     const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
     uint32_t nc = hd / 8, group = b->n_heads / b->n_kv_heads, kvh = h0 / group, nh = h1 - h0;
     const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t0]];
-    uint32_t p0 = seg * KVF_ATTN_SEG, n = seg_positions(b, t0 + nb - 1, seg);
+    uint32_t p0 = seg * KVF_ATTN_SEG, n = kvf__attn_seg_len(b, t0 + nb - 1, seg);
     __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)hd));
 
     kvf__attn_rows(b, s, b->k_off, kvh, p0, n, rows);
@@ -216,7 +208,7 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
     }
     for (uint32_t j0 = 0; j0 < n; j0 += 8)
         for (uint32_t u = 0; u < nb; u++) {
-            uint32_t nu = seg_positions(b, t0 + u, seg);
+            uint32_t nu = kvf__attn_seg_len(b, t0 + u, seg);
             if (j0 >= nu) continue;
             const float *q = b->q + (size_t)(t0 + u) * b->n_heads * hd;
             const void *k8[8];
@@ -228,7 +220,7 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
             }
         }
     for (uint32_t u = 0; u < nb; u++) {
-        uint32_t nu = seg_positions(b, t0 + u, seg);
+        uint32_t nu = kvf__attn_seg_len(b, t0 + u, seg);
         if (nu == 0) continue;
         for (uint32_t h = h0; h < h1; h++) {
             float *sc = scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE;
@@ -241,7 +233,7 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
      * accumulators between runs is exact: runs do not change the values. */
     for (uint32_t j0 = 0; j0 < n; j0 += V_RUN)
         for (uint32_t u = 0; u < nb; u++) {
-            uint32_t nu = seg_positions(b, t0 + u, seg);
+            uint32_t nu = kvf__attn_seg_len(b, t0 + u, seg);
             if (j0 >= nu) continue;
             uint32_t m = nu - j0 < V_RUN ? nu - j0 : V_RUN;
             for (uint32_t h = h0; h < h1; h++)

@@ -36,7 +36,9 @@ struct kvf_fwd {
     const kvf_model_t *m;
     struct kvf_tpool *tp;
     uint32_t max_tokens, max_seqs;
-    uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers */
+    uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers;
+                               * the matrix products and a decode step's attention take one per
+                               * thread (kvf_fwd_run) */
     float *x;                 /* (max_tokens, dim) the residual stream */
     float *xb;                /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
     float *o;                 /* (max_tokens, dim) output of Wo and Wdown before the residual add */
