@@ -57,12 +57,11 @@ static double copy_bandwidth(void)
     return best;
 }
 
-static int argmax(const float *l, uint32_t n)
+/* The next token as a server picks it for a greedy request: the library's sampler. */
+static int32_t greedy(const float *l, uint32_t n)
 {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (l[i] > l[b]) b = i;
-    return (int)b;
+    static const struct kvf_sample_params greedy_params = {0.0f, 0, 1.0f, 0};
+    return (int32_t)kvf_sample(l, n, &greedy_params, 0);
 }
 
 /* One prefill of every sequence then gen decode steps, on freshly allocated pages (released
@@ -96,7 +95,7 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
         }
     uint64_t t1 = kvf_bench_now_ns();
     for (unsigned long s = 0; s < batch; s++)
-        toks[s * (prompt + gen) + prompt] = argmax(logits + s * hp->n_vocab, hp->n_vocab);
+        toks[s * (prompt + gen) + prompt] = greedy(logits + s * hp->n_vocab, hp->n_vocab);
     for (unsigned long step = 0; step < gen; step++) {
         for (unsigned long s = 0; s < batch; s++) {
             struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + prompt + step, 1,
@@ -112,7 +111,7 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
         if (step + 1 < gen)
             for (unsigned long s = 0; s < batch; s++)
                 toks[s * (prompt + gen) + prompt + step + 1] =
-                    argmax(logits + s * hp->n_vocab, hp->n_vocab);
+                    greedy(logits + s * hp->n_vocab, hp->n_vocab);
     }
     uint64_t t2 = kvf_bench_now_ns();
     for (unsigned long s = 0; s < batch * per_seq; s++)

@@ -301,8 +301,13 @@ static void residual_matmul(struct job *j, const struct kvf_weight *W, const flo
     uint32_t lo, hi;
     kvf__split_rows(W->rows, i, n, &lo, &hi);
     kvf__matmul(W, in, ldin, &f->xq, j->nt, f->o, hp->dim, lo, hi, scratch);
-    for (uint32_t t = 0; t < j->nt; t++)
-        for (uint32_t r = lo; r < hi; r++) f->x[(size_t)t * hp->dim + r] += f->o[(size_t)t * hp->dim + r];
+    /* Through local pointers: written through f->, every element reloaded f->x and f->o (they
+     * might alias f), one scalar add at a time — 7% of a batch-16 decode step. */
+    for (uint32_t t = 0; t < j->nt; t++) {
+        float *restrict x = f->x + (size_t)t * hp->dim;
+        const float *restrict o = f->o + (size_t)t * hp->dim;
+        for (uint32_t r = lo; r < hi; r++) x[r] += o[r];
+    }
 }
 
 static void job_wo(void *ctx, uint32_t i, uint32_t n, uint32_t thread)

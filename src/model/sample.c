@@ -42,12 +42,28 @@ static int cand_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static int32_t argmax(const float *logits, uint32_t n)
+/*
+ * The first index of the largest logit: the result of "best = i whenever l[i] > l[best]" over
+ * i = 1..n-1, in two passes the compiler can vectorize. The first finds the largest value
+ * with 16 running maxima (max is exact, so the order does not matter); "a > m ? a : m"
+ * skips a NaN as the comparison does. The second finds that value's first index. If l[0] is
+ * NaN, nothing compares above it: the maximum stays NaN, equals nothing, and the answer is 0,
+ * as in the one-pass form. (A greedy step over 49152 logits: 33 -> 10 us.)
+ */
+#define ARGMAX_LANES 16
+static int32_t argmax(const float *l, uint32_t n)
 {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    return (int32_t)best;
+    float m[ARGMAX_LANES];
+    for (int k = 0; k < ARGMAX_LANES; k++) m[k] = l[0];
+    uint32_t i = 0;
+    for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
+        for (int k = 0; k < ARGMAX_LANES; k++) m[k] = l[i + k] > m[k] ? l[i + k] : m[k];
+    float mx = l[0];
+    for (int k = 0; k < ARGMAX_LANES; k++) mx = m[k] > mx ? m[k] : mx;
+    for (; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    for (i = 0; i < n; i++)
+        if (l[i] == mx) return (int32_t)i;
+    return 0;
 }
 
 int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,

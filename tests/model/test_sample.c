@@ -24,6 +24,40 @@ static void test_greedy(void)
     ASSERT_ERR(kvf_sample(l, 0, &p, 0), -EINVAL);
 }
 
+/* "best = i whenever l[i] > l[best]": the definition the sampler's greedy pick must keep. */
+static int32_t argmax_ref(const float *l, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return (int32_t)best;
+}
+
+/* Greedy over long vectors (the two-pass form runs 16 lanes at a time) against the one-pass
+ * definition: random lengths, few distinct values (ties across lanes), the maximum in the
+ * tail, -0 beside +0, NaN in the middle (skipped) and first (nothing compares above it). */
+static void test_greedy_long(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    struct kvf_sample_params p = {0.0f, 0, 1.0f, 1};
+    static float l[1000];
+    for (int round = 0; round < 400; round++) {
+        uint32_t n = 1 + (uint32_t)kvf_rng_below(&r, 1000);
+        for (uint32_t i = 0; i < n; i++) l[i] = (float)kvf_rng_below(&r, 7) - 3.0f;
+        switch (round % 5) {
+        case 1: l[n - 1] = 100.0f; break;
+        case 2:
+            for (uint32_t i = 0; i < n; i++) l[i] = i % 3 ? 0.0f : -0.0f;
+            break;
+        case 3: l[kvf_rng_below(&r, n)] = NAN; break;
+        case 4: l[0] = NAN; break;
+        default: break;
+        }
+        ASSERT_EQ_INT(kvf_sample(l, n, &p, 0), argmax_ref(l, n));
+    }
+}
+
 static void test_deterministic(void)
 {
     struct kvf_rng r;
@@ -103,7 +137,8 @@ static void test_top_logprobs(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_greedy), KVF_CASE(test_deterministic), KVF_CASE(test_top_k_top_p),
+    KVF_CASE(test_greedy), KVF_CASE(test_greedy_long), KVF_CASE(test_deterministic),
+    KVF_CASE(test_top_k_top_p),
     KVF_CASE(test_top_logprobs),
 };
 
