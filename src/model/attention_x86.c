@@ -93,6 +93,27 @@ AVX2 INLINE __m256 dot8x8(const float *q, const void *const k[8], uint32_t nc, c
     return hsum8x8(acc);
 }
 
+/* dot8x8 for H query heads at once (q[h], h < H), into d[h]: each K chunk is loaded once for
+ * all of them. Every (head, row) accumulator takes the FMAs dot8x8 gives it, in the same
+ * order, then the same reduction, so d[h] is dot8x8(q[h], k, nc) bit for bit. With H = 3 the
+ * 24 accumulators need the 32 vector registers of AVX-512 (the "avx2+vnni" variant). */
+AVX2 INLINE void dotH8x8(const float *const *q, const void *const k[8], uint32_t nc, const int H,
+                         const int F16, __m256 *d)
+{
+    __m256 acc[3][8];
+    for (int h = 0; h < H; h++)
+        for (int j = 0; j < 8; j++) acc[h][j] = _mm256_setzero_ps();
+    for (uint32_t c = 0; c < nc; c++) {
+        __m256 qv[3];
+        for (int h = 0; h < H; h++) qv[h] = _mm256_loadu_ps(q[h] + 8 * c);
+        for (int j = 0; j < 8; j++) {
+            __m256 kv = load_kv8(k[j], 8 * c, F16);
+            for (int h = 0; h < H; h++) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
+        }
+    }
+    for (int h = 0; h < H; h++) d[h] = hsum8x8(acc[h]);
+}
+
 /* out[0 .. 8·NV) (+)= Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order; from zero
  * when first is set, else from out. NV is a constant at every call, so the accumulators live
  * in registers. */
@@ -126,6 +147,47 @@ AVX2 INLINE void wsum(float *out, const float *w, const void *const *rows, uint3
         case 6: wsum_cols(o, w, rows, col, m, first, 6, F16); break;
         case 7: wsum_cols(o, w, rows, col, m, first, 7, F16); break;
         default: wsum_cols(o, w, rows, col, m, first, 8, F16); break;
+        }
+    }
+}
+
+/* wsum_cols for H heads at once (out[h], weights w[h]): each V chunk is loaded once for all
+ * of them; every accumulator takes wsum_cols's FMAs in its order. H · NV ≤ 24. */
+AVX2 INLINE void wsumH_cols(float *const *out, const float *const *w, const void *const *rows,
+                            size_t col, uint32_t m, int first, const int H, const int NV,
+                            const int F16)
+{
+    __m256 acc[3][8];
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < NV; c++)
+            acc[h][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out[h] + col + 8 * c);
+    for (uint32_t j = 0; j < m; j++) {
+        __m256 wj[3];
+        for (int h = 0; h < H; h++) wj[h] = _mm256_broadcast_ss(w[h] + j);
+        for (int c = 0; c < NV; c++) {
+            __m256 vv = load_kv8(rows[j], col + 8 * c, F16);
+            for (int h = 0; h < H; h++) acc[h][c] = _mm256_fmadd_ps(wj[h], vv, acc[h][c]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < NV; c++) _mm256_storeu_ps(out[h] + col + 8 * c, acc[h][c]);
+}
+
+/* wsum for H heads: 8 vectors (64 elements) of every head at a time. */
+AVX2 INLINE void wsumH(float *const *out, const float *const *w, const void *const *rows,
+                       uint32_t m, int first, uint32_t nc, const int H, const int F16)
+{
+    for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
+        size_t col = 8 * (size_t)c0;
+        switch (nc - c0 < 8 ? nc - c0 : 8) {
+        case 1: wsumH_cols(out, w, rows, col, m, first, H, 1, F16); break;
+        case 2: wsumH_cols(out, w, rows, col, m, first, H, 2, F16); break;
+        case 3: wsumH_cols(out, w, rows, col, m, first, H, 3, F16); break;
+        case 4: wsumH_cols(out, w, rows, col, m, first, H, 4, F16); break;
+        case 5: wsumH_cols(out, w, rows, col, m, first, H, 5, F16); break;
+        case 6: wsumH_cols(out, w, rows, col, m, first, H, 6, F16); break;
+        case 7: wsumH_cols(out, w, rows, col, m, first, H, 7, F16); break;
+        default: wsumH_cols(out, w, rows, col, m, first, H, 8, F16); break;
         }
     }
 }
@@ -189,7 +251,7 @@ AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_b
 AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
                            uint32_t h1, uint32_t seg, float *part, size_t part_stride,
                            size_t tok_stride, float *scores, struct kvf_attn_pf *pf,
-                           const int F16)
+                           const int F16, const int HB)
 {
     uint32_t hd = b->head_dim;
     const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
@@ -213,10 +275,20 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
             const float *q = b->q + (size_t)(t0 + u) * b->n_heads * hd;
             const void *k8[8];
             for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < nu ? j0 + j : j0];
-            for (uint32_t h = h0; h < h1; h++) {
-                kvf__attn_pf_step(pf);
-                __m256 d = _mm256_mul_ps(dot8x8(q + (size_t)h * hd, k8, nc, F16), scale);
-                _mm256_storeu_ps(scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE + j0, d);
+            for (uint32_t h = h0; h < h1; h += HB) {
+                uint32_t hb = h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB;
+                const float *qh[3];
+                __m256 d[3];
+                for (uint32_t x = 0; x < hb; x++) {
+                    kvf__attn_pf_step(pf);
+                    qh[x] = q + (size_t)(h + x) * hd;
+                }
+                if (HB >= 3 && hb == 3) dotH8x8(qh, k8, nc, 3, F16, d);
+                else if (HB >= 2 && hb == 2) dotH8x8(qh, k8, nc, 2, F16, d);
+                else d[0] = dot8x8(qh[0], k8, nc, F16);
+                for (uint32_t x = 0; x < hb; x++)
+                    _mm256_storeu_ps(scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0,
+                                     _mm256_mul_ps(d[x], scale));
             }
         }
     for (uint32_t u = 0; u < nb; u++) {
@@ -236,10 +308,18 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
             uint32_t nu = kvf__attn_seg_len(b, t0 + u, seg);
             if (j0 >= nu) continue;
             uint32_t m = nu - j0 < V_RUN ? nu - j0 : V_RUN;
-            for (uint32_t h = h0; h < h1; h++)
-                wsum(part + u * tok_stride + (h - h0) * part_stride,
-                     scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE + j0, vrows + j0, m,
-                     j0 == 0, nc, F16);
+            for (uint32_t h = h0; h < h1; h += HB) {
+                uint32_t hb = h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB;
+                float *out[3];
+                const float *w[3];
+                for (uint32_t x = 0; x < hb; x++) {
+                    out[x] = part + u * tok_stride + (h + x - h0) * part_stride;
+                    w[x] = scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0;
+                }
+                if (HB >= 3 && hb == 3) wsumH(out, w, vrows + j0, m, j0 == 0, nc, 3, F16);
+                else if (HB >= 2 && hb == 2) wsumH(out, w, vrows + j0, m, j0 == 0, nc, 2, F16);
+                else wsum(out[0], w[0], vrows + j0, m, j0 == 0, nc, F16);
+            }
         }
 }
 
@@ -250,8 +330,8 @@ AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_
     if (b->head_dim % 8 != 0)
         kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
     else if (b->elem_bytes == 2)
-        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1);
-    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0);
+        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1, 1);
+    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, 1);
 }
 
 AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
@@ -262,8 +342,35 @@ AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint3
     if (b->head_dim % 8 != 0)
         kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
     else if (b->elem_bytes == 2)
-        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1);
-    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0);
+        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1, 1);
+    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, 1);
+}
+
+/* The same kernels with up to three query heads of a group at a time (dotH8x8, wsumH): one
+ * load of each K and V chunk serves them all, where one head at a time loads it once per
+ * head. The values are the AVX2 kernels' bit for bit (tested); the 24 accumulators need the
+ * 32 registers that AVX-512 (here with VL) gives 256-bit vectors. */
+VNNI void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                             uint32_t seg, float *part, size_t part_stride, float *scores,
+                             struct kvf_attn_pf *pf)
+{
+    if (b->head_dim % 8 != 0)
+        kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
+    else if (b->elem_bytes == 2)
+        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1, 3);
+    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, 3);
+}
+
+VNNI void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
+                              uint32_t h0, uint32_t h1, uint32_t seg, float *part,
+                              size_t part_stride, size_t tok_stride, float *scores)
+{
+    if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
+    if (b->head_dim % 8 != 0)
+        kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
+    else if (b->elem_bytes == 2)
+        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1, 3);
+    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, 3);
 }
 
 /* silu(g) · u as kvf__swiglu1 computes it: vectors of 8 from the start of the range, then the

@@ -9,6 +9,13 @@
 #include "model/kernels.h"
 #include "model_test_util.h"
 
+/* Whether the "avx2+vnni" kernels can run here: the chooser took them. */
+static bool have_vnni(void)
+{
+    kvf__kernels_init();
+    return kvf__kern_vnni && kvf__kern == kvf__kern_vnni;
+}
+
 /* Whether the AVX2 kernels can run here: the variant chooser took an x86 variant (so with
  * KVF_KERNELS=scalar only the scalar kernels are tested). */
 static bool have_avx2(void)
@@ -185,8 +192,9 @@ static void attn_ref(const struct kvf_attn_batch *b, const struct kvf_fwd_seq *s
     free(sc);
 }
 
+/* keep, when set, receives both layers' outputs (2 · 24 tokens · n_heads · hd floats). */
 static void check_attention(const struct ashape *sh, const struct kvf_kern *kern, uint64_t seed,
-                            uint32_t eb)
+                            uint32_t eb, float *keep)
 {
     struct kvf_rng r;
     kvf_rng_seed(&r, seed);
@@ -295,6 +303,7 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
         }
         for (int way = 1; way < 5; way++)
             ASSERT_MEMEQ(outs[0], outs[way], NT * q_dim * sizeof(float));
+        if (keep) memcpy(keep + (size_t)layer * NT * q_dim, outs[0], NT * q_dim * sizeof(float));
         for (uint32_t t = 0; t < NT; t++) {
             attn_ref(&b, &seq, tok_pos[t], q + t * q_dim, ref);
             double mr, e = rel_err(outs[0] + t * q_dim, ref, q_dim, &mr);
@@ -325,12 +334,24 @@ static void test_attention_reference(void)
         {2, 2, 12, 3, 260},   /* head_dim not a multiple of 8: the scalar path everywhere */
         {1, 2, 136, 9, 140},  /* head_dim 17 vectors: two column blocks in the V sum */
     };
-    const struct kvf_kern *vars[2] = {&kvf__kern_scalar, have_avx2() ? kvf__kern_avx2 : NULL};
-    /* K/V as floats and as IEEE halves (the reference reads the same halves). */
+    const struct kvf_kern *vars[3] = {&kvf__kern_scalar, have_avx2() ? kvf__kern_avx2 : NULL,
+                                      have_vnni() ? kvf__kern_vnni : NULL};
+    /* K/V as floats and as IEEE halves (the reference reads the same halves). The VNNI
+     * variant, which takes up to three heads of a group at a time, must give the AVX2
+     * variant's outputs bit for bit: groups of 1-4 heads (4 = three, then one). */
     for (uint32_t eb = 4; eb >= 2; eb -= 2)
-        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-            for (int v = 0; v < 2; v++)
-                if (vars[v]) check_attention(&shapes[i], vars[v], kvf_test_seed() + i, eb);
+        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+            const struct ashape *sh = &shapes[i];
+            size_t n = 2 * 24 * (size_t)sh->n_kv * sh->group * sh->hd;
+            float *out[3] = {NULL, malloc(n * sizeof(float)), malloc(n * sizeof(float))};
+            for (int v = 0; v < 3; v++)
+                if (vars[v]) check_attention(sh, vars[v], kvf_test_seed() + i, eb, out[v]);
+            if (vars[2]) ASSERT_MEMEQ(out[1], out[2], n * sizeof(float));
+            free(out[1]);
+            free(out[2]);
+        }
+    printf("# attention variants checked: scalar%s%s\n", vars[1] ? ", avx2" : "",
+           vars[2] ? ", avx2+vnni (= avx2 bit for bit)" : "");
 }
 
 /* --- Through the forward pass. ---------------------------------------------------------- */
