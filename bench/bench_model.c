@@ -8,13 +8,15 @@
  * Prefill: B sequences of N seeded random tokens, each in chunks of at most C tokens (default
  * 512). Decode: M steps, each one token for every one of the B sequences in one batch, greedy.
  * The whole of it is run R times (default 5) on fresh pages, and the figures reported are the
- * medians over the runs (each run's own are printed too). --kv-type f16 keeps K and V in the
- * pool as IEEE halves (half the bytes per page; the default is f32).
+ * medians over the runs (each run's own are printed too). --kv-type keeps K and V in the pool
+ * as floats (f32) or IEEE halves (f16); the default is the model's (kvf_model_geometry:
+ * halves for a quantized model, floats otherwise).
  * The roofline: a decode step must stream every weight once, so it cannot beat
  * weight_bytes / bandwidth, where bandwidth is a large memcpy measured in the same run
  * (bytes read + bytes written per second, best of 5).
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +129,7 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
 int kvf_bench_model(int argc, char **argv)
 {
     const char *path = NULL;
-    uint32_t kv_bytes = 4;
+    uint32_t kv_bytes = 0; /* 0: the model's default (kvf_model_geometry) */
     unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512,
                   runs = 5;
     for (int i = 1; i < argc; i++) {
@@ -180,6 +182,8 @@ int kvf_bench_model(int argc, char **argv)
     struct kvf_pool_config pc;
     memset(&pc, 0, sizeof(pc));
     kvf_model_geometry(m, (uint32_t)page_tokens, &pc.geo);
+    bool kv_default = kv_bytes == 0;
+    if (kv_default) kv_bytes = pc.geo.elem_bytes;
     pc.geo.elem_bytes = kv_bytes;
     pc.n_pages = per_seq * (uint32_t)batch + 1; /* + 1 for the warm-up */
     pc.max_peers = 1;
@@ -260,7 +264,8 @@ int kvf_bench_model(int argc, char **argv)
            prefill_tps);
     printf("decode: %lu x %lu tokens, median of %lu runs: %.1f tokens/s (%.2f ms per step)\n",
            batch, gen, runs, decode_tps, batch * 1e3 / decode_tps);
-    printf("kv: %s (%u bytes per K/V element)\n", kv_bytes == 2 ? "f16" : "f32", kv_bytes);
+    printf("kv: %s (%u bytes per K/V element%s)\n", kv_bytes == 2 ? "f16" : "f32", kv_bytes,
+           kv_default ? ", the model's default" : "");
     printf("roofline: copy bandwidth %.2f GB/s; weights %.1f MB per step -> at most %.1f "
            "tokens/s at batch %lu; decode reaches %.1f%% of it\n",
            bw / 1e9, kvf_model_weight_bytes(m) / 1e6, roof_tps, batch,

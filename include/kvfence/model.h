@@ -87,7 +87,10 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
 void kvf_model_free(kvf_model_t *m);
 
 const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m);
-/* The page geometry this model needs (f32 K/V) for page_tokens slots per page. */
+/* The page geometry this model needs for page_tokens slots per page. K/V elements are IEEE
+ * halves (elem_bytes 2) when any of its matrices is quantized (Q8_0, Q4_0) and floats (4)
+ * otherwise; a caller may set elem_bytes to the other before creating the pool — the forward
+ * pass takes either. */
 void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_pool_geometry *geo);
 /* Bytes of weights one decode step streams (every matrix once, plus the embedding row). */
 uint64_t kvf_model_weight_bytes(const kvf_model_t *m);

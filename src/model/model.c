@@ -7,6 +7,7 @@
  * allocation; the token embedding is read from the file, row by row, as it is looked up.
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,13 +257,33 @@ const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m)
     return &m->hp;
 }
 
+static bool is_quantized(uint32_t t)
+{
+    return t == KVF_GGML_Q8_0 || t == KVF_GGML_Q4_0;
+}
+
+/* Whether any matrix of the model is quantized (Q8_0, Q4_0). O(layers). */
+static bool has_quantized(const kvf_model_t *m)
+{
+    if (is_quantized(m->output.type)) return true;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+        const struct kvf_layer *L = &m->layers[l];
+        const struct kvf_weight *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                         &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            if (is_quantized(w[i]->type)) return true;
+    }
+    return false;
+}
+
 void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_pool_geometry *geo)
 {
     geo->n_layers = m->hp.n_layers;
     geo->n_kv_heads = m->hp.n_kv_heads;
     geo->head_dim = m->hp.head_dim;
     geo->page_tokens = page_tokens;
-    geo->elem_bytes = 4;
+    /* K/V as IEEE halves for a quantized model, as floats otherwise (docs/MODEL_ENGINE.md). */
+    geo->elem_bytes = has_quantized(m) ? 2 : 4;
 }
 
 static uint64_t wbytes(const struct kvf_weight *w)

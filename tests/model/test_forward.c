@@ -120,6 +120,23 @@ static void test_reference_kv_f16(void)
     tpool_kv_bytes = 4;
 }
 
+/* The model's own page geometry: K/V as halves for a quantized model (whose logits are within
+ * test_reference_kv_f16's bound with them), as floats for a full-precision one. */
+static void test_geometry_kv_type(void)
+{
+    static const uint32_t types[2] = {KVF_GGML_F32, KVF_GGML_Q8_0};
+    for (int i = 0; i < 2; i++) {
+        struct tmodel tm;
+        tmodel_open(&tm, "tiny", types[i], 3);
+        struct kvf_pool_geometry geo;
+        kvf_model_geometry(tm.m, 16, &geo);
+        ASSERT_EQ_INT(geo.elem_bytes, types[i] == KVF_GGML_F32 ? 4 : 2);
+        ASSERT_EQ_INT(geo.page_tokens, 16);
+        ASSERT_EQ_INT(geo.n_layers, kvf_model_hparams(tm.m)->n_layers);
+        tmodel_close(&tm);
+    }
+}
+
 /* Runs n_seqs sequences together in rounds; in each round every unfinished sequence sends a
  * chunk of 1..max_chunk tokens (drawn), and the logits of each chunk's last token must equal,
  * bit for bit, what that position gave alone. */
@@ -385,6 +402,7 @@ static void test_poisoned_free_pages(void)
     struct kvf_pool_config cfg;
     memset(&cfg, 0, sizeof(cfg));
     kvf_model_geometry(tm.m, 16, &cfg.geo);
+    cfg.geo.elem_bytes = tpool_kv_bytes; /* as run_alone's pools */
     cfg.n_pages = 3;
     cfg.max_peers = 1;
     cfg.tag_seed = 1;
@@ -576,6 +594,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_reference_s15m_f32),  KVF_CASE(test_reference_s15m_q8_0),
     KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
     KVF_CASE(test_reference_kv_f16),    KVF_CASE(test_invariance_kv_f16),
+    KVF_CASE(test_geometry_kv_type),
     KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
     KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
     KVF_CASE(test_variants_agree_f32),  KVF_CASE(test_quant_matches),
