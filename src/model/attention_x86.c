@@ -388,4 +388,46 @@ AVX2 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n)
     for (; i < n; i++) g[i] = kvf__swiglu1(g[i], u[i]);
 }
 
+/* exp8 on 16 lanes: the same operations lane by lane (vrndscaleps to nearest is vroundps's
+ * rounding, the NaN test a mask), so each lane gives kvf__expf's bits. */
+VNNI INLINE __m512 exp16(__m512 x)
+{
+    __m512 xc = _mm512_max_ps(x, _mm512_set1_ps(KVF_EXP_LO));
+    xc = _mm512_min_ps(xc, _mm512_set1_ps(KVF_EXP_HI));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(KVF_EXP_LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fmadd_ps(k, _mm512_set1_ps(-KVF_EXP_LN2_HI), xc);
+    r = _mm512_fmadd_ps(k, _mm512_set1_ps(-KVF_EXP_LN2_LO), r);
+    __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(KVF_EXP_C7), r, _mm512_set1_ps(KVF_EXP_C6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KVF_EXP_C5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KVF_EXP_C4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KVF_EXP_C3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(KVF_EXP_C2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i ki = _mm512_cvtps_epi32(k);
+    __m512i k1 = _mm512_srai_epi32(ki, 1), k2 = _mm512_sub_epi32(ki, k1);
+    __m512i bias = _mm512_set1_epi32(127);
+    __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23));
+    __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), y, x);
+}
+
+/* kvf__swiglu_avx2 16 lanes at a time, then its own 8-lane and scalar steps for the rest: every
+ * element the scalar form's value (tested against it from every start offset). */
+VNNI void kvf__swiglu_vnni(float *g, const float *u, uint32_t n)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
+    uint32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 e = exp16(_mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(gv), _mm512_castps_si512(sign))));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
+                                              _mm512_loadu_ps(u + i)));
+    }
+    kvf__swiglu_avx2(g + i, u + i, n - i);
+}
+
 #endif

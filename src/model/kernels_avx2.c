@@ -19,7 +19,7 @@ static const struct kvf_kern kern_vnni = {
     .name = "avx2+vnni", .f32_rows = kvf__f32_rows_vnni, .f32g_rows = kvf__f32g_rows_vnni,
     .q8_rows = kvf__q8_rows_vnni, .f16_row = kvf__f16_row_avx2, .quant_a16 = kvf__quant_a16_avx2,
     .attn_seg = kvf__attn_seg_vnni, .attn_segs = kvf__attn_segs_vnni,
-    .rmsnorm = kvf__rmsnorm_avx2, .swiglu = kvf__swiglu_avx2,
+    .rmsnorm = kvf__rmsnorm_avx2, .swiglu = kvf__swiglu_vnni,
 };
 const struct kvf_kern *const kvf__kern_vnni = &kern_vnni;
 #else

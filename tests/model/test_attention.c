@@ -128,8 +128,9 @@ static void test_swiglu_ranges(void)
     kvf_rng_seed(&r, kvf_test_seed());
     enum { N = 203 };
     float g[N], u[N], want[N], got[N];
-    void (*fns[2])(float *, const float *, uint32_t) = {kvf__swiglu_scalar, NULL};
+    void (*fns[3])(float *, const float *, uint32_t) = {kvf__swiglu_scalar, NULL, NULL};
     if (have_avx2()) fns[1] = kvf__swiglu_avx2;
+    if (have_vnni()) fns[2] = kvf__swiglu_vnni;
     for (int round = 0; round < 40; round++) {
         if (round % 2) fill_extremes(&r, g, N);
         else
@@ -142,7 +143,7 @@ static void test_swiglu_ranges(void)
             if (!(fabs(want[i] - ref) <= 1e-6 * fabs(ref) + 1e-35))
                 KVF_FAIL("silu(%.9g) * %.9g = %.9g, want %.9g", g[i], u[i], want[i], ref);
         }
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < 3; f++) {
             if (!fns[f]) continue;
             for (uint32_t lo = 0; lo < 17; lo++) {
                 uint32_t hi = N - kvf_rng_below(&r, 9);
