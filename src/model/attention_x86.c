@@ -151,47 +151,6 @@ AVX2 INLINE void wsum(float *out, const float *w, const void *const *rows, uint3
     }
 }
 
-/* wsum_cols for H heads at once (out[h], weights w[h]): each V chunk is loaded once for all
- * of them; every accumulator takes wsum_cols's FMAs in its order. H · NV ≤ 24. */
-AVX2 INLINE void wsumH_cols(float *const *out, const float *const *w, const void *const *rows,
-                            size_t col, uint32_t m, int first, const int H, const int NV,
-                            const int F16)
-{
-    __m256 acc[3][8];
-    for (int h = 0; h < H; h++)
-        for (int c = 0; c < NV; c++)
-            acc[h][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out[h] + col + 8 * c);
-    for (uint32_t j = 0; j < m; j++) {
-        __m256 wj[3];
-        for (int h = 0; h < H; h++) wj[h] = _mm256_broadcast_ss(w[h] + j);
-        for (int c = 0; c < NV; c++) {
-            __m256 vv = load_kv8(rows[j], col + 8 * c, F16);
-            for (int h = 0; h < H; h++) acc[h][c] = _mm256_fmadd_ps(wj[h], vv, acc[h][c]);
-        }
-    }
-    for (int h = 0; h < H; h++)
-        for (int c = 0; c < NV; c++) _mm256_storeu_ps(out[h] + col + 8 * c, acc[h][c]);
-}
-
-/* wsum for H heads: 8 vectors (64 elements) of every head at a time. */
-AVX2 INLINE void wsumH(float *const *out, const float *const *w, const void *const *rows,
-                       uint32_t m, int first, uint32_t nc, const int H, const int F16)
-{
-    for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
-        size_t col = 8 * (size_t)c0;
-        switch (nc - c0 < 8 ? nc - c0 : 8) {
-        case 1: wsumH_cols(out, w, rows, col, m, first, H, 1, F16); break;
-        case 2: wsumH_cols(out, w, rows, col, m, first, H, 2, F16); break;
-        case 3: wsumH_cols(out, w, rows, col, m, first, H, 3, F16); break;
-        case 4: wsumH_cols(out, w, rows, col, m, first, H, 4, F16); break;
-        case 5: wsumH_cols(out, w, rows, col, m, first, H, 5, F16); break;
-        case 6: wsumH_cols(out, w, rows, col, m, first, H, 6, F16); break;
-        case 7: wsumH_cols(out, w, rows, col, m, first, H, 7, F16); break;
-        default: wsumH_cols(out, w, rows, col, m, first, H, 8, F16); break;
-        }
-    }
-}
-
 /* *mx = the max of sc[0..n), then sc[p] = exp(sc[p] − max) for p < n rounded up to 8 (lanes
  * past n set to 0); returns Σ e_p. sc holds floats up to n rounded up to 8, NaN or not. */
 AVX2 static float softmax_row(float *sc, uint32_t n, float *mx_out)
@@ -221,6 +180,80 @@ AVX2 static float softmax_row(float *sc, uint32_t n, float *mx_out)
     }
     *mx_out = mx;
     return hsum8(sum);
+}
+
+/* 16 elements of a K/V row from element e, as floats (halves converted exactly). */
+VNNI INLINE __m512 load_kv16(const void *row, size_t e, const int F16)
+{
+    if (F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + e)));
+    return _mm512_loadu_ps((const float *)row + e);
+}
+
+/* wsum_cols for H heads at once (out[h], weights w[h]) on 512-bit vectors: NZ pairs of
+ * 8-element chunks in 16-lane accumulators, then NY (0 or 1) chunk of 8; each V chunk is loaded
+ * (and converted) once for the H heads. A lane is one (head, element) and takes the FMAs
+ * wsum_cols gives it, in the same order (w[h][j] · v_j[e] into acc, j ascending), so the sums
+ * are wsum_cols's bit for bit, with a sixth of the loads and half the FMAs. H · NZ ≤ 12. */
+VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void *const *rows,
+                            size_t col, uint32_t m, int first, const int H, const int NZ,
+                            const int NY, const int F16)
+{
+    __m512 acc[3][4];
+    __m256 accy[3];
+    for (int h = 0; h < H; h++) {
+        for (int z = 0; z < NZ; z++)
+            acc[h][z] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out[h] + col + 16 * z);
+        if (NY) accy[h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out[h] + col + 16 * NZ);
+    }
+    for (uint32_t j = 0; j < m; j++) {
+        __m512 wj[3];
+        for (int h = 0; h < H; h++) wj[h] = _mm512_set1_ps(w[h][j]);
+        for (int z = 0; z < NZ; z++) {
+            __m512 vv = load_kv16(rows[j], col + 16 * z, F16);
+            for (int h = 0; h < H; h++) acc[h][z] = _mm512_fmadd_ps(wj[h], vv, acc[h][z]);
+        }
+        if (NY) {
+            __m256 vv = load_kv8(rows[j], col + 16 * NZ, F16);
+            for (int h = 0; h < H; h++)
+                accy[h] = _mm256_fmadd_ps(_mm512_castps512_ps256(wj[h]), vv, accy[h]);
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        for (int z = 0; z < NZ; z++) _mm512_storeu_ps(out[h] + col + 16 * z, acc[h][z]);
+        if (NY) _mm256_storeu_ps(out[h] + col + 16 * NZ, accy[h]);
+    }
+}
+
+#define WSUMZ_CASES(H, F16)                                                                      \
+    switch (nc - c0 < 8 ? nc - c0 : 8) {                                                         \
+    case 1: wsumZ_cols(out, w, rows, col, m, first, H, 0, 1, F16); break;                        \
+    case 2: wsumZ_cols(out, w, rows, col, m, first, H, 1, 0, F16); break;                        \
+    case 3: wsumZ_cols(out, w, rows, col, m, first, H, 1, 1, F16); break;                        \
+    case 4: wsumZ_cols(out, w, rows, col, m, first, H, 2, 0, F16); break;                        \
+    case 5: wsumZ_cols(out, w, rows, col, m, first, H, 2, 1, F16); break;                        \
+    case 6: wsumZ_cols(out, w, rows, col, m, first, H, 3, 0, F16); break;                        \
+    case 7: wsumZ_cols(out, w, rows, col, m, first, H, 3, 1, F16); break;                        \
+    default: wsumZ_cols(out, w, rows, col, m, first, H, 4, 0, F16); break;                       \
+    }
+
+/* The V pass of H (1 to 3) heads over m positions, for the "avx2+vnni" variant: wsum's values
+ * for each head. A call, not inlined, so that the AVX2 kernel body (attn_segs) can reach it. */
+VNNI static void wsumZ(float *const *out, const float *const *w, const void *const *rows,
+                       uint32_t m, int first, uint32_t nc, uint32_t H, int F16)
+{
+    for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
+        size_t col = 8 * (size_t)c0;
+        if (F16) {
+            if (H == 3) WSUMZ_CASES(3, 1)
+            else if (H == 2) WSUMZ_CASES(2, 1)
+            else WSUMZ_CASES(1, 1)
+        } else {
+            if (H == 3) WSUMZ_CASES(3, 0)
+            else if (H == 2) WSUMZ_CASES(2, 0)
+            else WSUMZ_CASES(1, 0)
+        }
+    }
 }
 
 /* Asks for every line of n rows of row_bytes at once. A segment's rows lie in several pages,
@@ -316,8 +349,7 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
                     out[x] = part + u * tok_stride + (h + x - h0) * part_stride;
                     w[x] = scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0;
                 }
-                if (HB >= 3 && hb == 3) wsumH(out, w, vrows + j0, m, j0 == 0, nc, 3, F16);
-                else if (HB >= 2 && hb == 2) wsumH(out, w, vrows + j0, m, j0 == 0, nc, 2, F16);
+                if (HB > 1) wsumZ(out, w, vrows + j0, m, j0 == 0, nc, hb, F16);
                 else wsum(out[0], w[0], vrows + j0, m, j0 == 0, nc, F16);
             }
         }
@@ -346,10 +378,12 @@ AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint3
     else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, 1);
 }
 
-/* The same kernels with up to three query heads of a group at a time (dotH8x8, wsumH): one
+/* The same kernels with up to three query heads of a group at a time (dotH8x8, wsumZ): one
  * load of each K and V chunk serves them all, where one head at a time loads it once per
- * head. The values are the AVX2 kernels' bit for bit (tested); the 24 accumulators need the
- * 32 registers that AVX-512 (here with VL) gives 256-bit vectors. */
+ * head, and the V pass runs on 512-bit vectors. The values are the AVX2 kernels' bit for bit
+ * (tested); the score pass's 24 accumulators need the 32 registers that AVX-512 (here with VL)
+ * gives 256-bit vectors. (Its 512-bit form — two heads in the halves of each accumulator, the
+ * same reduction tree per half — was tried: no faster, 4-7% slower with halves.) */
 VNNI void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                              uint32_t seg, float *part, size_t part_stride, float *scores,
                              struct kvf_attn_pf *pf)
