@@ -50,7 +50,13 @@ static uint32_t batch_segs(const struct kvf_attn_batch *b)
 /* out[0..hd) from the n_seg partials of one (token, head), at part + s · kvf__attn_part_size.
  * Every variant combines with this code, so the split and the unsplit path agree bit for bit.
  * A NaN anywhere in a partial reaches the output: through l, which is NaN whenever a score or
- * m is. O(n_seg · hd). */
+ * m is. O(n_seg · hd). On x86 a second copy is built for CPUs with FMA and chosen at load:
+ * there the fmaf and nearbyintf of kvf__expf are single instructions rather than library
+ * calls (a tenth of a decode step's attention went to them); both are exactly rounded, so the
+ * two copies give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("fma", "default")))
+#endif
 static void combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
 {
     size_t ps = kvf__attn_part_size(hd);
