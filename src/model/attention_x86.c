@@ -355,27 +355,43 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
         }
 }
 
-AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
-                             uint32_t seg, float *part, size_t part_stride, float *scores,
-                             struct kvf_attn_pf *pf)
+/* The entry points' bodies, HB heads at a time: the scalar kernels for a head_dim that is not
+ * a multiple of 8, else attn_segs for the pool's element size. */
+AVX2 INLINE void seg_entry(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                           uint32_t seg, float *part, size_t part_stride, float *scores,
+                           struct kvf_attn_pf *pf, const int HB)
 {
     if (b->head_dim % 8 != 0)
         kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
     else if (b->elem_bytes == 2)
-        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1, 1);
-    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, 1);
+        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1, HB);
+    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, HB);
+}
+
+AVX2 INLINE void segs_entry(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                            uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                            size_t tok_stride, float *scores, const int HB)
+{
+    if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
+    if (b->head_dim % 8 != 0)
+        kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
+    else if (b->elem_bytes == 2)
+        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1, HB);
+    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, HB);
+}
+
+AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
+                             uint32_t seg, float *part, size_t part_stride, float *scores,
+                             struct kvf_attn_pf *pf)
+{
+    seg_entry(b, t, h0, h1, seg, part, part_stride, scores, pf, 1);
 }
 
 AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
                               uint32_t h0, uint32_t h1, uint32_t seg, float *part,
                               size_t part_stride, size_t tok_stride, float *scores)
 {
-    if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
-    if (b->head_dim % 8 != 0)
-        kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
-    else if (b->elem_bytes == 2)
-        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1, 1);
-    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, 1);
+    segs_entry(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, 1);
 }
 
 /* The same kernels with up to three query heads of a group at a time (dotH8x8, wsumZ): one
@@ -388,23 +404,14 @@ VNNI void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_
                              uint32_t seg, float *part, size_t part_stride, float *scores,
                              struct kvf_attn_pf *pf)
 {
-    if (b->head_dim % 8 != 0)
-        kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
-    else if (b->elem_bytes == 2)
-        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1, 3);
-    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, 3);
+    seg_entry(b, t, h0, h1, seg, part, part_stride, scores, pf, 3);
 }
 
 VNNI void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
                               uint32_t h0, uint32_t h1, uint32_t seg, float *part,
                               size_t part_stride, size_t tok_stride, float *scores)
 {
-    if (NEVER(!kvf__attn_run_ok(b, t0, nb))) return;
-    if (b->head_dim % 8 != 0)
-        kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
-    else if (b->elem_bytes == 2)
-        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1, 3);
-    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, 3);
+    segs_entry(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, 3);
 }
 
 /* silu(g) · u as kvf__swiglu1 computes it: vectors of 8 from the start of the range, then the
