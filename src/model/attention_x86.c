@@ -80,23 +80,11 @@ AVX2 INLINE __m256 load_kv8(const void *row, size_t e, const int F16)
     return _mm256_loadu_ps((const float *)row + e);
 }
 
-/* q · k[j] for the 8 rows k[0..8) of nc × 8 elements. */
-AVX2 INLINE __m256 dot8x8(const float *q, const void *const k[8], uint32_t nc, const int F16)
-{
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-    for (uint32_t c = 0; c < nc; c++) {
-        __m256 qv = _mm256_loadu_ps(q + 8 * c);
-        for (int j = 0; j < 8; j++)
-            acc[j] = _mm256_fmadd_ps(qv, load_kv8(k[j], 8 * c, F16), acc[j]);
-    }
-    return hsum8x8(acc);
-}
-
-/* dot8x8 for H query heads at once (q[h], h < H), into d[h]: each K chunk is loaded once for
- * all of them. Every (head, row) accumulator takes the FMAs dot8x8 gives it, in the same
- * order, then the same reduction, so d[h] is dot8x8(q[h], k, nc) bit for bit. With H = 3 the
- * 24 accumulators need the 32 vector registers of AVX-512 (the "avx2+vnni" variant). */
+/* q[h] · k[j] for H query heads (h < H, H ≤ 3) and the 8 rows k[0..8) of nc × 8 elements,
+ * into d[h]: lane i of row j's accumulator takes q[h][8c+i] · k_j[8c+i] over c in order, then
+ * the 8 accumulators are reduced together (hsum8x8), so d[h] does not depend on H. Each K chunk
+ * is loaded once for the H heads; with H = 3 the 24 accumulators need the 32 vector registers
+ * of AVX-512 (the "avx2+vnni" variant), the AVX2 one takes H = 1. */
 AVX2 INLINE void dotH8x8(const float *const *q, const void *const k[8], uint32_t nc, const int H,
                          const int F16, __m256 *d)
 {
@@ -318,7 +306,7 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
                 }
                 if (HB >= 3 && hb == 3) dotH8x8(qh, k8, nc, 3, F16, d);
                 else if (HB >= 2 && hb == 2) dotH8x8(qh, k8, nc, 2, F16, d);
-                else d[0] = dot8x8(qh[0], k8, nc, F16);
+                else dotH8x8(qh, k8, nc, 1, F16, d);
                 for (uint32_t x = 0; x < hb; x++)
                     _mm256_storeu_ps(scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0,
                                      _mm256_mul_ps(d[x], scale));
@@ -394,7 +382,7 @@ AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint3
     segs_entry(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, 1);
 }
 
-/* The same kernels with up to three query heads of a group at a time (dotH8x8, wsumZ): one
+/* The same kernels with up to three query heads of a group at a time (dotH8x8 with H = 3, wsumZ): one
  * load of each K and V chunk serves them all, where one head at a time loads it once per
  * head, and the V pass runs on 512-bit vectors. The values are the AVX2 kernels' bit for bit
  * (tested); the score pass's 24 accumulators need the 32 registers that AVX-512 (here with VL)
