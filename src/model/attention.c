@@ -185,10 +185,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
                     queue_slots(b, t2, s2, steps, &pf);
                     next = &pf;
                 }
-                for (uint32_t kvh = 0; kvh < n_kv; kvh++)
-                    kern->attn_seg(b, t, kvh * group, (kvh + 1) * group, seg,
-                                   part + ((size_t)kvh * group * segs + seg) * ps, segs * ps,
-                                   scores, next);
+                kern->attn_tok(b, t, seg, part + (size_t)seg * ps, segs * ps, scores, next);
             }
             for (uint32_t h = 0; h < b->n_heads; h++)
                 combine(part + (size_t)h * segs * ps, segs, hd,
@@ -268,6 +265,15 @@ void kvf__attn_segs_scalar(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
         if (kvf__attn_seg_len(b, t0 + u, seg) > 0)
             kvf__attn_seg_scalar(b, t0 + u, h0, h1, seg, part + u * tok_stride, part_stride,
                                  scores + (size_t)u * (h1 - h0) * KVF_ATTN_SCORE_STRIDE, NULL);
+}
+
+void kvf__attn_tok_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                          size_t part_stride, float *scores, struct kvf_attn_pf *pf)
+{
+    uint32_t group = b->n_heads / b->n_kv_heads;
+    for (uint32_t h = 0; h < b->n_heads; h += group)
+        kvf__attn_seg_scalar(b, t, h, h + group, seg, part + h * part_stride, part_stride, scores,
+                             pf);
 }
 
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n)

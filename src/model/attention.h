@@ -261,6 +261,8 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
 void kvf__attn_segs_scalar(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
                            uint32_t h1, uint32_t seg, float *part, size_t part_stride,
                            size_t tok_stride, float *scores);
+void kvf__attn_tok_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                          size_t part_stride, float *scores, struct kvf_attn_pf *pf);
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
 
 /* The AVX2 ones (attention_x86.c; defined where KVF_HAVE_X86_KERNELS is), and the vector exp
@@ -271,11 +273,15 @@ void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0,
 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
                          uint32_t h0, uint32_t h1, uint32_t seg, float *part,
                          size_t part_stride, size_t tok_stride, float *scores);
+void kvf__attn_tok_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                        size_t part_stride, float *scores, struct kvf_attn_pf *pf);
 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n);
 void kvf__exp_avx2(float *y, const float *x, uint32_t n);
 /* The "avx2+vnni" variant's: the AVX2 ones' values, several query heads at a time, and SwiGLU
  * 16 lanes at a time. */
 void kvf__swiglu_vnni(float *g, const float *u, uint32_t n);
+void kvf__attn_tok_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                        size_t part_stride, float *scores, struct kvf_attn_pf *pf);
 void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                         uint32_t seg, float *part, size_t part_stride, float *scores,
                         struct kvf_attn_pf *pf);

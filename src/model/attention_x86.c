@@ -119,13 +119,13 @@ AVX2 INLINE void wsum_cols(float *out, const float *w, const void *const *rows, 
     for (int c = 0; c < NV; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
-/* wsum_cols over all nc vectors of a row, 8 vectors (64 elements) at a time. */
-AVX2 INLINE void wsum(float *out, const float *w, const void *const *rows, uint32_t m, int first,
-                      uint32_t nc, const int F16)
+/* wsum_cols over the nc vectors of a row from element e0, 8 vectors (64 elements) at a time. */
+AVX2 INLINE void wsum(float *out, const float *w, const void *const *rows, size_t e0, uint32_t m,
+                      int first, uint32_t nc, const int F16)
 {
     for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
         float *o = out + 8 * (size_t)c0;
-        size_t col = 8 * (size_t)c0;
+        size_t col = e0 + 8 * (size_t)c0;
         switch (nc - c0 < 8 ? nc - c0 : 8) {
         case 1: wsum_cols(o, w, rows, col, m, first, 1, F16); break;
         case 2: wsum_cols(o, w, rows, col, m, first, 2, F16); break;
@@ -184,8 +184,8 @@ VNNI INLINE __m512 load_kv16(const void *row, size_t e, const int F16)
  * wsum_cols gives it, in the same order (w[h][j] · v_j[e] into acc, j ascending), so the sums
  * are wsum_cols's bit for bit, with a sixth of the loads and half the FMAs. H · NZ ≤ 12. */
 VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void *const *rows,
-                            size_t col, uint32_t m, int first, const int H, const int NZ,
-                            const int NY, const int F16)
+                            size_t e0, size_t col, uint32_t m, int first, const int H,
+                            const int NZ, const int NY, const int F16)
 {
     __m512 acc[3][4];
     __m256 accy[3];
@@ -198,11 +198,11 @@ VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void
         __m512 wj[3];
         for (int h = 0; h < H; h++) wj[h] = _mm512_set1_ps(w[h][j]);
         for (int z = 0; z < NZ; z++) {
-            __m512 vv = load_kv16(rows[j], col + 16 * z, F16);
+            __m512 vv = load_kv16(rows[j], e0 + col + 16 * z, F16);
             for (int h = 0; h < H; h++) acc[h][z] = _mm512_fmadd_ps(wj[h], vv, acc[h][z]);
         }
         if (NY) {
-            __m256 vv = load_kv8(rows[j], col + 16 * NZ, F16);
+            __m256 vv = load_kv8(rows[j], e0 + col + 16 * NZ, F16);
             for (int h = 0; h < H; h++)
                 accy[h] = _mm256_fmadd_ps(_mm512_castps512_ps256(wj[h]), vv, accy[h]);
         }
@@ -215,20 +215,20 @@ VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void
 
 #define WSUMZ_CASES(H, F16)                                                                      \
     switch (nc - c0 < 8 ? nc - c0 : 8) {                                                         \
-    case 1: wsumZ_cols(out, w, rows, col, m, first, H, 0, 1, F16); break;                        \
-    case 2: wsumZ_cols(out, w, rows, col, m, first, H, 1, 0, F16); break;                        \
-    case 3: wsumZ_cols(out, w, rows, col, m, first, H, 1, 1, F16); break;                        \
-    case 4: wsumZ_cols(out, w, rows, col, m, first, H, 2, 0, F16); break;                        \
-    case 5: wsumZ_cols(out, w, rows, col, m, first, H, 2, 1, F16); break;                        \
-    case 6: wsumZ_cols(out, w, rows, col, m, first, H, 3, 0, F16); break;                        \
-    case 7: wsumZ_cols(out, w, rows, col, m, first, H, 3, 1, F16); break;                        \
-    default: wsumZ_cols(out, w, rows, col, m, first, H, 4, 0, F16); break;                       \
+    case 1: wsumZ_cols(out, w, rows, e0, col, m, first, H, 0, 1, F16); break;                   \
+    case 2: wsumZ_cols(out, w, rows, e0, col, m, first, H, 1, 0, F16); break;                   \
+    case 3: wsumZ_cols(out, w, rows, e0, col, m, first, H, 1, 1, F16); break;                   \
+    case 4: wsumZ_cols(out, w, rows, e0, col, m, first, H, 2, 0, F16); break;                   \
+    case 5: wsumZ_cols(out, w, rows, e0, col, m, first, H, 2, 1, F16); break;                   \
+    case 6: wsumZ_cols(out, w, rows, e0, col, m, first, H, 3, 0, F16); break;                   \
+    case 7: wsumZ_cols(out, w, rows, e0, col, m, first, H, 3, 1, F16); break;                   \
+    default: wsumZ_cols(out, w, rows, e0, col, m, first, H, 4, 0, F16); break;                  \
     }
 
 /* The V pass of H (1 to 3) heads over m positions, for the "avx2+vnni" variant: wsum's values
  * for each head. A call, not inlined, so that the AVX2 kernel body (attn_segs) can reach it. */
 VNNI static void wsumZ(float *const *out, const float *const *w, const void *const *rows,
-                       uint32_t m, int first, uint32_t nc, uint32_t H, int F16)
+                       size_t e0, uint32_t m, int first, uint32_t nc, uint32_t H, int F16)
 {
     for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
         size_t col = 8 * (size_t)c0;
@@ -337,10 +337,93 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
                     out[x] = part + u * tok_stride + (h + x - h0) * part_stride;
                     w[x] = scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0;
                 }
-                if (HB > 1) wsumZ(out, w, vrows + j0, m, j0 == 0, nc, hb, F16);
-                else wsum(out[0], w[0], vrows + j0, m, j0 == 0, nc, F16);
+                if (HB > 1) wsumZ(out, w, vrows + j0, 0, m, j0 == 0, nc, hb, F16);
+                else wsum(out[0], w[0], vrows + j0, 0, m, j0 == 0, nc, F16);
             }
         }
+}
+
+/* Asks for the n slots of segment rows rows[0..n) (each a whole slot: every K/V head's row,
+ * slot_bytes), one 64-byte line at a time, with the given hint. */
+AVX2 INLINE void prefetch_slots(const void *const *rows, uint32_t n, size_t slot_bytes,
+                                const int hint)
+{
+    for (uint32_t j = 0; j < n; j++)
+        for (size_t e = 0; e < slot_bytes; e += 64) {
+            if (hint == _MM_HINT_T0) _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T0);
+            else _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T1);
+        }
+}
+
+/*
+ * The partials of segment seg of a decode token t for every query head (head h's at
+ * part + h · part_stride, its scores at scores + h · KVF_ATTN_SCORE_STRIDE): attn_segs for one
+ * token, each K/V group in turn, with the same operations for every (head, position) — so the
+ * same bits — but the segment's row pointers found once for all groups (a head's row is its
+ * slot's row plus kvh · head_dim elements), and each block of 8 positions taken for all groups
+ * at once, so a slot is read whole while it is in L1.
+ */
+AVX2 INLINE void attn_tok(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                          size_t part_stride, float *scores, struct kvf_attn_pf *pf,
+                          const int F16, const int HB)
+{
+    uint32_t hd = b->head_dim, nc = hd / 8, n_kv = b->n_kv_heads, group = b->n_heads / n_kv;
+    const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
+    const struct kvf_fwd_seq *s = &b->seqs[b->tok_seq[t]];
+    uint32_t p0 = seg * KVF_ATTN_SEG, n = kvf__attn_seg_len(b, t, seg);
+    size_t head_bytes = (size_t)hd * b->elem_bytes, slot_bytes = n_kv * head_bytes;
+    const float *q = b->q + (size_t)t * b->n_heads * hd;
+    __m256 scale = _mm256_set1_ps(1.0f / sqrtf((float)hd));
+
+    kvf__attn_rows(b, s, b->k_off, 0, p0, n, rows);
+    kvf__attn_rows(b, s, b->v_off, 0, p0, n, vrows);
+    prefetch_slots(rows, n < 16 ? n : 16, slot_bytes, _MM_HINT_T0);
+    for (uint32_t j0 = 0; j0 < n; j0 += 8) {
+        if (j0 + 16 < n) prefetch_slots(rows + j0 + 16, n - j0 - 16 < 8 ? n - j0 - 16 : 8,
+                                        slot_bytes, _MM_HINT_T0);
+        const uint8_t *k8[8];
+        for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
+        for (uint32_t kvh = 0; kvh < n_kv; kvh++) {
+            const void *kk[8];
+            for (uint32_t j = 0; j < 8; j++) kk[j] = k8[j] + kvh * head_bytes;
+            for (uint32_t h = kvh * group; h < (kvh + 1) * group; h += HB) {
+                uint32_t hb = (kvh + 1) * group - h < (uint32_t)HB ? (kvh + 1) * group - h
+                                                                   : (uint32_t)HB;
+                const float *qh[3];
+                __m256 d[3];
+                for (uint32_t x = 0; x < hb; x++) {
+                    kvf__attn_pf_step(pf);
+                    qh[x] = q + (size_t)(h + x) * hd;
+                }
+                if (HB >= 3 && hb == 3) dotH8x8(qh, kk, nc, 3, F16, d);
+                else if (HB >= 2 && hb == 2) dotH8x8(qh, kk, nc, 2, F16, d);
+                else dotH8x8(qh, kk, nc, 1, F16, d);
+                for (uint32_t x = 0; x < hb; x++)
+                    _mm256_storeu_ps(scores + (h + x) * KVF_ATTN_SCORE_STRIDE + j0,
+                                     _mm256_mul_ps(d[x], scale));
+            }
+        }
+    }
+    for (uint32_t h = 0; h < b->n_heads; h++) {
+        float *acc = part + h * part_stride;
+        acc[hd + 1] = softmax_row(scores + h * KVF_ATTN_SCORE_STRIDE, n, &acc[hd]);
+    }
+    for (uint32_t j0 = 0; j0 < n; j0 += V_RUN) {
+        uint32_t m = n - j0 < V_RUN ? n - j0 : V_RUN;
+        for (uint32_t kvh = 0; kvh < n_kv; kvh++)
+            for (uint32_t h = kvh * group; h < (kvh + 1) * group; h += HB) {
+                uint32_t hb = (kvh + 1) * group - h < (uint32_t)HB ? (kvh + 1) * group - h
+                                                                   : (uint32_t)HB;
+                float *out[3];
+                const float *w[3];
+                for (uint32_t x = 0; x < hb; x++) {
+                    out[x] = part + (h + x) * part_stride;
+                    w[x] = scores + (h + x) * KVF_ATTN_SCORE_STRIDE + j0;
+                }
+                if (HB > 1) wsumZ(out, w, vrows + j0, (size_t)kvh * hd, m, j0 == 0, nc, hb, F16);
+                else wsum(out[0], w[0], vrows + j0, (size_t)kvh * hd, m, j0 == 0, nc, F16);
+            }
+    }
 }
 
 /* The entry points' bodies, HB heads at a time: the scalar kernels for a head_dim that is not
@@ -393,6 +476,33 @@ VNNI void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_
                              struct kvf_attn_pf *pf)
 {
     seg_entry(b, t, h0, h1, seg, part, part_stride, scores, pf, 3);
+}
+
+AVX2 INLINE void tok_entry(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                           size_t part_stride, float *scores, struct kvf_attn_pf *pf, const int HB)
+{
+    if (b->head_dim % 8 != 0) {
+        uint32_t group = b->n_heads / b->n_kv_heads;
+        for (uint32_t h = 0; h < b->n_heads; h += group)
+            kvf__attn_seg_scalar(b, t, h, h + group, seg, part + h * part_stride, part_stride,
+                                 scores, pf);
+    } else if (b->elem_bytes == 2) {
+        attn_tok(b, t, seg, part, part_stride, scores, pf, 1, HB);
+    } else {
+        attn_tok(b, t, seg, part, part_stride, scores, pf, 0, HB);
+    }
+}
+
+AVX2 void kvf__attn_tok_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                             size_t part_stride, float *scores, struct kvf_attn_pf *pf)
+{
+    tok_entry(b, t, seg, part, part_stride, scores, pf, 1);
+}
+
+VNNI void kvf__attn_tok_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                             size_t part_stride, float *scores, struct kvf_attn_pf *pf)
+{
+    tok_entry(b, t, seg, part, part_stride, scores, pf, 3);
 }
 
 VNNI void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,

@@ -124,6 +124,11 @@ struct kvf_kern {
     void (*attn_seg)(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                      uint32_t seg, float *part, size_t part_stride, float *scores,
                      struct kvf_attn_pf *pf);
+    /* attn_seg for every K/V group of token t, the token its sequence's only one in the batch
+     * (a decode step): head h's partial at part + h · part_stride, its scores at
+     * scores + h · KVF_ATTN_SCORE_STRIDE (n_heads rows). The same values as attn_seg's. */
+    void (*attn_tok)(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
+                     size_t part_stride, float *scores, struct kvf_attn_pf *pf);
     /* The same for nb ≤ KVF_ATTN_BLOCK tokens t0 .. t0 + nb - 1 of one sequence at consecutive
      * positions, each (token, head) getting exactly what attn_seg gives it, tokens before the
      * segment skipped: token u's partials at part + u · tok_stride, its scores at

@@ -96,6 +96,6 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
 const struct kvf_kern kvf__kern_scalar = {
     .name = "scalar", .f32_rows = f32_rows, .f32g_rows = f32g_rows, .q8_rows = q8_rows,
     .f16_row = f16_row, .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
-    .attn_segs = kvf__attn_segs_scalar,
+    .attn_tok = kvf__attn_tok_scalar, .attn_segs = kvf__attn_segs_scalar,
     .rmsnorm = kvf__rmsnorm_scalar, .swiglu = kvf__swiglu_scalar,
 };

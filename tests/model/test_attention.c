@@ -304,6 +304,20 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
         }
         for (int way = 1; way < 5; way++)
             ASSERT_MEMEQ(outs[0], outs[way], NT * q_dim * sizeof(float));
+        /* A decode token's kernel, every K/V group at once (attn_tok), against one group at a
+         * time (attn_seg): the same partial for every head and segment, bit for bit. */
+        size_t ps = kvf__attn_part_size(hd);
+        float *pa = malloc(n_heads * ps * sizeof(float)), *pb = malloc(n_heads * ps * sizeof(float));
+        for (uint32_t t = 0; t < NT; t++)
+            for (uint32_t seg = 0; seg <= tok_pos[t] / KVF_ATTN_SEG; seg++) {
+                for (size_t i = 0; i < n_heads * ps; i++) pa[i] = pb[i] = NAN;
+                for (uint32_t h = 0; h < n_heads; h += sh->group)
+                    kern->attn_seg(&b, t, h, h + sh->group, seg, pa + h * ps, ps, scratch, NULL);
+                kern->attn_tok(&b, t, seg, pb, ps, scratch, NULL);
+                ASSERT_MEMEQ(pa, pb, n_heads * ps * sizeof(float));
+            }
+        free(pa);
+        free(pb);
         if (keep) memcpy(keep + (size_t)layer * NT * q_dim, outs[0], NT * q_dim * sizeof(float));
         for (uint32_t t = 0; t < NT; t++) {
             attn_ref(&b, &seq, tok_pos[t], q + t * q_dim, ref);
