@@ -114,6 +114,21 @@ static void prefetch_slots(const struct kvf_attn_batch *b, uint32_t t, uint32_t 
     kvf__attn_pf_step(&pf);
 }
 
+/* Whether the batch's items are whole decode tokens: more than one token per chunk (twice the
+ * chunks), every token its sequence's only one (tokens come grouped by sequence). O(nt). */
+static bool decode_items(const struct kvf_attn_batch *b, uint32_t n)
+{
+    if (split_batch(b, n) || b->nt < 2u * n) return false;
+    for (uint32_t t = 1; t < b->nt; t++)
+        if (b->tok_seq[t] == b->tok_seq[t - 1]) return false;
+    return true;
+}
+
+bool kvf__attn_quantizes(const struct kvf_attn_batch *b, uint32_t n)
+{
+    return b->outq && decode_items(b, n);
+}
+
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread)
 {
     uint32_t hd = b->head_dim, n_kv = b->n_kv_heads, group = b->n_heads / n_kv;
@@ -134,9 +149,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
     }
     float *part = scores + (size_t)KVF_ATTN_BLOCK * b->n_heads * KVF_ATTN_SCORE_STRIDE;
     size_t q_dim = (size_t)b->n_heads * hd;
-    bool decode = true; /* every token its sequence's only one (tokens come grouped by sequence) */
-    for (uint32_t t = 1; t < b->nt && b->nt >= 2u * n && decode; t++)
-        decode = b->tok_seq[t] != b->tok_seq[t - 1];
+    bool decode = decode_items(b, n);
     /* A prefill chunk, with enough tokens for every chunk: an item is a block of
      * KVF_ATTN_BLOCK consecutive tokens of the batch, taken as runs of one sequence's tokens at
      * consecutive positions (a prefill chunk's are; any others make runs of one); each run's
@@ -171,7 +184,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
      * a batched decode step about 3% faster at 400 positions). The chunk's first item asks for
      * its slots at once; every other one was queued by the item before (attention.h). Fewer
      * tokens are cut finer, by K/V head. */
-    if (b->nt >= 2u * n) {
+    if (decode) {
         struct kvf_attn_pf pf;
         for (uint32_t t = i; t < b->nt; t += n) {
             uint32_t segs = b->tok_pos[t] / KVF_ATTN_SEG + 1;
@@ -190,6 +203,9 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
             for (uint32_t h = 0; h < b->n_heads; h++)
                 combine(part + (size_t)h * segs * ps, segs, hd,
                         b->out + (size_t)t * q_dim + (size_t)h * hd);
+            if (b->outq)
+                kern->quant_a16(b->out + (size_t)t * q_dim, b->outq->q + (size_t)t * b->outq->ld,
+                                b->outq->d + t, (uint32_t)q_dim);
         }
         return;
     }

@@ -36,6 +36,8 @@
 #include "kvfence/pool.h"
 #include "kvfence/quant.h"
 
+struct kvf_act16;
+
 struct kvf_attn_batch {
     uint32_t nt;                      /* tokens in the batch */
     uint32_t n_heads, n_kv_heads, head_dim;
@@ -52,6 +54,9 @@ struct kvf_attn_batch {
     float *scratch;                   /* per thread: scratch_floats floats at thread · scratch_floats */
     size_t scratch_floats;
     float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
+    struct kvf_act16 *outq;           /* when set, and items are whole decode tokens, each token's
+                                       * out row is also quantized into it, at row t
+                                       * (kvf__attn_quantizes) */
 };
 
 /* Tokens of one sequence a prefill work item takes together (attention_x86.c's attn_segs):
@@ -128,6 +133,11 @@ static inline void kvf__attn_pf_step(struct kvf_attn_pf *pf)
 
 /* Chunk i of n of the batch's attention, run by thread `thread`. */
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread);
+
+/* Whether kvf__attn_chunk(b, i, n, ...) quantizes the out rows into b->outq (kernels.h's
+ * quant_a16, the bits a separate pass would give): b->outq set, and the batch a decode step
+ * whose items are whole tokens, each finished by one chunk. O(nt). */
+bool kvf__attn_quantizes(const struct kvf_attn_batch *b, uint32_t n);
 
 /* After every chunk i < n of kvf__attn_chunk(b, i, n, ...) has returned: combines the split
  * partials, if the batch was split (nothing to do otherwise). On the calling thread; O(tokens ·
