@@ -349,6 +349,11 @@ static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     kvf__split_rows(hp->n_vocab, i, n, &lo, &hi);
     kvf__matmul(&f->m->output, f->outx, hp->dim, &f->xq, j->n_out, f->out, hp->n_vocab,
                 lo, hi, scratch);
+    /* Each chunk copies its own rows out while they are in cache: copied on the calling thread
+     * after the phase, a batch-16 decode step's 3 MB of logits took 2-3% of the step. */
+    for (uint32_t o = 0; o < j->n_out; o++)
+        memcpy(j->seqs[f->out_seq[o]].logits + lo, f->out + (size_t)o * hp->n_vocab + lo,
+               (hi - lo) * sizeof(float));
 }
 
 /* --- The pass. ----------------------------------------------------------------------------- */
@@ -547,9 +552,6 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
                 kvf__kern->quant_a16(f->outx + (size_t)o * dim, f->xq.q + o * f->xq.ld, f->xq.d + o,
                                      dim);
         kvf__tpool_run(f->tp, job_logits, &j, f->n_chunks);
-        for (uint32_t o = 0; o < n_out; o++)
-            memcpy(seqs[f->out_seq[o]].logits, f->out + (size_t)o * hp->n_vocab,
-                   hp->n_vocab * sizeof(float));
     }
 
     /* The new slots are written for every layer: raise each page's verified fill over them. */
