@@ -286,9 +286,21 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     kvf__matmul(&L->wv, f->xb, hp->dim, &f->xq, j->nt, f->v, L->wv.rows, lo, hi, scratch);
 }
 
+/* The first groups of this chunk's rows of W, for a matrix product that follows a phase of as
+ * many chunks as the products have (so that chunk i there is chunk i here). */
+static void warm(const struct job *j, const struct kvf_weight *W, uint32_t i, uint32_t n)
+{
+    uint32_t lo, hi;
+    if (n != kvf__tpool_size(j->f->tp)) return;
+    kvf__split_rows(W->rows, i, n, &lo, &hi);
+    kvf__matmul_warm(W, lo, hi, 2);
+}
+
 static void job_attn(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
-    kvf__attn_chunk(&((struct job *)ctx)->attn, i, n, thread);
+    struct job *j = ctx;
+    kvf__attn_chunk(&j->attn, i, n, thread);
+    warm(j, &j->L->wo, i, n);
 }
 
 /* x += in Wᵀ over this thread's rows of W (W has dim rows). */
@@ -315,12 +327,20 @@ static void job_wo(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     struct job *j = ctx;
     const struct kvf_model_hparams *hp = &j->f->m->hp;
     residual_matmul(j, &j->L->wo, j->f->xb, (size_t)hp->n_heads * hp->head_dim, i, n, thread);
+    warm(j, &j->L->w_gate, i, n);
+    warm(j, &j->L->w_up, i, n);
 }
 
 static void job_down(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
     residual_matmul(j, &j->L->w_down, j->f->hg, j->f->m->hp.ffn_dim, i, n, thread);
+    if (j->layer + 1 < j->f->m->hp.n_layers) {
+        const struct kvf_layer *next = &j->f->m->layers[j->layer + 1];
+        warm(j, &next->wq, i, n);
+        warm(j, &next->wk, i, n);
+        warm(j, &next->wv, i, n);
+    }
 }
 
 /* gate and up over this thread's rows, then h = silu(gate) ⊙ up on those same rows. */
@@ -337,6 +357,7 @@ static void job_gate_up(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     kvf__matmul(&L->w_up, f->xb, hp->dim, &f->xq, j->nt, f->hu, F, lo, hi, scratch);
     for (uint32_t t = 0; t < j->nt; t++)
         kvf__swiglu(f->hg + (size_t)t * F + lo, f->hu + (size_t)t * F + lo, hi - lo);
+    warm(j, &L->w_down, i, n);
 }
 
 static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)

@@ -55,6 +55,19 @@ const char *kvf_kernels_name(void)
     return kvf__kern->name;
 }
 
+void kvf__matmul_warm(const struct kvf_weight *W, uint32_t r0, uint32_t r1, uint32_t groups)
+{
+    if (!W->packed || r0 >= r1) return;
+    uint32_t g0 = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;
+    if (g1 - g0 < groups) groups = g1 - g0;
+    size_t group_bytes;
+    if (W->type == KVF_GGML_Q8_0) group_bytes = (size_t)(W->cols / KVF_QK) * sizeof(struct kvf_q8g);
+    else if (W->type == KVF_GGML_F32) group_bytes = (size_t)KVF_F32G_ROWS * W->cols * sizeof(float);
+    else return;
+    const char *p = (const char *)W->packed + (size_t)g0 * group_bytes;
+    for (size_t off = 0; off < groups * group_bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
 void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                  const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
                  uint32_t r1, float *scratch)

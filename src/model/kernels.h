@@ -165,6 +165,11 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                  const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
                  uint32_t r1, float *scratch);
 
+/* Asks for the first `groups` packed row groups of W's rows [r0, r1) into cache (nothing for
+ * a weight without a packed form): the start of a matrix product the thread will run next,
+ * requested before the phases in between. */
+void kvf__matmul_warm(const struct kvf_weight *W, uint32_t r0, uint32_t r1, uint32_t groups);
+
 /* out = x / rms(x) * w, n elements (sum of squares in double, in a fixed order: kernels.c),
  * by the chosen variant. */
 void kvf__rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps);
