@@ -124,6 +124,11 @@ static bool decode_items(const struct kvf_attn_batch *b, uint32_t n)
     return true;
 }
 
+void kvf__attn_ask_first(const struct kvf_attn_batch *b, uint32_t i, uint32_t n)
+{
+    if (i < b->nt && decode_items(b, n)) prefetch_slots(b, i, 0);
+}
+
 bool kvf__attn_quantizes(const struct kvf_attn_batch *b, uint32_t n)
 {
     return b->outq && decode_items(b, n);
@@ -189,7 +194,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
         for (uint32_t t = i; t < b->nt; t += n) {
             uint32_t segs = b->tok_pos[t] / KVF_ATTN_SEG + 1;
             for (uint32_t seg = 0; seg < segs; seg++) {
-                if (t == i && seg == 0) prefetch_slots(b, t, seg);
+                if (t == i && seg == 0 && !b->first_asked) prefetch_slots(b, t, seg);
                 /* This chunk's next item, while this one computes. */
                 uint32_t t2 = seg + 1 < segs ? t : t + n, s2 = seg + 1 < segs ? seg + 1 : 0;
                 struct kvf_attn_pf *next = NULL;

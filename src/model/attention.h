@@ -54,6 +54,9 @@ struct kvf_attn_batch {
     float *scratch;                   /* per thread: scratch_floats floats at thread · scratch_floats */
     size_t scratch_floats;
     float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
+    bool first_asked;                 /* a decode step's chunk i of n: kvf__attn_ask_first(b, i,
+                                       * n) ran in an earlier phase, so its first item's K/V
+                                       * lines are on their way */
     struct kvf_act16 *outq;           /* when set, and items are whole decode tokens, each token's
                                        * out row is also quantized into it, at row t
                                        * (kvf__attn_quantizes) */
@@ -133,6 +136,11 @@ static inline void kvf__attn_pf_step(struct kvf_attn_pf *pf)
 
 /* Chunk i of n of the batch's attention, run by thread `thread`. */
 void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uint32_t thread);
+
+/* Asks for the K/V lines of the first item of chunk i of n, when the batch's items are whole
+ * decode tokens (nothing otherwise): called by the thread that will run the chunk, in a phase
+ * before it, with b->first_asked set. O(pages of a segment). */
+void kvf__attn_ask_first(const struct kvf_attn_batch *b, uint32_t i, uint32_t n);
 
 /* Whether kvf__attn_chunk(b, i, n, ...) quantizes the out rows into b->outq (kernels.h's
  * quant_a16, the bits a separate pass would give): b->outq set, and the batch a decode step

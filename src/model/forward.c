@@ -284,6 +284,8 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     kvf__matmul(&L->wk, f->xb, hp->dim, &f->xq, j->nt, f->k, L->wk.rows, lo, hi, scratch);
     kvf__split_rows(L->wv.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wv, f->xb, hp->dim, &f->xq, j->nt, f->v, L->wv.rows, lo, hi, scratch);
+    /* The attention's first item on this thread, asked for across RoPE and the K/V stores. */
+    if (j->attn.first_asked) kvf__attn_ask_first(&j->attn, i, n);
 }
 
 /* The first groups of this chunk's rows of W, for a matrix product that follows a phase of as
@@ -529,8 +531,17 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         norm_quant(&j, f->x, f->xb, dim, dim, L->attn_norm,
                    L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 ||
                        L->wv.type == KVF_GGML_Q8_0);
-        kvf__tpool_run(f->tp, job_qkv, &j, mm_chunks);
         size_t k_off = kvf_geo_kv_offset(geo, l, 0), v_off = kvf_geo_kv_offset(geo, l, 1);
+        j.attn = (struct kvf_attn_batch){
+            .nt = nt, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
+            .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
+            .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
+            .v_off = v_off, .elem_bytes = eb, .scratch = f->scores,
+            .scratch_floats = f->scores_per_thread, .part = f->attn_part,
+            .outq = L->wo.type == KVF_GGML_Q8_0 ? &f->xq : NULL,
+            .first_asked = mm_chunks == attn_chunks,
+        };
+        kvf__tpool_run(f->tp, job_qkv, &j, mm_chunks);
         if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_rope, &j, f->n_chunks);
         else rope_rows(&j, 0, nt);
         for (uint32_t t = 0; t < nt; t++) {
@@ -542,14 +553,6 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             store_kv(page + k_off + slot, f->k + t * kv_dim, kv_dim, eb);
             store_kv(page + v_off + slot, f->v + t * kv_dim, kv_dim, eb);
         }
-        j.attn = (struct kvf_attn_batch){
-            .nt = nt, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
-            .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
-            .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
-            .v_off = v_off, .elem_bytes = eb, .scratch = f->scores,
-            .scratch_floats = f->scores_per_thread, .part = f->attn_part,
-            .outq = L->wo.type == KVF_GGML_Q8_0 ? &f->xq : NULL,
-        };
         kvf__tpool_run(f->tp, job_attn, &j, attn_chunks);
         kvf__attn_finish(&j.attn, attn_chunks);
         /* A decode step's attention quantized each token's row as it finished it (a phase of
