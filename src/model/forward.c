@@ -74,7 +74,8 @@ struct job {
     uint32_t n_out;            /* logit rows */
     struct kvf_attn_batch attn;/* this layer's attention (attention.h) */
     /* The per-row phase (norm_quant): rows [0, nt) of src (stride ld) are RMS-normed with
-     * norm_w into dst when norm_w is set, then quantized into f->xq (16 bits) when quant is set. */
+     * norm_w when norm_w is set — into dst, or with dst NULL into a scratch row that only the
+     * quantization reads — then quantized into f->xq (16 bits) when quant is set. */
     const float *src;
     float *dst;
     const float *norm_w;
@@ -234,14 +235,18 @@ static int check_seq(const kvf_model_t *m, const kvf_pool_t *pool,
 
 /* --- Parallel phases. ---------------------------------------------------------------------- */
 
-static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi)
+static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     struct kvf_fwd *f = j->f;
+    const struct kvf_model_hparams *hp = &f->m->hp;
     for (uint32_t t = lo; t < hi; t++) {
         const float *row = j->src + (size_t)t * j->ld;
         if (j->norm_w) {
-            kvf__rmsnorm(j->dst + (size_t)t * j->ld, row, j->norm_w, j->cols, f->m->hp.rms_eps);
-            row = j->dst + (size_t)t * j->ld;
+            /* Normed rows only the quantization reads go to this thread's scratch row. */
+            float *out = j->dst ? j->dst + (size_t)t * j->ld
+                                : f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+            kvf__rmsnorm(out, row, j->norm_w, j->cols, hp->rms_eps);
+            row = out;
         }
         if (j->quant) kvf__kern->quant_a16(row, f->xq.q + t * f->xq.ld, f->xq.d + t, j->cols);
     }
@@ -252,10 +257,19 @@ static void job_norm_quant(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     struct job *j = ctx;
     uint32_t lo, hi;
     kvf__split(j->nt, i, n, &lo, &hi);
-    norm_quant_rows(j, lo, hi);
+    norm_quant_rows(j, lo, hi, thread);
 }
 
-/* RMSNorm (when norm_w) and 16-bit quantization (when quant) of the rows [0, nt) of src. */
+/* Whether a product with W reads its input as floats: every weight but a packed Q8_0 one,
+ * which reads only the 16-bit quantized rows (kvf__matmul). */
+static bool reads_floats(const struct kvf_weight *W)
+{
+    return !(W->type == KVF_GGML_Q8_0 && W->packed);
+}
+
+/* RMSNorm (when norm_w; into dst, or when no product reads the normed floats, dst NULL, only
+ * on the way to the quantization) and 16-bit quantization (when quant) of the rows [0, nt) of
+ * src. */
 static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, uint32_t cols,
                        const float *norm_w, bool quant)
 {
@@ -267,7 +281,7 @@ static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, u
     j->norm_w = norm_w;
     j->quant = quant;
     if (j->nt >= PAR_ROWS_MIN) kvf__tpool_run(j->f->tp, job_norm_quant, j, j->f->n_chunks);
-    else norm_quant_rows(j, 0, j->nt);
+    else norm_quant_rows(j, 0, j->nt, 0);
 }
 
 static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
@@ -528,7 +542,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         const struct kvf_layer *L = &m->layers[l];
         j.L = L;
         j.layer = l;
-        norm_quant(&j, f->x, f->xb, dim, dim, L->attn_norm,
+        norm_quant(&j, f->x, reads_floats(&L->wq) || reads_floats(&L->wk) || reads_floats(&L->wv) ? f->xb : NULL,
+                   dim, dim, L->attn_norm,
                    L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 ||
                        L->wv.type == KVF_GGML_Q8_0);
         size_t k_off = kvf_geo_kv_offset(geo, l, 0), v_off = kvf_geo_kv_offset(geo, l, 1);
@@ -560,7 +575,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL,
                    L->wo.type == KVF_GGML_Q8_0 && !kvf__attn_quantizes(&j.attn, attn_chunks));
         kvf__tpool_run(f->tp, job_wo, &j, mm_chunks);
-        norm_quant(&j, f->x, f->xb, dim, dim, L->ffn_norm,
+        norm_quant(&j, f->x, reads_floats(&L->w_gate) || reads_floats(&L->w_up) ? f->xb : NULL,
+                   dim, dim, L->ffn_norm,
                    L->w_gate.type == KVF_GGML_Q8_0 || L->w_up.type == KVF_GGML_Q8_0);
         kvf__tpool_run(f->tp, job_gate_up, &j, mm_chunks);
         norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, L->w_down.type == KVF_GGML_Q8_0);
