@@ -102,6 +102,27 @@ AVX2 INLINE void dotH8x8(const float *const *q, const void *const k[8], uint32_t
     for (int h = 0; h < H; h++) d[h] = hsum8x8(acc[h]);
 }
 
+/* The scores of query heads [h, h + hb) (hb ≤ HB ≤ 3) of one token (its query at q) against the
+ * 8 K rows k8: dotH8x8 times scale, head h + x's vector of 8 at sc + x · KVF_ATTN_SCORE_STRIDE;
+ * one step of the prefetch queue per head. */
+AVX2 INLINE void score_heads(const float *q, const void *const k8[8], uint32_t h, uint32_t hb,
+                             uint32_t hd, __m256 scale, float *sc, struct kvf_attn_pf *pf,
+                             const int F16, const int HB)
+{
+    const float *qh[3];
+    __m256 d[3];
+    uint32_t nc = hd / 8;
+    for (uint32_t x = 0; x < hb; x++) {
+        kvf__attn_pf_step(pf);
+        qh[x] = q + (size_t)(h + x) * hd;
+    }
+    if (HB >= 3 && hb == 3) dotH8x8(qh, k8, nc, 3, F16, d);
+    else if (HB >= 2 && hb == 2) dotH8x8(qh, k8, nc, 2, F16, d);
+    else dotH8x8(qh, k8, nc, 1, F16, d);
+    for (uint32_t x = 0; x < hb; x++)
+        _mm256_storeu_ps(sc + x * KVF_ATTN_SCORE_STRIDE, _mm256_mul_ps(d[x], scale));
+}
+
 /* out[0 .. 8·NV) (+)= Σ_j w[j] · rows[j][col .. col + 8·NV) over j < m, in j order; from zero
  * when first is set, else from out. NV is a constant at every call, so the accumulators live
  * in registers. */
@@ -296,21 +317,9 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
             const float *q = b->q + (size_t)(t0 + u) * b->n_heads * hd;
             const void *k8[8];
             for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < nu ? j0 + j : j0];
-            for (uint32_t h = h0; h < h1; h += HB) {
-                uint32_t hb = h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB;
-                const float *qh[3];
-                __m256 d[3];
-                for (uint32_t x = 0; x < hb; x++) {
-                    kvf__attn_pf_step(pf);
-                    qh[x] = q + (size_t)(h + x) * hd;
-                }
-                if (HB >= 3 && hb == 3) dotH8x8(qh, k8, nc, 3, F16, d);
-                else if (HB >= 2 && hb == 2) dotH8x8(qh, k8, nc, 2, F16, d);
-                else dotH8x8(qh, k8, nc, 1, F16, d);
-                for (uint32_t x = 0; x < hb; x++)
-                    _mm256_storeu_ps(scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0,
-                                     _mm256_mul_ps(d[x], scale));
-            }
+            for (uint32_t h = h0; h < h1; h += HB)
+                score_heads(q, k8, h, h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB, hd, scale,
+                            scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE + j0, pf, F16, HB);
         }
     for (uint32_t u = 0; u < nb; u++) {
         uint32_t nu = kvf__attn_seg_len(b, t0 + u, seg);
@@ -343,18 +352,6 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
         }
 }
 
-/* Asks for the n slots of segment rows rows[0..n) (each a whole slot: every K/V head's row,
- * slot_bytes), one 64-byte line at a time, with the given hint. */
-AVX2 INLINE void prefetch_slots(const void *const *rows, uint32_t n, size_t slot_bytes,
-                                const int hint)
-{
-    for (uint32_t j = 0; j < n; j++)
-        for (size_t e = 0; e < slot_bytes; e += 64) {
-            if (hint == _MM_HINT_T0) _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T0);
-            else _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T1);
-        }
-}
-
 /*
  * The partials of segment seg of a decode token t for every query head (head h's at
  * part + h · part_stride, its scores at scores + h · KVF_ATTN_SCORE_STRIDE): attn_segs for one
@@ -377,31 +374,18 @@ AVX2 INLINE void attn_tok(const struct kvf_attn_batch *b, uint32_t t, uint32_t s
 
     kvf__attn_rows(b, s, b->k_off, 0, p0, n, rows);
     kvf__attn_rows(b, s, b->v_off, 0, p0, n, vrows);
-    prefetch_slots(rows, n < 16 ? n : 16, slot_bytes, _MM_HINT_T0);
+    prefetch_rows(rows, n < 16 ? n : 16, slot_bytes, _MM_HINT_T0); /* whole slots */
     for (uint32_t j0 = 0; j0 < n; j0 += 8) {
-        if (j0 + 16 < n) prefetch_slots(rows + j0 + 16, n - j0 - 16 < 8 ? n - j0 - 16 : 8,
-                                        slot_bytes, _MM_HINT_T0);
+        if (j0 + 16 < n) prefetch_rows(rows + j0 + 16, n - j0 - 16 < 8 ? n - j0 - 16 : 8,
+                                       slot_bytes, _MM_HINT_T0);
         const uint8_t *k8[8];
         for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
         for (uint32_t kvh = 0; kvh < n_kv; kvh++) {
             const void *kk[8];
             for (uint32_t j = 0; j < 8; j++) kk[j] = k8[j] + kvh * head_bytes;
-            for (uint32_t h = kvh * group; h < (kvh + 1) * group; h += HB) {
-                uint32_t hb = (kvh + 1) * group - h < (uint32_t)HB ? (kvh + 1) * group - h
-                                                                   : (uint32_t)HB;
-                const float *qh[3];
-                __m256 d[3];
-                for (uint32_t x = 0; x < hb; x++) {
-                    kvf__attn_pf_step(pf);
-                    qh[x] = q + (size_t)(h + x) * hd;
-                }
-                if (HB >= 3 && hb == 3) dotH8x8(qh, kk, nc, 3, F16, d);
-                else if (HB >= 2 && hb == 2) dotH8x8(qh, kk, nc, 2, F16, d);
-                else dotH8x8(qh, kk, nc, 1, F16, d);
-                for (uint32_t x = 0; x < hb; x++)
-                    _mm256_storeu_ps(scores + (h + x) * KVF_ATTN_SCORE_STRIDE + j0,
-                                     _mm256_mul_ps(d[x], scale));
-            }
+            for (uint32_t h = kvh * group, h1 = (kvh + 1) * group; h < h1; h += HB)
+                score_heads(q, kk, h, h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB, hd, scale,
+                            scores + h * KVF_ATTN_SCORE_STRIDE + j0, pf, F16, HB);
         }
     }
     for (uint32_t h = 0; h < b->n_heads; h++) {

@@ -277,14 +277,13 @@ static bool reads_floats(const struct kvf_weight *W)
     return !(W->type == KVF_GGML_Q8_0 && W->packed);
 }
 
-/* RMSNorm (when norm_w; into dst, or when no product reads the normed floats, dst NULL, only
- * on the way to the quantization) and 16-bit quantization (when quant) of the rows [0, nt) of
- * src. */
-static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, uint32_t cols,
-                       const float *norm_w, bool quant)
+/* The per-row pass over rows [0, nt): with add, x's rows (src, stride ld) get add's rows added
+ * first; then RMSNorm and quantization as the job's fields say (struct job). */
+static void rows_pass(struct job *j, const float *add, const float *src, float *dst, size_t ld,
+                      uint32_t cols, const float *norm_w, bool quant)
 {
-    if (!norm_w && !quant) return;
-    j->add = NULL;
+    j->resid = add ? j->f->x : NULL;
+    j->add = add;
     j->src = src;
     j->dst = dst;
     j->ld = ld;
@@ -293,6 +292,15 @@ static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, u
     j->quant = quant;
     if (j->nt >= PAR_ROWS_MIN) kvf__tpool_run(j->f->tp, job_norm_quant, j, j->f->n_chunks);
     else norm_quant_rows(j, 0, j->nt, 0);
+}
+
+/* RMSNorm (when norm_w; into dst, or when no product reads the normed floats, dst NULL, only
+ * on the way to the quantization) and 16-bit quantization (when quant) of the rows [0, nt) of
+ * src. */
+static void norm_quant(struct job *j, const float *src, float *dst, size_t ld, uint32_t cols,
+                       const float *norm_w, bool quant)
+{
+    if (norm_w || quant) rows_pass(j, NULL, src, dst, ld, cols, norm_w, quant);
 }
 
 /* x += add (a product's output rows, (nt, dim)), then norm_quant of x's rows: the residual add
@@ -304,16 +312,7 @@ static void resid_norm_quant(struct job *j, const float *add, float *dst, const 
                              bool quant)
 {
     uint32_t dim = j->f->m->hp.dim;
-    j->resid = j->f->x;
-    j->add = add;
-    j->src = j->f->x;
-    j->dst = dst;
-    j->ld = dim;
-    j->cols = dim;
-    j->norm_w = norm_w;
-    j->quant = quant;
-    if (j->nt >= PAR_ROWS_MIN) kvf__tpool_run(j->f->tp, job_norm_quant, j, j->f->n_chunks);
-    else norm_quant_rows(j, 0, j->nt, 0);
+    rows_pass(j, add, j->f->x, dst, dim, dim, norm_w, quant);
 }
 
 static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
