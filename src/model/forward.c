@@ -237,6 +237,19 @@ static int check_seq(const kvf_model_t *m, const kvf_pool_t *pool,
 
 /* --- Parallel phases. ---------------------------------------------------------------------- */
 
+/* Thread `thread`'s scratch row in f->wrow: max(dim, q_dim, ffn_dim) floats. */
+static float *thread_row(const struct kvf_fwd *f, uint32_t thread)
+{
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    return f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+}
+
+/* x[c] += o[c] for c < n, in order (the residual add: one rounding per element). */
+static void add_row(float *restrict x, const float *restrict o, uint32_t n)
+{
+    for (uint32_t c = 0; c < n; c++) x[c] += o[c];
+}
+
 static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi, uint32_t thread)
 {
     struct kvf_fwd *f = j->f;
@@ -246,15 +259,13 @@ static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi, uint32_t th
         if (j->add) {
             /* The residual add of the product before, done here by the thread that owns the
              * token's row rather than by each product's threads on their columns. */
-            float *restrict x = j->resid + (size_t)t * j->ld;
-            const float *restrict o = j->add + (size_t)t * j->ld;
-            for (uint32_t c = 0, cols = j->cols; c < cols; c++) x[c] += o[c];
+            float *x = j->resid + (size_t)t * j->ld;
+            add_row(x, j->add + (size_t)t * j->ld, j->cols);
             row = x;
         }
         if (j->norm_w) {
             /* Normed rows only the quantization reads go to this thread's scratch row. */
-            float *out = j->dst ? j->dst + (size_t)t * j->ld
-                                : f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+            float *out = j->dst ? j->dst + (size_t)t * j->ld : thread_row(f, thread);
             kvf__rmsnorm(out, row, j->norm_w, j->cols, hp->rms_eps);
             row = out;
         }
@@ -321,7 +332,7 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     struct kvf_fwd *f = j->f;
     const struct kvf_layer *L = j->L;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = thread_row(f, thread);
     uint32_t lo, hi;
     kvf__split_rows(L->wq.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wq, f->xb, hp->dim, &f->xq, j->nt, f->q, L->wq.rows, lo, hi, scratch);
@@ -357,7 +368,7 @@ static void out_matmul(struct job *j, const struct kvf_weight *W, const float *i
 {
     struct kvf_fwd *f = j->f;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = thread_row(f, thread);
     uint32_t lo, hi;
     kvf__split_rows(W->rows, i, n, &lo, &hi);
     kvf__matmul(W, in, ldin, &f->xq, j->nt, f->o, hp->dim, lo, hi, scratch);
@@ -391,7 +402,7 @@ static void job_gate_up(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     struct kvf_fwd *f = j->f;
     const struct kvf_layer *L = j->L;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = thread_row(f, thread);
     uint32_t lo, hi, F = hp->ffn_dim;
     kvf__split_rows(F, i, n, &lo, &hi);
     kvf__matmul(&L->w_gate, f->xb, hp->dim, &f->xq, j->nt, f->hg, F, lo, hi, scratch);
@@ -406,7 +417,7 @@ static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     struct job *j = ctx;
     struct kvf_fwd *f = j->f;
     const struct kvf_model_hparams *hp = &f->m->hp;
-    float *scratch = f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    float *scratch = thread_row(f, thread);
     uint32_t lo, hi;
     kvf__split_rows(hp->n_vocab, i, n, &lo, &hi);
     kvf__matmul(&f->m->output, f->outx, hp->dim, &f->xq, j->n_out, f->out, hp->n_vocab,
@@ -614,11 +625,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
     if (n_out > 0) {
         /* The last layer's residual add, for the rows that give logits (the others' x is not
          * read again). */
-        for (uint32_t o = 0; o < n_out; o++) {
-            float *restrict x = f->x + (size_t)f->out_tok[o] * dim;
-            const float *restrict add = f->o + (size_t)f->out_tok[o] * dim;
-            for (uint32_t c = 0; c < dim; c++) x[c] += add[c];
-        }
+        for (uint32_t o = 0; o < n_out; o++)
+            add_row(f->x + (size_t)f->out_tok[o] * dim, f->o + (size_t)f->out_tok[o] * dim, dim);
         for (uint32_t o = 0; o < n_out; o++)
             kvf__rmsnorm(f->outx + (size_t)o * dim, f->x + (size_t)f->out_tok[o] * dim, m->out_norm,
                          dim, hp->rms_eps);
