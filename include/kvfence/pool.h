@@ -167,6 +167,12 @@ struct kvf_page_trailer {
 };
 _Static_assert(sizeof(struct kvf_page_trailer) == 64, "trailer is one cache line");
 
+/* The trailer's epoch_nonce for a write under grant nonce `nonce` from a writer at `epoch`. */
+static inline uint64_t kvf_trailer_epoch_nonce(uint32_t epoch, uint64_t nonce)
+{
+    return (uint64_t)epoch << 32 | (uint32_t)nonce;
+}
+
 /* Bytes of one K (or V) block for one layer: page_tokens × n_kv_heads × head_dim × elem_bytes. */
 static inline size_t kvf_geo_block_bytes(const struct kvf_pool_geometry *g)
 {

@@ -75,13 +75,14 @@ enum kvf_msg_type {
  * refused. No count is trusted before it has been checked against its bound and against the
  * bytes actually present.
  */
-#define KVF_PROTO_VERSION 1u
+#define KVF_PROTO_VERSION 2u
 #define KVF_PROTO_HEADER_BYTES 40u
 #define KVF_PROTO_MAX_PAGES 65536u        /* pages in one GRANT or DONE */
 #define KVF_PROTO_MAX_TOKENS (1u << 20)   /* prompt tokens carried in one NEW or GRANT */
+#define KVF_PROTO_MAX_LOGPROBS 20u        /* top logprobs of the first token in one DONE */
 /* The largest frame the codec produces or accepts (a GRANT with the most pages and tokens). */
 #define KVF_PROTO_MAX_MSG_BYTES                                                                    \
-    (KVF_PROTO_HEADER_BYTES + 16u + 12u * KVF_PROTO_MAX_PAGES + 4u * KVF_PROTO_MAX_TOKENS)
+    (KVF_PROTO_HEADER_BYTES + 40u + 12u * KVF_PROTO_MAX_PAGES + 4u * KVF_PROTO_MAX_TOKENS)
 
 /* Worker roles named in HELLO. */
 enum kvf_role {
@@ -101,6 +102,17 @@ struct kvf_msg_hello {
     uint8_t role;                  /* enum kvf_role */
 };
 
+/* How a request's tokens are drawn, carried by NEW and GRANT so that whichever worker samples a
+ * token (prefill the first, decode the rest) draws it the same way (kvf_sample_params, plus how
+ * many top logprobs to return per token). */
+struct kvf_msg_sampling {
+    float temperature;   /* ≥ 0, finite; 0 = greedy */
+    float top_p;         /* [0, 1]; 0 and 1 = no nucleus cut */
+    uint32_t top_k;      /* 0 = no cut */
+    uint32_t n_logprobs; /* 0..KVF_PROTO_MAX_LOGPROBS; the first token's come back in DONE */
+    uint64_t seed;
+};
+
 /* NEW (router → decode): an admitted request. tokens[0..n_tokens) is the prompt. */
 struct kvf_msg_new {
     uint32_t tenant;
@@ -108,6 +120,7 @@ struct kvf_msg_new {
     uint32_t max_tokens;  /* output tokens at most */
     uint32_t n_tokens;
     const uint32_t *tokens; /* borrowed: the encoder's input, or the decoder's scratch */
+    struct kvf_msg_sampling sampling;
 };
 
 /* GRANT (decode → prefill): write these pages, with this many tokens in all. */
@@ -118,6 +131,7 @@ struct kvf_msg_grant {
     const struct kvf_page_ref *pages; /* borrowed, [n_pages] */
     uint32_t n_tokens;
     const uint32_t *tokens;           /* borrowed, [n_tokens]: the prompt */
+    struct kvf_msg_sampling sampling;
 };
 
 /* DONE (prefill → decode): every write completed remotely (flushed). */
@@ -126,6 +140,10 @@ struct kvf_msg_done {
     uint32_t first_token;
     uint32_t n_pages;
     const uint64_t *checksums; /* borrowed, [n_pages]: XXH3-64 of each page's data bytes */
+    float first_logprob;       /* natural log probability of first_token (temperature 1) */
+    uint32_t n_top;            /* ≤ KVF_PROTO_MAX_LOGPROBS: the grant's n_logprobs */
+    uint32_t top_ids[KVF_PROTO_MAX_LOGPROBS];
+    float top_logprobs[KVF_PROTO_MAX_LOGPROBS];
 };
 
 /* One message, decoded or to be encoded. Arrays are borrowed (see each body). */
@@ -232,6 +250,7 @@ struct kvf_action {
     uint32_t slots;           /* POST_WRITE: token slots written to the page */
     uint64_t checksum;        /* POST_WRITE: XXH3-64 of the page's data bytes */
     uint64_t nonce;           /* POST_WRITE, COMPUTE: the grant's nonce */
+    uint32_t tenant;          /* POST_WRITE: the grant's tenant, for the trailer */
     struct kvf_msg msg;       /* SEND */
 };
 
@@ -297,6 +316,19 @@ int kvf_decode_cancel(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req, int re
                       struct kvf_actions *acts);
 /* The engine finished decoding a RUNNING request: its pages are released. */
 int kvf_decode_finish(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req, struct kvf_actions *acts);
+/*
+ * A RUNNING request's sequence grows by one page: allocated from the request's own reservation
+ * (made at submit for prompt + max_tokens), appended to its page table, tagged and owned like the
+ * prompt's pages; *out (may be NULL) names it. At finish, cancel or failure only what is left of
+ * the reservation goes back. KVF_E_PROTO_UNKNOWN_REQ; KVF_E_POOL_RESERVE when the request is not
+ * RUNNING or its reservation is spent (it asked for more than prompt + max_tokens). Failure
+ * changes nothing. O(1).
+ */
+int kvf_decode_grow(kvf_decode_t *d, kvf_req_id_t req, struct kvf_page_ref *out);
+/* The request's page table (borrowed; valid until the next call that changes the machine):
+ * the prompt's pages, then the grown ones. KVF_E_PROTO_UNKNOWN_REQ. */
+int kvf_decode_pages(const kvf_decode_t *d, kvf_req_id_t req, const struct kvf_page_ref **pages,
+                     uint32_t *n_pages);
 /* Timers: grant timeouts, hold timeouts (quarantine → FENCE_PEER). */
 int kvf_decode_tick(kvf_decode_t *d, uint64_t now_ms, struct kvf_actions *acts);
 /* Heartbeat lost: every request granted to `peer` fails now; its pages wait for the fence that

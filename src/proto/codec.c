@@ -41,12 +41,53 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
+static void put_f32(uint8_t *p, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    put_u32(p, u);
+}
+
+static float get_f32(const uint8_t *p)
+{
+    uint32_t u = get_u32(p);
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
+{
+    put_f32(p, s->temperature);
+    put_f32(p + 4, s->top_p);
+    put_u32(p + 8, s->top_k);
+    put_u32(p + 12, s->n_logprobs);
+    put_u64(p + 16, s->seed);
+}
+
+/* Refuses what no well-formed peer sends: a temperature that is negative or not finite, a
+ * top_p outside [0, 1], more logprobs than the bound. */
+static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
+{
+    s->temperature = get_f32(p);
+    s->top_p = get_f32(p + 4);
+    s->top_k = get_u32(p + 8);
+    s->n_logprobs = get_u32(p + 12);
+    s->seed = get_u64(p + 16);
+    if (!(s->temperature >= 0.0f && s->temperature <= 1e6f) || !(s->top_p >= 0.0f && s->top_p <= 1.0f) ||
+        s->n_logprobs > KVF_PROTO_MAX_LOGPROBS)
+        return KVF_E_PROTO_BOUNDS;
+    return 0;
+}
+
 /* Fixed body bytes per type, before any array. */
 enum {
     HELLO_BODY = 8 + 5 * 4 + 4 + 4 + 2 + 1 + 1, /* fp, geometry, max_context, max_pages, peer, role, pad */
-    NEW_BODY = 4 * 4,                           /* tenant, prompt_len, max_tokens, n_tokens */
-    GRANT_BODY = 4 * 4,                         /* tenant, expected, n_pages, n_tokens */
-    DONE_BODY = 3 * 4,                          /* tokens_written, first_token, n_pages */
+    SAMPLING_BYTES = 4 + 4 + 4 + 4 + 8,         /* temperature, top_p, top_k, n_logprobs, seed */
+    NEW_BODY = 4 * 4 + SAMPLING_BYTES,          /* tenant, prompt_len, max_tokens, n_tokens, sampling */
+    GRANT_BODY = 4 * 4 + SAMPLING_BYTES,        /* tenant, expected, n_pages, n_tokens, sampling */
+    FIRST_LP_BYTES = 4 + 4 + 8 * KVF_PROTO_MAX_LOGPROBS, /* logprob, n_top, (id, logprob) × 20 */
+    DONE_BODY = 3 * 4 + FIRST_LP_BYTES,         /* tokens_written, first_token, n_pages, logprobs */
     REASON_BODY = 4,
     PAGE_REF_BYTES = 12,                        /* page u32, tag u64 */
 };
@@ -140,6 +181,7 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         put_u32(p + 4, n->prompt_len);
         put_u32(p + 8, n->max_tokens);
         put_u32(p + 12, n->n_tokens);
+        put_sampling(p + 16, &n->sampling);
         p += NEW_BODY;
         for (uint32_t i = 0; i < n->n_tokens; i++, p += 4) put_u32(p, n->tokens[i]);
         break;
@@ -150,6 +192,7 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         put_u32(p + 4, g->expected_tokens);
         put_u32(p + 8, g->n_pages);
         put_u32(p + 12, g->n_tokens);
+        put_sampling(p + 16, &g->sampling);
         p += GRANT_BODY;
         for (uint32_t i = 0; i < g->n_pages; i++, p += PAGE_REF_BYTES) {
             put_u32(p, g->pages[i].page);
@@ -163,6 +206,13 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         put_u32(p, d->tokens_written);
         put_u32(p + 4, d->first_token);
         put_u32(p + 8, d->n_pages);
+        put_f32(p + 12, d->first_logprob);
+        put_u32(p + 16, d->n_top);
+        for (uint32_t i = 0; i < KVF_PROTO_MAX_LOGPROBS; i++) {
+            bool on = i < d->n_top;
+            put_u32(p + 20 + 8 * i, on ? d->top_ids[i] : 0);
+            put_f32(p + 24 + 8 * i, on ? d->top_logprobs[i] : 0.0f);
+        }
         p += DONE_BODY;
         for (uint32_t i = 0; i < d->n_pages; i++, p += 8) put_u64(p, d->checksums[i]);
         break;
@@ -242,6 +292,7 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         n->prompt_len = get_u32(p + 4);
         n->max_tokens = get_u32(p + 8);
         n->n_tokens = get_u32(p + 12);
+        if ((rc = get_sampling(p + 16, &n->sampling)) < 0) return rc;
         rc = check_array(have, NEW_BODY, n->n_tokens, 4, KVF_PROTO_MAX_TOKENS, s->tokens_cap);
         if (rc < 0) return rc;
         p += NEW_BODY;
@@ -256,6 +307,7 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         g->expected_tokens = get_u32(p + 4);
         g->n_pages = get_u32(p + 8);
         g->n_tokens = get_u32(p + 12);
+        if ((rc = get_sampling(p + 16, &g->sampling)) < 0) return rc;
         if (g->n_pages > KVF_PROTO_MAX_PAGES || g->n_pages > s->pages_cap ||
             g->n_tokens > KVF_PROTO_MAX_TOKENS || g->n_tokens > s->tokens_cap)
             return KVF_E_PROTO_BOUNDS;
@@ -277,6 +329,16 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         d->tokens_written = get_u32(p);
         d->first_token = get_u32(p + 4);
         d->n_pages = get_u32(p + 8);
+        d->first_logprob = get_f32(p + 12);
+        d->n_top = get_u32(p + 16);
+        if (d->n_top > KVF_PROTO_MAX_LOGPROBS) return KVF_E_PROTO_BOUNDS;
+        for (uint32_t i = 0; i < KVF_PROTO_MAX_LOGPROBS; i++) {
+            d->top_ids[i] = get_u32(p + 20 + 8 * i);
+            d->top_logprobs[i] = get_f32(p + 24 + 8 * i);
+            /* Entries past n_top are zero: one encoding per message. */
+            if (i >= d->n_top && (get_u32(p + 20 + 8 * i) | get_u32(p + 24 + 8 * i)))
+                return KVF_E_PROTO_BOUNDS;
+        }
         rc = check_array(have, DONE_BODY, d->n_pages, 8, KVF_PROTO_MAX_PAGES, s->checksums_cap);
         if (rc < 0) return rc;
         p += DONE_BODY;

@@ -61,11 +61,12 @@ struct dreq {
     enum kvf_dreq_state state;
     kvf_req_id_t req;
     uint32_t tenant, prompt_len, max_tokens;
+    struct kvf_msg_sampling sampling; /* travels in the GRANT */
     uint64_t nonce;
     struct kvf_peer_epoch writer;
     uint32_t n_pages;
-    struct kvf_page_ref *pages; /* [max_grant_pages] */
-    bool *granted;              /* [max_grant_pages]: this page's grant is still outstanding */
+    struct kvf_page_ref *pages; /* [seq_pages]: the prompt's pages, then the output's as it grows */
+    bool *granted;              /* [seq_pages]: this page's grant is still outstanding */
     uint32_t n_granted;
     uint32_t reserved;          /* pages still promised for the output */
     uint64_t deadline_ms;       /* GRANTED: the grant timeout */
@@ -82,6 +83,7 @@ struct kvf_decode {
     struct kvf_decode_config cfg;
     const struct kvf_alloc_ops *alloc;
     uint32_t page_tokens;
+    uint32_t seq_pages; /* page-table room per request: max_context in pages, at least a grant */
     size_t data_bytes, trailer_off;
     struct dreq *reqs;  /* [max_reqs] */
     struct dpeer *peers; /* [max_peers] */
@@ -100,9 +102,16 @@ static size_t reqs_bytes(const struct kvf_decode_config *c)
 {
     return (size_t)c->max_reqs * sizeof(struct dreq);
 }
+static uint32_t seq_pages_for(const struct kvf_decode_config *c)
+{
+    const struct kvf_pool_geometry *g = kvf_pool_geometry(c->pool);
+    uint32_t n = (uint32_t)(((uint64_t)c->max_context + g->page_tokens - 1) / g->page_tokens);
+    return n > c->max_grant_pages ? n : c->max_grant_pages;
+}
+
 static size_t pages_bytes(const struct kvf_decode_config *c)
 {
-    return (size_t)c->max_reqs * c->max_grant_pages * (sizeof(struct kvf_page_ref) + sizeof(bool));
+    return (size_t)c->max_reqs * seq_pages_for(c) * (sizeof(struct kvf_page_ref) + sizeof(bool));
 }
 
 int kvf_decode_create(const struct kvf_decode_config *cfg, kvf_decode_t **out)
@@ -120,6 +129,7 @@ int kvf_decode_create(const struct kvf_decode_config *cfg, kvf_decode_t **out)
     if (!d->cfg.hold_timeout_ms) d->cfg.hold_timeout_ms = 30000;
     const struct kvf_pool_geometry *g = kvf_pool_geometry(cfg->pool);
     d->page_tokens = g->page_tokens;
+    d->seq_pages = seq_pages_for(cfg);
     d->data_bytes = kvf_geo_data_bytes(g);
     d->trailer_off = kvf_geo_trailer_offset(g);
     d->next_nonce = cfg->nonce_seed;
@@ -133,10 +143,10 @@ int kvf_decode_create(const struct kvf_decode_config *cfg, kvf_decode_t **out)
     memset(d->peers, 0, cfg->max_peers * sizeof(struct dpeer));
     memset(pg, 0, pages_bytes(cfg));
     struct kvf_page_ref *refs = (struct kvf_page_ref *)pg;
-    bool *flags = (bool *)(refs + (size_t)cfg->max_reqs * cfg->max_grant_pages);
+    bool *flags = (bool *)(refs + (size_t)cfg->max_reqs * d->seq_pages);
     for (uint32_t i = 0; i < cfg->max_reqs; i++) {
-        d->reqs[i].pages = refs + (size_t)i * cfg->max_grant_pages;
-        d->reqs[i].granted = flags + (size_t)i * cfg->max_grant_pages;
+        d->reqs[i].pages = refs + (size_t)i * d->seq_pages;
+        d->reqs[i].granted = flags + (size_t)i * d->seq_pages;
     }
     *out = d;
     return 0;
@@ -385,6 +395,7 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
     r->tenant = nreq->tenant;
     r->prompt_len = nreq->prompt_len;
     r->max_tokens = nreq->max_tokens;
+    r->sampling = nreq->sampling;
     r->nonce = ++d->next_nonce;
     r->writer = writer;
     r->n_pages = n_prompt;
@@ -404,6 +415,7 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
     a->msg.u.grant.pages = r->pages;
     a->msg.u.grant.n_tokens = nreq->n_tokens == nreq->prompt_len ? nreq->n_tokens : 0;
     a->msg.u.grant.tokens = a->msg.u.grant.n_tokens ? nreq->tokens : NULL;
+    a->msg.u.grant.sampling = r->sampling;
     return 0;
 }
 
@@ -424,7 +436,8 @@ static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_
         if (!ALWAYS(page != NULL)) return KVF_E_PROTO_TRAILER;
         struct kvf_page_trailer t;
         memcpy(&t, page + d->trailer_off, sizeof(t));
-        if (t.tag != r->pages[i].tag || !kvf_req_id_eq(t.req, r->req) || t.tenant != r->tenant)
+        if (t.tag != r->pages[i].tag || !kvf_req_id_eq(t.req, r->req) || t.tenant != r->tenant ||
+            t.epoch_nonce != kvf_trailer_epoch_nonce(r->writer.epoch, r->nonce))
             return KVF_E_PROTO_TRAILER;
 #if !defined(KVF_MUTANT_NO_COUNT_CHECK)
         if (t.slots != page_slots(r->prompt_len, i, d->page_tokens)) return KVF_E_PROTO_COUNT;
@@ -565,6 +578,32 @@ int kvf_decode_finish(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req, struct
     return 0;
 }
 
+int kvf_decode_grow(kvf_decode_t *d, kvf_req_id_t req, struct kvf_page_ref *out)
+{
+    struct dreq *r = find(d, req);
+    if (!r) return KVF_E_PROTO_UNKNOWN_REQ;
+    if (r->state != KVF_DREQ_RUNNING || r->reserved == 0 || r->n_pages >= d->seq_pages)
+        return KVF_E_POOL_RESERVE;
+    struct kvf_owner owner = {.req = r->req, .tenant = r->tenant};
+    int rc = kvf_pool_alloc(d->cfg.pool, &owner, KVF_HOLDER_SEQ, 1, true, &r->pages[r->n_pages]);
+    if (rc < 0) return rc;
+    r->granted[r->n_pages] = false;
+    if (out) *out = r->pages[r->n_pages];
+    r->n_pages++;
+    r->reserved--;
+    return 0;
+}
+
+int kvf_decode_pages(const kvf_decode_t *d, kvf_req_id_t req, const struct kvf_page_ref **pages,
+                     uint32_t *n_pages)
+{
+    const struct dreq *r = find(d, req);
+    if (!r) return KVF_E_PROTO_UNKNOWN_REQ;
+    *pages = r->pages;
+    *n_pages = r->n_pages;
+    return 0;
+}
+
 static void ask_fence(kvf_decode_t *d, struct kvf_peer_epoch w, struct kvf_actions *acts)
 {
     if (w.peer >= d->cfg.max_peers || d->peers[w.peer].fence_asked == w.epoch + 1) return;
@@ -664,6 +703,7 @@ bool kvf_decode_check(const kvf_decode_t *d, char *why, size_t why_len)
         if (why && why_len) snprintf(why, why_len, __VA_ARGS__);                                   \
         return false;                                                                              \
     } while (0)
+    uint64_t reserved = 0;
     for (uint32_t i = 0; i < d->cfg.max_reqs; i++) {
         const struct dreq *r = &d->reqs[i];
         if (r->state == KVF_DREQ_NONE) continue;
@@ -697,7 +737,15 @@ bool kvf_decode_check(const kvf_decode_t *d, char *why, size_t why_len)
             }
         }
         if (n_granted != r->n_granted) FAIL_CHECK("request slot %u: grant count off", i);
+        reserved += r->reserved;
     }
+    /* Every promised page is some live request's unused share: the machine is the pool's only
+     * reserver. */
+    struct kvf_pool_stats ps;
+    kvf_pool_stats(d->cfg.pool, &ps);
+    if (ps.reserved != reserved)
+        FAIL_CHECK("pool reserves %u pages, live requests' unused shares add to %llu", ps.reserved,
+                   (unsigned long long)reserved);
     return true;
 #undef FAIL_CHECK
 }

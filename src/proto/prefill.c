@@ -382,6 +382,7 @@ static void post(kvf_prefill_t *p, struct preq *e, uint32_t index, uint32_t slot
     a->dst = e->pages[index];
     a->slots = slots;
     a->checksum = e->checksums[index];
+    a->tenant = e->tenant;
     e->posted++;
 #if defined(KVF_MUTANT_SRC_FREED_AT_POST)
     /* Mutant: the source page is let go as soon as the put is posted, not when it completes. */

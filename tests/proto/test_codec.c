@@ -98,7 +98,7 @@ static void test_wire_layout(void)
     struct kvf_msg m = header(KVF_MSG_CANCEL);
     m.u.reason = -1;
     ASSERT_EQ_INT(kvf_msg_encode(&m, buf, sizeof(buf)), 44);
-    const uint8_t want[12] = {1, 0, KVF_MSG_CANCEL, 0, 44, 0, 0, 0, 0x88, 0x77, 0x66, 0x55};
+    const uint8_t want[12] = {KVF_PROTO_VERSION, 0, KVF_MSG_CANCEL, 0, 44, 0, 0, 0, 0x88, 0x77, 0x66, 0x55};
     ASSERT_MEMEQ(buf, want, sizeof(want));
     uint32_t len = 0;
     ASSERT_OK(kvf_msg_frame_len(buf, 44, &len));
@@ -130,9 +130,11 @@ static void test_refuses_bad_header(void)
     struct kvf_msg m = header(KVF_MSG_CANCEL_ACK);
     long n = kvf_msg_encode(&m, buf, sizeof(buf));
     struct kvf_msg out;
-    buf[0] = 2; /* version 2 */
+    buf[0] = KVF_PROTO_VERSION + 1; /* a version from the future */
     ASSERT_ERR(kvf_msg_decode(buf, (size_t)n, &out, NULL), KVF_E_PROTO_VERSION);
-    buf[0] = 1;
+    buf[0] = KVF_PROTO_VERSION - 1; /* the version before the sampling fields */
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)n, &out, NULL), KVF_E_PROTO_VERSION);
+    buf[0] = KVF_PROTO_VERSION;
     buf[2] = 0; /* type 0 */
     ASSERT_ERR(kvf_msg_decode(buf, (size_t)n, &out, NULL), KVF_E_PROTO_TYPE);
     buf[2] = KVF_MSG__END;
@@ -280,9 +282,9 @@ static int write_corpus(const char *dir)
     struct kvf_msg m[8];
     for (int i = 0; i < 8; i++) m[i] = header((enum kvf_msg_type)(i + 1));
     m[0].u.hello = (struct kvf_msg_hello){7, {1, 1, 2, 4, 4}, 64, 8, 1, KVF_ROLE_PREFILL};
-    m[1].u.nreq = (struct kvf_msg_new){1, 3, 5, 3, toks};
-    m[2].u.grant = (struct kvf_msg_grant){1, 7, 2, pages, 3, toks};
-    m[3].u.done = (struct kvf_msg_done){7, 99, 2, sums};
+    m[1].u.nreq = (struct kvf_msg_new){1, 3, 5, 3, toks, {0.5f, 0.9f, 40, 2, 7}};
+    m[2].u.grant = (struct kvf_msg_grant){1, 7, 2, pages, 3, toks, {0.5f, 0.9f, 40, 2, 7}};
+    m[3].u.done = (struct kvf_msg_done){7, 99, 2, sums, -0.25f, 1, {99}, {-0.25f}};
     m[4].u.reason = KVF_E_PROTO_CANCELLED;
     m[5].u.reason = 0;
     m[6].u.reason = KVF_E_PROTO_REJECTED;
@@ -317,10 +319,10 @@ static int write_corpus(const char *dir)
         aim[i].epoch = 1;
     }
     aim[0].type = KVF_MSG_DONE;
-    aim[0].u.done = (struct kvf_msg_done){6, 5, 2, sums};
+    aim[0].u.done = (struct kvf_msg_done){6, 5, 2, sums, 0.0f, 0, {0}, {0.0f}};
     aim[1].type = KVF_MSG_CANCEL_ACK;
     aim[2].type = KVF_MSG_GRANT;
-    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL};
+    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL, {0.0f, 1.0f, 0, 0, 0}};
     static const char *const aim_names[] = {"aim_DONE", "aim_CANCEL_ACK", "aim_GRANT"};
     size_t all = 0;
     for (int i = 0; i < 3; i++) {

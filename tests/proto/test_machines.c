@@ -108,8 +108,9 @@ static void land(struct rig *r, const struct kvf_action *pw, kvf_req_id_t id)
 {
     uint8_t *page = kvf_pool_page_data(r->pool, pw->dst.page);
     memcpy(page, r->src[pw->index], r->data_bytes);
-    struct kvf_page_trailer t = {.tag = pw->dst.tag, .req = id, .tenant = 5, .slots = pw->slots,
-                                 .checksum = pw->checksum};
+    struct kvf_page_trailer t = {.tag = pw->dst.tag, .req = id, .tenant = pw->tenant, .slots = pw->slots,
+                                 .checksum = pw->checksum,
+                                 .epoch_nonce = kvf_trailer_epoch_nonce(pw->epoch, pw->nonce)};
     memcpy(page + r->trailer_off, &t, sizeof(t));
 }
 

@@ -171,6 +171,7 @@ void post_write(struct world *W, int p, const struct kvf_action *a, int ri)
     w->dst = a->dst;
     w->slots = a->slots;
     w->trailer_slots = a->slots;
+    w->tenant = a->tenant; /* the writer's word, from the GRANT it acts on */
     w->checksum = a->checksum;
     if (r->forge && a->index == r->n_pages - 1) w->trailer_slots = a->slots - 1;
     struct src *s = find_src(P, ri, a->nonce, a->index);
@@ -387,7 +388,7 @@ void on_land(struct world *W, const struct ev *e)
     memset(&t, 0, sizeof(t));
     t.tag = w->dst.tag;
     t.req = r->id;
-    t.tenant = r->tenant;
+    t.tenant = w->tenant;
     t.slots = w->trailer_slots;
     t.checksum = w->checksum;
     t.epoch_nonce = (uint64_t)w->epoch << 32 | (uint32_t)w->nonce;

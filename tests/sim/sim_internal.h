@@ -94,7 +94,7 @@ struct speer {
 struct swrite {
     bool live, captured, landed, dropped, local_done, land_done;
     int peer, ridx, src;
-    uint32_t epoch, gen, index, slots, trailer_slots;
+    uint32_t epoch, gen, index, slots, trailer_slots, tenant;
     uint64_t nonce, checksum, land_t;
     struct kvf_page_ref dst;
     uint8_t data[64];
