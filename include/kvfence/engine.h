@@ -96,4 +96,56 @@ struct kvf_gen_ops {
     void (*info)(void *e, struct kvf_engine_info *out);
 };
 
+/* --- The workers. ---------------------------------------------------------------------------
+ *
+ * Each worker is one event-loop thread that owns its page pool, its protocol machine and its
+ * UCX worker, plus the model's compute threads (kvf_fwd_t). The prefill worker listens; the
+ * decode worker connects to it, sends HELLO, and after the prefill's HELLO agrees (model
+ * fingerprint, page geometry, context limit) grants it pages. A decode worker that loses the
+ * connection fences it (forced close), bumps the epoch and connects again.
+ */
+#include <pthread.h>
+
+struct kvf_worker_config {
+    const kvf_model_t *model;     /* borrowed; outlives the worker */
+    uint64_t model_fp;            /* the model's fingerprint, compared at connect */
+    uint32_t page_tokens;         /* token slots per page (16) */
+    uint32_t n_pages;             /* the worker's pool */
+    uint32_t n_threads;           /* compute threads, the loop thread included */
+    uint32_t max_context;         /* the served limit: prompt + output tokens of one request */
+    uint32_t max_batch;           /* decode: sequences per step; prefill: ignored */
+    uint32_t max_queue;           /* decode: requests waiting for a slot before -EAGAIN */
+    uint32_t max_reqs;            /* live requests (decode slots; prefill records) */
+    const char *listen_host;      /* prefill: where to listen */
+    uint16_t listen_port;         /* prefill: 0 = ephemeral */
+    const char *prefill_host;     /* decode: the prefill worker's address */
+    uint16_t prefill_port;
+    uint64_t grant_timeout_ms;    /* decode: 0 = 10000 */
+    uint64_t hold_timeout_ms;     /* decode: 0 = 30000 */
+    uint64_t admit_timeout_ms;    /* decode: how long a request may wait for pages or a prefill
+                                     before it fails (0 = 30000) */
+    uint32_t keepalive_ms;        /* transport keepalive (0 = 100) */
+    pthread_mutex_t *compute_lock;/* shared by workers in one process; NULL = none */
+    bool poison_free;             /* test builds: poison freed pages */
+};
+
+typedef struct kvf_prefill_worker kvf_prefill_worker_t;
+typedef struct kvf_decode_worker kvf_decode_worker_t;
+
+/* Starts the worker's loop thread. On failure nothing is left running and err explains. */
+int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_worker_t **out,
+                             char *err, size_t err_len);
+uint16_t kvf_prefill_worker_port(const kvf_prefill_worker_t *w);
+/* Stops the loop (puts in flight end with the connection's forced close) and frees all. */
+void kvf_prefill_worker_stop(kvf_prefill_worker_t *w);
+
+int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_worker_t **out,
+                            char *err, size_t err_len);
+/* Stops admitting (submit: -ESHUTDOWN), cancels what is queued, lets running requests finish
+ * for up to grace_ms, then cancels the rest, waits for their protocol endings (bounded by the
+ * timeouts) and frees all. */
+void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms);
+/* The generation seam over a decode worker: pass the worker as `e`. */
+extern const struct kvf_gen_ops kvf_decode_gen_ops;
+
 #endif /* KVFENCE_ENGINE_H */

@@ -1,0 +1,832 @@
+/*
+ * decode_worker.c — the decode worker loop: admit → NEW (submit to the machine: reserve, grant,
+ * GRANT) → verified DONE → continuous batching, one token for every running sequence per step,
+ * pages grown from each request's reservation, tokens streamed to the router's handles.
+ *
+ * Threads: one loop thread owns the pool, the decode machine, the UCX worker and every request's
+ * loop-side state; the fwd's compute threads run only inside kvf_fwd_run on the loop thread.
+ * Router threads touch only a handle's event queue (under the handle's mutex) and the inbox of
+ * submitted handles (under the worker's mutex), and wake the loop through an eventfd. Transport
+ * callbacks run inside kvf_xport_progress and only record what happened; the loop acts on it
+ * afterwards, so nothing re-enters UCX from a callback.
+ *
+ * A handle's life on the loop:
+ *   inbox ──▶ pending (waits for a slot, free pages and a prefill; bounded by admit_timeout_ms)
+ *         ──▶ submitted (GRANTED in the machine) ──DELIVER_FIRST──▶ running (in the batch)
+ *         ──▶ ended: END pushed, the loop's reference dropped.
+ * A cancel at any point ends it through the machine (kvf_decode_cancel), never by freeing pages
+ * here: a GRANTED request's pages stay HELD until proof or fence.
+ *
+ * Connection to the prefill worker: connect, HELLO at the pool's current epoch for the peer,
+ * HELLO back (checked) → kvf_decode_peer_up. A failed connection → kvf_decode_peer_down, whose
+ * FENCE_PEER closes the endpoint (forced: the fence) and records it (kvf_decode_peer_fenced,
+ * which bumps the epoch); then connect again.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_internal.h"
+
+#define DW_PEER 0u        /* the one prefill peer of this worker */
+#define DW_TICK_MS 20u    /* machine timers */
+#define DW_RECONNECT_MS 100u
+
+enum gstate { G_INBOX = 0, G_PENDING = 1, G_SUBMITTED = 2, G_RUNNING = 3, G_ENDED = 4 };
+
+struct kvf_gen {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct kvf_gen_event *ring; /* [cap] token events not yet read */
+    uint32_t head, n, cap;
+    bool ended;                 /* END was pushed (after every TOKEN) */
+    struct kvf_gen_event end_ev;
+    int refs;                   /* the router's and the loop's */
+    bool cancel;                /* the router asked to end it */
+    /* Fixed at submit. */
+    struct kvf_gen_params p;
+    int32_t *prompt;
+    /* The loop's. */
+    enum gstate state;
+    kvf_req_id_t req;
+    uint64_t since_ms;
+    uint32_t n_out;
+    int32_t last;
+    struct kvf_msg_sampling sampling;
+    struct kvf_gen *next;
+};
+
+struct kvf_decode_worker {
+    struct kvf_worker_config cfg;
+    pthread_t thread;
+    bool started;
+    volatile int stop;
+    int wake_fd;
+    kvf_pool_t *pool;
+    kvf_decode_t *d;
+    kvf_fwd_t *fwd;
+    kvf_xport_t *x;
+    uint32_t n_vocab, seq_pages;
+    struct kvf_pool_geometry geo;
+    /* Router side, under mu. */
+    pthread_mutex_t mu;
+    struct kvf_gen *inbox_head, *inbox_tail;
+    uint32_t n_waiting;   /* inbox + pending, for the queue bound */
+    bool closing;         /* no more submits */
+    struct kvf_engine_info info;
+    uint64_t req_hi, next_req;
+    /* Loop side. */
+    struct kvf_gen *pending_head, *pending_tail;
+    struct kvf_gen **live; /* [max_reqs]: submitted or running */
+    kvf_conn_t *conn;
+    bool conn_failed, hello_ok;
+    uint32_t conn_epoch;
+    uint64_t next_connect_ms, next_tick_ms;
+    uint64_t rejected_before_handoff;
+    struct kvf_actions acts;
+    struct kvf_msg_scratch scratch;
+    uint8_t *frame;
+    struct pframe { uint8_t *buf; size_t len; struct pframe *next; } *frames_head, *frames_tail;
+    struct kvf_fwd_seq *seqs;
+    struct kvf_gen **batch;
+    float *logits; /* [max_batch][n_vocab] */
+};
+
+/* --- Handles (any thread). ------------------------------------------------------------------ */
+
+static void gen_unref(struct kvf_gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->mu);
+    if (left) return;
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->ring);
+    free(g->prompt);
+    free(g);
+}
+
+static void gen_push(struct kvf_gen *g, const struct kvf_gen_event *ev)
+{
+    pthread_mutex_lock(&g->mu);
+    if (g->ended) {
+        pthread_mutex_unlock(&g->mu);
+        return;
+    }
+    if (ev->kind == KVF_GEN_END) {
+        g->end_ev = *ev;
+        g->ended = true;
+    } else {
+        if (g->n == g->cap) {
+            uint32_t cap = g->cap ? 2 * g->cap : 16;
+            struct kvf_gen_event *r = malloc(cap * sizeof(*r));
+            if (!r) {
+                /* Out of memory for the stream: end it rather than lose a token silently. */
+                g->end_ev = (struct kvf_gen_event){.kind = KVF_GEN_END, .err = -ENOMEM};
+                g->ended = true;
+                pthread_cond_broadcast(&g->cv);
+                pthread_mutex_unlock(&g->mu);
+                return;
+            }
+            for (uint32_t i = 0; i < g->n; i++) r[i] = g->ring[(g->head + i) % g->cap];
+            free(g->ring);
+            g->ring = r;
+            g->cap = cap;
+            g->head = 0;
+        }
+        g->ring[(g->head + g->n) % g->cap] = *ev;
+        g->n++;
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
+{
+    struct kvf_decode_worker *w = e;
+    if (!p || !p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n_logprobs > KVF_GEN_MAX_LOGPROBS ||
+        p->n_stop_ids > KVF_GEN_MAX_STOP_IDS || !(p->sample.temperature >= 0.0f) ||
+        !(p->sample.top_p > 0.0f && p->sample.top_p <= 1.0f))
+        return -EINVAL;
+    for (uint32_t i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= w->n_vocab) return -EINVAL;
+    if ((uint64_t)p->n_prompt + p->max_tokens > w->cfg.max_context) return KVF_E_PROTO_REJECTED;
+    struct kvf_gen *g = calloc(1, sizeof(*g));
+    if (!g) return -ENOMEM;
+    g->prompt = malloc(p->n_prompt * sizeof(int32_t));
+    if (!g->prompt) {
+        free(g);
+        return -ENOMEM;
+    }
+    memcpy(g->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
+    g->p = *p;
+    g->p.prompt = g->prompt;
+    if (g->p.ignore_eos) g->p.n_stop_ids = 0;
+    g->sampling = (struct kvf_msg_sampling){p->sample.temperature, p->sample.top_p, p->sample.top_k,
+                                            p->n_logprobs, p->sample.seed};
+    g->refs = 2;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    if (w->closing)
+        rc = -ESHUTDOWN;
+    else if (w->n_waiting >= w->cfg.max_queue)
+        rc = -EAGAIN;
+    if (rc == 0) {
+        g->req = (kvf_req_id_t){++w->next_req, w->req_hi};
+        g->since_ms = kvf__now_ms();
+        if (w->inbox_tail)
+            w->inbox_tail->next = g;
+        else
+            w->inbox_head = g;
+        w->inbox_tail = g;
+        w->n_waiting++;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (rc < 0) {
+        g->refs = 1;
+        gen_unref(g);
+        return rc;
+    }
+    kvf__wake(w->wake_fd);
+    *out = g;
+    return 0;
+}
+
+static int gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
+{
+    (void)e;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&g->mu);
+    while (g->n == 0 && !g->ended && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&g->cv, &g->mu);
+        else if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    int got = 0;
+    if (g->n) {
+        *ev = g->ring[g->head];
+        g->head = (g->head + 1) % g->cap;
+        g->n--;
+        got = 1;
+    } else if (g->ended) {
+        *ev = g->end_ev;
+        got = 1;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return got;
+}
+
+static void gen_cancel(void *e, kvf_gen_t *g)
+{
+    struct kvf_decode_worker *w = e;
+    pthread_mutex_lock(&g->mu);
+    g->cancel = true;
+    pthread_mutex_unlock(&g->mu);
+    kvf__wake(w->wake_fd);
+}
+
+static void gen_release(void *e, kvf_gen_t *g)
+{
+    gen_cancel(e, g); /* a release before END is a cancel: the loop ends it through the protocol */
+    gen_unref(g);
+}
+
+static void gen_info(void *e, struct kvf_engine_info *out)
+{
+    struct kvf_decode_worker *w = e;
+    pthread_mutex_lock(&w->mu);
+    *out = w->info;
+    pthread_mutex_unlock(&w->mu);
+}
+
+const struct kvf_gen_ops kvf_decode_gen_ops = {gen_submit, gen_next, gen_cancel, gen_release, gen_info};
+
+/* --- Loop side: ending requests. ------------------------------------------------------------- */
+
+static bool cancelled(struct kvf_gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    bool c = g->cancel;
+    pthread_mutex_unlock(&g->mu);
+    return c;
+}
+
+static int live_index(struct kvf_decode_worker *w, kvf_req_id_t req)
+{
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+        if (w->live[i] && kvf_req_id_eq(w->live[i]->req, req)) return (int)i;
+    return -1;
+}
+
+/* END for g, and the loop lets go of it. */
+static void end_gen(struct kvf_decode_worker *w, struct kvf_gen *g, int err, bool stopped)
+{
+    struct kvf_gen_event ev = {.kind = KVF_GEN_END, .err = err, .stopped = stopped};
+    gen_push(g, &ev);
+    int i = live_index(w, g->req);
+    if (i >= 0) w->live[i] = NULL;
+    g->state = G_ENDED;
+    gen_unref(g);
+}
+
+static void push_token(struct kvf_gen *g, int32_t tok, float lp, uint32_t n_top, const int32_t *ids,
+                       const float *lps)
+{
+    struct kvf_gen_event ev = {.kind = KVF_GEN_TOKEN, .token = tok, .logprob = lp, .n_top = n_top};
+    for (uint32_t k = 0; k < n_top && k < KVF_GEN_MAX_LOGPROBS; k++) {
+        ev.top_ids[k] = ids[k];
+        ev.top_logprobs[k] = lps[k];
+    }
+    gen_push(g, &ev);
+}
+
+static bool is_stop(const struct kvf_gen *g, int32_t tok)
+{
+    for (uint32_t i = 0; i < g->p.n_stop_ids; i++)
+        if (g->p.stop_ids[i] == tok) return true;
+    return false;
+}
+
+static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done);
+
+/* After a token: a stop id or max_tokens ends the request (pages released by the machine). */
+static void after_token(struct kvf_decode_worker *w, struct kvf_gen *g, int32_t tok)
+{
+    bool stop = is_stop(g, tok);
+    if (!stop && g->n_out < g->p.max_tokens) return;
+    kvf_decode_finish(w->d, kvf__now_ms(), g->req, &w->acts);
+    run_actions(w, NULL);
+    end_gen(w, g, 0, stop);
+}
+
+/* --- Loop side: the machine's actions. ------------------------------------------------------- */
+
+static void fence(struct kvf_decode_worker *w, struct kvf_peer_epoch pe)
+{
+    uint32_t cur = 0;
+    if (kvf_pool_peer_epoch(w->pool, pe.peer, &cur) < 0 || cur != pe.epoch) return; /* done already */
+    if (w->conn && w->conn_epoch == pe.epoch) {
+        /* The fence: a forced close in peer-error mode; after it returns the peer can no longer
+         * write the pool through this endpoint (docs/PROTOCOL.md, "Fences"). */
+        kvf_conn_close(w->conn);
+        w->conn = NULL;
+        w->hello_ok = false;
+        w->conn_failed = false;
+        w->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS;
+    }
+    kvf_decode_peer_fenced(w->d, kvf__now_ms(), pe, &w->acts);
+}
+
+static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
+{
+    static __thread bool busy;
+    if (busy) return; /* the running loop below picks up what a nested call appended */
+    busy = true;
+    for (uint32_t i = 0; i < w->acts.n; i++) {
+        struct kvf_action a = w->acts.v[i];
+        switch (a.kind) {
+        case KVF_ACT_SEND:
+            if (w->conn && !w->conn_failed) kvf__send_msg(w->conn, &a.msg, w->frame, KVF_PROTO_MAX_MSG_BYTES);
+            break;
+        case KVF_ACT_FENCE_PEER: fence(w, (struct kvf_peer_epoch){a.peer, a.epoch}); break;
+        case KVF_ACT_DELIVER_FIRST: {
+            int li = live_index(w, a.req);
+            if (li < 0) break;
+            struct kvf_gen *g = w->live[li];
+            g->state = G_RUNNING;
+            g->n_out = 1;
+            g->last = (int32_t)a.first_token;
+            int32_t ids[KVF_GEN_MAX_LOGPROBS];
+            uint32_t n_top = 0;
+            float lp = 0.0f;
+            const float *lps = NULL;
+            if (done) {
+                lp = done->u.done.first_logprob;
+                n_top = done->u.done.n_top;
+                for (uint32_t k = 0; k < n_top; k++) ids[k] = (int32_t)done->u.done.top_ids[k];
+                lps = done->u.done.top_logprobs;
+            }
+            push_token(g, g->last, lp, n_top, ids, lps);
+            after_token(w, g, g->last);
+            break;
+        }
+        case KVF_ACT_FAIL_REQ: {
+            int li = live_index(w, a.req);
+            if (li >= 0) end_gen(w, w->live[li], a.err, false);
+            break;
+        }
+        default: break;
+        }
+    }
+    w->acts.n = 0;
+    busy = false;
+}
+
+/* --- Loop side: the connection. -------------------------------------------------------------- */
+
+static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
+{
+    struct kvf_decode_worker *w = ctx;
+    if (c != w->conn) return;
+    struct pframe *f = malloc(sizeof(*f));
+    if (!f || !(f->buf = malloc(len ? len : 1))) {
+        free(f);
+        return; /* lost, as on a lossy network: the protocol's timers cover it */
+    }
+    memcpy(f->buf, buf, len);
+    f->len = len;
+    f->next = NULL;
+    if (w->frames_tail)
+        w->frames_tail->next = f;
+    else
+        w->frames_head = f;
+    w->frames_tail = f;
+}
+
+static void on_error(void *ctx, kvf_conn_t *c, int err)
+{
+    struct kvf_decode_worker *w = ctx;
+    (void)err;
+    if (c == w->conn) w->conn_failed = true;
+}
+
+static void hello(struct kvf_decode_worker *w, struct kvf_msg_hello *h)
+{
+    *h = (struct kvf_msg_hello){w->cfg.model_fp, w->geo, w->cfg.max_context, w->seq_pages, 0,
+                                KVF_ROLE_DECODE};
+}
+
+static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t len)
+{
+    struct kvf_msg m;
+    long n = kvf_msg_decode(buf, len, &m, &w->scratch);
+    if (n != (long)len) return; /* does not decode: dropped, never trusted */
+    uint64_t now = kvf__now_ms();
+    if (m.type == KVF_MSG_HELLO) {
+        struct kvf_msg_hello mine;
+        hello(w, &mine);
+        if (m.u.hello.role != KVF_ROLE_PREFILL || kvf_proto_hello_check(&mine, &m.u.hello) < 0 ||
+            m.epoch != w->conn_epoch) {
+            fprintf(stderr, "kvfence decode: the prefill worker's model, page geometry or context "
+                            "limit (%u) differs from ours (%u); not using it\n",
+                    m.u.hello.max_context, w->cfg.max_context);
+            return;
+        }
+        if (kvf_decode_peer_up(w->d, DW_PEER, m.epoch) == 0) w->hello_ok = true;
+        return;
+    }
+    if (!w->hello_ok) return;
+    kvf_decode_on_msg(w->d, now, DW_PEER, &m, &w->acts);
+    run_actions(w, m.type == KVF_MSG_DONE ? &m : NULL);
+}
+
+static void connect_prefill(struct kvf_decode_worker *w)
+{
+    char err[256] = "";
+    uint32_t epoch = 0;
+    kvf_pool_peer_epoch(w->pool, DW_PEER, &epoch);
+    if (kvf_xport_connect(w->x, w->cfg.prefill_host, w->cfg.prefill_port, &w->conn, err, sizeof(err)) < 0) {
+        w->conn = NULL;
+        w->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS * 5;
+        return;
+    }
+    w->conn_epoch = epoch;
+    w->conn_failed = false;
+    w->hello_ok = false;
+    struct kvf_msg m = {.type = KVF_MSG_HELLO, .epoch = epoch};
+    hello(w, &m.u.hello);
+    kvf__send_msg(w->conn, &m, w->frame, KVF_PROTO_MAX_MSG_BYTES);
+}
+
+static void conn_lost(struct kvf_decode_worker *w)
+{
+    /* Every request granted to the peer fails now (H13); its pages wait for the fence, which
+     * this asks for and which run_actions performs: the forced close. */
+    kvf_decode_peer_down(w->d, kvf__now_ms(), DW_PEER, &w->acts);
+    run_actions(w, NULL);
+    if (w->conn) {
+        /* peer_down asked to fence the current epoch; if it had been fenced already the close
+         * still must happen before a new connection. */
+        kvf_conn_close(w->conn);
+        w->conn = NULL;
+        w->hello_ok = false;
+        w->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS;
+    }
+    w->conn_failed = false;
+}
+
+/* --- Loop side: admission and the decode step. ----------------------------------------------- */
+
+static void take_inbox(struct kvf_decode_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    struct kvf_gen *g = w->inbox_head;
+    w->inbox_head = w->inbox_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (g) {
+        struct kvf_gen *next = g->next;
+        g->next = NULL;
+        g->state = G_PENDING;
+        if (w->pending_tail)
+            w->pending_tail->next = g;
+        else
+            w->pending_head = g;
+        w->pending_tail = g;
+        g = next;
+    }
+}
+
+static uint32_t pages_for(const struct kvf_decode_worker *w, uint64_t tokens)
+{
+    return (uint32_t)((tokens + w->geo.page_tokens - 1) / w->geo.page_tokens);
+}
+
+/* Moves pending requests into the machine, oldest first, while a slot, the pages for prompt +
+ * max_tokens and a live prefill are there. A request that waits past admit_timeout_ms fails
+ * (503 at the router); a cancelled one ends at once — nothing of it moved yet. */
+static void admit(struct kvf_decode_worker *w)
+{
+    uint64_t now = kvf__now_ms();
+    struct kvf_gen **pp = &w->pending_head, *prev = NULL;
+    while (*pp) {
+        struct kvf_gen *g = *pp;
+        int end_err = 0;
+        bool go = false;
+        if (cancelled(g))
+            end_err = KVF_E_PROTO_CANCELLED;
+        else if (w->stop)
+            end_err = -ESHUTDOWN;
+        else if (now - g->since_ms > w->cfg.admit_timeout_ms)
+            end_err = w->hello_ok ? -EBUSY : KVF_E_PROTO_PEER_DOWN;
+        else if (w->hello_ok && kvf_pool_available(w->pool) >= pages_for(w, (uint64_t)g->p.n_prompt + g->p.max_tokens))
+            go = true;
+        if (!end_err && !go) {
+            /* FIFO: a request that cannot go holds back those behind it (no starvation). */
+            break;
+        }
+        *pp = g->next;
+        if (w->pending_tail == g) w->pending_tail = prev;
+        g->next = NULL;
+        pthread_mutex_lock(&w->mu);
+        w->n_waiting--;
+        pthread_mutex_unlock(&w->mu);
+        if (end_err) {
+            w->rejected_before_handoff++;
+            end_gen(w, g, end_err, false);
+            continue;
+        }
+        int slot = -1;
+        for (uint32_t i = 0; i < w->cfg.max_reqs && slot < 0; i++)
+            if (!w->live[i]) slot = (int)i;
+        if (slot < 0) {
+            /* No slot: back to the head of the queue. */
+            g->next = w->pending_head;
+            w->pending_head = g;
+            if (!w->pending_tail) w->pending_tail = g;
+            pthread_mutex_lock(&w->mu);
+            w->n_waiting++;
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        w->live[slot] = g;
+        g->state = G_SUBMITTED;
+        struct kvf_msg_new nreq = {g->p.tenant, g->p.n_prompt, g->p.max_tokens, g->p.n_prompt,
+                                   (const uint32_t *)g->prompt, g->sampling};
+        int rc = kvf_decode_submit(w->d, now, g->req, &nreq, DW_PEER, &w->acts);
+        if (rc < 0) {
+            w->live[slot] = NULL;
+            end_gen(w, g, rc, false);
+        } else {
+            run_actions(w, NULL);
+        }
+    }
+}
+
+static void handle_cancels(struct kvf_decode_worker *w)
+{
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
+        struct kvf_gen *g = w->live[i];
+        if (!g || (!cancelled(g) && !w->stop)) continue;
+        kvf_decode_cancel(w->d, kvf__now_ms(), g->req, KVF_E_PROTO_CANCELLED, &w->acts);
+        run_actions(w, NULL);
+    }
+}
+
+/* One decode step: every running sequence advances one token. */
+static bool step(struct kvf_decode_worker *w)
+{
+    uint32_t n = 0, pt = w->geo.page_tokens;
+    for (uint32_t i = 0; i < w->cfg.max_reqs && n < w->cfg.max_batch; i++) {
+        struct kvf_gen *g = w->live[i];
+        if (!g || g->state != G_RUNNING) continue;
+        uint32_t pos = g->p.n_prompt + g->n_out - 1;
+        const struct kvf_page_ref *pages;
+        uint32_t n_pages;
+        kvf_decode_pages(w->d, g->req, &pages, &n_pages);
+        if (pos / pt >= n_pages) {
+            int rc = kvf_decode_grow(w->d, g->req, NULL);
+            if (rc < 0) {
+                kvf_decode_cancel(w->d, kvf__now_ms(), g->req, rc, &w->acts);
+                run_actions(w, NULL);
+                continue;
+            }
+            kvf_decode_pages(w->d, g->req, &pages, &n_pages);
+        }
+        w->batch[n] = g;
+        w->seqs[n] = (struct kvf_fwd_seq){g->req, &g->last, 1, pos, pages, n_pages,
+                                          w->logits + (size_t)n * w->n_vocab, 0};
+        n++;
+    }
+    if (n == 0) return false;
+    int rc = kvf__fwd_run_locked(w->cfg.compute_lock, w->fwd, w->pool, w->seqs, n);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvf_gen *g = w->batch[i];
+        int st = rc < 0 ? rc : w->seqs[i].status;
+        if (st != 0) {
+            kvf_decode_cancel(w->d, kvf__now_ms(), g->req, st, &w->acts);
+            run_actions(w, NULL);
+            continue;
+        }
+        float lp;
+        uint32_t n_top = 0;
+        int32_t ids[KVF_GEN_MAX_LOGPROBS];
+        float lps[KVF_GEN_MAX_LOGPROBS];
+        int tok = kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, g->n_out, &lp, &n_top,
+                                    ids, lps);
+        if (tok < 0) {
+            kvf_decode_cancel(w->d, kvf__now_ms(), g->req, tok, &w->acts);
+            run_actions(w, NULL);
+            continue;
+        }
+        g->last = tok;
+        g->n_out++;
+        push_token(g, tok, lp, n_top, ids, lps);
+        after_token(w, g, tok);
+    }
+    return true;
+}
+
+static void publish_info(struct kvf_decode_worker *w)
+{
+    struct kvf_pool_stats ps;
+    struct kvf_decode_stats ds;
+    kvf_pool_stats(w->pool, &ps);
+    kvf_decode_stats(w->d, &ds);
+    uint32_t running = 0;
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+        if (w->live[i]) running++;
+    pthread_mutex_lock(&w->mu);
+    struct kvf_engine_info *in = &w->info;
+    in->decode_pages = ps.n_pages;
+    in->decode_free = ps.by_state[KVF_PAGE_FREE];
+    in->decode_reserved = ps.reserved;
+    for (int s = 0; s < KVF_PAGE__NSTATES; s++) in->decode_by_state[s] = ps.by_state[s];
+    in->queued = w->n_waiting;
+    in->running = running;
+    in->prefill_up = w->hello_ok;
+    in->fences = ps.fences;
+    in->verify_failed = ds.verify_failed;
+    in->stale_msgs = ds.stale;
+    in->rejected_before_handoff = ds.rejected + w->rejected_before_handoff;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static bool any_live(const struct kvf_decode_worker *w)
+{
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+        if (w->live[i]) return true;
+    return false;
+}
+
+static void *loop(void *arg)
+{
+    struct kvf_decode_worker *w = arg;
+    for (;;) {
+        uint64_t now = kvf__now_ms();
+        if (!w->conn && now >= w->next_connect_ms && !w->stop) connect_prefill(w);
+        kvf_xport_progress(w->x);
+        while (w->frames_head) {
+            struct pframe *f = w->frames_head;
+            w->frames_head = f->next;
+            if (!w->frames_head) w->frames_tail = NULL;
+            handle_frame(w, f->buf, f->len);
+            free(f->buf);
+            free(f);
+        }
+        if (w->conn_failed) conn_lost(w);
+        if (now >= w->next_tick_ms) {
+            kvf_decode_tick(w->d, now, &w->acts);
+            run_actions(w, NULL);
+            w->next_tick_ms = now + DW_TICK_MS;
+        }
+        take_inbox(w);
+        handle_cancels(w);
+        admit(w);
+        bool stepped = step(w);
+        publish_info(w);
+        if (w->stop && !w->pending_head && !any_live(w)) {
+            struct kvf_decode_stats ds;
+            kvf_decode_stats(w->d, &ds);
+            if (ds.live == 0) break;
+        }
+        if (!stepped) kvf__loop_wait(w->x, w->wake_fd, DW_TICK_MS);
+    }
+    return NULL;
+}
+
+/* --- Start and stop. ------------------------------------------------------------------------- */
+
+static void destroy(struct kvf_decode_worker *w)
+{
+    /* Endpoints are closed (forced) inside kvf_xport_destroy before the pool memory it
+     * registered is unmapped and freed: no peer can write it afterwards. */
+    if (w->x) kvf_xport_destroy(w->x);
+    while (w->frames_head) {
+        struct pframe *f = w->frames_head;
+        w->frames_head = f->next;
+        free(f->buf);
+        free(f);
+    }
+    if (w->live)
+        for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+            if (w->live[i]) end_gen(w, w->live[i], -ESHUTDOWN, false);
+    take_inbox(w);
+    while (w->pending_head) {
+        struct kvf_gen *g = w->pending_head;
+        w->pending_head = g->next;
+        end_gen(w, g, -ESHUTDOWN, false);
+    }
+    kvf_decode_destroy(w->d);
+    kvf_fwd_destroy(w->fwd);
+    kvf_pool_destroy(w->pool);
+    free(w->live);
+    free(w->acts.v);
+    free(w->scratch.pages);
+    free(w->scratch.checksums);
+    free(w->scratch.tokens);
+    free(w->frame);
+    free(w->seqs);
+    free(w->batch);
+    free(w->logits);
+    if (w->wake_fd >= 0) close(w->wake_fd);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_worker_t **out,
+                            char *err, size_t err_len)
+{
+    struct kvf_decode_worker *w = calloc(1, sizeof(*w));
+    if (!w) return -ENOMEM;
+    pthread_mutex_init(&w->mu, NULL);
+    w->cfg = *cfg;
+    if (!w->cfg.max_reqs) w->cfg.max_reqs = 64;
+    if (!w->cfg.max_batch) w->cfg.max_batch = 16;
+    if (!w->cfg.max_queue) w->cfg.max_queue = 256;
+    if (!w->cfg.admit_timeout_ms) w->cfg.admit_timeout_ms = 30000;
+    w->wake_fd = kvf__wake_open();
+    int rc = w->wake_fd < 0 ? w->wake_fd : 0;
+    const struct kvf_model_hparams *hp = kvf_model_hparams(cfg->model);
+    w->n_vocab = hp->n_vocab;
+    kvf_model_geometry(cfg->model, cfg->page_tokens, &w->geo);
+    w->seq_pages = pages_for(w, cfg->max_context);
+    uint64_t seed = (uint64_t)kvf__now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    w->req_hi = seed | 1;
+    struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = 1,
+                                 .hold_timeout_ms = cfg->hold_timeout_ms, .tag_seed = seed >> 16,
+                                 .poison_on_free = cfg->poison_free};
+    if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
+        snprintf(err, err_len, "cannot create the decode pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
+    struct kvf_decode_config dc = {w->pool, w->cfg.max_reqs, cfg->max_context, w->seq_pages, 1,
+                                   cfg->grant_timeout_ms, cfg->hold_timeout_ms, seed, NULL};
+    if (rc == 0 && (rc = kvf_decode_create(&dc, &w->d)) < 0)
+        snprintf(err, err_len, "cannot create the decode machine: %s", kvf_strerror(rc));
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->cfg.max_batch, w->cfg.max_batch};
+    if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
+        snprintf(err, err_len, "cannot start the compute threads: %s", kvf_strerror(rc));
+    if (rc == 0) {
+        w->live = calloc(w->cfg.max_reqs, sizeof(*w->live));
+        w->acts.cap = kvf_decode_max_actions(w->d) * 4;
+        w->acts.v = calloc(w->acts.cap, sizeof(*w->acts.v));
+        w->scratch.pages = calloc(w->seq_pages, sizeof(*w->scratch.pages));
+        w->scratch.pages_cap = w->seq_pages;
+        w->scratch.checksums = calloc(w->seq_pages, sizeof(uint64_t));
+        w->scratch.checksums_cap = w->seq_pages;
+        w->scratch.tokens = calloc(1, sizeof(uint32_t));
+        w->scratch.tokens_cap = 0; /* nothing sent to decode carries tokens */
+        w->frame = malloc(KVF_PROTO_MAX_MSG_BYTES);
+        w->seqs = calloc(w->cfg.max_batch, sizeof(*w->seqs));
+        w->batch = calloc(w->cfg.max_batch, sizeof(*w->batch));
+        w->logits = malloc((size_t)w->cfg.max_batch * hp->n_vocab * sizeof(float));
+        if (!w->live || !w->acts.v || !w->scratch.pages || !w->scratch.checksums || !w->frame ||
+            !w->seqs || !w->batch || !w->logits) {
+            rc = -ENOMEM;
+            snprintf(err, err_len, "out of memory");
+        }
+    }
+    if (rc == 0) {
+        size_t bytes = 0;
+        void *base = kvf_pool_data(w->pool, &bytes);
+        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, base, bytes};
+        struct kvf_xport_events ev = {w, NULL, on_frame, NULL, on_error};
+        rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
+    }
+#if defined(KVF_TEST_BUILD)
+    if (rc == 0) {
+        struct kvf_xport_faults f;
+        if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
+    }
+#endif
+    if (rc == 0) {
+        w->info.n_vocab = hp->n_vocab;
+        w->info.served_limit = cfg->max_context;
+        w->info.page_tokens = cfg->page_tokens;
+        w->info.prefill_pages = 0;
+    }
+    if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
+        snprintf(err, err_len, "cannot start the decode loop thread");
+    if (rc < 0) {
+        destroy(w);
+        return rc;
+    }
+    w->started = true;
+    *out = w;
+    return 0;
+}
+
+void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms)
+{
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->closing = true;
+    pthread_mutex_unlock(&w->mu);
+    /* Running requests get grace_ms to finish; then every live one is cancelled through the
+     * machine, and the loop exits once the machine holds no request (drains and fences are
+     * bounded by the grant and hold timeouts). */
+    uint64_t until = kvf__now_ms() + grace_ms;
+    for (;;) {
+        struct kvf_engine_info in;
+        gen_info(w, &in);
+        if ((in.running == 0 && in.queued == 0) || kvf__now_ms() >= until) break;
+        usleep(10000);
+    }
+    w->stop = 1;
+    kvf__wake(w->wake_fd);
+    if (w->started) pthread_join(w->thread, NULL);
+    destroy(w);
+}

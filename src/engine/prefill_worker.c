@@ -1,0 +1,713 @@
+/*
+ * prefill_worker.c — the prefill worker loop: GRANT → compute the prompt's KV in its own pool →
+ * put each finished page into the granted decode page → flush → DONE with the first token.
+ *
+ * Threads: one loop thread owns everything here — the pool, the protocol machines (one per
+ * decode connection), the UCX worker, the jobs; the fwd's compute threads run only inside
+ * kvf_fwd_run on the loop thread. Transport callbacks run inside kvf_xport_progress on the loop
+ * thread and only queue what happened (frames, flush completions, failures); the loop handles
+ * the queue after progress returns, so no handler re-enters UCX from inside a callback.
+ *
+ * One job (one GRANT):
+ *   queued ──compute (chunks)──▶ pages ready one by one ──▶ puts posted ──▶ flush ──▶ DONE sent
+ * The job's source pages are held by the job (HOLDER_SEQ) and, while a put reads one, by the put
+ * (HOLDER_XFER_SRC, released on the machine's RELEASE_SRC at local completion: H5). A job ends
+ * when the machine is done with it and no put of it is outstanding.
+ *
+ * No byte of another request travels: the prefill pool may hand this job a page last used by
+ * another tenant, so the slots of a page beyond what this prompt wrote are zeroed before its
+ * checksum is taken and before it is put (the put covers the page's data whole).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "engine_internal.h"
+
+#define PF_CHUNK 256u      /* prompt tokens per forward call */
+#define PF_MAX_SESS 8u     /* decode connections at once */
+#define PF_FRAME_CAP (KVF_PROTO_MAX_MSG_BYTES)
+
+struct pjob;
+
+/* One put of one page: data then trailer; both must complete locally before RELEASE_SRC. */
+struct pput {
+    struct kvf_prefill_worker *w;
+    struct pjob *job;
+    uint32_t index;
+    uint32_t left; /* puts of this page not yet complete locally */
+};
+
+struct pjob {
+    bool used;
+    struct kvf_prefill_worker *w;
+    bool flush_out; /* a flush of this job is outstanding: its callback still names the job */
+    struct psess *s;
+    kvf_req_id_t req;
+    uint64_t nonce;
+    uint32_t tenant;
+    struct kvf_msg_sampling sampling;
+    uint32_t n_tokens;
+    int32_t *tokens;                   /* [n_tokens] */
+    uint32_t n_pages;
+    struct kvf_page_ref *dst;          /* [n_pages]: the granted decode pages */
+    struct kvf_page_ref *src;          /* [n_pages]: this pool's pages */
+    struct kvf_page_trailer *trailers; /* [n_pages]: put after each page's data */
+    struct pput *puts;                 /* [n_pages] */
+    uint32_t puts_out;                 /* puts posted and not complete locally */
+    bool computed, aborted, finished;  /* finished: the machine no longer needs it */
+    float first_logprob;
+    uint32_t n_top;
+    int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
+    float top_lps[KVF_GEN_MAX_LOGPROBS];
+    struct pjob *next_queued;
+};
+
+struct psess {
+    bool used;
+    kvf_conn_t *conn;
+    kvf_prefill_t *m;
+    bool hello_ok, failed;
+    uint32_t epoch;
+};
+
+enum pev_kind { PEV_FRAME = 1, PEV_FLUSHED = 2, PEV_CONN_FAILED = 3, PEV_ACCEPT = 4 };
+struct pev {
+    enum pev_kind kind;
+    kvf_conn_t *conn;
+    struct pjob *job;
+    uint64_t nonce;
+    kvf_req_id_t req;
+    int status;
+    uint8_t *buf;
+    size_t len;
+    struct pev *next;
+};
+
+struct kvf_prefill_worker {
+    struct kvf_worker_config cfg;
+    pthread_t thread;
+    bool started;
+    volatile int stop;
+    int wake_fd;
+    kvf_pool_t *pool;
+    kvf_fwd_t *fwd;
+    kvf_xport_t *x;
+    uint32_t n_vocab;
+    size_t data_bytes, trailer_off, page_bytes, block_bytes;
+    struct kvf_pool_geometry geo;
+    struct psess sess[PF_MAX_SESS];
+    struct pjob *jobs; /* [max_reqs] */
+    struct pjob *queue_head, *queue_tail;
+    struct pev *ev_head, *ev_tail;
+    struct kvf_actions acts;
+    bool in_actions;
+    struct kvf_msg_scratch scratch;
+    uint8_t *frame;
+    float *logits;
+};
+
+/* --- Deferred events (from transport callbacks). ------------------------------------------ */
+
+static void ev_push(struct kvf_prefill_worker *w, struct pev *e)
+{
+    e->next = NULL;
+    if (w->ev_tail)
+        w->ev_tail->next = e;
+    else
+        w->ev_head = e;
+    w->ev_tail = e;
+}
+
+static void on_accept(void *ctx, kvf_conn_t *c)
+{
+    struct pev *e = calloc(1, sizeof(*e));
+    if (!e) return;
+    e->kind = PEV_ACCEPT;
+    e->conn = c;
+    ev_push(ctx, e);
+}
+
+static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
+{
+    struct pev *e = calloc(1, sizeof(*e));
+    if (!e) return; /* dropped like a lost frame; the protocol's timeouts cover it */
+    e->buf = malloc(len ? len : 1);
+    if (!e->buf) {
+        free(e);
+        return;
+    }
+    memcpy(e->buf, buf, len);
+    e->len = len;
+    e->kind = PEV_FRAME;
+    e->conn = c;
+    ev_push(ctx, e);
+}
+
+static void on_error(void *ctx, kvf_conn_t *c, int err)
+{
+    struct pev *e = calloc(1, sizeof(*e));
+    if (!e) return;
+    e->kind = PEV_CONN_FAILED;
+    e->conn = c;
+    e->status = err;
+    ev_push(ctx, e);
+}
+
+static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
+{
+    for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+        if (w->sess[i].used && w->sess[i].conn == c) return &w->sess[i];
+    return NULL;
+}
+
+/* --- Jobs. ---------------------------------------------------------------------------------- */
+
+static struct pjob *job_find(struct kvf_prefill_worker *w, struct psess *s, kvf_req_id_t req,
+                             uint64_t nonce)
+{
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
+        struct pjob *j = &w->jobs[i];
+        if (j->used && j->s == s && j->nonce == nonce && kvf_req_id_eq(j->req, req)) return j;
+    }
+    return NULL;
+}
+
+static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    uint64_t now = kvf__now_ms();
+    for (uint32_t i = 0; i < j->n_pages; i++)
+        if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now);
+    free(j->tokens);
+    free(j->dst);
+    free(j->src);
+    free(j->trailers);
+    free(j->puts);
+    memset(j, 0, sizeof(*j));
+}
+
+/* A job goes when the machine is done with it and no put still reads its pages. */
+static void job_maybe_free(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    if (j->used && j->finished && j->puts_out == 0 && !j->flush_out) job_free(w, j);
+}
+
+static void unqueue(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    struct pjob **pp = &w->queue_head, *prev = NULL;
+    while (*pp && *pp != j) {
+        prev = *pp;
+        pp = &(*pp)->next_queued;
+    }
+    if (!*pp) return;
+    *pp = j->next_queued;
+    if (w->queue_tail == j) w->queue_tail = prev;
+    j->next_queued = NULL;
+}
+
+/* --- Actions of a prefill machine. ---------------------------------------------------------- */
+
+static void run_actions(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_msg *grant);
+
+static void on_put_done(void *arg, int status)
+{
+    struct pput *p = arg;
+    (void)status; /* local completion, success or not: the source is no longer read */
+    struct kvf_prefill_worker *w = p->w;
+    struct pjob *j = p->job;
+    if (--p->left > 0) return;
+    j->puts_out--;
+    if (j->s && j->s->m) {
+        kvf_prefill_write_local_done(j->s->m, j->req, j->nonce, p->index, &w->acts);
+        run_actions(w, j->s, NULL);
+    } else {
+        /* The session is gone: release the put's hold here, as RELEASE_SRC would. */
+        kvf_pool_release(w->pool, j->src[p->index], KVF_HOLDER_XFER_SRC, kvf__now_ms());
+    }
+    job_maybe_free(w, j);
+}
+
+static void on_flush_done(void *arg, int status)
+{
+    struct pjob *j = arg;
+    struct kvf_prefill_worker *w = j->w;
+    j->flush_out = false;
+    if (status == 0 && j->s && !j->s->failed) {
+        /* The drain proof: handled on the loop, outside the transport's callback. */
+        struct pev *e = calloc(1, sizeof(*e));
+        if (e) {
+            e->kind = PEV_FLUSHED;
+            e->job = j;
+            e->req = j->req;
+            e->nonce = j->nonce;
+            ev_push(w, e);
+            return;
+        }
+    }
+    /* A flush that failed proves nothing: the job waits for its session's end. */
+    job_maybe_free(w, j);
+}
+
+static void post_write(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_action *a)
+{
+    struct pjob *j = job_find(w, s, a->req, a->nonce);
+    if (!j || a->index >= j->n_pages) return;
+    struct kvf_page_trailer *t = &j->trailers[a->index];
+    memset(t, 0, sizeof(*t));
+    t->tag = a->dst.tag;
+    t->req = a->req;
+    t->tenant = a->tenant;
+    t->slots = a->slots;
+    t->checksum = a->checksum;
+    t->epoch_nonce = kvf_trailer_epoch_nonce(a->epoch, a->nonce);
+    struct pput *p = &j->puts[a->index];
+    p->w = w;
+    p->job = j;
+    p->index = a->index;
+    p->left = 2;
+    kvf_pool_hold(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC);
+    j->puts_out++;
+    const uint8_t *src = kvf_pool_page_data(w->pool, j->src[a->index].page);
+    uint64_t off = (uint64_t)a->dst.page * w->page_bytes;
+    int rc = kvf_conn_put(s->conn, src, w->data_bytes, off, on_put_done, p);
+    if (rc < 0) on_put_done(p, rc);
+    kvf_conn_order(s->conn);
+    rc = kvf_conn_put(s->conn, t, sizeof(*t), off + w->trailer_off, on_put_done, p);
+    if (rc < 0) on_put_done(p, rc);
+}
+
+/* The session an action belongs to: SENDs name it (the machine's decode_peer is the session's
+ * index); the others through their job. */
+static struct psess *action_sess(struct kvf_prefill_worker *w, const struct kvf_action *a)
+{
+    if (a->kind == KVF_ACT_SEND) return a->peer < PF_MAX_SESS ? &w->sess[a->peer] : NULL;
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
+        struct pjob *j = &w->jobs[i];
+        if (j->used && j->nonce == a->nonce && kvf_req_id_eq(j->req, a->req)) return j->s;
+    }
+    return NULL;
+}
+
+/*
+ * Executes the actions the machines appended. Completions can arrive synchronously inside a
+ * put (and append more actions): a nested call returns at once and the running loop picks the
+ * new actions up, so actions run once each, in order.
+ */
+static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const struct kvf_msg *grant)
+{
+    if (w->in_actions) return;
+    w->in_actions = true;
+    for (uint32_t i = 0; i < w->acts.n; i++) {
+        struct kvf_action *a = &w->acts.v[i];
+        struct psess *s = a->kind == KVF_ACT_COMPUTE ? s0 : action_sess(w, a);
+        if (!s || !s->used) continue;
+        switch (a->kind) {
+        case KVF_ACT_SEND: {
+            struct pjob *j = job_find(w, s, a->msg.req, a->msg.nonce);
+            if (a->msg.type == KVF_MSG_DONE && j) {
+                a->msg.u.done.first_logprob = j->first_logprob;
+                a->msg.u.done.n_top = j->n_top;
+                for (uint32_t k = 0; k < j->n_top; k++) {
+                    a->msg.u.done.top_ids[k] = (uint32_t)j->top_ids[k];
+                    a->msg.u.done.top_logprobs[k] = j->top_lps[k];
+                }
+            }
+            if (s->conn && !s->failed) kvf__send_msg(s->conn, &a->msg, w->frame, PF_FRAME_CAP);
+            if (a->msg.type == KVF_MSG_DONE && j) {
+                /* The first token went out: the machine keeps the record; the job may go. */
+                kvf_prefill_clear(s->m, kvf__now_ms(), j->req, j->nonce, &w->acts);
+                j->finished = true;
+                job_maybe_free(w, j);
+            }
+            break;
+        }
+        case KVF_ACT_COMPUTE: {
+            if (!grant) break;
+            const struct kvf_msg_grant *g = &grant->u.grant;
+            struct pjob *j = NULL;
+            for (uint32_t k = 0; k < w->cfg.max_reqs && !j; k++)
+                if (!w->jobs[k].used) j = &w->jobs[k];
+            int err = -EBUSY;
+            if (j && g->n_tokens == g->expected_tokens) {
+                memset(j, 0, sizeof(*j));
+                j->tokens = malloc(g->n_tokens * sizeof(int32_t));
+                j->dst = malloc(g->n_pages * sizeof(*j->dst));
+                j->src = calloc(g->n_pages, sizeof(*j->src));
+                j->trailers = aligned_alloc(64, ((g->n_pages * sizeof(*j->trailers)) + 63) & ~(size_t)63);
+                j->puts = calloc(g->n_pages, sizeof(*j->puts));
+                if (j->tokens && j->dst && j->src && j->trailers && j->puts) {
+                    err = 0;
+                    for (uint32_t k = 0; k < g->n_tokens; k++) {
+                        if (g->tokens[k] >= w->n_vocab) err = KVF_E_PROTO_BOUNDS;
+                        j->tokens[k] = (int32_t)g->tokens[k];
+                    }
+                } else {
+                    err = -ENOMEM;
+                }
+                if (err == 0) {
+                    j->used = true;
+                    j->w = w;
+                    j->s = s;
+                    j->req = a->req;
+                    j->nonce = a->nonce;
+                    j->tenant = g->tenant;
+                    j->sampling = g->sampling;
+                    j->n_tokens = g->n_tokens;
+                    j->n_pages = g->n_pages;
+                    memcpy(j->dst, g->pages, g->n_pages * sizeof(*j->dst));
+                    if (w->queue_tail)
+                        w->queue_tail->next_queued = j;
+                    else
+                        w->queue_head = j;
+                    w->queue_tail = j;
+                } else {
+                    free(j->tokens);
+                    free(j->dst);
+                    free(j->src);
+                    free(j->trailers);
+                    free(j->puts);
+                    memset(j, 0, sizeof(*j));
+                }
+            } else if (j) {
+                err = KVF_E_PROTO_BOUNDS; /* a GRANT without its prompt */
+            }
+            if (err < 0) /* refused before anything was posted: the machine answers REJECT */
+                kvf_prefill_compute_failed(s->m, kvf__now_ms(), a->req, a->nonce, err, &w->acts);
+            break;
+        }
+        case KVF_ACT_ABORT_COMPUTE: {
+            struct pjob *j = job_find(w, s, a->req, a->nonce);
+            if (!j) break;
+            unqueue(w, j);
+            j->aborted = true;
+            j->finished = true;
+            job_maybe_free(w, j);
+            break;
+        }
+        case KVF_ACT_POST_WRITE: post_write(w, s, a); break;
+        case KVF_ACT_FLUSH: {
+            struct pjob *j = job_find(w, s, a->req, a->nonce);
+            if (!j) break;
+            j->flush_out = true;
+            int rc = s->conn && !s->failed ? kvf_conn_flush(s->conn, on_flush_done, j) : -ENOTCONN;
+            if (rc < 0) j->flush_out = false; /* a flush that cannot start never proves anything: the job waits for the
+                         connection's end, and decode's timeouts and fence end the grant */
+            break;
+        }
+        case KVF_ACT_RELEASE_SRC: {
+            struct pjob *j = job_find(w, s, a->req, a->nonce);
+            if (j && a->index < j->n_pages)
+                kvf_pool_release(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC, kvf__now_ms());
+            break;
+        }
+        default: break;
+        }
+    }
+    w->acts.n = 0;
+    w->in_actions = false;
+}
+
+/* --- Compute. -------------------------------------------------------------------------------- */
+
+/* Zeroes the slots of page `idx` this prompt did not write, takes its checksum, and tells the
+ * machine it is ready (which posts its write). */
+static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t idx, uint32_t first)
+{
+    uint32_t pt = w->geo.page_tokens;
+    uint32_t start = idx * pt, slots = j->n_tokens - start < pt ? j->n_tokens - start : pt;
+    uint8_t *page = kvf_pool_page_data(w->pool, j->src[idx].page);
+    size_t row = w->block_bytes / pt;
+    if (slots < pt)
+        for (uint32_t l = 0; l < w->geo.n_layers; l++)
+            for (int kv = 0; kv < 2; kv++)
+                memset(page + kvf_geo_kv_offset(&w->geo, l, kv) + slots * row, 0, (pt - slots) * row);
+    uint64_t sum = XXH3_64bits(page, w->data_bytes);
+    kvf_prefill_page_ready(j->s->m, kvf__now_ms(), j->req, j->nonce, idx, sum, first, &w->acts);
+    run_actions(w, j->s, NULL);
+}
+
+static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err)
+{
+    kvf_prefill_compute_failed(j->s->m, kvf__now_ms(), j->req, j->nonce, err, &w->acts);
+    run_actions(w, j->s, NULL);
+    j->finished = true;
+    job_maybe_free(w, j);
+}
+
+static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    uint32_t pt = w->geo.page_tokens;
+    struct kvf_owner own = {j->req, j->tenant};
+    int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages, false, j->src);
+    if (rc < 0) {
+        memset(j->src, 0, j->n_pages * sizeof(*j->src));
+        compute_failed(w, j, rc);
+        return;
+    }
+    uint32_t reported = 0;
+    for (uint32_t pos = 0; pos < j->n_tokens;) {
+        uint32_t len = j->n_tokens - pos < PF_CHUNK ? j->n_tokens - pos : PF_CHUNK;
+        bool last = pos + len == j->n_tokens;
+        struct kvf_fwd_seq seq = {j->req, j->tokens + pos, len, pos, j->src, j->n_pages,
+                                  last ? w->logits : NULL, 0};
+        rc = kvf__fwd_run_locked(w->cfg.compute_lock, w->fwd, w->pool, &seq, 1);
+        if (rc != 1 || seq.status != 0) {
+            compute_failed(w, j, rc < 0 ? rc : (seq.status ? seq.status : KVF_E_ENGINE));
+            return;
+        }
+        pos += len;
+        if (last) break;
+        /* Pages the chunk completed go now (H8: never a page whose compute is unfinished). */
+        for (; (reported + 1) * pt <= pos; reported++) page_ready(w, j, reported, 0);
+        if (j->aborted) return;
+    }
+    float lp = 0.0f;
+    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, &lp, &j->n_top, j->top_ids,
+                                j->top_lps);
+    if (tok < 0) {
+        compute_failed(w, j, tok);
+        return;
+    }
+    j->first_logprob = lp;
+    j->computed = true;
+    for (; reported < j->n_pages && !j->aborted; reported++) page_ready(w, j, reported, (uint32_t)tok);
+}
+
+/* --- Sessions and frames. -------------------------------------------------------------------- */
+
+static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const uint8_t *buf, size_t len)
+{
+    struct kvf_msg m;
+    long n = kvf_msg_decode(buf, len, &m, &w->scratch);
+    if (n != (long)len) return; /* does not decode: dropped, never trusted */
+    if (m.type == KVF_MSG_HELLO) {
+        struct kvf_msg_hello mine = {w->cfg.model_fp, w->geo, w->cfg.max_context,
+                                     (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
+                                     0, KVF_ROLE_PREFILL};
+        if (m.u.hello.role != KVF_ROLE_DECODE || kvf_proto_hello_check(&mine, &m.u.hello) < 0) {
+            fprintf(stderr, "kvfence prefill: refusing a decode worker whose model, page geometry "
+                            "or context limit (%u) differs from ours (%u)\n",
+                    m.u.hello.max_context, w->cfg.max_context);
+            s->failed = true;
+            return;
+        }
+        struct kvf_msg reply = {.type = KVF_MSG_HELLO, .epoch = m.epoch};
+        reply.u.hello = mine;
+        kvf__send_msg(s->conn, &reply, w->frame, PF_FRAME_CAP);
+        s->hello_ok = true;
+        s->epoch = m.epoch;
+        kvf_prefill_connect(s->m, m.epoch, &w->acts);
+        run_actions(w, s, NULL);
+        return;
+    }
+    if (!s->hello_ok) return;
+    kvf_prefill_on_msg(s->m, kvf__now_ms(), &m, &w->acts);
+    run_actions(w, s, &m);
+}
+
+static void sess_open(struct kvf_prefill_worker *w, kvf_conn_t *c)
+{
+    struct psess *s = NULL;
+    for (uint32_t i = 0; i < PF_MAX_SESS && !s; i++)
+        if (!w->sess[i].used) s = &w->sess[i];
+    struct kvf_prefill_config pc = {s ? (uint16_t)(s - w->sess) : 0, w->cfg.max_reqs,
+                                    (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
+                                    w->cfg.max_context, w->geo.page_tokens, NULL};
+    if (!s || kvf_prefill_create(&pc, &s->m) < 0) {
+        kvf_conn_close(c);
+        return;
+    }
+    s->used = true;
+    s->conn = c;
+    s->hello_ok = s->failed = false;
+}
+
+static bool sess_has_jobs(struct kvf_prefill_worker *w, struct psess *s)
+{
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+        if (w->jobs[i].used && w->jobs[i].s == s) return true;
+    return false;
+}
+
+/* A failed session: its machine forgets everything (aborting live jobs), its endpoint closes
+ * (outstanding puts end with errors, releasing their sources), and once no job names it the
+ * session goes. */
+static void sess_reap(struct kvf_prefill_worker *w)
+{
+    for (uint32_t i = 0; i < PF_MAX_SESS; i++) {
+        struct psess *s = &w->sess[i];
+        if (!s->used || !s->failed) continue;
+        if (s->conn) {
+            kvf_prefill_peer_down(s->m, &w->acts);
+            run_actions(w, s, NULL);
+            kvf_conn_t *c = s->conn;
+            s->conn = NULL;
+            kvf_conn_close(c);
+        }
+        if (sess_has_jobs(w, s)) continue;
+        kvf_prefill_destroy(s->m);
+        memset(s, 0, sizeof(*s));
+    }
+}
+
+static void handle_events(struct kvf_prefill_worker *w)
+{
+    while (w->ev_head) {
+        struct pev *e = w->ev_head;
+        w->ev_head = e->next;
+        if (!w->ev_head) w->ev_tail = NULL;
+        struct psess *s = e->conn ? sess_of(w, e->conn) : NULL;
+        switch (e->kind) {
+        case PEV_ACCEPT: sess_open(w, e->conn); break;
+        case PEV_FRAME:
+            if (s && !s->failed) handle_frame(w, s, e->buf, e->len);
+            break;
+        case PEV_CONN_FAILED:
+            if (s) s->failed = true;
+            break;
+        case PEV_FLUSHED: {
+            struct pjob *j = e->job;
+            if (j->used && j->s && !j->s->failed && j->nonce == e->nonce) {
+                kvf_prefill_flushed(j->s->m, kvf__now_ms(), j->req, j->nonce, &w->acts);
+                run_actions(w, j->s, NULL);
+            }
+            job_maybe_free(w, j);
+            break;
+        }
+        }
+        free(e->buf);
+        free(e);
+    }
+}
+
+static void *loop(void *arg)
+{
+    struct kvf_prefill_worker *w = arg;
+    while (!w->stop) {
+        kvf_xport_progress(w->x);
+        handle_events(w);
+        sess_reap(w);
+        if (w->queue_head) {
+            struct pjob *j = w->queue_head;
+            unqueue(w, j);
+            if (!j->aborted && j->s && !j->s->failed) compute_job(w, j);
+            continue;
+        }
+        kvf__loop_wait(w->x, w->wake_fd, 200);
+    }
+    return NULL;
+}
+
+/* --- Start and stop. ------------------------------------------------------------------------- */
+
+static void destroy(struct kvf_prefill_worker *w)
+{
+    /* Endpoints first (forced: the fence), so nothing can still be written or read. */
+    for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+        if (w->sess[i].used) w->sess[i].failed = true;
+    if (w->x) {
+        sess_reap(w);
+        kvf_xport_destroy(w->x);
+        w->x = NULL;
+    }
+    handle_events(w);
+    if (w->jobs) {
+        for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+            if (w->jobs[i].used) job_free(w, &w->jobs[i]);
+    }
+    for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+        if (w->sess[i].m) kvf_prefill_destroy(w->sess[i].m);
+    kvf_fwd_destroy(w->fwd);
+    kvf_pool_destroy(w->pool);
+    free(w->jobs);
+    free(w->acts.v);
+    free(w->scratch.pages);
+    free(w->scratch.checksums);
+    free(w->scratch.tokens);
+    free(w->frame);
+    free(w->logits);
+    if (w->wake_fd >= 0) close(w->wake_fd);
+    free(w);
+}
+
+int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_worker_t **out,
+                             char *err, size_t err_len)
+{
+    struct kvf_prefill_worker *w = calloc(1, sizeof(*w));
+    if (!w) return -ENOMEM;
+    w->cfg = *cfg;
+    if (!w->cfg.max_reqs) w->cfg.max_reqs = 64;
+    w->wake_fd = kvf__wake_open();
+    int rc = w->wake_fd < 0 ? w->wake_fd : 0;
+    const struct kvf_model_hparams *hp = kvf_model_hparams(cfg->model);
+    w->n_vocab = hp->n_vocab;
+    kvf_model_geometry(cfg->model, cfg->page_tokens, &w->geo);
+    w->data_bytes = kvf_geo_data_bytes(&w->geo);
+    w->trailer_off = kvf_geo_trailer_offset(&w->geo);
+    w->page_bytes = kvf_geo_page_bytes(&w->geo);
+    w->block_bytes = kvf_geo_block_bytes(&w->geo);
+    uint32_t max_pages = (cfg->max_context + cfg->page_tokens - 1) / cfg->page_tokens;
+    struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = 1,
+                                 .tag_seed = 0x5000000000ull, .poison_on_free = cfg->poison_free};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, PF_CHUNK, 1};
+    if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
+        snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
+    if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
+        snprintf(err, err_len, "cannot start the compute threads: %s", kvf_strerror(rc));
+    if (rc == 0) {
+        w->jobs = calloc(w->cfg.max_reqs, sizeof(*w->jobs));
+        w->acts.cap = 4 * w->cfg.max_reqs + 64;
+        w->acts.v = calloc(w->acts.cap, sizeof(*w->acts.v));
+        w->scratch.pages = calloc(max_pages, sizeof(*w->scratch.pages));
+        w->scratch.pages_cap = max_pages;
+        w->scratch.checksums = calloc(max_pages, sizeof(uint64_t));
+        w->scratch.checksums_cap = max_pages;
+        w->scratch.tokens = calloc(cfg->max_context, sizeof(uint32_t));
+        w->scratch.tokens_cap = cfg->max_context;
+        w->frame = malloc(PF_FRAME_CAP);
+        w->logits = malloc(hp->n_vocab * sizeof(float));
+        if (!w->jobs || !w->acts.v || !w->scratch.pages || !w->scratch.checksums ||
+            !w->scratch.tokens || !w->frame || !w->logits) {
+            rc = -ENOMEM;
+            snprintf(err, err_len, "out of memory");
+        }
+    }
+    if (rc == 0) {
+        struct kvf_xport_config xc = {cfg->listen_host ? cfg->listen_host : "127.0.0.1",
+                                      cfg->listen_port, cfg->keepalive_ms, NULL, 0};
+        struct kvf_xport_events ev = {w, on_accept, on_frame, NULL, on_error};
+        rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
+    }
+#if defined(KVF_TEST_BUILD)
+    if (rc == 0) {
+        struct kvf_xport_faults f;
+        if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
+    }
+#endif
+    if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
+        snprintf(err, err_len, "cannot start the prefill loop thread");
+    if (rc < 0) {
+        destroy(w);
+        return rc;
+    }
+    w->started = true;
+    *out = w;
+    return 0;
+}
+
+uint16_t kvf_prefill_worker_port(const kvf_prefill_worker_t *w)
+{
+    return kvf_xport_port(w->x);
+}
+
+void kvf_prefill_worker_stop(kvf_prefill_worker_t *w)
+{
+    if (!w) return;
+    w->stop = 1;
+    kvf__wake(w->wake_fd);
+    if (w->started) pthread_join(w->thread, NULL);
+    destroy(w);
+}

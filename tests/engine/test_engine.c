@@ -1,0 +1,266 @@
+/*
+ * test_engine.c — the prefill and decode workers joined by the real protocol over UCX (TCP on
+ * loopback), in one process: a request's tokens and logprobs must equal the same request run
+ * alone through the forward pass (what `kvfence run` does), alone and under concurrency; cancels
+ * and limits end requests cleanly; the pools return to all free.
+ */
+#include <pthread.h>
+
+#include "kvf_test.h"
+#include "kvfence/engine.h"
+#include "kvfence/gguf.h"
+#include "kvfence/model.h"
+#include "kvfence/pool.h"
+
+#define PT 16u
+#define CTX 512u
+
+struct rig {
+    char dir[64], path[128];
+    kvf_gguf_t *g;
+    kvf_model_t *m;
+    pthread_mutex_t compute;
+    kvf_prefill_worker_t *pw;
+    kvf_decode_worker_t *dw;
+    uint32_t n_vocab;
+};
+
+static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
+{
+    char err[256] = "";
+    snprintf(r->dir, sizeof(r->dir), "/tmp/kvf_engine_XXXXXX");
+    ASSERT_NOT_NULL(mkdtemp(r->dir));
+    snprintf(r->path, sizeof(r->path), "%s/m.gguf", r->dir);
+    if (kvf_mkmodel_write(r->path, kvf_mkmodel_shape_by_name(shape), KVF_GGML_F32, 7, err, sizeof(err)) < 0)
+        KVF_FAIL("mkmodel: %s", err);
+    if (kvf_gguf_open(r->path, &r->g, err, sizeof(err)) < 0) KVF_FAIL("open: %s", err);
+    if (kvf_model_load(r->g, &r->m, err, sizeof(err)) < 0) KVF_FAIL("load: %s", err);
+    r->n_vocab = kvf_model_hparams(r->m)->n_vocab;
+    pthread_mutex_init(&r->compute, NULL);
+    struct kvf_worker_config c = {.model = r->m, .model_fp = 42, .page_tokens = PT, .n_pages = 128,
+                                  .n_threads = 1, .max_context = CTX, .listen_host = "127.0.0.1",
+                                  .compute_lock = &r->compute,
+#if defined(KVF_TEST_BUILD)
+                                  .poison_free = true,
+#endif
+                                  .grant_timeout_ms = 5000, .hold_timeout_ms = 2000};
+    if (kvf_prefill_worker_start(&c, &r->pw, err, sizeof(err)) < 0) KVF_FAIL("prefill: %s", err);
+    c.n_pages = decode_pages;
+    c.prefill_host = "127.0.0.1";
+    c.prefill_port = kvf_prefill_worker_port(r->pw);
+    c.max_batch = 16;
+    if (kvf_decode_worker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
+    for (int i = 0; i < 500; i++) {
+        struct kvf_engine_info in;
+        kvf_decode_gen_ops.info(r->dw, &in);
+        if (in.prefill_up) return;
+        usleep(10000);
+    }
+    KVF_FAIL("the decode worker never connected to the prefill worker");
+}
+
+/* Waits until the decode pool is all free again, and stops everything. */
+static void rig_stop(struct rig *r)
+{
+    struct kvf_engine_info in = {0};
+    for (int i = 0; i < 500; i++) {
+        kvf_decode_gen_ops.info(r->dw, &in);
+        if (in.decode_free == in.decode_pages && in.running == 0 && in.decode_reserved == 0) break;
+        usleep(10000);
+    }
+    ASSERT_EQ_INT(in.decode_free, in.decode_pages);
+    ASSERT_EQ_INT(in.decode_reserved, 0);
+    kvf_decode_worker_stop(r->dw, 1000);
+    kvf_prefill_worker_stop(r->pw);
+    kvf_model_free(r->m);
+    kvf_gguf_close(r->g);
+    unlink(r->path);
+    rmdir(r->dir);
+}
+
+struct out {
+    int32_t tok[CTX];
+    float lp[CTX];
+    int32_t top[CTX][3];
+    uint32_t n;
+    int err;
+    bool stopped;
+};
+
+/* The request alone: its own pool, the prompt in one call, then one token at a time, sampled
+ * exactly as `kvfence run` does. */
+static void solo(struct rig *r, const struct kvf_gen_params *p, struct out *o)
+{
+    struct kvf_pool_config pc = {.n_pages = CTX / PT, .max_peers = 1, .tag_seed = 1};
+    kvf_model_geometry(r->m, PT, &pc.geo);
+    kvf_pool_t *pool;
+    ASSERT_OK(kvf_pool_create(&pc, &pool));
+    struct kvf_page_ref pages[CTX / PT];
+    struct kvf_owner own = {{9, 9}, 1};
+    ASSERT_OK(kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, CTX / PT, false, pages));
+    struct kvf_fwd_config fc = {1, CTX, 1};
+    kvf_fwd_t *f;
+    ASSERT_OK(kvf_fwd_create(r->m, &fc, &f));
+    float *logits = malloc(r->n_vocab * sizeof(float));
+    int32_t cur = 0;
+    uint32_t pos = 0;
+    memset(o, 0, sizeof(*o));
+    for (uint32_t step = 0; step < p->max_tokens; step++) {
+        struct kvf_fwd_seq s = {own.req, step == 0 ? p->prompt : &cur, step == 0 ? p->n_prompt : 1, pos,
+                                pages, CTX / PT, logits, 0};
+        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &s, 1), 1);
+        ASSERT_OK(s.status);
+        pos += s.n_tokens;
+        cur = kvf_sample(logits, r->n_vocab, &p->sample, step);
+        ASSERT_TRUE(cur >= 0);
+        int32_t ids[3];
+        float lps[3];
+        kvf_sample_top_logprobs(logits, r->n_vocab, 3, ids, lps);
+        o->tok[o->n] = cur;
+        memcpy(o->top[o->n], ids, sizeof(ids));
+        o->n++;
+        bool stop = false;
+        for (uint32_t k = 0; k < p->n_stop_ids; k++) stop |= p->stop_ids[k] == cur;
+        if (stop) {
+            o->stopped = true;
+            break;
+        }
+    }
+    free(logits);
+    kvf_fwd_destroy(f);
+    kvf_pool_destroy(pool);
+}
+
+static void collect(struct rig *r, kvf_gen_t *g, struct out *o)
+{
+    memset(o, 0, sizeof(*o));
+    for (;;) {
+        struct kvf_gen_event ev;
+        int got = kvf_decode_gen_ops.next(r->dw, g, &ev, 20000);
+        if (!got) KVF_FAIL("no event within 20 s");
+        if (ev.kind == KVF_GEN_END) {
+            o->err = ev.err;
+            o->stopped = ev.stopped;
+            break;
+        }
+        ASSERT_TRUE(o->n < CTX);
+        o->tok[o->n] = ev.token;
+        o->lp[o->n] = ev.logprob;
+        if (ev.n_top >= 3) memcpy(o->top[o->n], ev.top_ids, 3 * sizeof(int32_t));
+        o->n++;
+    }
+    kvf_decode_gen_ops.release(r->dw, g);
+}
+
+static void make_prompt(int32_t *p, uint32_t n, uint32_t seed, uint32_t n_vocab)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    p[0] = 1;
+    for (uint32_t i = 1; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        p[i] = (int32_t)(3 + x % (n_vocab - 3));
+    }
+}
+
+static void expect_same(const struct out *got, const struct out *want)
+{
+    ASSERT_OK(got->err);
+    ASSERT_EQ_INT(got->n, want->n);
+    ASSERT_MEMEQ(got->tok, want->tok, want->n * sizeof(int32_t));
+}
+
+static void test_one_request_equals_solo(void)
+{
+    struct rig r;
+    rig_start(&r, "tiny", 128);
+    int32_t prompt[37];
+    make_prompt(prompt, 37, 1, r.n_vocab);
+    struct kvf_gen_params p = {.tenant = 1, .prompt = prompt, .n_prompt = 37, .max_tokens = 40,
+                               .sample = {0.0f, 0, 1.0f, 1}, .n_logprobs = 3};
+    kvf_gen_t *g;
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p, &g));
+    struct out got, want;
+    collect(&r, g, &got);
+    solo(&r, &p, &want);
+    expect_same(&got, &want);
+    for (uint32_t i = 0; i < want.n; i++) ASSERT_MEMEQ(got.top[i], want.top[i], sizeof(got.top[i]));
+    ASSERT_FALSE(got.stopped);
+    rig_stop(&r);
+}
+
+static void test_sixteen_concurrent_equal_solo(void)
+{
+    struct rig r;
+    rig_start(&r, "tiny", 256);
+    enum { N = 16 };
+    static int32_t prompts[N][80];
+    struct kvf_gen_params p[N];
+    kvf_gen_t *g[N];
+    for (int i = 0; i < N; i++) {
+        uint32_t n = 5 + 5 * (uint32_t)i;
+        make_prompt(prompts[i], n, 100 + (uint32_t)i, r.n_vocab);
+        p[i] = (struct kvf_gen_params){.tenant = 1 + (uint32_t)i % 3, .prompt = prompts[i], .n_prompt = n,
+                                       .max_tokens = 10 + 3 * (uint32_t)i,
+                                       .sample = {i % 2 ? 0.8f : 0.0f, i % 4 == 1 ? 20u : 0u,
+                                                  i % 4 == 3 ? 0.9f : 1.0f, 1000u + (uint64_t)i}};
+        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p[i], &g[i]));
+    }
+    for (int i = 0; i < N; i++) {
+        struct out got, want;
+        collect(&r, g[i], &got);
+        solo(&r, &p[i], &want);
+        expect_same(&got, &want);
+    }
+    rig_stop(&r);
+}
+
+static void test_cancel_and_limits(void)
+{
+    struct rig r;
+    rig_start(&r, "tiny", 128);
+    int32_t prompt[20];
+    make_prompt(prompt, 20, 5, r.n_vocab);
+    struct kvf_gen_params p = {.tenant = 2, .prompt = prompt, .n_prompt = 20, .max_tokens = 400,
+                               .sample = {0.0f, 0, 1.0f, 1}};
+    kvf_gen_t *g;
+    /* prompt + max_tokens one over the limit: refused before anything moves. */
+    p.max_tokens = CTX - 20 + 1;
+    ASSERT_ERR(kvf_decode_gen_ops.submit(r.dw, &p, &g), KVF_E_PROTO_REJECTED);
+    p.max_tokens = CTX - 20; /* exactly the limit: served */
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p, &g));
+    struct kvf_gen_event ev;
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ_INT(kvf_decode_gen_ops.next(r.dw, g, &ev, 20000), 1);
+        ASSERT_EQ_INT(ev.kind, KVF_GEN_TOKEN);
+    }
+    kvf_decode_gen_ops.cancel(r.dw, g);
+    do {
+        ASSERT_EQ_INT(kvf_decode_gen_ops.next(r.dw, g, &ev, 20000), 1);
+    } while (ev.kind != KVF_GEN_END);
+    ASSERT_EQ_INT(ev.err, KVF_E_PROTO_CANCELLED);
+    kvf_decode_gen_ops.release(r.dw, g);
+    /* A cancel right after submit (queued or during prefill) also ends cleanly. */
+    for (int i = 0; i < 8; i++) {
+        p.max_tokens = 50;
+        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p, &g));
+        if (i % 2) usleep(2000 * (unsigned)i);
+        kvf_decode_gen_ops.cancel(r.dw, g);
+        do {
+            ASSERT_EQ_INT(kvf_decode_gen_ops.next(r.dw, g, &ev, 20000), 1);
+        } while (ev.kind != KVF_GEN_END);
+        ASSERT_TRUE(ev.err == KVF_E_PROTO_CANCELLED || ev.err == 0);
+        kvf_decode_gen_ops.release(r.dw, g);
+    }
+    rig_stop(&r);
+}
+
+static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_one_request_equals_solo),
+    KVF_CASE(test_sixteen_concurrent_equal_solo),
+    KVF_CASE(test_cancel_and_limits),
+};
+
+int main(int argc, char **argv)
+{
+    return KVF_TEST_MAIN(argc, argv, cases);
+}
