@@ -29,10 +29,11 @@
 #include <ucp/api/ucp.h>
 
 #define AM_ID 7u
-enum am_kind { AM_RKEY = 1, AM_FRAME = 2 };
+enum am_kind { AM_RKEY = 1, AM_FRAME = 2, AM_WRITE = 3, AM_FLUSH_REQ = 4, AM_FLUSH_ACK = 5 };
 struct am_hdr {
     uint32_t kind;
     uint32_t pad;
+    uint64_t arg; /* WRITE: offset into the target's region; FLUSH_*: the flush's id */
 };
 
 enum op_kind { OP_PUT = 1, OP_FLUSH = 2, OP_SEND = 3, OP_CLOSE = 4 };
@@ -50,6 +51,7 @@ struct op {
     uint8_t *buf; /* OP_SEND: the owned copy of the frame */
     struct am_hdr hdr; /* OP_SEND: UCX reads the header until the send completes */
     uint64_t due_ms;
+    uint64_t flush_id; /* OP_FLUSH over writes-as-messages: the id its ack names */
     bool completed; /* OP_CLOSE */
     ucs_status_t status;
     struct op *next;
@@ -66,6 +68,11 @@ struct kvf_conn {
     uint64_t remote_base;
     size_t remote_bytes;
     uint32_t ops; /* operations posted and not yet completed */
+    struct op *flushes; /* writes-as-messages: flushes awaiting their FLUSH_ACK */
+    uint64_t next_flush_id;
+    bool close_started;
+    struct op *close_op;   /* the forced close in flight (NULL once done, or if none could start) */
+    void *close_req;       /* the close's UCX request when no op could be had for it */
     kvf_conn_t *prev, *next;
 };
 
@@ -86,6 +93,10 @@ struct kvf_xport {
     struct op *delayed; /* fault hooks: operations to post later, unordered */
     struct kvf_xport_faults faults;
     uint64_t rng;
+    /* Page writes as ordered active messages (tcp) rather than ucp_put (RDMA verbs): see
+     * kvf_xport_create. */
+    bool msg_writes;
+    bool destroying;
 };
 
 static uint64_t now_ms(void)
@@ -176,6 +187,14 @@ static int settle(struct op *o, ucs_status_ptr_t sp)
 
 /* --- Connections. --------------------------------------------------------------------------- */
 
+static void start_close(kvf_conn_t *c);
+
+/*
+ * A failed endpoint is closed (forced) at once, from inside the error callback as UCX expects:
+ * messages the dead peer had already sent may still be queued on the socket, and UCX 1.13 stops
+ * the process ("unexpected error: Endpoint timeout" in its put handler) if one is handled on the
+ * failed endpoint; once the endpoint is closed they are dropped.
+ */
 static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st)
 {
     kvf_conn_t *c = arg;
@@ -183,6 +202,7 @@ static void on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st)
     if (c->failed) return;
     c->failed = true;
     snprintf(c->error, sizeof(c->error), "connection failed: %s", ucs_status_string(st));
+    start_close(c);
     if (!c->closing && c->x->ev.on_error) c->x->ev.on_error(c->x->ev.ctx, c, KVF_E_TRANSPORT);
 }
 
@@ -258,6 +278,16 @@ static void on_conn_request(ucp_conn_request_h req, void *arg)
     if (x->ev.on_accept) x->ev.on_accept(x->ev.ctx, c);
 }
 
+static int send_flush_ack(kvf_conn_t *c, uint64_t id);
+static void flush_acked(kvf_conn_t *c, uint64_t id);
+
+/*
+ * Every message on the worker. A message from an endpoint that is not a live connection — one
+ * we closed (the fence), one that failed — is dropped whatever it carries: after a fence,
+ * nothing of that peer is applied. WRITE messages are applied in arrival order, which on one
+ * endpoint is sending order, so a FLUSH_REQ is answered only after every write sent before it
+ * has been copied into the region: the ack is a drain proof.
+ */
 static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void *data,
                           size_t len, const ucp_am_recv_param_t *param)
 {
@@ -266,20 +296,33 @@ static ucs_status_t on_am(void *arg, const void *header, size_t header_len, void
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV))
         return UCS_OK; /* not ours, or not eager: dropped */
     kvf_conn_t *c = conn_by_ep(x, param->reply_ep);
-    if (!c || c->failed || c->closing) return UCS_OK;
+    if (!c || c->failed || c->closing || c->close_started) return UCS_OK;
     struct am_hdr h;
     memcpy(&h, header, sizeof(h));
-    if (h.kind == AM_FRAME) {
+    switch (h.kind) {
+    case AM_FRAME:
         if (x->ev.on_frame) x->ev.on_frame(x->ev.ctx, c, data, len);
-    } else if (h.kind == AM_RKEY && len > 16 && !c->rkey) {
-        uint64_t base, bytes;
-        memcpy(&base, data, 8);
-        memcpy(&bytes, (uint8_t *)data + 8, 8);
-        if (ucp_ep_rkey_unpack(c->ep, (uint8_t *)data + 16, &c->rkey) == UCS_OK) {
-            c->remote_base = base;
-            c->remote_bytes = (size_t)bytes;
-            if (x->ev.on_remote_ready) x->ev.on_remote_ready(x->ev.ctx, c);
+        break;
+    case AM_WRITE:
+        /* Only into the registered region, whole or not at all. */
+        if (x->rma_base && h.arg <= x->rma_bytes && len <= x->rma_bytes - h.arg)
+            memcpy((uint8_t *)x->rma_base + h.arg, data, len);
+        break;
+    case AM_FLUSH_REQ: send_flush_ack(c, h.arg); break;
+    case AM_FLUSH_ACK: flush_acked(c, h.arg); break;
+    case AM_RKEY:
+        if (len > 16 && !c->rkey && !c->remote_bytes) {
+            uint64_t base, bytes;
+            memcpy(&base, data, 8);
+            memcpy(&bytes, (uint8_t *)data + 8, 8);
+            if (x->msg_writes || ucp_ep_rkey_unpack(c->ep, (uint8_t *)data + 16, &c->rkey) == UCS_OK) {
+                c->remote_base = base;
+                c->remote_bytes = (size_t)bytes;
+                if (x->ev.on_remote_ready) x->ev.on_remote_ready(x->ev.ctx, c);
+            }
         }
+        break;
+    default: break;
     }
     return UCS_OK;
 }
@@ -309,6 +352,12 @@ static int check_tls(char *err, size_t err_len)
         }
     }
     return 0;
+}
+
+static bool tls_is_rdma(const char *tls)
+{
+    if (!tls || !*tls) return false;
+    return strstr(tls, "tcp") == NULL && (strstr(tls, "rc") || strstr(tls, "dc") || strstr(tls, "ud") || strstr(tls, "ib"));
 }
 
 static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ss, socklen_t *len)
@@ -350,6 +399,14 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
     snprintf(ka, sizeof(ka), "%ums", cfg->keepalive_ms ? cfg->keepalive_ms : 100u);
     ucp_config_modify(conf, "KEEPALIVE_INTERVAL", ka);
     if (!getenv("UCX_TLS")) ucp_config_modify(conf, "TLS", "tcp");
+    /* Over tcp, UCX emulates a put with active messages and answers each with an internal ack;
+     * if the writer died with puts in flight, UCX 1.13 aborts the target process when that ack
+     * cannot be sent ("unexpected error: Endpoint timeout" in ucp_put_handler). So over tcp the
+     * page writes are kvfence's own active messages, applied by the target in order, with a
+     * flush answered by the target after it applied every earlier write — the same semantics,
+     * under our control. Over RDMA verbs (UCX_TLS naming rc, dc or ud) writes are true
+     * one-sided puts and the flush is ucp_ep_flush_nbx. */
+    x->msg_writes = !tls_is_rdma(getenv("UCX_TLS"));
     ucp_params_t pp;
     memset(&pp, 0, sizeof(pp));
     pp.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -452,6 +509,7 @@ void kvf_xport_destroy(kvf_xport_t *x)
     if (!x) return;
     /* Every endpoint that could write the registered region is force-closed before the region
      * is unmapped: unmapping alone is not a fence (UCX_FENCES.md). */
+    x->destroying = true;
     while (x->conns) kvf_conn_close(x->conns);
     while (x->delayed) {
         struct op *o = x->delayed;
@@ -563,18 +621,18 @@ const char *kvf_conn_error(const kvf_conn_t *c)
 }
 bool kvf_conn_remote_ready(const kvf_conn_t *c)
 {
-    return c->rkey != NULL;
+    return c->remote_bytes != 0;
 }
 size_t kvf_conn_remote_bytes(const kvf_conn_t *c)
 {
-    return c->rkey ? c->remote_bytes : 0;
+    return c->remote_bytes;
 }
 
 /* --- Sends, puts, flushes. ----------------------------------------------------------------- */
 
 static int post_send(struct op *o)
 {
-    o->hdr = (struct am_hdr){(uint32_t)o->off, 0};
+    o->hdr = (struct am_hdr){(uint32_t)o->off, 0, o->flush_id};
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -644,6 +702,14 @@ static int post_put(struct op *o)
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     rp.cb.send = on_ucx_done;
     rp.user_data = o;
+    if (c->x->msg_writes) {
+        /* The source is sent from where it lies (not copied): the callback is the local
+         * completion, after which the caller may reuse it. */
+        rp.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+        o->hdr = (struct am_hdr){AM_WRITE, 0, o->off};
+        return settle(o, ucp_am_send_nbx(c->ep, AM_ID, &o->hdr, sizeof(o->hdr), o->src, o->len, &rp));
+    }
     return settle(o, ucp_put_nbx(c->ep, o->src, o->len, c->remote_base + o->off, c->rkey, &rp));
 }
 
@@ -651,7 +717,7 @@ int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off
                  kvf_xport_done_fn done, void *arg)
 {
     if (c->failed || c->closing) return -ENOTCONN;
-    if (!c->rkey) return -EAGAIN;
+    if (!kvf_conn_remote_ready(c)) return -EAGAIN;
     if (remote_off > c->remote_bytes || len > c->remote_bytes - remote_off) return -ERANGE;
     struct op *o = op_get(c->x, c, OP_PUT);
     if (!o) return -ENOMEM;
@@ -679,8 +745,78 @@ int kvf_conn_order(kvf_conn_t *c)
     return st == UCS_OK ? 0 : KVF_E_TRANSPORT;
 }
 
+/* A flush over writes-as-messages: a FLUSH_REQ behind the writes; the target's FLUSH_ACK (sent
+ * after it applied them) completes the op. */
+static void on_flush_req_sent(void *request, ucs_status_t st, void *user)
+{
+    struct op *o = user;
+    if (request) ucp_request_free(request);
+    if (st != UCS_OK) {
+        /* Never reached the peer: it can never be acked. */
+        kvf_conn_t *c = o->c;
+        for (struct op **pp = &c->flushes; *pp; pp = &(*pp)->next)
+            if (*pp == o) {
+                *pp = o->next;
+                op_finish(o, KVF_E_TRANSPORT);
+                return;
+            }
+    }
+}
+
+static void flush_acked(kvf_conn_t *c, uint64_t id)
+{
+    for (struct op **pp = &c->flushes; *pp; pp = &(*pp)->next) {
+        struct op *o = *pp;
+        if (o->flush_id == id) {
+            *pp = o->next;
+            op_finish(o, 0);
+            return;
+        }
+    }
+}
+
+static void on_ack_sent(void *request, ucs_status_t st, void *user)
+{
+    (void)st;
+    struct op *o = user;
+    if (request) ucp_request_free(request);
+    op_put_back(o);
+}
+
+static int send_flush_ack(kvf_conn_t *c, uint64_t id)
+{
+    struct op *o = op_get(c->x, c, OP_SEND);
+    if (!o) return -ENOMEM;
+    o->hdr = (struct am_hdr){AM_FLUSH_ACK, 0, id};
+    ucp_request_param_t rp;
+    memset(&rp, 0, sizeof(rp));
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    rp.cb.send = on_ack_sent;
+    rp.user_data = o;
+    rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, AM_ID, &o->hdr, sizeof(o->hdr), NULL, 0, &rp);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) op_put_back(o);
+    return 0;
+}
+
 static int post_flush(struct op *o)
 {
+    kvf_conn_t *c = o->c;
+    if (c->x->msg_writes) {
+        o->flush_id = ++c->next_flush_id;
+        o->next = c->flushes;
+        c->flushes = o;
+        o->hdr = (struct am_hdr){AM_FLUSH_REQ, 0, o->flush_id};
+        ucp_request_param_t rp;
+        memset(&rp, 0, sizeof(rp));
+        rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+        rp.cb.send = on_flush_req_sent;
+        rp.user_data = o;
+        rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+        ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, AM_ID, &o->hdr, sizeof(o->hdr), NULL, 0, &rp);
+        if (UCS_PTR_IS_ERR(sp)) on_flush_req_sent(NULL, UCS_PTR_STATUS(sp), o);
+        return 0;
+    }
     ucp_request_param_t rp;
     memset(&rp, 0, sizeof(rp));
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -740,11 +876,13 @@ static void run_delayed(kvf_xport_t *x)
     }
 }
 
-void kvf_conn_close(kvf_conn_t *c)
+/* Issues the forced close of c's endpoint once: delayed operations of c end first, with an
+ * error; UCX completes c's outstanding operations with errors as the close proceeds. */
+static void start_close(kvf_conn_t *c)
 {
     kvf_xport_t *x = c->x;
-    c->closing = true;
-    /* Delayed operations of this connection end first, with an error. */
+    if (c->close_started) return;
+    c->close_started = true;
     for (struct op **pp = &x->delayed; *pp;) {
         struct op *o = *pp;
         if (o->c == c) {
@@ -753,6 +891,12 @@ void kvf_conn_close(kvf_conn_t *c)
         } else {
             pp = &o->next;
         }
+    }
+    /* Flushes awaiting an ack will never get one: the connection proves nothing more. */
+    while (c->flushes) {
+        struct op *f = c->flushes;
+        c->flushes = f->next;
+        op_finish(f, -ENOTCONN);
     }
     struct op *o = op_get(x, NULL, OP_CLOSE);
     ucp_request_param_t rp;
@@ -765,16 +909,43 @@ void kvf_conn_close(kvf_conn_t *c)
         rp.user_data = o;
     }
     ucs_status_ptr_t sp = ucp_ep_close_nbx(c->ep, &rp);
-    if (sp != NULL && !UCS_PTR_IS_ERR(sp)) {
-        /* A forced close needs no reply from the peer; it completes within local progress. */
-        uint64_t give_up = now_ms() + 5000;
-        while ((!o || !o->completed) && now_ms() < give_up) ucp_worker_progress(x->worker);
-        if (!o) ucp_request_free(sp);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        if (o) op_put_back(o);
+        return;
     }
-    if (o) op_put_back(o);
+    c->close_op = o;
+    if (!o) c->close_req = sp;
+}
+
+void kvf_conn_close(kvf_conn_t *c)
+{
+    kvf_xport_t *x = c->x;
+#if defined(KVF_MUTANT_FENCE_WITHOUT_CLOSE)
+    /* Mutant: the "fence" only forgets the connection — the endpoint stays open and its writes
+     * keep landing, as when a target unregisters memory or drops its bookkeeping instead of
+     * closing the endpoint (UCX_FENCES.md). */
+    if (!x->destroying) {
+        c->user = NULL;
+        return;
+    }
+#endif
+    c->closing = true;
+    start_close(c);
+    /* A forced close needs no reply from the peer; it completes within local progress. */
+    uint64_t give_up = now_ms() + 5000;
+    if (c->close_op) {
+        while (!c->close_op->completed && now_ms() < give_up) ucp_worker_progress(x->worker);
+        op_put_back(c->close_op);
+        c->close_op = NULL;
+    } else if (c->close_req) {
+        while (ucp_request_check_status(c->close_req) == UCS_INPROGRESS && now_ms() < give_up)
+            ucp_worker_progress(x->worker);
+        ucp_request_free(c->close_req);
+        c->close_req = NULL;
+    }
     /* Outstanding operations of c completed (with errors) during the close; let the last
      * callbacks run before c goes. */
-    uint64_t give_up = now_ms() + 2000;
+    give_up = now_ms() + 2000;
     while (c->ops && now_ms() < give_up) ucp_worker_progress(x->worker);
     if (c->rkey) ucp_rkey_destroy(c->rkey);
     conn_unlink(c);
