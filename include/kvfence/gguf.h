@@ -188,7 +188,9 @@ struct kvf_mkmodel_shape {
 };
 
 /* tiny (64/2/4/2/172/512/2048, untied output), s15m (288/6/6/6/768/32000/2048, tied),
- * smol135m (576/30/9/3/1536/49152/8192, tied), or NULL for an unknown name. */
+ * smol135m (576/30/9/3/1536/49152/8192, tied), hist (512/1/8/8/64/1024/4096: constructed
+ * weights and a word vocabulary, see docs/TEST_MODELS.md; the seed is unused), or NULL for an
+ * unknown name. */
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
 
 /* Writes a model of `shape` to `path`. type: KVF_GGML_F32 or KVF_GGML_Q8_0 for the 2-D weights

@@ -1,5 +1,6 @@
-/* `kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m [--type f32|q8_0] [--seed N]`: writes a
- * Llama GGUF test model with seeded random weights and a byte-level SentencePiece vocab. */
+/* `kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m|hist [--type f32|q8_0] [--seed N]`:
+ * writes a Llama GGUF test model with seeded random weights and a byte-level SentencePiece vocab,
+ * or the constructed "hist" model (src/model/mkmodel_hist.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -13,7 +14,7 @@
 
 static void mkmodel_usage(FILE *f)
 {
-    fprintf(f, "usage: kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m [--type f32|q8_0] "
+    fprintf(f, "usage: kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m|hist [--type f32|q8_0] "
                "[--seed N]\n\n"
                "Writes a standard Llama GGUF with seeded random weights (scaled so activations\n"
                "stay near unit size) and a byte-level SentencePiece vocab: <unk>, <s>, </s>,\n"
@@ -23,6 +24,10 @@ static void mkmodel_usage(FILE *f)
                "  tiny      64/2/4/2/172/512/2048 (separate output.weight)\n"
                "  s15m      288/6/6/6/768/32000/2048 (output tied to token_embd)\n"
                "  smol135m  576/30/9/3/1536/49152/8192 (output tied to token_embd)\n"
+               "  hist      512/1/8/8/64/1024/4096, constructed, not random (no seed): greedy\n"
+               "            output repeats the word most frequent in what the token attends to,\n"
+               "            from 242 lower-case English words and the digits 0-9, so a KV\n"
+               "            leak shows in the text (docs/TEST_MODELS.md)\n"
                "--type q8_0 quantizes every 2-D weight whose rows are whole 32-value blocks;\n"
                "the others and all norms stay f32. Default type f32, seed 1.\n");
 }
@@ -64,7 +69,8 @@ int kvf_cmd_mkmodel(int argc, char **argv)
     }
     const struct kvf_mkmodel_shape *shape = kvf_mkmodel_shape_by_name(shape_name);
     if (!shape) {
-        fprintf(stderr, "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m)\n", shape_name);
+        fprintf(stderr, "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m, hist)\n",
+                shape_name);
         return 2;
     }
     uint32_t type;

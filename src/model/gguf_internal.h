@@ -1,5 +1,6 @@
 /* Internals shared by the GGUF reader, writer and the tokenizer: a byte-string hash and the
- * error-message helper. Not part of the public API. */
+ * error-message helper; and the hist test model's entry points (mkmodel_hist.c). Not part of
+ * the public API. */
 #ifndef KVF_GGUF_INTERNAL_H
 #define KVF_GGUF_INTERNAL_H
 
@@ -7,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "kvfence/gguf.h"
 
 /* FNV-1a over n bytes, finished with a 64-bit mix so that the low bits (which index the
  * power-of-two tables) depend on every input byte. */
@@ -46,5 +49,15 @@ static inline size_t kvf__gguf_table_cap(uint64_t n)
     }
     return cap;
 }
+
+/* The hist test model (mkmodel_hist.c's header says what it computes): its shape, which
+ * kvf_mkmodel_shape_by_name("hist") returns and kvf_mkmodel_write hands to
+ * kvf__mkmodel_hist_write (type F32 or Q8_0; no seed: nothing in it is random). */
+#define KVF__HIST_N_VOCAB    1024u
+#define KVF__HIST_FIRST_WORD 259u /* word j of the list is token KVF__HIST_FIRST_WORD + j */
+extern const struct kvf_mkmodel_shape kvf__mkmodel_hist_shape;
+int kvf__mkmodel_hist_write(const char *path, uint32_t type, char *err, size_t err_len);
+/* The counted words, without the leading "▁", in token order (a static array); the count. */
+uint32_t kvf__mkmodel_hist_words(const char *const **out);
 
 #endif

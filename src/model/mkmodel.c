@@ -31,6 +31,7 @@ const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name)
 {
     for (size_t i = 0; name && i < KVF_ARRAY_LEN(shapes); i++)
         if (strcmp(shapes[i].name, name) == 0) return &shapes[i];
+    if (name && strcmp(name, kvf__mkmodel_hist_shape.name) == 0) return &kvf__mkmodel_hist_shape;
     return NULL;
 }
 
@@ -198,6 +199,9 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
                       uint64_t seed, char *err, size_t err_len)
 {
     if (err && err_len) err[0] = '\0';
+    /* The hist model is constructed, not drawn: its own writer (seed unused). */
+    if (s && s->name && strcmp(s->name, kvf__mkmodel_hist_shape.name) == 0)
+        return kvf__mkmodel_hist_write(path, type, err, err_len);
     if (!path || !s || (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0) || s->n_heads == 0 ||
         s->n_kv_heads == 0 || s->dim % s->n_heads != 0 || s->n_heads % s->n_kv_heads != 0 ||
         s->n_vocab < 259 || s->n_layers == 0 || s->n_layers > 1000)
