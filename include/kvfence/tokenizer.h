@@ -1,20 +1,37 @@
 /*
  * kvfence/tokenizer.h — text <-> tokens for the vocabulary stored in a GGUF file.
  *
- * Only the SentencePiece "llama" model is read (tokenizer.ggml.model == "llama"): pieces with
- * scores and token types, byte fallback through the <0xXX> tokens, BOS and EOS. Any other model
- * ("gpt2" byte-level BPE, ...) is refused by name with KVF_E_MODEL_UNSUPPORTED.
+ * Two models are read (tokenizer.ggml.model); any other is refused by name with
+ * KVF_E_MODEL_UNSUPPORTED:
  *
- * Encoding: the text must be valid UTF-8 (else -EILSEQ). Spaces become U+2581 ("▁") and one is
- * prepended (unless tokenizer.ggml.add_space_prefix is false); the text is split into
- * characters, and adjacent symbols are merged greedily, always the pair whose merged piece has
- * the highest score (leftmost on ties); a symbol left that is not a piece is spelled as byte
- * tokens (or <unk> if the vocabulary lacks that byte). Control, byte and unused tokens are
- * never produced from text: "<s>" in a prompt is three characters, not BOS.
+ *   "llama"  SentencePiece: pieces with scores and token types, byte fallback through the
+ *            <0xXX> tokens.
+ *   "gpt2"   byte-level BPE: pieces written in GPT-2's byte alphabet, merge rules in rank order
+ *            (tokenizer.ggml.merges), and a pre-tokenizer (tokenizer.ggml.pre) whose split regex
+ *            cuts the text before merging: "llama-bpe" (Llama 3), "qwen2" (Qwen2/2.5/3, which
+ *            also NFC-normalizes the text), "smollm", "gpt-2". Unicode classes (\p{L}, \p{N},
+ *            White_Space) and NFC come from generated tables, no regex library.
  *
- * Decoding (struct kvf_detok): byte tokens become their byte, other pieces their text, control
- * and unused tokens nothing, <unk> U+FFFD; then every "▁" becomes a space, also one spelled
- * with byte tokens (so a literal U+2581 in a prompt decodes as a space, as in SentencePiece).
+ * Encoding: the text must be valid UTF-8 (else -EILSEQ). Added tokens are found first, leftmost
+ * and longest: control and unknown tokens ("<s>", "<|eot_id|>", "<|im_end|>", ...) only when
+ * the caller asks (KVF_TOKENIZE_PARSE_SPECIAL: for a rendered chat template, never for user
+ * text), and, in BPE vocabularies, user-defined tokens always (as the reference tokenizers do).
+ * Each stretch of text between them is encoded alone:
+ *   - SentencePiece: spaces become U+2581 ("▁") and one is prepended to each stretch (unless
+ *     tokenizer.ggml.add_space_prefix is false); the stretch is split into characters, and
+ *     adjacent symbols are merged greedily, always the pair whose merged piece has the highest
+ *     score (leftmost on ties); a symbol left that is not a piece is spelled as byte tokens (or
+ *     <unk> if the vocabulary lacks that byte).
+ *   - byte-level BPE: the stretch is split by the pre-tokenizer's regex, and each piece merged
+ *     by rank from its bytes (lowest rank first, leftmost on ties); with "llama-bpe", a piece
+ *     that is a token as a whole is that token.
+ * Without KVF_TOKENIZE_PARSE_SPECIAL, "<s>" in a prompt is three characters, not BOS.
+ *
+ * Decoding (struct kvf_detok): byte tokens become their byte, other pieces their text (in BPE
+ * vocabularies, normal pieces are mapped back from the byte alphabet to bytes), control and
+ * unused tokens nothing, <unk> U+FFFD; in SentencePiece vocabularies every "▁" then becomes a
+ * space, also one spelled with byte tokens (so a literal U+2581 in a prompt decodes as a space,
+ * as in SentencePiece).
  * Output is always valid UTF-8: a sequence split across tokens is held back until it completes, and
  * an invalid byte or an unfinished tail becomes U+FFFD.
  *
@@ -22,8 +39,9 @@
  * afterwards. It is immutable after create, so any number of threads may use it at once; a
  * kvf_detok belongs to one stream.
  *
- * Work bounds: create is O(n_vocab) time and memory. encode of n bytes is O(n log n) time and
- * O(n) memory (allocated per call). detok_push is O(piece length).
+ * Work bounds: create is O(n_vocab + n_merges) time and memory. encode of n bytes is
+ * O(n log n) time plus O(n * distinct added-token lengths) to find added tokens, and O(n)
+ * memory (allocated per call). detok_push is O(piece length).
  */
 #ifndef KVFENCE_TOKENIZER_H
 #define KVFENCE_TOKENIZER_H
@@ -63,6 +81,18 @@ uint32_t kvf_tokenizer_n_vocab(const kvf_tokenizer_t *t);
 int32_t kvf_tokenizer_bos(const kvf_tokenizer_t *t);
 int32_t kvf_tokenizer_eos(const kvf_tokenizer_t *t);
 int32_t kvf_tokenizer_unk(const kvf_tokenizer_t *t);
+/* Whether the vocabulary asks for BOS at the start of a prompt (tokenizer.ggml.add_bos_token;
+ * by default yes for SentencePiece, no for BPE) and has one. */
+bool kvf_tokenizer_wants_bos(const kvf_tokenizer_t *t);
+
+/* The end-of-generation tokens, each once: eos, tokenizer.ggml.eot_token_id,
+ * tokenizer.ggml.eom_token_id, and every control token whose piece is an end-of-turn marker of
+ * a known chat format ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+ * "<|endoftext|>", "<|end_of_text|>", "<EOT>", "</s>"). Returns their number and points *ids
+ * (if ids is not NULL) at them (a view owned by t). Generation stops at any of them. */
+size_t kvf_tokenizer_eog(const kvf_tokenizer_t *t, const int32_t **ids);
+bool kvf_tokenizer_is_eog(const kvf_tokenizer_t *t, int32_t tok);
+
 /* The type of token `tok` (enum kvf_token_type), or 0 if tok is out of range. */
 int kvf_tokenizer_type(const kvf_tokenizer_t *t, int32_t tok);
 
@@ -72,6 +102,14 @@ int kvf_tokenizer_type(const kvf_tokenizer_t *t, int32_t tok);
  * invalid UTF-8, -ENOMEM, -EOVERFLOW; then out is untouched. */
 int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len, bool add_bos,
                          int32_t *out, size_t max_out);
+
+/* Flags of kvf_tokenizer_encode_ex. */
+#define KVF_TOKENIZE_ADD_BOS 1u       /* BOS first (when the vocabulary has one) */
+#define KVF_TOKENIZE_PARSE_SPECIAL 2u /* control and unknown tokens' text in `text` is that token */
+
+/* kvf_tokenizer_encode with flags (KVF_TOKENIZE_*); same results and errors. */
+int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t len,
+                            unsigned flags, int32_t *out, size_t max_out);
 
 /* The raw piece of `tok` as stored in the vocabulary (a view owned by t, NUL-terminated, *len
  * bytes), or NULL if tok is out of range. */

@@ -24,6 +24,10 @@ static void free_parts(kvf_tokenizer_t *t)
     free(t->scores);
     free(t->types);
     free(t->table);
+    free(t->added);
+    free(t->added_lens);
+    free(t->eog);
+    free(t->merges);
     free(t);
 }
 
@@ -158,7 +162,9 @@ static int index_vocab(kvf_tokenizer_t *t, char *err, size_t err_len)
             if (t->byte_tok[b] < 0) t->byte_tok[b] = (int32_t)i;
             continue;
         }
-        if (t->types[i] != KVF_TOKEN_NORMAL && t->types[i] != KVF_TOKEN_USER_DEFINED) continue;
+        if (t->types[i] != KVF_TOKEN_NORMAL &&
+            (t->types[i] != KVF_TOKEN_USER_DEFINED || t->kind == KVF__TOK_BPE))
+            continue;
         if (t->len[i] == 0) continue;
         size_t slot = (size_t)kvf__gguf_hash(s, t->len[i]) & (t->table_cap - 1);
         for (;; slot = (slot + 1) & (t->table_cap - 1)) {
@@ -174,6 +180,101 @@ static int index_vocab(kvf_tokenizer_t *t, char *err, size_t err_len)
     return 0;
 }
 
+static bool is_added(const kvf_tokenizer_t *t, uint32_t i)
+{
+    uint8_t ty = t->types[i];
+    if (t->len[i] == 0) return false;
+    return ty == KVF_TOKEN_CONTROL || ty == KVF_TOKEN_UNKNOWN ||
+           (ty == KVF_TOKEN_USER_DEFINED && t->kind == KVF__TOK_BPE);
+}
+
+static int32_t added_lookup(const kvf_tokenizer_t *t, const char *s, size_t n)
+{
+    size_t i = (size_t)kvf__gguf_hash(s, n) & (t->added_cap - 1);
+    for (;; i = (i + 1) & (t->added_cap - 1)) {
+        uint32_t e = t->added[i];
+        if (e == 0) return -1;
+        if (t->len[e - 1] == n && memcmp(t->blob + t->off[e - 1], s, n) == 0)
+            return (int32_t)(e - 1);
+    }
+}
+
+/* Indexes the added tokens (see struct kvf_tokenizer). A piece listed twice keeps its first
+ * id. */
+static int index_added(kvf_tokenizer_t *t, char *err, size_t err_len)
+{
+    size_t n = 0;
+    bool has_len[KVF_TOKENIZER_MAX_PIECE + 1] = {false};
+    for (uint32_t i = 0; i < t->n_vocab; i++) {
+        if (!is_added(t, i)) continue;
+        n++;
+        has_len[t->len[i]] = true;
+    }
+    if (n == 0) return 0;
+    size_t n_lens = 0;
+    for (size_t k = 0; k <= KVF_TOKENIZER_MAX_PIECE; k++)
+        n_lens += has_len[k];
+    t->added_cap = kvf__gguf_table_cap(n);
+    t->added = t->added_cap ? calloc(t->added_cap, sizeof *t->added) : NULL;
+    t->added_lens = malloc(n_lens * sizeof *t->added_lens);
+    if (!t->added || !t->added_lens) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
+    for (size_t k = KVF_TOKENIZER_MAX_PIECE + 1; k-- > 0;)
+        if (has_len[k]) t->added_lens[t->n_added_lens++] = (uint16_t)k;
+    for (uint32_t i = 0; i < t->n_vocab; i++) {
+        if (!is_added(t, i)) continue;
+        const char *s = t->blob + t->off[i];
+        uint8_t b = (uint8_t)s[0];
+        t->added_first[b >> 3] |= (uint8_t)(1u << (b & 7));
+        size_t slot = (size_t)kvf__gguf_hash(s, t->len[i]) & (t->added_cap - 1);
+        for (;; slot = (slot + 1) & (t->added_cap - 1)) {
+            uint32_t e = t->added[slot];
+            if (e == 0) {
+                t->added[slot] = i + 1;
+                break;
+            }
+            if (t->len[e - 1] == t->len[i] && memcmp(t->blob + t->off[e - 1], s, t->len[i]) == 0)
+                break;
+        }
+    }
+    return 0;
+}
+
+/* Control tokens that end a turn or a text in the model families' chat formats. */
+static const char *const EOG_PIECES[] = {
+    "<|eot_id|>", "<|eom_id|>",      "<|im_end|>", "<|end|>",   "<end_of_turn>",
+    "<|endoftext|>", "<|end_of_text|>", "<EOT>",      "</s>",
+};
+
+static void add_eog(kvf_tokenizer_t *t, int32_t id)
+{
+    if (id < 0) return;
+    for (size_t i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return;
+    t->eog[t->n_eog++] = id;
+}
+
+/* Collects the end-of-generation tokens: eos, eot and eom from their keys, then every control
+ * token named in EOG_PIECES. */
+static int find_eog(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_t err_len)
+{
+    const size_t n_names = sizeof EOG_PIECES / sizeof EOG_PIECES[0];
+    t->eog = malloc((3 + n_names) * sizeof *t->eog);
+    if (!t->eog) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
+    int32_t eot, eom;
+    int rc;
+    if ((rc = special_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &eot, err, err_len)) < 0 ||
+        (rc = special_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &eom, err, err_len)) < 0)
+        return rc;
+    add_eog(t, t->eos);
+    add_eog(t, eot);
+    add_eog(t, eom);
+    for (size_t k = 0; k < n_names && t->added_cap; k++) {
+        int32_t id = added_lookup(t, EOG_PIECES[k], strlen(EOG_PIECES[k]));
+        if (id >= 0 && t->types[id] == KVF_TOKEN_CONTROL) add_eog(t, id);
+    }
+    return 0;
+}
+
 int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, size_t err_len)
 {
     if (err && err_len) err[0] = '\0';
@@ -183,10 +284,15 @@ int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, 
     int rc = kvf_gguf_get_str(g, "tokenizer.ggml.model", &model, &model_len);
     if (rc < 0)
         return kvf__gguf_fail(err, err_len, rc, "tokenizer.ggml.model: %s", kvf_strerror(rc));
-    if (model_len != 5 || memcmp(model, "llama", 5) != 0)
+    enum kvf__tok_kind kind;
+    if (model_len == 5 && memcmp(model, "llama", 5) == 0)
+        kind = KVF__TOK_SPM;
+    else if (model_len == 4 && memcmp(model, "gpt2", 4) == 0)
+        kind = KVF__TOK_BPE;
+    else
         return kvf__gguf_fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
-                              "tokenizer model '%.*s' is not supported (only 'llama', "
-                              "SentencePiece)",
+                              "tokenizer model '%.*s' is not supported ('llama', SentencePiece, "
+                              "and 'gpt2', byte-level BPE, are)",
                               model_len > 64 ? 64 : (int)model_len, model);
     uint32_t et;
     uint64_t n;
@@ -198,6 +304,7 @@ int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, 
                               "tokenizer.ggml.tokens is not a non-empty array of strings");
     kvf_tokenizer_t *t = calloc(1, sizeof *t);
     if (!t) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
+    t->kind = kind;
     t->n_vocab = (uint32_t)n;
     t->table_cap = kvf__gguf_table_cap(n);
     t->off = malloc(n * sizeof *t->off);
@@ -218,9 +325,18 @@ int kvf_tokenizer_create(const kvf_gguf_t *g, kvf_tokenizer_t **out, char *err, 
         (rc = special_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab, &t->unk, err, err_len)) <
             0)
         goto free_t;
-    t->add_space_prefix = true;
+    t->add_space_prefix = kind == KVF__TOK_SPM;
+    t->add_bos = kind == KVF__TOK_SPM;
     bool b;
     if (kvf_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b) == 0) t->add_space_prefix = b;
+    if (kvf_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) == 0) t->add_bos = b;
+    if ((rc = index_added(t, err, err_len)) < 0 || (rc = find_eog(t, g, err, err_len)) < 0)
+        goto free_t;
+    if (kind == KVF__TOK_BPE) {
+        if ((rc = kvf__bpe_create(t, g, err, err_len)) < 0) goto free_t;
+        *out = t;
+        return 0;
+    }
     /* Every text must encode: any byte without its own token needs <unk> to stand in. */
     for (int i = 0; i < 256; i++) {
         if (t->byte_tok[i] < 0 && t->unk < 0) {
@@ -254,6 +370,24 @@ int32_t kvf_tokenizer_eos(const kvf_tokenizer_t *t)
 int32_t kvf_tokenizer_unk(const kvf_tokenizer_t *t)
 {
     return t->unk;
+}
+
+bool kvf_tokenizer_wants_bos(const kvf_tokenizer_t *t)
+{
+    return t->add_bos && t->bos >= 0;
+}
+
+size_t kvf_tokenizer_eog(const kvf_tokenizer_t *t, const int32_t **ids)
+{
+    if (ids) *ids = t->eog;
+    return t->n_eog;
+}
+
+bool kvf_tokenizer_is_eog(const kvf_tokenizer_t *t, int32_t tok)
+{
+    for (size_t i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == tok) return true;
+    return false;
 }
 
 int kvf_tokenizer_type(const kvf_tokenizer_t *t, int32_t tok)
@@ -337,18 +471,13 @@ static void emit(int32_t *out, size_t max_out, size_t *count, int32_t id)
     (*count)++;
 }
 
-int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len, bool add_bos,
-                         int32_t *out, size_t max_out)
+/* Appends the SentencePiece tokens of one segment (valid UTF-8, no added tokens inside). */
+static int spm_encode(const kvf_tokenizer_t *t, const char *text, size_t len, int32_t *out,
+                      size_t max_out, size_t *count)
 {
-    if (!t || (!text && len) || (!out && max_out)) return -EINVAL;
-    /* The text must be valid UTF-8; count its spaces to size the normalized copy. */
     size_t n_spaces = 0;
-    for (size_t i = 0; i < len;) {
-        size_t k = kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
-        if (k == 0) return -EILSEQ;
+    for (size_t i = 0; i < len; i++)
         n_spaces += text[i] == ' ';
-        i += k;
-    }
     bool prefix = len > 0 && t->add_space_prefix;
     /* Each space grows by two bytes; the prefix adds three. Keep offsets within int32. */
     if (len > (size_t)INT32_MAX / 3 - 3) return -EOVERFLOW;
@@ -393,23 +522,86 @@ int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len,
         try_pair(t, norm, sy, &h, l->prev, b.left);
         try_pair(t, norm, sy, &h, b.left, l->next);
     }
-    size_t count = 0;
-    if (add_bos && t->bos >= 0) emit(out, max_out, &count, t->bos);
     for (int32_t i = n_sym > 0 ? 0 : -1; i >= 0; i = sy[i].next) {
         int32_t id = kvf__tokenizer_lookup(t, norm + sy[i].start, sy[i].n);
         if (id >= 0) {
-            emit(out, max_out, &count, id);
+            emit(out, max_out, count, id);
             continue;
         }
         for (uint32_t k = 0; k < sy[i].n; k++) {
             uint8_t byte = (uint8_t)norm[sy[i].start + k];
-            emit(out, max_out, &count, t->byte_tok[byte] >= 0 ? t->byte_tok[byte] : t->unk);
+            emit(out, max_out, count, t->byte_tok[byte] >= 0 ? t->byte_tok[byte] : t->unk);
         }
     }
-    rc = count > INT32_MAX ? -EOVERFLOW : (int)count;
 free_all:
     free(norm);
     free(sy);
     free(h.v);
     return rc;
+}
+
+/* The length of the added token at s (n bytes available; leftmost-longest), with its id in
+ * *id, or 0 if none starts there. Control and unknown tokens count only when parse_special. */
+static size_t match_added(const kvf_tokenizer_t *t, const char *s, size_t n, bool parse_special,
+                          int32_t *id)
+{
+    uint8_t b = (uint8_t)s[0];
+    if (!(t->added_first[b >> 3] & (1u << (b & 7)))) return 0;
+    for (size_t k = 0; k < t->n_added_lens; k++) {
+        size_t len = t->added_lens[k];
+        if (len > n) continue;
+        int32_t i = added_lookup(t, s, len);
+        if (i < 0) continue;
+        if (!parse_special && t->types[i] != KVF_TOKEN_USER_DEFINED) continue;
+        *id = i;
+        return len;
+    }
+    return 0;
+}
+
+static int encode_segment(const kvf_tokenizer_t *t, const char *text, size_t len, int32_t *out,
+                          size_t max_out, size_t *count)
+{
+    if (len == 0) return 0;
+    return t->kind == KVF__TOK_BPE ? kvf__bpe_encode(t, text, len, out, max_out, count)
+                                   : spm_encode(t, text, len, out, max_out, count);
+}
+
+int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t len,
+                            unsigned flags, int32_t *out, size_t max_out)
+{
+    if (!t || (!text && len) || (!out && max_out)) return -EINVAL;
+    if (len > (size_t)INT32_MAX) return -EOVERFLOW;
+    for (size_t i = 0; i < len;) {
+        size_t k = kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
+        if (k == 0) return -EILSEQ;
+        i += k;
+    }
+    bool parse_special = (flags & KVF_TOKENIZE_PARSE_SPECIAL) != 0;
+    size_t count = 0;
+    int rc = 0;
+    if ((flags & KVF_TOKENIZE_ADD_BOS) && t->bos >= 0) emit(out, max_out, &count, t->bos);
+    /* Added tokens cut the text into segments, each encoded alone. They are looked for at
+     * character boundaries only. */
+    size_t seg = 0;
+    for (size_t i = 0; i < len;) {
+        int32_t id;
+        size_t k = t->added_cap ? match_added(t, text + i, len - i, parse_special, &id) : 0;
+        if (k == 0) {
+            i += kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
+            continue;
+        }
+        if ((rc = encode_segment(t, text + seg, i - seg, out, max_out, &count)) < 0) return rc;
+        emit(out, max_out, &count, id);
+        i += k;
+        seg = i;
+    }
+    if ((rc = encode_segment(t, text + seg, len - seg, out, max_out, &count)) < 0) return rc;
+    return count > INT32_MAX ? -EOVERFLOW : (int)count;
+}
+
+int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len, bool add_bos,
+                         int32_t *out, size_t max_out)
+{
+    return kvf_tokenizer_encode_ex(t, text, len, add_bos ? KVF_TOKENIZE_ADD_BOS : 0, out, max_out);
 }

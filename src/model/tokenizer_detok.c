@@ -10,6 +10,7 @@
 
 #include "kvfence/tokenizer.h"
 #include "tokenizer_internal.h"
+#include "unicode.h"
 
 static const char REPLACEMENT[3] = {'\xef', '\xbf', '\xbd'}; /* U+FFFD */
 
@@ -63,6 +64,7 @@ struct sink {
     char *out;
     size_t cap, n;
     struct kvf_detok *d;
+    bool spm; /* U+2581 is a space */
 };
 
 static void put_char(struct sink *s, const char *c, size_t k)
@@ -87,7 +89,7 @@ static void feed(struct sink *s, uint8_t b)
             if (d->n_pend == d->need) {
                 /* U+2581 is SentencePiece's space, whether it came in a piece or spelled
                  * with byte tokens (a vocabulary without a "▁" piece spells every space so). */
-                if (d->need == 3 && memcmp(d->pend, "\xe2\x96\x81", 3) == 0)
+                if (s->spm && d->need == 3 && memcmp(d->pend, "\xe2\x96\x81", 3) == 0)
                     put_char(s, " ", 1);
                 else
                     put_char(s, (const char *)d->pend, d->need);
@@ -120,7 +122,7 @@ static unsigned hex(uint8_t c)
 size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok, char *out,
                       size_t cap)
 {
-    struct sink s = {out, out ? cap : 0, 0, d};
+    struct sink s = {out, out ? cap : 0, 0, d, t->kind == KVF__TOK_SPM};
     if (tok < 0 || (uint32_t)tok >= t->n_vocab) {
         for (size_t i = 0; i < 3; i++)
             feed(&s, (uint8_t)REPLACEMENT[i]);
@@ -140,6 +142,24 @@ size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok
         /* The piece is "<0xXX>", checked at create; its byte is the one it names. */
         feed(&s, (uint8_t)(hex(p[3]) << 4 | hex(p[4])));
         return s.n;
+    case KVF_TOKEN_NORMAL:
+        if (t->kind != KVF__TOK_BPE) break;
+        /* A byte-level piece: each character of the byte alphabet stands for its byte. A
+         * character outside it (no real vocabulary has one) is passed through as text. */
+        for (size_t i = 0; i < n;) {
+            uint32_t cp;
+            size_t k = kvf__utf8_decode(p + i, n - i, &cp);
+            int b = k ? kvf__bpe_cp_byte(cp) : -1;
+            if (k == 0) k = 1;
+            if (b >= 0) {
+                feed(&s, (uint8_t)b);
+            } else {
+                for (size_t j = 0; j < k; j++)
+                    feed(&s, p[i + j]);
+            }
+            i += k;
+        }
+        return s.n;
     default:
         break;
     }
@@ -150,7 +170,7 @@ size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok
 
 size_t kvf_detok_finish(struct kvf_detok *d, char *out, size_t cap)
 {
-    struct sink s = {out, out ? cap : 0, 0, d};
+    struct sink s = {out, out ? cap : 0, 0, d, false};
     if (d->n_pend > 0) put_char(&s, REPLACEMENT, 3);
     kvf_detok_init(d);
     return s.n;

@@ -516,10 +516,12 @@ static void test_refused_vocabs(void)
                       .n_pieces = 1,
                       .add_space_prefix = -1,
                       .with_bytes = true};
+    /* Byte-level BPE without a pre-tokenizer: refused, naming the missing key. */
     ASSERT_ERR(try_create(&v, NULL, err, sizeof err), KVF_E_MODEL_UNSUPPORTED);
-    ASSERT_TRUE(strstr(err, "gpt2") != NULL); /* refused by name */
+    ASSERT_TRUE(strstr(err, "tokenizer.ggml.pre") != NULL);
     v.model = "bert";
     ASSERT_ERR(try_create(&v, NULL, err, sizeof err), KVF_E_MODEL_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err, "bert") != NULL); /* refused by name */
     v.model = "llama";
     ASSERT_OK(try_create(&v, NULL, err, sizeof err));
     /* A piece too long to be real. */
