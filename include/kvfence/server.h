@@ -1,0 +1,115 @@
+/*
+ * kvfence/server.h — the router's HTTP face: an OpenAI-compatible API over the generation seam.
+ *
+ * The server turns HTTP requests into validated, tokenized struct kvf_gen_params, submits them
+ * through struct kvf_gen_ops (engine.h), and turns the events back into OpenAI JSON or SSE
+ * chunks. It never touches pages or transfers: a client that goes away, a stop string that
+ * matched, or a stopping server all become ops->cancel, and the engine ends the request through
+ * its protocol.
+ *
+ * Endpoints (bodies as in OpenAI's API; what is accepted and refused: src/server/request.c):
+ *   POST /v1/completions        prompt: string (BOS prepended when the vocabulary has one) or
+ *                               an array of token ids (sent as given)
+ *   POST /v1/chat/completions   messages rendered by kvf_server_chat_render (a documented
+ *                               default until a model's own template is supported)
+ *   GET  /v1/models, GET /v1/models/{id}
+ *   POST /tokenize   {"prompt": "...", "add_special_tokens": true} → {"tokens": [...], "count": n}
+ *   POST /detokenize {"tokens": [...]} → {"prompt": "..."}
+ *   GET  /health     figures from ops->info; 503 while no prefill worker is connected
+ *
+ * Lifecycle:
+ *
+ *     kvf_server_start ──▶ RUNNING ──kvf_server_stop──▶ (freed)
+ *
+ *   stop: the listening socket is closed first (no new connection is accepted), requests in
+ *   flight get up to cfg->drain_ms to finish, then each is cancelled through ops->cancel (a
+ *   stream ends with an error event, a waiting non-streaming request gets 503), every
+ *   connection thread is joined, and every handle has been released when stop returns.
+ *
+ * Threading: libmicrohttpd runs one listening thread and one thread per connection
+ * (MHD_USE_THREAD_PER_CONNECTION). A connection's thread owns everything of the requests on
+ * that connection — the body buffer, the generation handles, the detokenizer and stop-string
+ * state — and is the only thread that calls ops->submit, next, cancel and release for them
+ * (engine.h allows calls from any thread, one thread per handle). A request waiting for tokens
+ * waits in ops->next with a timeout of at most KVF_SERVER_POLL_MS and, between waits, polls its
+ * connection's socket for a hang-up (POLLRDHUP/POLLHUP/POLLERR) and the server for stop: a
+ * client that disconnects while queued, while streaming or while a non-streaming response is
+ * being produced is cancelled within about KVF_SERVER_POLL_MS. ops->info is called from any
+ * connection thread.
+ *
+ * Ownership: cfg and its strings are copied by start. ops, engine and tok are borrowed and must
+ * outlive the server (until kvf_server_stop returns).
+ *
+ * Work bounds: a body is at most cfg->max_body_bytes (413 before it is read past that);
+ * UTF-8 validation and the JSON nesting scan are one pass each over the body, with no
+ * recursion; jansson then parses at most KVF_SERVER_MAX_JSON_DEPTH levels. A request runs at
+ * most cfg->max_n generations at once.
+ */
+#ifndef KVFENCE_SERVER_H
+#define KVFENCE_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvfence/engine.h"
+#include "kvfence/tokenizer.h"
+
+#define KVF_SERVER_MAX_JSON_DEPTH 64 /* deeper bodies are refused with 400 before parsing */
+#define KVF_SERVER_MAX_STOP 4        /* stop strings per request */
+#define KVF_SERVER_MAX_STOP_BYTES 256 /* bytes per stop string */
+#define KVF_SERVER_POLL_MS 20        /* longest wait in ops->next between hang-up checks */
+
+struct kvf_server_config {
+    const char *host;          /* numeric address or name to listen on; NULL = "127.0.0.1" */
+    uint16_t port;             /* 0 = ephemeral (read it with kvf_server_port) */
+    const char *model_name;    /* the id /v1/models lists; NULL = "kvfence"; requests may name
+                                  any model (the field is not checked) */
+    size_t max_body_bytes;     /* 0 = 1 MiB */
+    uint32_t max_n;            /* most choices per request; 0 = 8 */
+    uint32_t max_queue;        /* most requests in flight in this server (running or waiting in
+                                  the engine) before 429; 0 = 256 */
+    uint32_t default_max_tokens; /* max_tokens when the request gives none: the rest of the
+                                    served limit after the prompt, capped at this; 0 = 256 */
+    uint32_t max_connections;  /* concurrent connections; 0 = 256 */
+    uint32_t max_conn_per_ip;  /* 0 = no per-address cap */
+    uint32_t idle_timeout_s;   /* a connection idle this long is closed; 0 = 30 */
+    uint32_t retry_after_s;    /* Retry-After of a 429; 0 = 1 */
+    uint32_t drain_ms;         /* stop: how long requests in flight may still finish */
+    uint32_t tenant;           /* the tenant every request is submitted as (no API keys yet) */
+};
+
+typedef struct kvf_server kvf_server_t;
+
+/* Starts listening and serving. 0 with *out the server, or a negative code (-EINVAL bad config,
+ * -EADDRINUSE / -EADDRNOTAVAIL / KVF_E_SERVER when the daemon cannot start, -ENOMEM); on
+ * failure nothing is left running, *out is untouched and err explains. */
+int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_ops *ops,
+                     void *engine, const kvf_tokenizer_t *tok, kvf_server_t **out, char *err,
+                     size_t err_len);
+
+/* The port the server listens on (the ephemeral one when cfg->port was 0). */
+uint16_t kvf_server_port(const kvf_server_t *s);
+
+/* Stops as the header comment says and frees the server. Never fails; s may be NULL. */
+void kvf_server_stop(kvf_server_t *s);
+
+/* --- The default chat rendering. -----------------------------------------------------------
+ *
+ * Until the engine understands a model's chat template, messages are rendered as one line per
+ * message, "<role>: <content>\n", followed by "assistant:" — e.g.
+ *     system: Be brief.\nuser: Hi\nassistant:
+ * (the content is copied as is; the model continues after "assistant:"). Roles: system,
+ * developer, user, assistant, tool. This is the one function a real template replaces.
+ */
+struct kvf_server_chat_msg {
+    const char *role;    /* borrowed */
+    const char *content; /* borrowed, content_len bytes of valid UTF-8 */
+    size_t content_len;
+};
+/* Writes the rendering into out (malloc'd, NUL-terminated, *out_len bytes; the caller frees).
+ * 0, or -EINVAL (no messages) / -ENOMEM with nothing allocated. */
+int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs, char **out,
+                           size_t *out_len);
+
+#endif /* KVFENCE_SERVER_H */

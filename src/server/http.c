@@ -1,0 +1,769 @@
+/*
+ * http.c — libmicrohttpd: the listening socket, routing, request bodies, responses, streaming,
+ * hang-up polling, start and stop. Threading and ownership: see server.h.
+ *
+ * A request's life on its connection thread:
+ *
+ *   headers ──▶ on_request(first call): route (404/405), header checks (400, 413)
+ *   body    ──▶ on_request(upload data): appended up to max_body_bytes (then 413)
+ *   end     ──▶ dispatch: GET answers at once; POST parses, validates, submits, then
+ *                 non-streaming: waits here (polling the socket) and answers with one body
+ *                 streaming:     queues a callback response; stream_read waits per chunk
+ *   done    ──▶ on_completed frees the per-request state; a stream's run is freed with its
+ *               response (stream_free), cancelling what is unfinished.
+ */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvfence/common.h"
+#include "kvfence/pool.h"
+#include "server_internal.h"
+
+struct kvf_server {
+    struct kvf_server_config cfg; /* defaults filled in; strings point at host/model below */
+    char *host, *model;
+    const struct kvf_gen_ops *ops;
+    void *engine;
+    const kvf_tokenizer_t *tok;
+    struct MHD_Daemon *d;
+    int listen_fd;             /* ours: closed after the daemon stops */
+    uint16_t port;
+    int64_t created;           /* unix seconds at start (/v1/models) */
+    uint64_t boot;             /* mixed into request ids and default seeds */
+    atomic_bool stopping;      /* requests in flight cancel and end */
+    atomic_uint in_flight;     /* requests holding a run */
+    atomic_ullong seq;
+};
+
+enum route {
+    R_COMPLETIONS = 1,
+    R_CHAT,
+    R_MODELS,
+    R_MODEL_ONE,
+    R_TOKENIZE,
+    R_DETOKENIZE,
+    R_HEALTH,
+};
+
+/* Per-request state (MHD's *con_cls), owned by the connection thread. */
+struct conn_req {
+    enum route route;
+    const char *model_id;   /* R_MODEL_ONE: the id in the path (points into MHD's url) */
+    struct kvf__sbuf body;
+    bool too_big;
+    size_t discarded;       /* body bytes dropped after too_big */
+};
+
+/* A streaming response's state, owned by the response (freed in stream_free). */
+struct stream {
+    struct kvf_server *s;
+    struct kvf__srv_run *run;
+    int fd;                 /* the connection's socket, polled for hang-up */
+    struct kvf__sbuf out;   /* SSE bytes not yet handed to MHD, from off */
+    size_t off;
+    bool finished;          /* nothing more after out */
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The client closed or reset its side. A client that half-closes after sending its request
+ * counts as gone too (no HTTP client does that and waits for the answer). */
+static bool peer_gone(int fd)
+{
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* --- Responses. ------------------------------------------------------------------------------ */
+
+/* Sends body (malloc'd JSON, taken), or a fixed out-of-memory error when body is NULL. */
+static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, char *body)
+{
+    static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                              "\"param\":null,\"code\":\"out_of_memory\"}}";
+    struct MHD_Response *r;
+    if (body) {
+        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    } else {
+        status = 503;
+        r = MHD_create_response_from_buffer(sizeof oom - 1, (void *)oom, MHD_RESPMEM_PERSISTENT);
+    }
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return send_body(c, status, s);
+}
+
+static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c,
+                                  const struct kvf__srv_err *e, const char *allow)
+{
+    json_t *j = kvf__srv_err_json(e);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    struct MHD_Response *r =
+        body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!r) {
+        free(body);
+        return send_body(c, 503, NULL);
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (e->status == 429) {
+        char ra[16];
+        snprintf(ra, sizeof ra, "%u", s->cfg.retry_after_s);
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+    }
+    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* --- Routing. -------------------------------------------------------------------------------- */
+
+struct route_def {
+    const char *path;
+    const char *method;
+    enum route route;
+};
+static const struct route_def routes[] = {
+    {"/v1/completions", "POST", R_COMPLETIONS},
+    {"/v1/chat/completions", "POST", R_CHAT},
+    {"/v1/models", "GET", R_MODELS},
+    {"/tokenize", "POST", R_TOKENIZE},
+    {"/detokenize", "POST", R_DETOKENIZE},
+    {"/health", "GET", R_HEALTH},
+};
+
+/* 0 with the route, or -1 with e (404, or 405 with *allow). */
+static int route_of(const char *url, const char *method, enum route *out, const char **model_id,
+                    const char **allow, struct kvf__srv_err *e)
+{
+    *allow = NULL;
+    *model_id = NULL;
+    static const char models_prefix[] = "/v1/models/";
+    if (strncmp(url, models_prefix, sizeof models_prefix - 1) == 0 &&
+        url[sizeof models_prefix - 1]) {
+        if (strcmp(method, "GET") != 0) {
+            *allow = "GET";
+            return kvf__srv_fail(e, 405, NULL, "method_not_allowed", "use GET for %s", "/v1/models/{id}");
+        }
+        *out = R_MODEL_ONE;
+        *model_id = url + sizeof models_prefix - 1;
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (strcmp(url, routes[i].path) != 0) continue;
+        if (strcmp(method, routes[i].method) != 0) {
+            *allow = routes[i].method;
+            return kvf__srv_fail(e, 405, NULL, "method_not_allowed", "use %s for %s",
+                                 routes[i].method, routes[i].path);
+        }
+        *out = routes[i].route;
+        return 0;
+    }
+    return kvf__srv_fail(e, 404, NULL, "not_found", "no such endpoint");
+}
+
+struct header_count {
+    unsigned content_length;
+    bool transfer_encoding;
+};
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    struct header_count *h = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) h->content_length++;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) h->transfer_encoding = true;
+    return MHD_YES;
+}
+
+/* The body headers of a POST: one Content-Length or a Transfer-Encoding, not both (row 23),
+ * and a declared length within the bound (row 19: refused before the body is read). */
+static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
+                              struct kvf__srv_err *e)
+{
+    struct header_count h = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &h);
+    if (h.content_length > 1)
+        return kvf__srv_fail(e, 400, NULL, "bad_request", "more than one Content-Length header");
+    if (h.content_length && h.transfer_encoding)
+        return kvf__srv_fail(e, 400, NULL, "bad_request",
+                             "both Content-Length and Transfer-Encoding were sent");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno || end == cl || n > s->cfg.max_body_bytes)
+            return kvf__srv_fail(e, 413, NULL, "body_too_large",
+                                 "request body exceeds the limit of %zu bytes",
+                                 s->cfg.max_body_bytes);
+    }
+    return 0;
+}
+
+/* --- GET endpoints, tokenize, detokenize. ------------------------------------------------------ */
+
+static json_t *model_json(struct kvf_server *s, uint32_t limit)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "kvfence", "max_model_len", (int)limit);
+}
+
+static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
+{
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    json_t *by_state = json_object();
+    for (int i = 0; by_state && i < KVF_PAGE__NSTATES; i++)
+        json_object_set_new(by_state, kvf_page_state_name((enum kvf_page_state)i),
+                            json_integer(in.decode_by_state[i]));
+    json_t *j = json_pack(
+        "{s:s, s:s, s:I, s:I, s:I, s:b,"
+        " s:{s:I, s:I, s:I, s:I, s:o},"
+        " s:{s:I, s:I, s:I},"
+        " s:I, s:I, s:I,"
+        " s:{s:I, s:I, s:I, s:I}}",
+        "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
+        (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
+        (json_int_t)in.page_tokens, "prefill_up", in.prefill_up,
+        "decode", "pages", (json_int_t)in.decode_pages, "free", (json_int_t)in.decode_free,
+        "reserved", (json_int_t)in.decode_reserved, "capacity_tokens",
+        (json_int_t)in.decode_pages * in.page_tokens, "by_state", by_state ? by_state : json_object(),
+        "prefill", "pages", (json_int_t)in.prefill_pages, "free", (json_int_t)in.prefill_free,
+        "capacity_tokens", (json_int_t)in.prefill_pages * in.page_tokens,
+        "queued", (json_int_t)in.queued, "running", (json_int_t)in.running, "in_flight",
+        (json_int_t)atomic_load(&s->in_flight),
+        "counters", "fences", (json_int_t)in.fences, "verify_failed", (json_int_t)in.verify_failed,
+        "stale_msgs", (json_int_t)in.stale_msgs, "rejected_before_handoff",
+        (json_int_t)in.rejected_before_handoff);
+    return send_json(c, in.prefill_up ? 200 : 503, j);
+}
+
+static uint32_t n_vocab_of(struct kvf_server *s, const struct kvf_engine_info *in)
+{
+    uint32_t t = kvf_tokenizer_n_vocab(s->tok);
+    return in->n_vocab && in->n_vocab < t ? in->n_vocab : t;
+}
+
+static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q)
+{
+    if (q->route == R_HEALTH) return do_health(s, c);
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    if (q->route == R_MODEL_ONE) {
+        if (strcmp(q->model_id, s->model) != 0) {
+            struct kvf__srv_err e;
+            kvf__srv_fail(&e, 404, "model", "model_not_found", "no such model");
+            return send_error(s, c, &e, NULL);
+        }
+        return send_json(c, 200, model_json(s, in.served_limit));
+    }
+    return send_json(c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data",
+                                       model_json(s, in.served_limit)));
+}
+
+static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *c,
+                                   struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    json_t *root = kvf__srv_parse_object(q->body.p ? q->body.p : "", q->body.n, &e);
+    if (!root) return send_error(s, c, &e, NULL);
+    json_t *p = json_object_get(root, "prompt"), *sp = json_object_get(root, "add_special_tokens");
+    int32_t *ids = NULL;
+    json_t *out = NULL;
+    if (!json_is_string(p)) {
+        kvf__srv_fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
+        goto fail;
+    }
+    if (sp && !json_is_null(sp) && !json_is_boolean(sp)) {
+        kvf__srv_fail(&e, 400, "add_special_tokens", "invalid_type",
+                      "'add_special_tokens' must be a boolean");
+        goto fail;
+    }
+    bool bos = (!sp || json_is_null(sp) || json_is_true(sp)) && kvf_tokenizer_bos(s->tok) >= 0;
+    const char *text = json_string_value(p);
+    size_t len = json_string_length(p);
+    int n = kvf_tokenizer_encode(s->tok, text, len, bos, NULL, 0);
+    if (n >= 0 && !(ids = malloc(((size_t)n + 1) * sizeof *ids))) n = -ENOMEM;
+    if (n >= 0) n = kvf_tokenizer_encode(s->tok, text, len, bos, ids, (size_t)n);
+    if (n < 0) {
+        if (n == -EILSEQ)
+            kvf__srv_fail(&e, 400, "prompt", "invalid_utf8", "'prompt' is not valid UTF-8");
+        else
+            kvf__srv_fail(&e, 503, NULL, "out_of_memory", "out of memory");
+        goto fail;
+    }
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len",
+                    (int)in.served_limit);
+    free(ids);
+    json_decref(root);
+    return send_json(c, 200, out);
+fail:
+    free(ids);
+    json_decref(root);
+    return send_error(s, c, &e, NULL);
+}
+
+static enum MHD_Result do_detokenize(struct kvf_server *s, struct MHD_Connection *c,
+                                     struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    json_t *root = kvf__srv_parse_object(q->body.p ? q->body.p : "", q->body.n, &e);
+    if (!root) return send_error(s, c, &e, NULL);
+    json_t *arr = json_object_get(root, "tokens");
+    struct kvf__sbuf text = {0};
+    if (!json_is_array(arr)) {
+        kvf__srv_fail(&e, 400, "tokens", "invalid_type", "'tokens' must be an array of token ids");
+        goto fail;
+    }
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    uint32_t n_vocab = n_vocab_of(s, &in);
+    struct kvf_detok d;
+    kvf_detok_init(&d);
+    d.strip_space = true; /* a whole prompt: its first piece carries the space prefix */
+    char buf[KVF_DETOK_MAX_OUT];
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) >= (json_int_t)n_vocab) {
+            kvf__srv_fail(&e, 400, "tokens", "invalid_token",
+                          "'tokens' element %zu is not a token id (the vocabulary has %u)", i,
+                          n_vocab);
+            goto fail;
+        }
+        size_t k = kvf_detok_push(&d, s->tok, (int32_t)json_integer_value(v), buf, sizeof buf);
+        kvf__sbuf_put(&text, buf, k);
+    }
+    size_t k = kvf_detok_finish(&d, buf, sizeof buf);
+    kvf__sbuf_put(&text, buf, k);
+    json_decref(root);
+    json_t *out = text.oom ? NULL
+                           : json_pack("{s:o}", "prompt",
+                                       kvf__srv_json_text(text.p ? text.p : "", text.n));
+    kvf__sbuf_free(&text);
+    return send_json(c, 200, out);
+fail:
+    kvf__sbuf_free(&text);
+    json_decref(root);
+    return send_error(s, c, &e, NULL);
+}
+
+/* --- Generation endpoints. ------------------------------------------------------------------- */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct stream *st = cls;
+    int64_t last_check = now_ms();
+    for (;;) {
+        if (st->off < st->out.n) {
+            size_t k = st->out.n - st->off < max ? st->out.n - st->off : max;
+            memcpy(buf, st->out.p + st->off, k);
+            st->off += k;
+            if (st->off == st->out.n) st->off = st->out.n = 0;
+            return (ssize_t)k;
+        }
+        if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (st->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (atomic_load(&st->s->stopping)) {
+            kvf__srv_run_cancel(st->run);
+            struct kvf__srv_err e;
+            kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+            kvf__srv_sse_put(&st->out, kvf__srv_err_json(&e));
+            st->finished = true;
+            continue;
+        }
+        if (kvf__srv_run_sse(st->run, &st->out)) {
+            st->finished = true;
+            continue;
+        }
+        if (st->out.n) continue;
+        int progress = kvf__srv_run_step(st->run, KVF_SERVER_POLL_MS);
+        int64_t t = now_ms();
+        if (!progress || t - last_check >= KVF_SERVER_POLL_MS) {
+            last_check = t;
+            if (peer_gone(st->fd)) {
+                kvf__srv_run_cancel(st->run);
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+        }
+    }
+}
+
+static void stream_free(void *cls)
+{
+    struct stream *st = cls;
+    struct kvf_server *s = st->s;
+    kvf__srv_run_free(st->run);
+    kvf__sbuf_free(&st->out);
+    free(st);
+    atomic_fetch_sub(&s->in_flight, 1);
+}
+
+static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection *c,
+                                    struct kvf__srv_run *run)
+{
+    struct stream *st = calloc(1, sizeof *st);
+    if (!st) {
+        kvf__srv_run_free(run);
+        atomic_fetch_sub(&s->in_flight, 1);
+        return send_body(c, 503, NULL);
+    }
+    st->s = s;
+    st->run = run;
+    st->fd = conn_fd(c);
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
+    if (!r) {
+        stream_free(st);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r); /* the response (and st) now live as long as MHD needs them */
+    return ok;
+}
+
+/* Waits for every choice here, on the connection's thread, watching the socket. */
+static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connection *c,
+                                       struct kvf__srv_run *run)
+{
+    int fd = conn_fd(c);
+    int64_t last_check = now_ms();
+    struct kvf__srv_err e;
+    enum MHD_Result ok;
+    while (!kvf__srv_run_done(run)) {
+        if (atomic_load(&s->stopping)) {
+            kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+            ok = send_error(s, c, &e, NULL);
+            goto out;
+        }
+        int progress = kvf__srv_run_step(run, KVF_SERVER_POLL_MS);
+        int64_t t = now_ms();
+        if (!progress || t - last_check >= KVF_SERVER_POLL_MS) {
+            last_check = t;
+            if (peer_gone(fd)) {
+                ok = MHD_NO; /* closes the connection; the run is cancelled below */
+                goto out;
+            }
+        }
+    }
+    if (run->failed) {
+        kvf__srv_run_error(run, &e);
+        ok = send_error(s, c, &e, NULL);
+    } else {
+        ok = send_json(c, 200, kvf__srv_run_response(run));
+    }
+out:
+    kvf__srv_run_free(run);
+    atomic_fetch_sub(&s->in_flight, 1);
+    return ok;
+}
+
+static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *c,
+                                   struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    struct kvf__srv_limits lim = {
+        .n_vocab = n_vocab_of(s, &in),
+        .served_limit = in.served_limit,
+        .max_n = s->cfg.max_n,
+        .default_max_tokens = s->cfg.default_max_tokens,
+    };
+    struct kvf__srv_req req;
+    enum kvf__srv_kind kind = q->route == R_CHAT ? KVF__SRV_CHAT : KVF__SRV_COMPLETION;
+    if (kvf__srv_req_parse(kind, q->body.p ? q->body.p : "", q->body.n, &lim, s->tok, &req, &e) < 0)
+        return send_error(s, c, &e, NULL);
+    if (atomic_load(&s->stopping)) {
+        kvf__srv_req_free(&req);
+        kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+        return send_error(s, c, &e, NULL);
+    }
+    if (atomic_fetch_add(&s->in_flight, 1) >= s->cfg.max_queue) {
+        atomic_fetch_sub(&s->in_flight, 1);
+        kvf__srv_req_free(&req);
+        kvf__srv_engine_error(-EAGAIN, &e);
+        return send_error(s, c, &e, NULL);
+    }
+    uint64_t id_seed = s->boot ^ (atomic_fetch_add(&s->seq, 1) * 0x9e3779b97f4a7c15ull);
+    struct kvf__srv_run *run;
+    int rc = kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model, s->cfg.tenant,
+                                id_seed, &run);
+    if (rc < 0) {
+        atomic_fetch_sub(&s->in_flight, 1);
+        kvf__srv_req_free(&req);
+        kvf__srv_engine_error(rc, &e);
+        return send_error(s, c, &e, NULL);
+    }
+    if (run->req.stream) return start_stream(s, c, run);
+    return finish_blocking(s, c, run);
+}
+
+/* --- MHD callbacks. -------------------------------------------------------------------------- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct kvf_server *s = cls;
+    struct conn_req *q = *con_cls;
+    struct kvf__srv_err e;
+    if (!q) {
+        enum route route;
+        const char *allow, *model_id;
+        if (route_of(url, method, &route, &model_id, &allow, &e) < 0)
+            return send_error(s, c, &e, allow);
+        if (strcmp(method, "POST") == 0 && check_body_headers(s, c, &e) < 0)
+            return send_error(s, c, &e, NULL);
+        if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
+        q->route = route;
+        q->model_id = model_id;
+        *con_cls = q;
+        if (strcmp(method, "GET") == 0) return do_get(s, c, q);
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (!q->too_big && q->body.n + n > s->cfg.max_body_bytes) {
+            q->too_big = true;
+            kvf__sbuf_free(&q->body);
+        }
+        if (q->too_big) {
+            /* A chunked body cannot be refused before it starts; drop it, and close the
+             * connection rather than read more than the bound again. */
+            q->discarded += n;
+            return q->discarded > s->cfg.max_body_bytes ? MHD_NO : MHD_YES;
+        }
+        kvf__sbuf_put(&q->body, upload_data, n);
+        return MHD_YES;
+    }
+    if (q->too_big) {
+        kvf__srv_fail(&e, 413, NULL, "body_too_large", "request body exceeds the limit of %zu bytes",
+                      s->cfg.max_body_bytes);
+        return send_error(s, c, &e, NULL);
+    }
+    if (q->body.oom) return send_body(c, 503, NULL);
+    switch (q->route) {
+    case R_COMPLETIONS:
+    case R_CHAT:
+        return do_generate(s, c, q);
+    case R_TOKENIZE:
+        return do_tokenize(s, c, q);
+    case R_DETOKENIZE:
+        return do_detokenize(s, c, q);
+    default:
+        return do_get(s, c, q);
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct conn_req *q = *con_cls;
+    if (!q) return;
+    kvf__sbuf_free(&q->body);
+    free(q);
+    *con_cls = NULL;
+}
+
+static void discard_log(void *cls, const char *fmt, va_list ap)
+{
+    /* Library code never prints (STYLE.md); MHD's messages are dropped. */
+}
+
+/* --- Start and stop. ------------------------------------------------------------------------- */
+
+static int open_listener(const char *host, uint16_t port, int *fd_out, bool *v6, char *err,
+                         size_t err_len)
+{
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char ps[8];
+    snprintf(ps, sizeof ps, "%u", port);
+    int g = getaddrinfo(host, ps, &hints, &ai);
+    if (g != 0 || !ai) {
+        snprintf(err, err_len, "server: cannot resolve host '%s': %s", host, gai_strerror(g));
+        return -EADDRNOTAVAIL;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = 0;
+    if (fd < 0) {
+        rc = -errno;
+        snprintf(err, err_len, "server: socket: %s", strerror(errno));
+        goto free_ai;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 128) < 0) {
+        rc = -errno;
+        snprintf(err, err_len, "server: cannot listen on %s:%u: %s", host, port, strerror(errno));
+        close(fd);
+        goto free_ai;
+    }
+    *v6 = ai->ai_family == AF_INET6;
+    *fd_out = fd;
+free_ai:
+    freeaddrinfo(ai);
+    return rc;
+}
+
+static uint16_t bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0) return 0;
+    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_ops *ops,
+                     void *engine, const kvf_tokenizer_t *tok, kvf_server_t **out, char *err,
+                     size_t err_len)
+{
+    if (!cfg || !ops || !tok || !out || !ops->submit || !ops->next || !ops->cancel ||
+        !ops->release || !ops->info) {
+        snprintf(err, err_len, "server: missing config, ops or tokenizer");
+        return -EINVAL;
+    }
+    struct kvf_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, err_len, "server: out of memory");
+        return -ENOMEM;
+    }
+    s->cfg = *cfg;
+    s->host = strdup(cfg->host ? cfg->host : "127.0.0.1");
+    s->model = strdup(cfg->model_name ? cfg->model_name : "kvfence");
+    int rc = -ENOMEM;
+    if (!s->host || !s->model) {
+        snprintf(err, err_len, "server: out of memory");
+        goto free_s;
+    }
+    s->cfg.host = s->host;
+    s->cfg.model_name = s->model;
+    if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 1u << 20;
+    if (!s->cfg.max_n) s->cfg.max_n = 8;
+    if (!s->cfg.max_queue) s->cfg.max_queue = 256;
+    if (!s->cfg.default_max_tokens) s->cfg.default_max_tokens = 256;
+    if (!s->cfg.max_connections) s->cfg.max_connections = 256;
+    if (!s->cfg.idle_timeout_s) s->cfg.idle_timeout_s = 30;
+    if (!s->cfg.retry_after_s) s->cfg.retry_after_s = 1;
+    s->ops = ops;
+    s->engine = engine;
+    s->tok = tok;
+    s->created = (int64_t)time(NULL);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->boot = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 16);
+    atomic_init(&s->stopping, false);
+    atomic_init(&s->in_flight, 0);
+    atomic_init(&s->seq, 0);
+
+    bool v6 = false;
+    rc = open_listener(s->host, cfg->port, &s->listen_fd, &v6, err, err_len);
+    if (rc < 0) goto free_s;
+    s->port = bound_port(s->listen_fd);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
+    if (v6) flags |= MHD_USE_IPv6;
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
+                            MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
+                            MHD_OPTION_EXTERNAL_LOGGER, discard_log, s,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        snprintf(err, err_len, "server: libmicrohttpd did not start on %s:%u", s->host, s->port);
+        rc = KVF_E_SERVER;
+        goto close_fd;
+    }
+    *out = s;
+    return 0;
+close_fd:
+    close(s->listen_fd);
+free_s:
+    free(s->host);
+    free(s->model);
+    free(s);
+    return rc;
+}
+
+uint16_t kvf_server_port(const kvf_server_t *s)
+{
+    return s->port;
+}
+
+void kvf_server_stop(kvf_server_t *s)
+{
+    if (!s) return;
+    /* No new connection from here; the listening socket is ours to close. */
+    MHD_socket lfd = MHD_quiesce_daemon(s->d);
+    int64_t until = now_ms() + s->cfg.drain_ms;
+    while (atomic_load(&s->in_flight) > 0 && now_ms() < until) {
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    /* Requests still running see this within KVF_SERVER_POLL_MS, cancel and end; MHD then
+     * closes every connection and joins every thread. */
+    atomic_store(&s->stopping, true);
+    MHD_stop_daemon(s->d);
+    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    free(s->host);
+    free(s->model);
+    free(s);
+}

@@ -1,0 +1,432 @@
+/*
+ * request.c — a completions or chat body, from bytes to a validated, tokenized request.
+ *
+ * Order: scan (UTF-8, depth) → jansson → each known field by name, each with its type and range
+ * → the prompt (tokenized, or token ids checked against the vocabulary) → max_tokens against
+ * the served limit. Unknown fields are ignored; a known field of the wrong type is refused
+ * with 400 naming it (BAD_INPUTS rows 9–18). Every check happens before anything is submitted.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server_internal.h"
+
+json_t *kvf__srv_parse_object(const char *body, size_t len, struct kvf__srv_err *e)
+{
+    if (kvf__srv_scan_body(body, len, KVF_SERVER_MAX_JSON_DEPTH, e) < 0) return NULL;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!root) {
+        /* jansson's text names the problem and a position, never the input itself. */
+        kvf__srv_fail(e, 400, NULL, "invalid_json", "request body is not valid JSON: %s", je.text);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        kvf__srv_fail(e, 400, NULL, "invalid_json", "request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* --- Typed field readers: absent or null leaves *out as it is and returns 0. ---------------- */
+
+static int get_bool(json_t *o, const char *key, bool *out, struct kvf__srv_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v))
+        return kvf__srv_fail(e, 400, key, "invalid_type", "'%s' must be a boolean", key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* An integer in [lo, hi]; a real (even 5.0), a boolean or a string is a wrong type. Returns 1
+ * when present. */
+static int get_int(json_t *o, const char *key, long long lo, long long hi, long long *out,
+                   struct kvf__srv_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v))
+        return kvf__srv_fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return kvf__srv_fail(e, 400, key, "invalid_value", "'%s' must be between %lld and %lld",
+                             key, lo, hi);
+    *out = x;
+    return 1;
+}
+
+static int get_num(json_t *o, const char *key, double *out, struct kvf__srv_err *e)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v))
+        return kvf__srv_fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
+    *out = json_number_value(v);
+    if (!isfinite(*out))
+        return kvf__srv_fail(e, 400, key, "invalid_value", "'%s' must be finite", key);
+    return 1;
+}
+
+/* --- The prompt. ------------------------------------------------------------------------- */
+
+/* Tokenizes text (BOS first when the vocabulary has one). At most cap tokens are kept; the
+ * full count is returned in *n_total so the caller can state it. */
+static int tokenize(const kvf_tokenizer_t *tok, const char *text, size_t len, const char *param,
+                    uint32_t cap, int32_t **out, uint32_t *n_total, struct kvf__srv_err *e)
+{
+    bool bos = kvf_tokenizer_bos(tok) >= 0;
+    int32_t *ids = malloc(((size_t)cap + 1) * sizeof *ids);
+    if (!ids) return kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+    int n = kvf_tokenizer_encode(tok, text, len, bos, ids, cap);
+    if (n < 0) {
+        free(ids);
+        if (n == -EILSEQ)
+            return kvf__srv_fail(e, 400, param, "invalid_utf8", "'%s' is not valid UTF-8", param);
+        if (n == -ENOMEM) return kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+        return kvf__srv_fail(e, 400, param, "invalid_value", "'%s' cannot be tokenized", param);
+    }
+    *out = ids;
+    *n_total = (uint32_t)n;
+    return 0;
+}
+
+static int parse_token_ids(json_t *arr, const char *param, const struct kvf__srv_limits *lim,
+                           int32_t **out, uint32_t *n_out, struct kvf__srv_err *e)
+{
+    size_t n = json_array_size(arr);
+    if (n == 0) return kvf__srv_fail(e, 400, param, "invalid_value", "'%s' must not be empty", param);
+    if (n > UINT32_MAX / 2)
+        return kvf__srv_fail(e, 400, param, "invalid_value", "'%s' is too long", param);
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids) return kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(arr, i);
+        if (!json_is_integer(v)) {
+            free(ids);
+            return kvf__srv_fail(e, 400, param, "invalid_type",
+                                 "'%s' must be a string or an array of integer token ids "
+                                 "(element %zu is not an integer)",
+                                 param, i);
+        }
+        long long t = json_integer_value(v);
+        if (t < 0 || t >= (long long)lim->n_vocab) {
+            free(ids);
+            return kvf__srv_fail(e, 400, param, "invalid_token",
+                                 "'%s' element %zu is not a token id (the vocabulary has %u)",
+                                 param, i, lim->n_vocab);
+        }
+        ids[i] = (int32_t)t;
+    }
+    *out = ids;
+    *n_out = (uint32_t)n;
+    return 0;
+}
+
+static bool role_known(const char *r)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (strcmp(r, roles[i]) == 0) return true;
+    return false;
+}
+
+/* A message's content: a string, or an array of {"type":"text","text":...} parts joined.
+ * *owned is set when the text had to be joined (the caller frees it). */
+static int message_content(json_t *c, size_t i, const char **text, size_t *len, char **owned,
+                           struct kvf__srv_err *e)
+{
+    *owned = NULL;
+    if (json_is_string(c)) {
+        *text = json_string_value(c);
+        *len = json_string_length(c);
+        return 0;
+    }
+    if (!c || json_is_null(c))
+        return kvf__srv_fail(e, 400, "messages", "invalid_value", "messages[%zu] has no content", i);
+    if (!json_is_array(c))
+        return kvf__srv_fail(e, 400, "messages", "invalid_type",
+                             "messages[%zu].content must be a string or an array of text parts", i);
+    struct kvf__sbuf b = {0};
+    size_t k;
+    json_t *part;
+    json_array_foreach(c, k, part)
+    {
+        json_t *type = json_object_get(part, "type"), *t = json_object_get(part, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(t)) {
+            kvf__sbuf_free(&b);
+            return kvf__srv_fail(e, 400, "messages", "invalid_value",
+                                 "messages[%zu].content[%zu] must be a text part", i, k);
+        }
+        kvf__sbuf_put(&b, json_string_value(t), json_string_length(t));
+    }
+    if (b.oom) {
+        kvf__sbuf_free(&b);
+        return kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+    }
+    *owned = b.p;
+    *text = b.p ? b.p : "";
+    *len = b.n;
+    return 0;
+}
+
+static int render_messages(json_t *root, char **out, size_t *out_len, struct kvf__srv_err *e)
+{
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs || json_is_null(msgs))
+        return kvf__srv_fail(e, 400, "messages", "missing", "'messages' is required");
+    if (!json_is_array(msgs))
+        return kvf__srv_fail(e, 400, "messages", "invalid_type", "'messages' must be an array");
+    size_t n = json_array_size(msgs);
+    if (n == 0) return kvf__srv_fail(e, 400, "messages", "invalid_value", "'messages' is empty");
+    struct kvf_server_chat_msg *m = calloc(n, sizeof *m);
+    char **owned = calloc(n, sizeof *owned);
+    int rc = -1;
+    if (!m || !owned) {
+        kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+        goto free_all;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(msgs, i);
+        if (!json_is_object(msg)) {
+            kvf__srv_fail(e, 400, "messages", "invalid_type", "messages[%zu] must be an object", i);
+            goto free_all;
+        }
+        json_t *role = json_object_get(msg, "role");
+        if (!json_is_string(role)) {
+            kvf__srv_fail(e, 400, "messages", "invalid_value", "messages[%zu] has no role", i);
+            goto free_all;
+        }
+        if (!role_known(json_string_value(role))) {
+            kvf__srv_fail(e, 400, "messages", "invalid_value",
+                          "messages[%zu].role is not one of system, developer, user, "
+                          "assistant, tool",
+                          i);
+            goto free_all;
+        }
+        m[i].role = json_string_value(role);
+        if (message_content(json_object_get(msg, "content"), i, &m[i].content, &m[i].content_len,
+                            &owned[i], e) < 0)
+            goto free_all;
+    }
+    if (kvf_server_chat_render(m, n, out, out_len) < 0) {
+        kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+        goto free_all;
+    }
+    rc = 0;
+free_all:
+    if (owned)
+        for (size_t i = 0; i < n; i++) free(owned[i]);
+    free(owned);
+    free(m);
+    return rc;
+}
+
+static int parse_prompt(enum kvf__srv_kind kind, json_t *root, const struct kvf__srv_limits *lim,
+                        const kvf_tokenizer_t *tok, struct kvf__srv_req *r, uint32_t *n_total,
+                        struct kvf__srv_err *e)
+{
+    uint32_t cap = lim->served_limit; /* more tokens than this is refused anyway */
+    if (kind == KVF__SRV_CHAT) {
+        char *text;
+        size_t len;
+        if (render_messages(root, &text, &len, e) < 0) return -1;
+        int rc = tokenize(tok, text, len, "messages", cap, &r->prompt, n_total, e);
+        free(text);
+        return rc;
+    }
+    json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p))
+        return kvf__srv_fail(e, 400, "prompt", "missing", "'prompt' is required");
+    if (json_is_string(p)) {
+        if (json_string_length(p) == 0)
+            return kvf__srv_fail(e, 400, "prompt", "invalid_value", "'prompt' is empty");
+        return tokenize(tok, json_string_value(p), json_string_length(p), "prompt", cap,
+                        &r->prompt, n_total, e);
+    }
+    if (json_is_array(p)) {
+        if (parse_token_ids(p, "prompt", lim, &r->prompt, n_total, e) < 0) return -1;
+        return 0;
+    }
+    return kvf__srv_fail(e, 400, "prompt", "invalid_type",
+                         "'prompt' must be a string or an array of integer token ids");
+}
+
+static int parse_stop(json_t *root, struct kvf__srv_req *r, struct kvf__srv_err *e)
+{
+    json_t *s = json_object_get(root, "stop");
+    if (!s || json_is_null(s)) return 0;
+    json_t *one[1] = {s};
+    json_t **items = one;
+    size_t n = 1;
+    json_t *arr_items[KVF_SERVER_MAX_STOP];
+    if (json_is_array(s)) {
+        n = json_array_size(s);
+        if (n > KVF_SERVER_MAX_STOP)
+            return kvf__srv_fail(e, 400, "stop", "invalid_value",
+                                 "'stop' has %zu strings; at most %d are allowed", n,
+                                 KVF_SERVER_MAX_STOP);
+        for (size_t i = 0; i < n; i++) arr_items[i] = json_array_get(s, i);
+        items = arr_items;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!json_is_string(items[i]))
+            return kvf__srv_fail(e, 400, "stop", "invalid_type",
+                                 "'stop' must be a string or an array of strings");
+        size_t len = json_string_length(items[i]);
+        if (len == 0)
+            return kvf__srv_fail(e, 400, "stop", "invalid_value", "'stop' strings must not be empty");
+        if (len > KVF_SERVER_MAX_STOP_BYTES)
+            return kvf__srv_fail(e, 400, "stop", "invalid_value",
+                                 "'stop' strings must be at most %d bytes (one has %zu)",
+                                 KVF_SERVER_MAX_STOP_BYTES, len);
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t len = json_string_length(items[i]);
+        char *c = malloc(len + 1);
+        if (!c) return kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
+        memcpy(c, json_string_value(items[i]), len + 1);
+        r->stop[r->n_stop] = c;
+        r->stop_len[r->n_stop++] = len;
+    }
+    return 0;
+}
+
+static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf__srv_limits *lim,
+                         struct kvf__srv_req *r, struct kvf__srv_err *e)
+{
+    long long x;
+    double d;
+    if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so))
+            return kvf__srv_fail(e, 400, "stream_options", "invalid_type",
+                                 "'stream_options' must be an object");
+        json_t *iu = json_object_get(so, "include_usage");
+        if (iu && !json_is_null(iu) && !json_is_boolean(iu))
+            return kvf__srv_fail(e, 400, "stream_options", "invalid_type",
+                                 "'stream_options.include_usage' must be a boolean");
+        r->include_usage = json_is_true(iu);
+    }
+    r->sample.temperature = 1.0f;
+    int have = get_num(root, "temperature", &d, e);
+    if (have < 0) return -1;
+    if (have) {
+        if (d < 0)
+            return kvf__srv_fail(e, 400, "temperature", "invalid_value",
+                                 "'temperature' must be at least 0");
+        r->sample.temperature = (float)d;
+    }
+    r->sample.top_p = 1.0f;
+    have = get_num(root, "top_p", &d, e);
+    if (have < 0) return -1;
+    if (have) {
+        if (!(d > 0 && d <= 1))
+            return kvf__srv_fail(e, 400, "top_p", "invalid_value",
+                                 "'top_p' must be in (0, 1]");
+        r->sample.top_p = (float)d;
+    }
+    if ((have = get_int(root, "top_k", 0, UINT32_MAX, &x, e)) < 0) return -1;
+    if (have) r->sample.top_k = (uint32_t)x;
+    if ((have = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, e)) < 0) return -1;
+    if (have) {
+        r->sample.seed = (uint64_t)x;
+        r->seed_given = true;
+    }
+    r->n = 1;
+    if ((have = get_int(root, "n", 1, lim->max_n, &x, e)) < 0) return -1;
+    if (have) r->n = (uint32_t)x;
+    if ((have = get_int(root, "best_of", 1, lim->max_n, &x, e)) < 0) return -1;
+    if (have && (uint32_t)x != r->n)
+        return kvf__srv_fail(e, 400, "best_of", "invalid_value",
+                             "'best_of' must equal 'n' (choices are not ranked)");
+    if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+    if (parse_stop(root, r, e) < 0) return -1;
+    if (kind == KVF__SRV_COMPLETION) {
+        if ((have = get_int(root, "logprobs", 0, KVF_GEN_MAX_LOGPROBS, &x, e)) < 0) return -1;
+        if (have) {
+            r->logprobs = true;
+            r->top_logprobs = (uint32_t)x;
+        }
+    } else {
+        if (get_bool(root, "logprobs", &r->logprobs, e) < 0) return -1;
+        if ((have = get_int(root, "top_logprobs", 0, KVF_GEN_MAX_LOGPROBS, &x, e)) < 0) return -1;
+        if (have) {
+            if (!r->logprobs && x > 0)
+                return kvf__srv_fail(e, 400, "top_logprobs", "invalid_value",
+                                     "'top_logprobs' needs 'logprobs' set to true");
+            r->top_logprobs = (uint32_t)x;
+        }
+    }
+    return 0;
+}
+
+/* max_tokens (chat: max_completion_tokens first), against the served limit. */
+static int parse_max_tokens(enum kvf__srv_kind kind, json_t *root, const struct kvf__srv_limits *lim,
+                            struct kvf__srv_req *r, uint32_t n_total, struct kvf__srv_err *e)
+{
+    const char *key = "max_tokens";
+    if (kind == KVF__SRV_CHAT) {
+        json_t *v = json_object_get(root, "max_completion_tokens");
+        if (v && !json_is_null(v)) key = "max_completion_tokens";
+    }
+    long long x = 0;
+    json_t *v = json_object_get(root, key);
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v))
+            return kvf__srv_fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+        x = json_integer_value(v);
+        if (x < 1)
+            return kvf__srv_fail(e, 400, key, "invalid_value", "'%s' must be at least 1", key);
+    }
+    const char *pparam = kind == KVF__SRV_CHAT ? "messages" : "prompt";
+    unsigned long long want = x ? (unsigned long long)x : 1;
+    if (n_total + want > lim->served_limit)
+        return kvf__srv_fail(e, 400, x ? key : pparam, "context_length_exceeded",
+                             "This model's maximum context length is %u tokens; you requested "
+                             "%llu tokens (%u in the prompt, %llu to generate)",
+                             lim->served_limit, n_total + want, n_total, want);
+    if (x) {
+        r->max_tokens = (uint32_t)x;
+    } else {
+        uint32_t rest = lim->served_limit - n_total;
+        r->max_tokens = rest < lim->default_max_tokens ? rest : lim->default_max_tokens;
+    }
+    return 0;
+}
+
+int kvf__srv_req_parse(enum kvf__srv_kind kind, const char *body, size_t len,
+                       const struct kvf__srv_limits *lim, const kvf_tokenizer_t *tok,
+                       struct kvf__srv_req *out, struct kvf__srv_err *e)
+{
+    struct kvf__srv_req r;
+    memset(&r, 0, sizeof r);
+    r.kind = kind;
+    json_t *root = kvf__srv_parse_object(body, len, e);
+    if (!root) return -1;
+    uint32_t n_total = 0;
+    if (parse_options(kind, root, lim, &r, e) < 0) goto fail;
+    if (parse_prompt(kind, root, lim, tok, &r, &n_total, e) < 0) goto fail;
+    if (parse_max_tokens(kind, root, lim, &r, n_total, e) < 0) goto fail;
+    r.n_prompt = n_total;
+    json_decref(root);
+    *out = r;
+    return 0;
+fail:
+    json_decref(root);
+    kvf__srv_req_free(&r);
+    return -1;
+}
+
+void kvf__srv_req_free(struct kvf__srv_req *r)
+{
+    free(r->prompt);
+    for (uint32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,168 @@
+/*
+ * server_internal.h — what the server's files share: the error record an invalid request turns
+ * into, the validated request, the generation run that drives one request's choices through
+ * the seam, and a growable byte buffer.
+ *
+ * Pieces, in the order a request meets them:
+ *   scan.c     kvf__srv_scan_body: UTF-8 and nesting depth, one pass, no recursion
+ *   request.c  kvf__srv_req_parse: JSON → struct kvf__srv_req (tokenized, every bound checked)
+ *   chat.c     kvf_server_chat_render (the public default rendering)
+ *   run.c      struct kvf__srv_run: submit, events → text (detokenizer, stop strings), logprobs,
+ *              the response JSON and the SSE chunks
+ *   http.c     libmicrohttpd: routing, bodies, streaming, hang-up polling, start and stop
+ *
+ * A run is owned by the connection thread that created it (see server.h).
+ */
+#ifndef KVF_SERVER_INTERNAL_H
+#define KVF_SERVER_INTERNAL_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvfence/engine.h"
+#include "kvfence/server.h"
+#include "kvfence/tokenizer.h"
+
+/* --- A growable byte buffer (NUL-terminated when non-empty). ------------------------------- */
+struct kvf__sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom; /* an append failed: the content is incomplete */
+};
+void kvf__sbuf_put(struct kvf__sbuf *b, const void *src, size_t n);
+void kvf__sbuf_puts(struct kvf__sbuf *b, const char *s);
+void kvf__sbuf_free(struct kvf__sbuf *b);
+
+/* --- Errors as the API reports them. --------------------------------------------------------- */
+struct kvf__srv_err {
+    int status;          /* HTTP status */
+    const char *type;    /* "invalid_request_error", "server_error", ... (static) */
+    const char *param;   /* the offending field, or NULL (static) */
+    const char *code;    /* a short machine code, or NULL (static) */
+    char message[400];   /* never contains prompt text or tokens (BAD_INPUTS row 8) */
+};
+/* Fills e (printf-style message) and returns -1, so a parser can `return srv_fail(...)`. */
+__attribute__((format(printf, 5, 6))) int kvf__srv_fail(struct kvf__srv_err *e, int status,
+                                                       const char *param, const char *code,
+                                                       const char *fmt, ...);
+/* {"error":{"message","type","param","code"}} as a new JSON object (NULL on no memory). */
+json_t *kvf__srv_err_json(const struct kvf__srv_err *e);
+
+/* --- The body scan. ------------------------------------------------------------------------ */
+/* 0 if body[0..len) is valid UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF,
+ * no NUL byte) and no array/object nests deeper than max_depth; else -1 with e filled (400).
+ * One pass over the bytes with a depth counter, strings and escapes skipped. */
+int kvf__srv_scan_body(const char *body, size_t len, uint32_t max_depth, struct kvf__srv_err *e);
+/* true if s[0..n) is valid UTF-8 by the same rules (NUL allowed). */
+bool kvf__srv_utf8_valid(const char *s, size_t n);
+/* Length of the valid UTF-8 sequence at s[0..n) (n ≥ 1), or 0 if none starts there. */
+size_t kvf__srv_utf8_seq(const char *s, size_t n);
+/* A JSON string of s[0..n) with each invalid UTF-8 byte as U+FFFD (NULL on no memory). */
+json_t *kvf__srv_json_text(const char *s, size_t n);
+
+/* --- The validated request. ---------------------------------------------------------------- */
+enum kvf__srv_kind {
+    KVF__SRV_COMPLETION = 0,
+    KVF__SRV_CHAT = 1,
+};
+
+/* What the parser checks against (read from ops->info and the config per request). */
+struct kvf__srv_limits {
+    uint32_t n_vocab;        /* token ids must be below it */
+    uint32_t served_limit;   /* prompt + max_tokens */
+    uint32_t max_n;
+    uint32_t default_max_tokens;
+};
+
+struct kvf__srv_req {
+    enum kvf__srv_kind kind;
+    int32_t *prompt;         /* [n_prompt], owned */
+    uint32_t n_prompt;
+    uint32_t max_tokens;     /* ≥ 1; n_prompt + max_tokens ≤ served_limit */
+    struct kvf_sample_params sample;
+    bool seed_given;         /* else run.c picks one */
+    uint32_t n;              /* choices, 1..max_n */
+    bool stream, include_usage;
+    char *stop[KVF_SERVER_MAX_STOP]; /* owned, non-empty, valid UTF-8 */
+    size_t stop_len[KVF_SERVER_MAX_STOP];
+    uint32_t n_stop;
+    bool logprobs;           /* the sampled token's logprob per token */
+    uint32_t top_logprobs;   /* 0..20 alternatives per token */
+    bool ignore_eos;
+};
+
+/* Parses and validates a completions or chat body (already scanned or not: the scan is done
+ * here first). 0 with *out filled (free with kvf__srv_req_free), or -1 with e filled and
+ * nothing allocated. */
+int kvf__srv_req_parse(enum kvf__srv_kind kind, const char *body, size_t len,
+                       const struct kvf__srv_limits *lim, const kvf_tokenizer_t *tok,
+                       struct kvf__srv_req *out, struct kvf__srv_err *e);
+void kvf__srv_req_free(struct kvf__srv_req *r);
+
+/* Parses body as a JSON object after the scan; NULL with e filled. */
+json_t *kvf__srv_parse_object(const char *body, size_t len, struct kvf__srv_err *e);
+
+/* --- One request's generations. ------------------------------------------------------------ */
+struct kvf__srv_choice {
+    kvf_gen_t *g;             /* NULL once released */
+    bool done;                /* finished: finish_reason set, or failed with err */
+    const char *finish;       /* "stop" / "length" once done without error */
+    int err;                  /* the END's error when the engine failed the choice */
+    uint32_t n_tokens;        /* tokens received (usage) */
+    uint64_t text_bytes;      /* bytes of text released so far (completions' text_offset) */
+    struct kvf_detok detok;
+    char hold[KVF_SERVER_MAX_STOP_BYTES + KVF_DETOK_MAX_OUT + 8]; /* text that may begin a stop
+                                                                     string: not released yet */
+    size_t n_hold;
+    struct kvf__sbuf text;    /* released text not yet sent (streaming) / all of it */
+    json_t *lp;               /* logprobs of tokens not yet sent (format per kind), or NULL */
+    bool role_sent;           /* chat streaming: the first delta carried the role */
+    bool finish_sent;         /* streaming: the chunk with finish_reason went out */
+};
+
+struct kvf__srv_run {
+    const struct kvf_gen_ops *ops;
+    void *engine;
+    const kvf_tokenizer_t *tok;
+    struct kvf__srv_req req;  /* owned (moved in by kvf__srv_run_start) */
+    char id[48];              /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;          /* unix seconds */
+    const char *model;        /* borrowed from the server */
+    int failed;               /* the first choice error (negative), or 0 */
+    bool cancelled;           /* kvf__srv_run_cancel was called */
+    bool sse_done;            /* the stream's last event went out */
+    uint32_t n;
+    struct kvf__srv_choice ch[]; /* [n] */
+};
+
+/* Submits every choice (n separate submits; choice i uses seed + i). 0 with *out the run (the
+ * request moved into it: *req is zeroed), or the first submit's negative code with every
+ * submitted choice cancelled and released, *req untouched. */
+int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_tokenizer_t *tok,
+                       struct kvf__srv_req *req, const char *model, uint32_t tenant,
+                       uint64_t id_seed, struct kvf__srv_run **out);
+/* Waits up to timeout_ms for events and handles every one that is ready. Returns 1 if some
+ * choice made progress (text, logprobs, an ending), 0 if none did. */
+int kvf__srv_run_step(struct kvf__srv_run *r, int timeout_ms);
+bool kvf__srv_run_done(const struct kvf__srv_run *r);
+/* Cancels every unfinished choice (ops->cancel, then release). Idempotent. */
+void kvf__srv_run_cancel(struct kvf__srv_run *r);
+/* Cancels what is left, releases everything, frees. r may be NULL. */
+void kvf__srv_run_free(struct kvf__srv_run *r);
+/* The status and error of a failed run (r->failed != 0). */
+void kvf__srv_run_error(const struct kvf__srv_run *r, struct kvf__srv_err *e);
+/* The whole non-streaming response body (NULL on no memory). */
+json_t *kvf__srv_run_response(struct kvf__srv_run *r);
+/* Appends SSE events for everything not yet sent; after the last choice finished, the usage
+ * chunk (if asked) and "data: [DONE]". Returns true once the stream is complete. */
+bool kvf__srv_run_sse(struct kvf__srv_run *r, struct kvf__sbuf *out);
+
+/* Appends "data: <j compact>\n\n" and drops j (a NULL j or no memory sets out->oom). */
+void kvf__srv_sse_put(struct kvf__sbuf *out, json_t *j);
+
+/* The text of an engine error for a client (no internals). */
+void kvf__srv_engine_error(int err, struct kvf__srv_err *e);
+
+#endif /* KVF_SERVER_INTERNAL_H */
