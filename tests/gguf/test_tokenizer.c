@@ -7,6 +7,8 @@
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
 #include "kvfence/tokenizer.h"
+#include "model/tokenizer_internal.h"
+#include "model/unicode.h"
 
 #define SP "\xe2\x96\x81" /* U+2581 */
 
@@ -601,6 +603,135 @@ static void test_refused_vocabs(void)
     scratch_done();
 }
 
+/* ---- byte-level BPE ---- */
+
+static int collect_piece(void *ctx, const char *piece, size_t len)
+{
+    char *out = ctx;
+    if (out[0]) strcat(out, "|");
+    strncat(out, piece, len);
+    return 0;
+}
+
+/* Each pre-tokenizer's split of hand-checked strings ('|' between pieces). */
+static void test_pre_split(void)
+{
+    static const struct {
+        enum kvf__bpe_pre pre;
+        const char *text, *want;
+    } cases[] = {
+        {KVF__PRE_GPT2, "Hello world's  end 123abc !!x\n\n y",
+         "Hello| world|'s| | end| 123|abc| !!|x|\n\n| y"},
+        {KVF__PRE_GPT2, "I'M  ", "I|'|M|  "}, /* case-sensitive contractions; trailing run whole */
+        {KVF__PRE_SMOLLM, "a 12b", "a| |1|2|b"},
+        {KVF__PRE_SMOLLM, "x\xd9\xa3y", "x|\xd9\xa3|y"}, /* U+0663, an Arabic-Indic digit */
+        {KVF__PRE_LLAMA3, "I'M 12345 x\n\n  y...", "I|'M| |123|45| x|\n\n| | y|..."},
+        {KVF__PRE_LLAMA3, "a.\n\nb", "a|.\n\n|b"},
+        {KVF__PRE_LLAMA3, "\t\"quoted\"", "\t|\"quoted|\""}, /* O then letters: one piece */
+        {KVF__PRE_LLAMA3, "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", "caf\xc3\xa9| \xe6\x97\xa5\xe6\x9c\xac"},
+        {KVF__PRE_QWEN2, "x 2024", "x| |2|0|2|4"},
+        {KVF__PRE_QWEN2, " \r\n \r\n  z", " \r\n \r\n| | z"},
+    };
+    for (size_t i = 0; i < KVF_ARRAY_LEN(cases); i++) {
+        char got[256] = "";
+        ASSERT_OK(kvf__bpe_pre_split(cases[i].pre, cases[i].text, strlen(cases[i].text),
+                                     collect_piece, got));
+        ASSERT_STREQ(got, cases[i].want);
+    }
+}
+
+/* A byte-level vocabulary: the 256 byte characters, "ab" (merge "a b"), "<|im_end|>" and
+ * "<|endoftext|>" (control), "<think>" (user-defined). */
+static kvf_tokenizer_t *make_bpe(int32_t *id_ab, int32_t *id_end, int32_t *id_eot,
+                                 int32_t *id_think)
+{
+    const char *toks[260];
+    char chars[256][4];
+    int32_t types[260];
+    for (int b = 0; b < 256; b++) {
+        uint8_t u[4];
+        size_t k = kvf__utf8_encode(kvf__bpe_byte_cp((uint8_t)b), u);
+        memcpy(chars[b], u, k);
+        chars[b][k] = '\0';
+        toks[b] = chars[b];
+        types[b] = KVF_TOKEN_NORMAL;
+    }
+    toks[256] = "ab", types[256] = KVF_TOKEN_NORMAL;
+    toks[257] = "<|im_end|>", types[257] = KVF_TOKEN_CONTROL;
+    toks[258] = "<|endoftext|>", types[258] = KVF_TOKEN_CONTROL;
+    toks[259] = "<think>", types[259] = KVF_TOKEN_USER_DEFINED;
+    const char *merges[] = {"a b"};
+    kvf_gguf_writer_t *w;
+    ASSERT_OK(kvf_gguf_writer_create(0, &w));
+    ASSERT_OK(kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2", 4));
+    ASSERT_OK(kvf_gguf_writer_add_str(w, "tokenizer.ggml.pre", "qwen2", 5));
+    ASSERT_OK(kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 260));
+    ASSERT_OK(kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", types, 260));
+    ASSERT_OK(kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merges, NULL, 1));
+    ASSERT_OK(kvf_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 258));
+    char path[512], err[256];
+    scratch_path(path, sizeof path, "bpe.gguf");
+    ASSERT_OK(kvf_gguf_writer_write(w, path, err, sizeof err));
+    kvf_gguf_writer_destroy(w);
+    kvf_gguf_t *g;
+    ASSERT_OK(kvf_gguf_open(path, &g, err, sizeof err));
+    unlink(path);
+    kvf_tokenizer_t *t;
+    ASSERT_OK(kvf_tokenizer_create(g, &t, err, sizeof err));
+    kvf_gguf_close(g);
+    *id_ab = 256, *id_end = 257, *id_eot = 258, *id_think = 259;
+    return t;
+}
+
+/* Added tokens, the end-of-generation list, and streaming detokenizing of byte pieces. */
+static void test_bpe_added_eog_detok(void)
+{
+    int32_t ab, end, eot, think;
+    kvf_tokenizer_t *t = make_bpe(&ab, &end, &eot, &think);
+    const int32_t *eog;
+    ASSERT_EQ_U64(kvf_tokenizer_eog(t, &eog), 2);
+    ASSERT_EQ_INT(eog[0], eot); /* eos first, then the named end-of-turn tokens */
+    ASSERT_EQ_INT(eog[1], end);
+    ASSERT_TRUE(kvf_tokenizer_is_eog(t, end));
+    ASSERT_FALSE(kvf_tokenizer_is_eog(t, think));
+    ASSERT_FALSE(kvf_tokenizer_wants_bos(t));
+    /* User-defined tokens always match; control tokens only when asked for. */
+    const char *text = "ab<think><|im_end|>";
+    int32_t ids[64];
+    int n = kvf_tokenizer_encode_ex(t, text, strlen(text), KVF_TOKENIZE_PARSE_SPECIAL, ids, 64);
+    ASSERT_EQ_INT(n, 3);
+    ASSERT_EQ_INT(ids[0], ab);
+    ASSERT_EQ_INT(ids[1], think);
+    ASSERT_EQ_INT(ids[2], end);
+    n = kvf_tokenizer_encode_ex(t, text, strlen(text), 0, ids, 64);
+    ASSERT_EQ_INT(n, 2 + 10); /* "<|im_end|>": ten byte tokens */
+    ASSERT_EQ_INT(ids[1], think);
+    /* "é" is two byte tokens; the first alone shows nothing. Control tokens show nothing. */
+    n = kvf_tokenizer_encode_ex(t, "\xc3\xa9<|im_end|>", 12, KVF_TOKENIZE_PARSE_SPECIAL, ids, 64);
+    ASSERT_EQ_INT(n, 3);
+    struct kvf_detok d;
+    kvf_detok_init(&d);
+    char out[KVF_DETOK_MAX_OUT];
+    ASSERT_EQ_U64(kvf_detok_push(&d, t, ids[0], out, sizeof out), 0);
+    ASSERT_EQ_U64(kvf_detok_push(&d, t, ids[1], out, sizeof out), 2);
+    ASSERT_MEMEQ(out, "\xc3\xa9", 2);
+    ASSERT_EQ_U64(kvf_detok_push(&d, t, ids[2], out, sizeof out), 0);
+    /* A byte-level piece for a space decodes to a space, and U+2581 is not one here. */
+    n = kvf_tokenizer_encode_ex(t, " \xe2\x96\x81", 4, 0, ids, 64);
+    size_t m = 0;
+    for (int i = 0; i < n; i++)
+        m += kvf_detok_push(&d, t, ids[i], out + m, sizeof out - m);
+    ASSERT_EQ_U64(m, 4);
+    ASSERT_MEMEQ(out, " \xe2\x96\x81", 4);
+    /* NFC (qwen2): "e" + U+0301 encodes as "é". */
+    int32_t a[8], b[8];
+    ASSERT_EQ_INT(kvf_tokenizer_encode_ex(t, "e\xcc\x81", 3, 0, a, 8), 2);
+    ASSERT_EQ_INT(kvf_tokenizer_encode_ex(t, "\xc3\xa9", 2, 0, b, 8), 2);
+    ASSERT_MEMEQ(a, b, 2 * sizeof *a);
+    kvf_tokenizer_destroy(t);
+    scratch_done();
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_merge_by_score),
     KVF_CASE(test_space_prefix_and_words),
@@ -611,6 +742,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_detok_always_valid),
     KVF_CASE(test_refused_vocabs),
     KVF_CASE(test_merge_matches_reference),
+    KVF_CASE(test_pre_split),
+    KVF_CASE(test_bpe_added_eog_detok),
 };
 
 int main(int argc, char **argv)
