@@ -76,6 +76,7 @@ static int fake_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     memcpy(f->last_prompt, p->prompt, f->n_last_prompt * sizeof(int32_t));
     f->submits++;
     f->live++;
+    pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
     *out = g;
     return 0;
