@@ -8,7 +8,7 @@
  * its protocol.
  *
  * Endpoints (bodies as in OpenAI's API; what is accepted and refused: src/server/request.c):
- *   POST /v1/completions        prompt: string (BOS prepended when the vocabulary has one) or
+ *   POST /v1/completions        prompt: string (BOS prepended when the vocabulary asks for it) or
  *                               an array of token ids (sent as given)
  *   POST /v1/chat/completions   messages rendered by kvf_server_chat_render (a documented
  *                               default until a model's own template is supported)

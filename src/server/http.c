@@ -318,7 +318,7 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
                       "'add_special_tokens' must be a boolean");
         goto fail;
     }
-    bool bos = (!sp || json_is_null(sp) || json_is_true(sp)) && kvf_tokenizer_bos(s->tok) >= 0;
+    bool bos = (!sp || json_is_null(sp) || json_is_true(sp)) && kvf_tokenizer_wants_bos(s->tok);
     const char *text = json_string_value(p);
     size_t len = json_string_length(p);
     int n = kvf_tokenizer_encode(s->tok, text, len, bos, NULL, 0);

@@ -74,12 +74,12 @@ static int get_num(json_t *o, const char *key, double *out, struct kvf__srv_err 
 
 /* --- The prompt. ------------------------------------------------------------------------- */
 
-/* Tokenizes text (BOS first when the vocabulary has one). At most cap tokens are kept; the
+/* Tokenizes text (BOS first when the vocabulary asks for it). At most cap tokens are kept; the
  * full count is returned in *n_total so the caller can state it. */
 static int tokenize(const kvf_tokenizer_t *tok, const char *text, size_t len, const char *param,
                     uint32_t cap, int32_t **out, uint32_t *n_total, struct kvf__srv_err *e)
 {
-    bool bos = kvf_tokenizer_bos(tok) >= 0;
+    bool bos = kvf_tokenizer_wants_bos(tok);
     int32_t *ids = malloc(((size_t)cap + 1) * sizeof *ids);
     if (!ids) return kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
     int n = kvf_tokenizer_encode(tok, text, len, bos, ids, cap);

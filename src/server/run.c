@@ -202,8 +202,12 @@ int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_to
     p.n_logprobs = req->logprobs ? req->top_logprobs : 0;
     p.want_logprob = req->logprobs;
     p.ignore_eos = req->ignore_eos;
-    int32_t eos = kvf_tokenizer_eos(tok);
-    if (eos >= 0 && !req->ignore_eos) p.stop_ids[p.n_stop_ids++] = eos;
+    /* Every end-of-generation token of the vocabulary ends a choice (as many as the seam
+     * carries), unless ignore_eos. */
+    const int32_t *eog;
+    size_t n_eog = kvf_tokenizer_eog(tok, &eog);
+    for (size_t i = 0; !req->ignore_eos && i < n_eog && i < KVF_GEN_MAX_STOP_IDS; i++)
+        p.stop_ids[p.n_stop_ids++] = eog[i];
     uint64_t seed = req->seed_given ? req->sample.seed : mix64(h ^ 0x5eedull);
     for (uint32_t i = 0; i < r->n; i++) {
         kvf_detok_init(&r->ch[i].detok);
