@@ -807,6 +807,89 @@ static void test_stop_in_flight(void)
     close(c);
 }
 
+/* Stop with drain: a request in flight finishes (200, whole text) before the server goes. */
+static void *finish_one(void *arg)
+{
+    struct srv *s = arg;
+    struct http_resp *r = calloc(1, sizeof *r);
+    http_do(s->port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":20}", r);
+    return r;
+}
+
+static void test_stop_drains(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.f.token_delay_ms = 10;
+    s.cfg.drain_ms = 5000;
+    srv_start(&s);
+    pthread_t th;
+    ASSERT_EQ_INT(pthread_create(&th, NULL, finish_one, &s), 0);
+    ASSERT_TRUE(fake_wait_live(&s.f, 1, 5000));
+    kvf_server_t *srv = s.s;
+    s.s = NULL;
+    kvf_server_stop(srv); /* returns once the request finished */
+    void *res;
+    pthread_join(th, &res);
+    struct http_resp *r = res;
+    ASSERT_EQ_INT(r->status, 200);
+    char *want = echo_text(s.tok, "hello", 20);
+    json_t *j = json_loads(r->body, 0, NULL);
+    ASSERT_STREQ(jstr(choice(j, 0), "text", NULL), want);
+    ASSERT_EQ_INT(fake_cancels(&s.f), 0);
+    json_decref(j);
+    free(want);
+    http_resp_free(r);
+    free(r);
+    s.s = NULL;
+    ASSERT_EQ_INT(fake_live(&s.f), 0);
+    kvf_tokenizer_destroy(s.tok);
+    fake_destroy(&s.f);
+}
+
+/* 16 streams at once, each with its own text, each complete. */
+struct conc_arg {
+    struct srv *s;
+    int i;
+    bool ok;
+};
+static void *conc_one(void *arg)
+{
+    struct conc_arg *a = arg;
+    char body[256], prompt[32];
+    snprintf(prompt, sizeof prompt, "req %d says hello", a->i);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":30,\"stream\":true}", prompt);
+    struct http_resp r;
+    http_do(a->s->port, "POST", "/v1/completions", body, &r);
+    const char *finish;
+    char *text = stream_text(r.body, false, &finish, NULL);
+    char *want = echo_text(a->s->tok, prompt, 30);
+    a->ok = r.status == 200 && strcmp(text, want) == 0;
+    free(text);
+    free(want);
+    http_resp_free(&r);
+    return NULL;
+}
+
+static void test_concurrent_streams(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.f.token_delay_ms = 2;
+    srv_start(&s);
+    pthread_t th[16];
+    struct conc_arg a[16];
+    for (int i = 0; i < 16; i++) {
+        a[i] = (struct conc_arg){&s, i, false};
+        ASSERT_EQ_INT(pthread_create(&th[i], NULL, conc_one, &a[i]), 0);
+    }
+    for (int i = 0; i < 16; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 16; i++)
+        if (!a[i].ok) KVF_FAIL("stream %d wrong", i);
+    ASSERT_EQ_INT(s.f.submits, 16);
+    srv_stop(&s);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_health),
     KVF_CASE(test_models),
@@ -827,6 +910,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_disconnect_queued),
     KVF_CASE(test_disconnect_blocking),
     KVF_CASE(test_stop_in_flight),
+    KVF_CASE(test_stop_drains),
+    KVF_CASE(test_concurrent_streams),
 };
 
 int main(int argc, char **argv)
