@@ -539,10 +539,21 @@ static void test_bad_bodies(void)
         {C, "{\"prompt\":\"a\",\"ignore_eos\":1}", 400, "ignore_eos", NULL},
         {C, "{\"prompt\":7}", 400, "prompt", NULL},
         {C, "[1,2]", 400, NULL, NULL},
+        {C, "{\"prompt\":\"a\", secret words}", 400, NULL, NULL},
         {C, "not json", 400, NULL, NULL},
         {C, "", 400, NULL, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_error(s.port, &cases[i]);
+    /* Row 8: no part of the body comes back in an error. */
+    struct http_resp r;
+    http_do(s.port, "POST", C, "{\"prompt\":\"a\", secret words}", &r);
+    ASSERT_EQ_INT(r.status, 400);
+    ASSERT_TRUE(strstr(r.body, "secret") == NULL);
+    http_resp_free(&r);
+    http_do(s.port, "POST", C, "{\"prompt\":\"my secret\",\"max_tokens\":100}", &r);
+    ASSERT_EQ_INT(r.status, 400);
+    ASSERT_TRUE(strstr(r.body, "secret") == NULL);
+    http_resp_free(&r);
     ASSERT_EQ_INT(s.f.submits, 0); /* nothing reached the engine */
     /* The limit exactly is served; 63 levels of nesting in an ignored field are fine. */
     json_decref(post_json(s.port, C, "{\"prompt\":\"a\",\"max_tokens\":61}", 200));
