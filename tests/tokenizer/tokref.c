@@ -11,6 +11,10 @@
  *       Encodes each string of the JSON array CORPUS (no BOS; control tokens parsed when
  *       "special" is given) and prints one line per string: its ids, space-separated, then a
  *       tab and the streaming detokenizer's text of those ids as a JSON string.
+ *   tokref render TEMPLATE.txt CONVS.json BOS EOS
+ *       Renders the chat template over each conversation of CONVS (an array of {"messages":
+ *       [{"role", "content"}...], "add_generation_prompt": bool}) and prints one line each: the
+ *       output as a JSON string, or "error: " and the explanation.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -20,6 +24,7 @@
 
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
+#include "kvfence/template.h"
 #include "kvfence/tokenizer.h"
 
 static int fail(const char *fmt, const char *a, const char *b)
@@ -305,8 +310,55 @@ static int encode(const char *path, const char *corpus_path, bool special)
     return 0;
 }
 
+static int render(const char *tmpl_path, const char *convs_path, const char *bos, const char *eos)
+{
+    FILE *f = fopen(tmpl_path, "rb");
+    if (!f) return fail("%s: %s", tmpl_path, strerror(errno));
+    static char tmpl[1 << 20];
+    size_t n = fread(tmpl, 1, sizeof tmpl - 1, f);
+    fclose(f);
+    tmpl[n] = '\0';
+    json_error_t je;
+    json_t *convs = json_load_file(convs_path, 0, &je);
+    if (!json_is_array(convs)) return fail("%s: %s", convs_path, je.text);
+    size_t i;
+    json_t *conv;
+    json_array_foreach(convs, i, conv)
+    {
+        json_t *msgs = json_object_get(conv, "messages");
+        size_t k, m = json_array_size(msgs);
+        struct kvf_chat_msg *cm = calloc(m ? m : 1, sizeof *cm);
+        if (!cm) return fail("out of memory%s%s", "", "");
+        json_t *msg;
+        json_array_foreach(msgs, k, msg)
+        {
+            cm[k].role = json_string_value(json_object_get(msg, "role"));
+            cm[k].content = json_string_value(json_object_get(msg, "content"));
+        }
+        char *out = NULL, err[256];
+        int rc = kvf_template_render(tmpl, cm, m,
+                                     json_is_true(json_object_get(conv, "add_generation_prompt")),
+                                     bos, eos, &out, err, sizeof err);
+        if (rc < 0) {
+            printf("error: %s\n", err);
+        } else {
+            json_t *js = json_stringn(out, (size_t)rc);
+            char *dump = json_dumps(js, JSON_ENCODE_ANY | JSON_ENSURE_ASCII);
+            printf("%s\n", dump ? dump : "null");
+            free(dump);
+            json_decref(js);
+        }
+        free(out);
+        free(cm);
+    }
+    json_decref(convs);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 6 && strcmp(argv[1], "render") == 0)
+        return render(argv[2], argv[3], argv[4], argv[5]);
     if (argc == 5 && strcmp(argv[1], "mkvocab") == 0) return mkvocab(argv[2], argv[3], argv[4]);
     if ((argc == 4 || argc == 5) && strcmp(argv[1], "encode") == 0)
         return encode(argv[2], argv[3], argc == 5 && strcmp(argv[4], "special") == 0);
