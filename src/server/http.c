@@ -68,6 +68,7 @@ struct conn_req {
 struct stream {
     struct kvf_server *s;
     struct kvf__srv_run *run;
+    struct MHD_Connection *conn; /* the connection the stream is the response of */
     int fd;                 /* the connection's socket, polled for hang-up */
     struct kvf__sbuf out;   /* SSE bytes not yet handed to MHD, from off */
     size_t off;
@@ -89,6 +90,16 @@ static bool peer_gone(int fd)
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+/* Restarts the connection's idle timer. The idle timeout is for connections that do nothing;
+ * time spent waiting for tokens is not idleness (a dead client is found by peer_gone). MHD
+ * restarts the timer when the timeout goes from 0 to a value. Called on the connection's
+ * thread. */
+static void touch(struct kvf_server *s, struct MHD_Connection *c)
+{
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s);
 }
 
 static int conn_fd(struct MHD_Connection *c)
@@ -407,10 +418,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             memcpy(buf, st->out.p + st->off, k);
             st->off += k;
             if (st->off == st->out.n) st->off = st->out.n = 0;
+            touch(st->s, st->conn);
             return (ssize_t)k;
         }
         if (st->out.oom) return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (st->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (st->finished) {
+            touch(st->s, st->conn);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
         if (atomic_load(&st->s->stopping)) {
             kvf__srv_run_cancel(st->run);
             struct kvf__srv_err e;
@@ -457,6 +472,7 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
     }
     st->s = s;
     st->run = run;
+    st->conn = c;
     st->fd = conn_fd(c);
     struct MHD_Response *r =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, st, stream_free);
@@ -495,6 +511,7 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
             }
         }
     }
+    touch(s, c);
     if (run->failed) {
         kvf__srv_run_error(run, &e);
         ok = send_error(s, c, &e, NULL);

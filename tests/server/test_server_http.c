@@ -901,6 +901,26 @@ static void test_concurrent_streams(void)
     srv_stop(&s);
 }
 
+/* A request that takes longer than the idle timeout is still answered: the timeout is for
+ * idle connections, not for generation time. */
+static void test_slow_generation_not_idle(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.cfg.idle_timeout_s = 1;
+    s.f.first_delay_ms = 1500;
+    srv_start(&s);
+    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}", 200);
+    json_decref(j);
+    struct http_resp r;
+    http_do(s.port, "POST", "/v1/completions",
+            "{\"prompt\":\"hello\",\"max_tokens\":2,\"stream\":true}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "[DONE]") != NULL);
+    http_resp_free(&r);
+    srv_stop(&s);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_health),
     KVF_CASE(test_models),
@@ -923,6 +943,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_stop_in_flight),
     KVF_CASE(test_stop_drains),
     KVF_CASE(test_concurrent_streams),
+    KVF_CASE(test_slow_generation_not_idle),
 };
 
 int main(int argc, char **argv)
