@@ -76,6 +76,7 @@ struct kvf_engine_info {
     uint32_t queued, running;  /* requests waiting for a decode slot, and admitted ones */
     bool prefill_up;           /* the decode worker holds a live connection to a prefill */
     uint64_t fences, verify_failed, stale_msgs, rejected_before_handoff; /* counters */
+    uint64_t holds, quarantines, committed, failed;                      /* counters */
 };
 
 /* The seam. `e` is the engine the ops belong to. */

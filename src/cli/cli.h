@@ -5,6 +5,7 @@
 #define KVF_CLI_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct kvf_cmd {
     const char *name;
@@ -19,6 +20,13 @@ int kvf_cmd_prefill(int argc, char **argv);
 int kvf_cmd_decode(int argc, char **argv);
 int kvf_cmd_mkmodel(int argc, char **argv);
 int kvf_cmd_run(int argc, char **argv);
+
+/* "512M", "2G", "1.5GiB", "4096": bytes. 0, or -1 for a bad value. */
+int kvf_cli_parse_size(const char *v, uint64_t *out);
+/* A decimal in [lo, hi]. 0, or -1. */
+int kvf_cli_parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out);
+/* The model's fingerprint: XXH3 of the whole file, so workers agree only on the same bytes. */
+int kvf_cli_file_fp(const char *path, uint64_t *fp);
 
 /* True when argv (after the subcommand) asks for help. */
 bool kvf_cli_wants_help(int argc, char **argv);

@@ -16,21 +16,9 @@ static int pending(int argc, char **argv, const char *what)
     return 1;
 }
 
-int kvf_cmd_serve(int argc, char **argv)
-{
-    return pending(argc, argv,
-                   "Runs router + one prefill + one decode worker in one process, connected by the\n"
-                   "real protocol over UCX on loopback, serving the OpenAI-compatible API.");
-}
-
 int kvf_cmd_router(int argc, char **argv)
 {
     return pending(argc, argv, "Runs the HTTP router (OpenAI API, tenants, admission, streaming).");
-}
-
-int kvf_cmd_prefill(int argc, char **argv)
-{
-    return pending(argc, argv, "Runs a prefill worker that writes prompt KV into granted decode pages.");
 }
 
 int kvf_cmd_decode(int argc, char **argv)

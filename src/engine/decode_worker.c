@@ -640,6 +640,10 @@ static void publish_info(struct kvf_decode_worker *w)
     in->running = running;
     in->prefill_up = w->hello_ok;
     in->fences = ps.fences;
+    in->holds = ps.holds;
+    in->quarantines = ps.quarantines;
+    in->committed = ds.committed;
+    in->failed = ds.failed;
     in->verify_failed = ds.verify_failed;
     in->stale_msgs = ds.stale;
     in->rejected_before_handoff = ds.rejected + w->rejected_before_handoff;

@@ -437,16 +437,31 @@ static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err
     job_maybe_free(w, j);
 }
 
+/* Pages of this pool held by jobs (being computed, or read by puts in flight). */
+static bool pages_in_use(const struct kvf_prefill_worker *w)
+{
+    struct kvf_pool_stats st;
+    kvf_pool_stats(w->pool, &st);
+    return st.by_state[KVF_PAGE_FREE] < st.n_pages;
+}
+
+/* Source pages for j. 1 when it has them; 0 when the pool is short only for now (pages still
+ * held by earlier jobs' puts in flight come back as those complete): the job waits at the head
+ * of the queue; a negative code when it can never fit (then it fails: REJECT). */
+static int take_pages(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    struct kvf_owner own = {j->req, j->tenant};
+    int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages, false, j->src);
+    if (rc == 0) return 1;
+    memset(j->src, 0, j->n_pages * sizeof(*j->src));
+    if (rc == KVF_E_POOL_FULL && j->n_pages <= kvf_pool_n_pages(w->pool) && pages_in_use(w)) return 0;
+    return rc;
+}
+
 static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
 {
     uint32_t pt = w->geo.page_tokens;
-    struct kvf_owner own = {j->req, j->tenant};
-    int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages, false, j->src);
-    if (rc < 0) {
-        memset(j->src, 0, j->n_pages * sizeof(*j->src));
-        compute_failed(w, j, rc);
-        return;
-    }
+    int rc;
     uint32_t reported = 0;
     for (uint32_t pos = 0; pos < j->n_tokens;) {
         uint32_t len = j->n_tokens - pos < PF_CHUNK ? j->n_tokens - pos : PF_CHUNK;
@@ -592,8 +607,17 @@ static void *loop(void *arg)
         sess_reap(w);
         if (w->queue_head) {
             struct pjob *j = w->queue_head;
+            int got = j->aborted || !j->s || j->s->failed ? -ECANCELED : take_pages(w, j);
+            if (got == 0) {
+                /* Waits for pages that puts in flight still read; their completions wake us. */
+                kvf__loop_wait(w->x, w->wake_fd, 5);
+                continue;
+            }
             unqueue(w, j);
-            if (!j->aborted && j->s && !j->s->failed) compute_job(w, j);
+            if (got == 1)
+                compute_job(w, j);
+            else if (got != -ECANCELED)
+                compute_failed(w, j, got);
             continue;
         }
         kvf__loop_wait(w->x, w->wake_fd, 200);

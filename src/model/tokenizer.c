@@ -260,7 +260,7 @@ static int find_eog(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_t e
     const size_t n_names = sizeof EOG_PIECES / sizeof EOG_PIECES[0];
     t->eog = malloc((3 + n_names) * sizeof *t->eog);
     if (!t->eog) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
-    int32_t eot, eom;
+    int32_t eot = -1, eom = -1;
     int rc;
     if ((rc = special_id(g, "tokenizer.ggml.eot_token_id", t->n_vocab, &eot, err, err_len)) < 0 ||
         (rc = special_id(g, "tokenizer.ggml.eom_token_id", t->n_vocab, &eom, err, err_len)) < 0)

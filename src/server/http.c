@@ -577,7 +577,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct conn_req *q = *con_cls;
     struct kvf__srv_err e;
     if (!q) {
-        enum route route;
+        enum route route = (enum route)0;
         const char *allow, *model_id;
         if (route_of(url, method, &route, &model_id, &allow, &e) < 0)
             return send_error(s, c, &e, allow);

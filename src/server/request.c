@@ -305,7 +305,7 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
                          struct kvf__srv_req *r, struct kvf__srv_err *e)
 {
     long long x;
-    double d;
+    double d = 0;
     if (get_bool(root, "stream", &r->stream, e) < 0) return -1;
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {

@@ -389,6 +389,10 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
     x->rma_bytes = cfg->rma_bytes;
     x->rng = 0x9e3779b97f4a7c15ull;
 
+    /* A worker restarted on its address (after a crash, say) binds again at once, without
+     * waiting out the old connections' TIME_WAIT. The setting belongs to UCX's tcp connection
+     * manager, which reads it only from the environment; a user's own value is kept. */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     ucp_config_t *conf = NULL;
     ucs_status_t st = ucp_config_read(NULL, NULL, &conf);
     if (st != UCS_OK) {

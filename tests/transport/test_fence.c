@@ -15,6 +15,7 @@
  */
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdatomic.h>
 
 #include "kvf_test.h"
@@ -125,6 +126,7 @@ static pid_t spawn_writer(uint16_t port)
     pid_t pid = fork();
     ASSERT_TRUE(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the test */
         execl("/proc/self/exe", "test_fence", "writer", "127.0.0.1", ps, (char *)NULL);
         _exit(127);
     }

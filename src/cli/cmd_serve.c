@@ -1,0 +1,261 @@
+/* `kvfence serve`: router + one prefill worker + one decode worker in one process, joined by the
+ * real protocol over UCX on loopback (TCP), serving the OpenAI-compatible API.
+ *
+ * Sharing the cores: both workers run their forward passes with the same number of compute
+ * threads, and every forward call takes one process-wide compute lock, so the two thread pools
+ * never run at once on the same cores (two spinning pools on two cores halve both). A prefill
+ * chunk and a decode step alternate at the granularity of one forward call. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cli.h"
+#include "kvfence/engine.h"
+#include "kvfence/gguf.h"
+#include "kvfence/model.h"
+#include "kvfence/server.h"
+#include "kvfence/tokenizer.h"
+
+#define SERVE_PAGE_TOKENS 16u
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvfence serve [--model F.gguf] [--host 127.0.0.1] [--port 8080] [--threads N]\n"
+            "                     [--kv-memory SIZE] [--context-length N] [--data-dir D]\n\n"
+            "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
+            "one process, joined by the handoff protocol over UCX on loopback.\n\n"
+            "  --model F.gguf        the model; without it, kvfence writes (once) and serves its\n"
+            "                        readable test model 'hist' in the data directory\n"
+            "  --host, --port        where to listen (default 127.0.0.1:8080)\n"
+            "  --threads N           compute threads (default: every core)\n"
+            "  --kv-memory SIZE      the decode worker's KV pool, e.g. 512M, 2G (default 1G)\n"
+            "  --context-length N    the most prompt + output tokens of one request (default: the\n"
+            "                        model's, bounded by the pool)\n"
+            "  --data-dir D          where the default model lives (default $XDG_DATA_HOME/kvfence\n"
+            "                        or ~/.local/share/kvfence)\n\n"
+            "SIGINT or SIGTERM stops accepting, lets requests in flight finish (up to 10 s),\n"
+            "cancels the rest through the protocol, and exits 0.\n");
+}
+
+static int mkdirs(const char *path)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -errno;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -errno;
+    return 0;
+}
+
+/* The default model: the readable 'hist' test model, written once into the data directory. */
+static int default_model(const char *data_dir, char *path, size_t path_len)
+{
+    char dir[400];
+    if (data_dir)
+        snprintf(dir, sizeof(dir), "%s", data_dir);
+    else if (getenv("XDG_DATA_HOME") && *getenv("XDG_DATA_HOME"))
+        snprintf(dir, sizeof(dir), "%s/kvfence", getenv("XDG_DATA_HOME"));
+    else
+        snprintf(dir, sizeof(dir), "%s/.local/share/kvfence", getenv("HOME") ? getenv("HOME") : "/tmp");
+    int rc = mkdirs(dir);
+    if (rc < 0) {
+        fprintf(stderr, "kvfence serve: cannot create the data directory %s: %s\n", dir, strerror(-rc));
+        return rc;
+    }
+    snprintf(path, path_len, "%s/hist.gguf", dir);
+    if (access(path, R_OK) == 0) {
+        fprintf(stderr, "kvfence serve: no --model given; serving the test model %s\n", path);
+        return 0;
+    }
+    char tmp[600], err[256] = "";
+    snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+    const struct kvf_mkmodel_shape *sh = kvf_mkmodel_shape_by_name("hist");
+    if (!sh || (rc = kvf_mkmodel_write(tmp, sh, KVF_GGML_F32, 1, err, sizeof(err))) < 0) {
+        fprintf(stderr, "kvfence serve: cannot write the test model: %s\n", sh ? err : "no 'hist' shape");
+        return -EINVAL;
+    }
+    if (rename(tmp, path) < 0) {
+        rc = -errno;
+        unlink(tmp);
+        fprintf(stderr, "kvfence serve: cannot write %s: %s\n", path, strerror(-rc));
+        return rc;
+    }
+    fprintf(stderr,
+            "kvfence serve: no --model given; wrote the test model 'hist' to %s (it answers with\n"
+            "the most frequent word of what it reads: try the prompt \"red red blue\")\n",
+            path);
+    return 0;
+}
+
+int kvf_cmd_serve(int argc, char **argv)
+{
+    const char *model_path = NULL, *host = "127.0.0.1", *data_dir = NULL;
+    uint32_t port = 8080, threads = 0, ctx_len = 0;
+    uint64_t kv_bytes = 1ull << 30;
+    bool ctx_given = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvfence serve: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int bad = 0;
+        if (strcmp(a, "--model") == 0) model_path = v;
+        else if (strcmp(a, "--host") == 0) host = v;
+        else if (strcmp(a, "--data-dir") == 0) data_dir = v;
+        else if (strcmp(a, "--port") == 0) bad = kvf_cli_parse_u32(v, 0, 65535, &port);
+        else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
+        else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
+        else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
+        else {
+            fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "kvfence serve: bad value '%s' for %s\n", v, a);
+            return 2;
+        }
+    }
+    if (threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (uint32_t)n : 1;
+    }
+    char default_path[512];
+    if (!model_path) {
+        if (default_model(data_dir, default_path, sizeof(default_path)) < 0) return 1;
+        model_path = default_path;
+    }
+
+    /* Signals are taken by this thread alone (sigwait below), so every thread started from here
+     * on inherits them blocked. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int status = 1;
+    char err[256] = "";
+    kvf_gguf_t *g = NULL;
+    kvf_model_t *m = NULL;
+    kvf_tokenizer_t *tok = NULL;
+    kvf_prefill_worker_t *pw = NULL;
+    kvf_decode_worker_t *dw = NULL;
+    kvf_server_t *srv = NULL;
+    pthread_mutex_t compute = PTHREAD_MUTEX_INITIALIZER;
+    uint64_t fp = 0;
+    if (kvf_gguf_open(model_path, &g, err, sizeof(err)) < 0 ||
+        kvf_model_load(g, &m, err, sizeof(err)) < 0 ||
+        kvf_tokenizer_create(g, &tok, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvfence serve: %s: %s\n", model_path, err);
+        goto out;
+    }
+    if (kvf_cli_file_fp(model_path, &fp) < 0) {
+        fprintf(stderr, "kvfence serve: cannot read %s\n", model_path);
+        goto out;
+    }
+    const struct kvf_model_hparams *hp = kvf_model_hparams(m);
+    struct kvf_pool_geometry geo;
+    kvf_model_geometry(m, SERVE_PAGE_TOKENS, &geo);
+    uint64_t page_bytes = kvf_geo_page_bytes(&geo);
+    uint64_t pages64 = kv_bytes / page_bytes;
+    if (pages64 > (1u << 24)) pages64 = 1u << 24;
+    uint32_t n_pages = (uint32_t)pages64;
+    uint64_t pool_tokens = (uint64_t)n_pages * SERVE_PAGE_TOKENS;
+    uint32_t limit = ctx_given ? ctx_len : hp->n_ctx;
+    if (limit > hp->n_ctx) {
+        fprintf(stderr, "kvfence serve: --context-length %u is beyond the model's context (%u)\n",
+                limit, hp->n_ctx);
+        goto out;
+    }
+    if (pool_tokens < limit) {
+        if (ctx_given || pool_tokens < 2 * SERVE_PAGE_TOKENS) {
+            uint64_t need = ((uint64_t)limit + SERVE_PAGE_TOKENS - 1) / SERVE_PAGE_TOKENS * page_bytes;
+            fprintf(stderr,
+                    "kvfence serve: --kv-memory holds %llu tokens of KV for this model (%llu pages of "
+                    "%llu bytes), less than one request at the context length %u; raise --kv-memory "
+                    "to at least %lluM or lower --context-length\n",
+                    (unsigned long long)pool_tokens, (unsigned long long)n_pages,
+                    (unsigned long long)page_bytes, limit, (unsigned long long)((need + (1u << 20) - 1) >> 20));
+            goto out;
+        }
+        limit = (uint32_t)pool_tokens;
+    }
+    /* The prefill pool holds one prompt at the limit (prompts are computed one at a time). */
+    uint32_t prefill_pages = (limit + SERVE_PAGE_TOKENS - 1) / SERVE_PAGE_TOKENS + 1;
+    struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = SERVE_PAGE_TOKENS,
+                                   .n_pages = prefill_pages, .n_threads = threads,
+                                   .max_context = limit, .listen_host = "127.0.0.1",
+                                   .compute_lock = &compute, .max_batch = 16, .max_reqs = 64};
+    if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
+        goto out;
+    }
+    wc.n_pages = n_pages;
+    wc.prefill_host = "127.0.0.1";
+    wc.prefill_port = kvf_prefill_worker_port(pw);
+    if (kvf_decode_worker_start(&wc, &dw, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvfence serve: decode worker: %s\n", err);
+        goto out;
+    }
+    struct kvf_engine_info info;
+    for (int i = 0; i < 1000; i++) {
+        kvf_decode_gen_ops.info(dw, &info);
+        if (info.prefill_up) break;
+        usleep(10000);
+    }
+    if (!info.prefill_up) {
+        fprintf(stderr, "kvfence serve: the decode worker could not connect to the prefill worker "
+                        "over UCX on 127.0.0.1 within 10 s\n");
+        goto out;
+    }
+    const char *base = strrchr(model_path, '/');
+    struct kvf_server_config sc = {.host = host, .port = (uint16_t)port,
+                                   .model_name = base ? base + 1 : model_path, .drain_ms = 10000};
+    if (kvf_server_start(&sc, &kvf_decode_gen_ops, dw, tok, &srv, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvfence serve: cannot serve HTTP on %s:%u: %s\n", host, port, err);
+        goto out;
+    }
+    fprintf(stderr,
+            "kvfence serve: listening on http://%s:%u — model %s (%s), context limit %u tokens, "
+            "decode pool %u pages of %u tokens, %u threads\n",
+            host, kvf_server_port(srv), sc.model_name, kvf_model_type_name(m), limit, n_pages,
+            SERVE_PAGE_TOKENS, threads);
+    if (strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 && strcmp(host, "::1") != 0)
+        fprintf(stderr, "kvfence serve: warning: listening beyond loopback without API keys\n");
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "kvfence serve: %s: stopping (requests in flight get up to 10 s)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM");
+    status = 0;
+
+out:
+    kvf_server_stop(srv);
+    kvf_decode_worker_stop(dw, 10000);
+    kvf_prefill_worker_stop(pw);
+    kvf_tokenizer_destroy(tok);
+    kvf_model_free(m);
+    kvf_gguf_close(g);
+    if (status == 0) fprintf(stderr, "kvfence serve: stopped\n");
+    return status;
+}
