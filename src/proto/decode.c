@@ -667,6 +667,9 @@ int kvf_decode_peer_fenced(kvf_decode_t *d, uint64_t now_ms, struct kvf_peer_epo
 {
     int rc = room(d, acts);
     if (rc < 0) return rc;
+    /* The machine may know fewer peers than its pool: check against its own table before the
+     * pool (which would accept any peer below its own max_peers) changes anything. */
+    if (writer.peer >= d->cfg.max_peers) return -EINVAL;
     rc = kvf_pool_fence(d->cfg.pool, writer);
     if (rc < 0) return rc;
     d->peers[writer.peer].up = false;

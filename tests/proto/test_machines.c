@@ -281,6 +281,66 @@ static void spoil_request_id(struct rig *r, struct kvf_msg *g, struct kvf_msg *d
     t.req = R2;
     memcpy(page + r->trailer_off, &t, sizeof(t));
 }
+/* The trailer names another tenant: the writer's word for whose data it is must match the
+ * grant's, carried by POST_WRITE from the GRANT itself. */
+static void spoil_tenant(struct rig *r, struct kvf_msg *g, struct kvf_msg *done)
+{
+    struct kvf_page_trailer t;
+    uint8_t *page = kvf_pool_page_data(r->pool, g->u.grant.pages[1].page);
+    memcpy(&t, page + r->trailer_off, sizeof(t));
+    t.tenant ^= 1;
+    memcpy(page + r->trailer_off, &t, sizeof(t));
+}
+/* The trailer was written under another grant nonce (an earlier attempt of the same request). */
+static void spoil_nonce(struct rig *r, struct kvf_msg *g, struct kvf_msg *done)
+{
+    struct kvf_page_trailer t;
+    uint8_t *page = kvf_pool_page_data(r->pool, g->u.grant.pages[0].page);
+    memcpy(&t, page + r->trailer_off, sizeof(t));
+    t.epoch_nonce = kvf_trailer_epoch_nonce(1, g->nonce - 1);
+    memcpy(page + r->trailer_off, &t, sizeof(t));
+}
+/* ... or by the same writer at an earlier epoch. */
+static void spoil_epoch(struct rig *r, struct kvf_msg *g, struct kvf_msg *done)
+{
+    struct kvf_page_trailer t;
+    uint8_t *page = kvf_pool_page_data(r->pool, g->u.grant.pages[0].page);
+    memcpy(&t, page + r->trailer_off, sizeof(t));
+    t.epoch_nonce = kvf_trailer_epoch_nonce(0, g->nonce);
+    memcpy(page + r->trailer_off, &t, sizeof(t));
+}
+static void test_commit_refuses_other_tenant_or_attempt_trailer(void)
+{
+    run_refused_done(spoil_tenant, KVF_E_PROTO_TRAILER);
+    run_refused_done(spoil_nonce, KVF_E_PROTO_TRAILER);
+    run_refused_done(spoil_epoch, KVF_E_PROTO_TRAILER);
+}
+
+/* A fence named for a peer beyond the machine's table is refused before the pool (which has
+ * room for more peers than this machine) changes anything. */
+static void test_fence_of_unknown_peer_refused(void)
+{
+    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4}, .n_pages = N_PAGES, .max_peers = 4, .tag_seed = 1};
+    kvf_pool_t *pool;
+    ASSERT_OK(kvf_pool_create(&pc, &pool));
+    struct kvf_decode_config dc = {.pool = pool, .max_reqs = 2, .max_context = 32, .max_grant_pages = 8,
+                                   .max_peers = 1};
+    kvf_decode_t *d;
+    ASSERT_OK(kvf_decode_create(&dc, &d));
+    struct kvf_action buf[16];
+    struct kvf_actions a = {buf, 0, KVF_ARRAY_LEN(buf)};
+    ASSERT_ERR(kvf_decode_peer_fenced(d, 0, (struct kvf_peer_epoch){3, 1}, &a), -EINVAL);
+    ASSERT_ERR(kvf_decode_peer_fenced(d, 0, (struct kvf_peer_epoch){1, 1}, &a), -EINVAL);
+    uint32_t epoch = 0;
+    ASSERT_OK(kvf_pool_peer_epoch(pool, 3, &epoch));
+    ASSERT_EQ_INT(epoch, 1); /* the pool was not touched */
+    ASSERT_EQ_INT(a.n, 0);
+    char why[128];
+    ASSERT_TRUE(kvf_decode_check(d, why, sizeof(why)));
+    kvf_decode_destroy(d);
+    kvf_pool_destroy(pool);
+}
+
 static void test_commit_refuses_wrong_count(void)
 {
     run_refused_done(spoil_count, KVF_E_PROTO_COUNT);
@@ -699,6 +759,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_commit_refuses_unwritten_page),
     KVF_CASE(test_commit_refuses_bad_checksum),
     KVF_CASE(test_commit_refuses_other_request_trailer),
+    KVF_CASE(test_commit_refuses_other_tenant_or_attempt_trailer),
+    KVF_CASE(test_fence_of_unknown_peer_refused),
     KVF_CASE(test_cancel_mid_write_holds_until_drained),
     KVF_CASE(test_ack_for_cleared_and_unknown),
     KVF_CASE(test_one_ack_per_nonce),
