@@ -77,6 +77,7 @@ struct kvf_engine_info {
     bool prefill_up;           /* the decode worker holds a live connection to a prefill */
     uint64_t fences, verify_failed, stale_msgs, rejected_before_handoff; /* counters */
     uint64_t holds, quarantines, committed, failed;                      /* counters */
+    uint64_t foreign_tails; /* counter: prompts whose last page carried bytes they did not write */
 };
 
 /* The seam. `e` is the engine the ops belong to. */

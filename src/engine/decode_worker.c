@@ -85,6 +85,7 @@ struct kvf_decode_worker {
     uint32_t conn_epoch;
     uint64_t next_connect_ms, next_tick_ms;
     uint64_t rejected_before_handoff;
+    uint64_t foreign_tails; /* committed prompts whose last page carried bytes it did not write */
     struct kvf_actions acts;
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
@@ -332,6 +333,31 @@ static void fence(struct kvf_decode_worker *w, struct kvf_peer_epoch pe)
     kvf_decode_peer_fenced(w->d, kvf__now_ms(), pe, &w->acts);
 }
 
+/*
+ * No byte of another request travels (ARCHITECTURE.md): the prefill zeroes the slots of a
+ * prompt's last page that the prompt did not fill before it writes the page whole. Checked here
+ * on arrival, after the commit verified the page's checksum: every byte of those slots is zero.
+ * O(unfilled slots of one page).
+ */
+static bool tail_is_clean(struct kvf_decode_worker *w, const struct kvf_gen *g)
+{
+    uint32_t pt = w->geo.page_tokens, last = (g->p.n_prompt - 1) / pt;
+    uint32_t fill = g->p.n_prompt - last * pt;
+    if (fill == pt) return true;
+    const struct kvf_page_ref *pages;
+    uint32_t n_pages;
+    if (kvf_decode_pages(w->d, g->req, &pages, &n_pages) < 0 || last >= n_pages) return false;
+    const uint8_t *page = kvf_pool_page_data(w->pool, pages[last].page);
+    size_t row = kvf_geo_block_bytes(&w->geo) / pt;
+    for (uint32_t l = 0; l < w->geo.n_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            const uint8_t *p = page + kvf_geo_kv_offset(&w->geo, l, kv) + (size_t)fill * row;
+            for (size_t i = 0; i < (size_t)(pt - fill) * row; i++)
+                if (p[i]) return false;
+        }
+    return true;
+}
+
 static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
 {
     static __thread bool busy;
@@ -348,6 +374,13 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
             int li = live_index(w, a.req);
             if (li < 0) break;
             struct kvf_gen *g = w->live[li];
+            if (!tail_is_clean(w, g)) {
+                /* Bytes beyond what the prompt wrote travelled with it: they belong to no one
+                 * this request may see. Fail it (its pages are freed, scrubbed or poisoned). */
+                w->foreign_tails++;
+                kvf_decode_cancel(w->d, kvf__now_ms(), g->req, KVF_E_PROTO_TRAILER, &w->acts);
+                break;
+            }
             g->state = G_RUNNING;
             g->n_out = 1;
             g->last = (int32_t)a.first_token;
@@ -647,6 +680,7 @@ static void publish_info(struct kvf_decode_worker *w)
     in->verify_failed = ds.verify_failed;
     in->stale_msgs = ds.stale;
     in->rejected_before_handoff = ds.rejected + w->rejected_before_handoff;
+    in->foreign_tails = w->foreign_tails;
     pthread_mutex_unlock(&w->mu);
 }
 

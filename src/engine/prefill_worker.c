@@ -420,7 +420,12 @@ static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t id
     uint32_t start = idx * pt, slots = j->n_tokens - start < pt ? j->n_tokens - start : pt;
     uint8_t *page = kvf_pool_page_data(w->pool, j->src[idx].page);
     size_t row = w->block_bytes / pt;
+#if !defined(KVF_MUTANT_STALE_TAIL_SENT)
     if (slots < pt)
+#else
+    /* Mutant: the page goes whole with whatever its earlier owner left in the unwritten slots. */
+    if (false)
+#endif
         for (uint32_t l = 0; l < w->geo.n_layers; l++)
             for (int kv = 0; kv < 2; kv++)
                 memset(page + kvf_geo_kv_offset(&w->geo, l, kv) + slots * row, 0, (pt - slots) * row);

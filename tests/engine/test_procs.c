@@ -317,6 +317,9 @@ static void test_soak_thousand_handoffs(void)
     printf("# %u handoffs: %u completed, %u cancelled; committed %llu, verify failures %llu\n", done,
            ok, cancelled, (unsigned long long)in.committed, (unsigned long long)in.verify_failed);
     ASSERT_EQ_U64(in.verify_failed, 0);
+    /* The prefill process poisons freed pages (KVF_POISON): a tail sent unzeroed would carry an
+     * earlier request's poison into a decode page. */
+    ASSERT_EQ_U64(in.foreign_tails, 0);
     ASSERT_TRUE(ok > TOTAL / 2);
     rig_stop(&r);
 }
