@@ -13,6 +13,8 @@ static const struct kvf_cmd benches[] = {
      kvf_bench_model},
     {"attention", "a decode step's attention alone over K/V in pool pages: ms, GB/s, GMAC/s",
      kvf_bench_attention},
+    {"handoff", "two processes over UCX tcp: page-handoff GB/s and the one-page round trip, "
+                "beside ucx_perftest", kvf_bench_handoff},
 };
 
 static void usage(FILE *f)
