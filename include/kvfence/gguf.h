@@ -45,6 +45,9 @@ enum kvf_ggml_type {
     KVF_GGML_F16 = 1,
     KVF_GGML_Q4_0 = 2,
     KVF_GGML_Q8_0 = 8,
+    KVF_GGML_Q4_K = 12,
+    KVF_GGML_Q5_K = 13,
+    KVF_GGML_Q6_K = 14,
     KVF_GGML_BF16 = 30,
 };
 

@@ -9,6 +9,9 @@
 
 _Static_assert(sizeof(struct kvf_block_q8_0) == 34, "Q8_0 block must be 34 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q4_0) == 18, "Q4_0 block must be 18 bytes, no padding");
+_Static_assert(sizeof(struct kvf_block_q4_k) == 144, "Q4_K block must be 144 bytes, no padding");
+_Static_assert(sizeof(struct kvf_block_q5_k) == 176, "Q5_K block must be 176 bytes, no padding");
+_Static_assert(sizeof(struct kvf_block_q6_k) == 210, "Q6_K block must be 210 bytes, no padding");
 _Static_assert(sizeof(float) == 4, "float must be IEEE single");
 
 static uint32_t f32_bits(float f)
@@ -97,7 +100,8 @@ const char *kvf_ggml_type_name(uint32_t type)
 int kvf_ggml_type_supported(uint32_t type)
 {
     return type == KVF_GGML_F32 || type == KVF_GGML_F16 || type == KVF_GGML_BF16 ||
-           type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0;
+           type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q4_K ||
+           type == KVF_GGML_Q5_K || type == KVF_GGML_Q6_K;
 }
 
 int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
@@ -117,6 +121,15 @@ int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
     case KVF_GGML_Q4_0:
         block = KVF_QK, block_bytes = sizeof(struct kvf_block_q4_0);
         break;
+    case KVF_GGML_Q4_K:
+        block = KVF_QK_K, block_bytes = sizeof(struct kvf_block_q4_k);
+        break;
+    case KVF_GGML_Q5_K:
+        block = KVF_QK_K, block_bytes = sizeof(struct kvf_block_q5_k);
+        break;
+    case KVF_GGML_Q6_K:
+        block = KVF_QK_K, block_bytes = sizeof(struct kvf_block_q6_k);
+        break;
     default:
         return KVF_E_MODEL_UNSUPPORTED;
     }
@@ -124,6 +137,73 @@ int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
     if (n / block > UINT64_MAX / block_bytes) return -EOVERFLOW;
     *bytes = n / block * block_bytes;
     return 0;
+}
+
+void kvf_kquant_scale_min(const uint8_t scales[12], int j, uint8_t *sc, uint8_t *m)
+{
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4);
+        *m = (uint8_t)((scales[j + 4] >> 4) | (scales[j] >> 6) << 4);
+    }
+}
+
+/* The K-quant dequantizers: GGML's float operations in GGML's order. For Q4_K and Q5_K,
+ * (d · sc) is exact (11 × 6 bits) and so is its product with q (≤ 24 bits); the one rounding is
+ * the subtraction of (dmin · m). For Q6_K, (d · sc) is exact and its product with (q − 32)
+ * rounds once. */
+static void dequant_q4_k(const struct kvf_block_q4_k *b, float *y, uint64_t nb)
+{
+    for (uint64_t k = 0; k < nb; k++, b++) {
+        float d = kvf_fp16_to_f32(b->d), dmin = kvf_fp16_to_f32(b->dmin);
+        for (int c = 0; c < 4; c++) {
+            uint8_t sc0, m0, sc1, m1;
+            kvf_kquant_scale_min(b->scales, 2 * c, &sc0, &m0);
+            kvf_kquant_scale_min(b->scales, 2 * c + 1, &sc1, &m1);
+            float d0 = d * sc0, mm0 = dmin * m0, d1 = d * sc1, mm1 = dmin * m1;
+            const uint8_t *q = b->qs + 32 * c;
+            for (int l = 0; l < 32; l++) *y++ = d0 * (float)(q[l] & 15) - mm0;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] >> 4) - mm1;
+        }
+    }
+}
+
+static void dequant_q5_k(const struct kvf_block_q5_k *b, float *y, uint64_t nb)
+{
+    for (uint64_t k = 0; k < nb; k++, b++) {
+        float d = kvf_fp16_to_f32(b->d), dmin = kvf_fp16_to_f32(b->dmin);
+        for (int c = 0; c < 4; c++) {
+            uint8_t sc0, m0, sc1, m1;
+            kvf_kquant_scale_min(b->scales, 2 * c, &sc0, &m0);
+            kvf_kquant_scale_min(b->scales, 2 * c + 1, &sc1, &m1);
+            float d0 = d * sc0, mm0 = dmin * m0, d1 = d * sc1, mm1 = dmin * m1;
+            const uint8_t *q = b->qs + 32 * c;
+            for (int l = 0; l < 32; l++)
+                *y++ = d0 * (float)((q[l] & 15) | ((b->qh[l] >> (2 * c)) & 1) << 4) - mm0;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((q[l] >> 4) | ((b->qh[l] >> (2 * c + 1)) & 1) << 4) - mm1;
+        }
+    }
+}
+
+/* Q6_K's quant of value i (0..255) of a block, 0..63. */
+static int q6_k_quant(const struct kvf_block_q6_k *b, int i)
+{
+    int h = i / 128, r = i % 128, quarter = r / 32, l = r % 32;
+    uint8_t lo = b->ql[64 * h + 32 * (quarter & 1) + l];
+    lo = quarter < 2 ? lo & 15 : lo >> 4;
+    return lo | ((b->qh[32 * h + l] >> (2 * quarter)) & 3) << 4;
+}
+
+static void dequant_q6_k(const struct kvf_block_q6_k *b, float *y, uint64_t nb)
+{
+    for (uint64_t k = 0; k < nb; k++, b++) {
+        float d = kvf_fp16_to_f32(b->d);
+        for (int i = 0; i < KVF_QK_K; i++)
+            *y++ = d * (float)b->scales[i / 16] * (float)(q6_k_quant(b, i) - 32);
+    }
 }
 
 int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n)
@@ -167,6 +247,15 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n)
         }
         break;
     }
+    case KVF_GGML_Q4_K:
+        dequant_q4_k(src, dst, n / KVF_QK_K);
+        break;
+    case KVF_GGML_Q5_K:
+        dequant_q5_k(src, dst, n / KVF_QK_K);
+        break;
+    case KVF_GGML_Q6_K:
+        dequant_q6_k(src, dst, n / KVF_QK_K);
+        break;
     default:
         return KVF_E_MODEL_UNSUPPORTED; /* unreachable: row_bytes refused it */
     }
@@ -209,6 +298,136 @@ void kvf_quantize_row_q4_0(const float *src, struct kvf_block_q4_0 *dst, uint64_
             q0 = q0 < 0 ? 0 : q0 > 15 ? 15 : q0;
             q1 = q1 < 0 ? 0 : q1 > 15 ? 15 : q1;
             dst[k].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* --- K-quant quantizers. ----------------------------------------------------------------- */
+
+static int clampi(int v, int lo, int hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Packs sub-block j's 6-bit scale and min into the 12 bytes (the inverse of
+ * kvf_kquant_scale_min). */
+static void put_scale_min(uint8_t s[12], int j, int sc, int m)
+{
+    if (j < 4) {
+        s[j] = (uint8_t)((s[j] & 0xc0) | sc);
+        s[j + 4] = (uint8_t)((s[j + 4] & 0xc0) | m);
+    } else {
+        s[j + 4] = (uint8_t)((sc & 15) | (m & 15) << 4);
+        s[j - 4] = (uint8_t)((s[j - 4] & 63) | (sc >> 4) << 6);
+        s[j] = (uint8_t)((s[j] & 63) | (m >> 4) << 6);
+    }
+}
+
+/* The smallest half of magnitude ≥ |v|, with v's sign: a super-block scale rounded this way
+ * keeps every sub-block's integer scale within its bits even where the half is subnormal and
+ * coarse (rounding to nearest there could need a scale of 66 or 136). */
+static uint16_t half_at_least(float v)
+{
+    float a = fabsf(v);
+    uint16_t h = kvf_f32_to_fp16(a);
+    if (kvf_fp16_to_f32(h) < a && h < 0x7bff) h++;
+    return v < 0.0f ? (uint16_t)(h | 0x8000u) : h;
+}
+
+/* One super-block of Q4_K or Q5_K (levels 15 or 31): each sub-block of 32 gets the affine map
+ * of its own [min(0, lo), hi] onto 0..levels; the 8 step sizes and 8 mins are then quantized
+ * to 6 bits against the largest of each (d, dmin), and the values against the quantized map.
+ * q[256] receives the quants. */
+static void quantize_kq_block(const float *x, int levels, uint16_t *d_out, uint16_t *dmin_out,
+                              uint8_t scales[12], uint8_t q[KVF_QK_K])
+{
+    float step[8], mins[8], max_step = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int l = 0; l < 32; l++) {
+            lo = fminf(lo, x[32 * j + l]);
+            hi = fmaxf(hi, x[32 * j + l]);
+        }
+        step[j] = (hi - lo) / (float)levels;
+        mins[j] = -lo;
+        max_step = fmaxf(max_step, step[j]);
+        max_min = fmaxf(max_min, mins[j]);
+    }
+    uint16_t dh = half_at_least(max_step / 63.0f), mh = half_at_least(max_min / 63.0f);
+    float d = kvf_fp16_to_f32(dh), dmin = kvf_fp16_to_f32(mh);
+    memset(scales, 0, 12);
+    for (int j = 0; j < 8; j++) {
+        /* The step rounds up, so that the top of the range stays inside 0..levels. */
+        int sc = d > 0.0f ? clampi((int)ceilf(step[j] / d), 0, 63) : 0;
+        int m = dmin > 0.0f ? clampi((int)lrintf(mins[j] / dmin), 0, 63) : 0;
+        put_scale_min(scales, j, sc, m);
+        float d1 = d * (float)sc, m1 = dmin * (float)m;
+        float id = d1 > 0.0f ? 1.0f / d1 : 0.0f;
+        for (int l = 0; l < 32; l++)
+            q[32 * j + l] = (uint8_t)clampi((int)lrintf((x[32 * j + l] + m1) * id), 0, levels);
+    }
+    *d_out = dh;
+    *dmin_out = mh;
+}
+
+void kvf_quantize_row_q4_k(const float *src, struct kvf_block_q4_k *dst, uint64_t n)
+{
+    uint8_t q[KVF_QK_K];
+    for (uint64_t k = 0; k < n / KVF_QK_K; k++, dst++) {
+        quantize_kq_block(src + k * KVF_QK_K, 15, &dst->d, &dst->dmin, dst->scales, q);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                dst->qs[32 * c + l] = (uint8_t)(q[64 * c + l] | q[64 * c + 32 + l] << 4);
+    }
+}
+
+void kvf_quantize_row_q5_k(const float *src, struct kvf_block_q5_k *dst, uint64_t n)
+{
+    uint8_t q[KVF_QK_K];
+    for (uint64_t k = 0; k < n / KVF_QK_K; k++, dst++) {
+        quantize_kq_block(src + k * KVF_QK_K, 31, &dst->d, &dst->dmin, dst->scales, q);
+        memset(dst->qh, 0, sizeof dst->qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                uint8_t a = q[64 * c + l], b = q[64 * c + 32 + l];
+                dst->qs[32 * c + l] = (uint8_t)((a & 15) | (b & 15) << 4);
+                dst->qh[l] |= (uint8_t)((a >> 4) << (2 * c) | (b >> 4) << (2 * c + 1));
+            }
+    }
+}
+
+/* Q6_K: each sub-block of 16 gets the symmetric scale that maps its largest |x| to 31 (or -32
+ * for a negative one, as Q4_0 uses the end without a positive twin); the 16 scales are then
+ * quantized to signed 8 bits against the largest, and the values against the quantized
+ * scales. */
+void kvf_quantize_row_q6_k(const float *src, struct kvf_block_q6_k *dst, uint64_t n)
+{
+    for (uint64_t k = 0; k < n / KVF_QK_K; k++, dst++) {
+        const float *x = src + k * KVF_QK_K;
+        float sub[16], amax_sub = 0.0f, max_sub = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            float amax = 0.0f, max = 0.0f;
+            for (int l = 0; l < 16; l++)
+                if (fabsf(x[16 * j + l]) > amax) amax = fabsf(x[16 * j + l]), max = x[16 * j + l];
+            sub[j] = max / -32.0f;
+            if (fabsf(sub[j]) > amax_sub) amax_sub = fabsf(sub[j]), max_sub = sub[j];
+        }
+        uint16_t dh = half_at_least(max_sub / -128.0f);
+        float d = kvf_fp16_to_f32(dh);
+        dst->d = dh;
+        memset(dst->ql, 0, sizeof dst->ql);
+        memset(dst->qh, 0, sizeof dst->qh);
+        for (int j = 0; j < 16; j++) {
+            int sc = d != 0.0f ? clampi((int)lrintf(sub[j] / d), -128, 127) : 0;
+            dst->scales[j] = (int8_t)sc;
+            float s = d * (float)sc, is = s != 0.0f ? 1.0f / s : 0.0f;
+            for (int l = 0; l < 16; l++) {
+                int i = 16 * j + l, qv = clampi((int)lrintf(x[i] * is), -32, 31) + 32;
+                int h = i / 128, r = i % 128, quarter = r / 32, ll = r % 32;
+                uint8_t *lo = &dst->ql[64 * h + 32 * (quarter & 1) + ll];
+                *lo |= (uint8_t)(quarter < 2 ? (qv & 15) : (qv & 15) << 4);
+                dst->qh[32 * h + ll] |= (uint8_t)((qv >> 4) << (2 * quarter));
+            }
         }
     }
 }

@@ -90,7 +90,7 @@ static void write_all_types(const char *path, uint32_t alignment)
     ASSERT_ERR(
         kvf_gguf_writer_add_tensor(w, "t.bad", KVF_GGML_Q8_0, 1, bad_ne, bufs[0], NULL, NULL),
         -EINVAL);
-    ASSERT_ERR(kvf_gguf_writer_add_tensor(w, "t.bad", 12, 1, bad_ne, bufs[0], NULL, NULL),
+    ASSERT_ERR(kvf_gguf_writer_add_tensor(w, "t.bad", 11, 1, bad_ne, bufs[0], NULL, NULL),
                KVF_E_MODEL_UNSUPPORTED);
     char err[256];
     ASSERT_OK(kvf_gguf_writer_write(w, path, err, sizeof err));
@@ -716,8 +716,8 @@ static void test_hostile_headers(void)
            KVF_E_MODEL_TRUNCATED);
     EXPECT(one_tensor(b, "w", 1, ((uint64_t[]){33}), KVF_GGML_Q8_0, 0, 64), KVF_E_MODEL_FORMAT);
     EXPECT(one_tensor(b, "w", 1, ((uint64_t[]){32}), KVF_GGML_Q8_0, 0, 34), 0);
-    EXPECT(one_tensor(b, "w", 1, ((uint64_t[]){256}), 12, 0, 144), KVF_E_MODEL_UNSUPPORTED);
-    ASSERT_TRUE(strstr(err, "Q4_K") != NULL); /* refused by name */
+    EXPECT(one_tensor(b, "w", 1, ((uint64_t[]){256}), 11, 0, 110), KVF_E_MODEL_UNSUPPORTED);
+    ASSERT_TRUE(strstr(err, "Q3_K") != NULL); /* refused by name */
     EXPECT(one_tensor(b, "w", 1, ne8, 1000, 0, 32), KVF_E_MODEL_UNSUPPORTED);
     EXPECT(one_tensor(b, "", 1, ne8, KVF_GGML_F32, 0, 32), KVF_E_MODEL_FORMAT);
     EXPECT((bb_header(b, 3, 1, 0), bb_u64(b, 1ull << 50), bb_u32(b, 1), bb_u64(b, 8), bb_u32(b, 0),
