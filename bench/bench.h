@@ -11,6 +11,7 @@ int kvf_bench_pool(int argc, char **argv);
 int kvf_bench_model(int argc, char **argv);
 int kvf_bench_attention(int argc, char **argv);
 int kvf_bench_handoff(int argc, char **argv);
+int kvf_bench_serve(int argc, char **argv);
 
 /* Monotonic time in nanoseconds. */
 uint64_t kvf_bench_now_ns(void);
