@@ -4,10 +4,13 @@
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
 #   make fuzz     the libFuzzer targets for a bounded time (FUZZ_SECONDS each, default 60)
 #   make soak     long randomized runs, outside `make test`
+#   make bench-overhead  the serve bench against build/kvfence and a comparison binary with the
+#                 page checksums, trailer and reader checks compiled out (build-nochecks/, never
+#                 installed), in alternation; prints the ratio
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release debug asan test mutants fuzz soak format clean
+.PHONY: all deps build release debug asan test mutants fuzz soak bench-overhead format clean
 
 all: deps release
 
@@ -44,8 +47,17 @@ fuzz: deps
 soak: deps asan
 	KVF_SOAK=1 ctest --preset asan -L soak -j $(JOBS)
 
+# The comparison binary is configured without tests (CMakeLists.txt refuses KVF_NO_SAFETY_CHECKS
+# beside tests, mutants or fuzzing) and with the release build type of build/.
+bench-overhead: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target kvfence
+	cmake -S . -B build-nochecks -DCMAKE_BUILD_TYPE=Release -DKVF_BUILD_TESTS=OFF -DKVF_NO_SAFETY_CHECKS=ON >/dev/null
+	cmake --build build-nochecks -j $(JOBS) --target kvfence
+	bash bench/overhead.sh build/kvfence build-nochecks/kvfence
+
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf build build-debug build-asan build-fuzz build-mutants
+	rm -rf build build-debug build-asan build-fuzz build-mutants build-nochecks

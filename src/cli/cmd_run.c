@@ -1,6 +1,7 @@
 /* `kvfence run`: generates a completion from a GGUF model on the command line, without a
  * server — the same forward pass over pool pages that the workers run, for one request. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,13 +23,16 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvfence run --model F.gguf --prompt TEXT [--max-tokens N] [--temperature T]\n"
             "                   [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-            "                   [--print-token-ids]\n\n"
-            "Prints the completion of TEXT as it is generated (stopping at end-of-sequence or\n"
-            "after N tokens, default 64). Temperature 0 (the default) is greedy; otherwise tokens\n"
+            "                   [--print-token-ids [--print-logprobs]]\n\n"
+            "Prints the completion of TEXT as it is generated (stopping at an end-of-generation\n"
+            "token or after N tokens, default 64; BOS first when the vocabulary asks for it). Temperature 0 (the default) is greedy; otherwise tokens\n"
             "are drawn with top-k / top-p from a stream fixed by the seed (default 1), so a run\n"
             "repeats exactly. --print-token-ids then prints two more lines:\n"
-            "  prompt_token_ids: <ids of the prompt, BOS first>\n"
-            "  output_token_ids: <ids generated>\n");
+            "  prompt_token_ids: <ids of the prompt>\n"
+            "  output_token_ids: <ids generated>\n"
+            "and --print-logprobs one more, each generated token's natural log probability at\n"
+            "temperature 1 (the figure a server's logprobs give, computed the same way):\n"
+            "  output_logprobs: <one %%.9g float per generated token>\n");
 }
 
 static int parse_ul(const char *v, unsigned long max, unsigned long *out)
@@ -50,6 +54,18 @@ static int parse_f(const char *v, float lo, float hi, float *out)
     return 0;
 }
 
+/* log softmax of logits[tok], in double, in index order — the way the workers compute a
+ * sampled token's logprob (src/engine/common.c), so the two agree bit for bit. */
+static float token_logprob(const float *logits, uint32_t n_vocab, int32_t tok)
+{
+    float mx = logits[0];
+    for (uint32_t i = 1; i < n_vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    return (float)((double)logits[tok] - mx - log(sum));
+}
+
 static void print_ids(const char *label, const int32_t *ids, size_t n)
 {
     printf("%s:", label);
@@ -62,7 +78,7 @@ int kvf_cmd_run(int argc, char **argv)
     const char *path = NULL, *prompt = NULL;
     unsigned long max_tokens = 64, seed = 1, top_k = 0, threads = 0;
     float temperature = 0.0f, top_p = 1.0f;
-    bool print_ids_flag = false;
+    bool print_ids_flag = false, print_lp_flag = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -71,6 +87,10 @@ int kvf_cmd_run(int argc, char **argv)
         }
         if (strcmp(a, "--print-token-ids") == 0) {
             print_ids_flag = true;
+            continue;
+        }
+        if (strcmp(a, "--print-logprobs") == 0) {
+            print_lp_flag = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -101,6 +121,10 @@ int kvf_cmd_run(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (print_lp_flag && !print_ids_flag) {
+        fprintf(stderr, "kvfence run: --print-logprobs goes with --print-token-ids\n");
+        return 2;
+    }
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (unsigned long)n : 1;
@@ -115,7 +139,7 @@ int kvf_cmd_run(int argc, char **argv)
     kvf_fwd_t *f = NULL;
     int32_t *ids = NULL;
     struct kvf_page_ref *pages = NULL;
-    float *logits = NULL;
+    float *logits = NULL, *lps = NULL;
     if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0) {
         fprintf(stderr, "kvfence run: %s\n", err); /* err names the file */
         goto out;
@@ -132,7 +156,11 @@ int kvf_cmd_run(int argc, char **argv)
         goto out;
     }
     size_t plen = strlen(prompt);
-    int n_prompt = kvf_tokenizer_encode(tok, prompt, plen, kvf_tokenizer_bos(tok) >= 0, NULL, 0);
+    /* BOS as the vocabulary asks, and every end-of-generation token ends the run: what the
+     * server does with a string prompt, so `run` is the reference a served completion is
+     * compared against. */
+    bool add_bos = kvf_tokenizer_wants_bos(tok);
+    int n_prompt = kvf_tokenizer_encode(tok, prompt, plen, add_bos, NULL, 0);
     if (n_prompt < 0) {
         fprintf(stderr, "kvfence run: the prompt cannot be tokenized: %s\n", kvf_strerror(n_prompt));
         goto out;
@@ -152,11 +180,12 @@ int kvf_cmd_run(int argc, char **argv)
     uint32_t n_pages = (uint32_t)((total + RUN_PAGE_TOKENS - 1) / RUN_PAGE_TOKENS);
     pages = malloc(n_pages * sizeof(*pages));
     logits = malloc(hp->n_vocab * sizeof(float));
-    if (!ids || !pages || !logits) {
+    lps = malloc((max_tokens + 1) * sizeof(float));
+    if (!ids || !pages || !logits || !lps) {
         fprintf(stderr, "kvfence run: out of memory\n");
         goto out;
     }
-    kvf_tokenizer_encode(tok, prompt, plen, kvf_tokenizer_bos(tok) >= 0, ids, (size_t)n_prompt);
+    kvf_tokenizer_encode(tok, prompt, plen, add_bos, ids, (size_t)n_prompt);
 
     struct kvf_pool_config pc;
     memset(&pc, 0, sizeof(pc));
@@ -180,7 +209,6 @@ int kvf_cmd_run(int argc, char **argv)
     char text[KVF_DETOK_MAX_OUT];
     size_t n_out = 0;
     uint32_t pos = 0;
-    int32_t eos = kvf_tokenizer_eos(tok);
     /* The prompt, in chunks; then one token at a time, each sampled from the last logits. */
     while (pos < total) {
         uint32_t len = pos < (uint32_t)n_prompt ? (uint32_t)n_prompt - pos : 1;
@@ -202,8 +230,9 @@ int kvf_cmd_run(int argc, char **argv)
             fprintf(stderr, "\nkvfence run: sampling failed: %s\n", kvf_strerror(t));
             goto out;
         }
+        lps[n_out] = token_logprob(logits, hp->n_vocab, t);
         ids[n_prompt + n_out++] = t;
-        if (t == eos) break;
+        if (kvf_tokenizer_is_eog(tok, t)) break;
         size_t nb = kvf_detok_push(&dt, tok, t, text, sizeof(text));
         fwrite(text, 1, nb, stdout);
         fflush(stdout);
@@ -216,11 +245,17 @@ int kvf_cmd_run(int argc, char **argv)
         print_ids("prompt_token_ids", ids, (size_t)n_prompt);
         print_ids("output_token_ids", ids + n_prompt, n_out);
     }
+    if (print_lp_flag) {
+        printf("output_logprobs:");
+        for (size_t i = 0; i < n_out; i++) printf(" %.9g", (double)lps[i]);
+        printf("\n");
+    }
     status = 0;
 
 out:
     kvf_fwd_destroy(f);
     kvf_pool_destroy(pool);
+    free(lps);
     free(logits);
     free(pages);
     free(ids);
