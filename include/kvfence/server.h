@@ -10,10 +10,14 @@
  * Endpoints (bodies as in OpenAI's API; what is accepted and refused: src/server/request.c):
  *   POST /v1/completions        prompt: string (BOS prepended when the vocabulary asks for it) or
  *                               an array of token ids (sent as given)
- *   POST /v1/chat/completions   messages rendered by kvf_server_chat_render (a documented
- *                               default until a model's own template is supported)
+ *   POST /v1/chat/completions   messages rendered by the model's chat template when
+ *                               cfg->chat_template is set (special tokens parsed only where the
+ *                               template wrote them: src/server/chat.c), else by the documented
+ *                               default, kvf_server_chat_render
+ *   Both take vLLM's return_tokens_as_token_ids: logprobs then name tokens "token_id:<id>".
  *   GET  /v1/models, GET /v1/models/{id}
- *   POST /tokenize   {"prompt": "...", "add_special_tokens": true} → {"tokens": [...], "count": n}
+ *   POST /tokenize   {"prompt": "...", "add_special_tokens": true} → {"tokens": [...], "count": n},
+ *                    or {"messages": [...]} → the prompt a chat completion of them would send
  *   POST /detokenize {"tokens": [...]} → {"prompt": "..."}
  *   GET  /health     figures from ops->info; 503 while no prefill worker is connected
  *
@@ -77,6 +81,8 @@ struct kvf_server_config {
     uint32_t retry_after_s;    /* Retry-After of a 429; 0 = 1 */
     uint32_t drain_ms;         /* stop: how long requests in flight may still finish */
     uint32_t tenant;           /* the tenant every request is submitted as (no API keys yet) */
+    const char *chat_template; /* the model's tokenizer.chat_template, checked by
+                                  kvf_server_chat_template_check; NULL = the default rendering */
 };
 
 typedef struct kvf_server kvf_server_t;
@@ -96,11 +102,12 @@ void kvf_server_stop(kvf_server_t *s);
 
 /* --- The default chat rendering. -----------------------------------------------------------
  *
- * Until the engine understands a model's chat template, messages are rendered as one line per
- * message, "<role>: <content>\n", followed by "assistant:" — e.g.
+ * For models without a chat template (or one the interpreter refuses), messages are rendered as
+ * one line per message, "<role>: <content>\n", followed by "assistant:" — e.g.
  *     system: Be brief.\nuser: Hi\nassistant:
  * (the content is copied as is; the model continues after "assistant:"). Roles: system,
- * developer, user, assistant, tool. This is the one function a real template replaces.
+ * developer, user, assistant, tool. The text is encoded as a string prompt is (BOS when the
+ * vocabulary asks for it; special tokens never parsed).
  */
 struct kvf_server_chat_msg {
     const char *role;    /* borrowed */
@@ -111,5 +118,12 @@ struct kvf_server_chat_msg {
  * 0, or -EINVAL (no messages) / -ENOMEM with nothing allocated. */
 int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs, char **out,
                            size_t *out_len);
+
+/* Whether tmpl (a model's tokenizer.chat_template) can serve chat: it renders a one-message
+ * conversation with kvf_template_render and the result encodes. 0, or -EINVAL with err saying
+ * what the template needs that the interpreter refuses (-ENOMEM: no memory). A template that
+ * fails on a particular request later answers that request with 400 naming the problem. */
+int kvf_server_chat_template_check(const char *tmpl, const kvf_tokenizer_t *tok, char *err,
+                                   size_t err_len);
 
 #endif /* KVFENCE_SERVER_H */

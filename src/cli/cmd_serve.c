@@ -30,7 +30,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvfence serve [--model F.gguf] [--host 127.0.0.1] [--port 8080] [--threads N]\n"
-            "                     [--kv-memory SIZE] [--context-length N] [--data-dir D]\n\n"
+            "                     [--kv-memory SIZE] [--context-length N] [--data-dir D]\n"
+            "                     [--max-queue N] [--admit-timeout MS]\n\n"
             "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
             "one process, joined by the handoff protocol over UCX on loopback.\n\n"
             "  --model F.gguf        the model; without it, kvfence writes (once) and serves its\n"
@@ -41,7 +42,14 @@ static void usage(FILE *f)
             "  --context-length N    the most prompt + output tokens of one request (default: the\n"
             "                        model's, bounded by the pool)\n"
             "  --data-dir D          where the default model lives (default $XDG_DATA_HOME/kvfence\n"
-            "                        or ~/.local/share/kvfence)\n\n"
+            "                        or ~/.local/share/kvfence)\n"
+            "  --max-queue N         requests in flight (running or waiting) before new ones get\n"
+            "                        429 with Retry-After (default 256)\n"
+            "  --admit-timeout MS    how long a request may wait for KV pages before it gets 503\n"
+            "                        (default 30000)\n\n"
+            "Chat requests are rendered with the model's chat template (tokenizer.chat_template)\n"
+            "when it has one that kvfence's template interpreter takes; otherwise with the default\n"
+            "\"<role>: <content>\" lines (the startup message says which).\n\n"
             "SIGINT or SIGTERM stops accepting, lets requests in flight finish (up to 10 s),\n"
             "cancels the rest through the protocol, and exits 0.\n");
 }
@@ -103,7 +111,7 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
 int kvf_cmd_serve(int argc, char **argv)
 {
     const char *model_path = NULL, *host = "127.0.0.1", *data_dir = NULL;
-    uint32_t port = 8080, threads = 0, ctx_len = 0;
+    uint32_t port = 8080, threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
     bool ctx_given = false;
     for (int i = 1; i < argc; i++) {
@@ -125,6 +133,8 @@ int kvf_cmd_serve(int argc, char **argv)
         else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
+        else if (strcmp(a, "--max-queue") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &max_queue);
+        else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
         else {
             fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
             usage(stderr);
@@ -206,7 +216,8 @@ int kvf_cmd_serve(int argc, char **argv)
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = SERVE_PAGE_TOKENS,
                                    .n_pages = prefill_pages, .n_threads = threads,
                                    .max_context = limit, .listen_host = "127.0.0.1",
-                                   .compute_lock = &compute, .max_batch = 16, .max_reqs = 64};
+                                   .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
+                                   .max_queue = max_queue, .admit_timeout_ms = admit_ms};
     if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;
@@ -229,18 +240,38 @@ int kvf_cmd_serve(int argc, char **argv)
                         "over UCX on 127.0.0.1 within 10 s\n");
         goto out;
     }
+    /* The model's chat template, if the interpreter takes it (else the default rendering). */
+    const char *tmpl_s = NULL;
+    size_t tmpl_len = 0;
+    char *tmpl = NULL;
+    if (kvf_gguf_get_str(g, "tokenizer.chat_template", &tmpl_s, &tmpl_len) == 0 && tmpl_len) {
+        char terr[256] = "";
+        tmpl = strndup(tmpl_s, tmpl_len);
+        if (tmpl && kvf_server_chat_template_check(tmpl, tok, terr, sizeof(terr)) < 0) {
+            fprintf(stderr,
+                    "kvfence serve: not using the model's chat template (%s); chat requests use the "
+                    "default rendering\n",
+                    terr);
+            free(tmpl);
+            tmpl = NULL;
+        }
+    }
     const char *base = strrchr(model_path, '/');
     struct kvf_server_config sc = {.host = host, .port = (uint16_t)port,
-                                   .model_name = base ? base + 1 : model_path, .drain_ms = 10000};
-    if (kvf_server_start(&sc, &kvf_decode_gen_ops, dw, tok, &srv, err, sizeof(err)) < 0) {
+                                   .model_name = base ? base + 1 : model_path, .drain_ms = 10000,
+                                   .max_queue = max_queue, .chat_template = tmpl};
+    int src = kvf_server_start(&sc, &kvf_decode_gen_ops, dw, tok, &srv, err, sizeof(err));
+    bool chat_model = tmpl != NULL;
+    free(tmpl); /* copied by the server */
+    if (src < 0) {
         fprintf(stderr, "kvfence serve: cannot serve HTTP on %s:%u: %s\n", host, port, err);
         goto out;
     }
     fprintf(stderr,
             "kvfence serve: listening on http://%s:%u — model %s (%s), context limit %u tokens, "
-            "decode pool %u pages of %u tokens, %u threads\n",
+            "decode pool %u pages of %u tokens, %u threads, chat: %s\n",
             host, kvf_server_port(srv), sc.model_name, kvf_model_type_name(m), limit, n_pages,
-            SERVE_PAGE_TOKENS, threads);
+            SERVE_PAGE_TOKENS, threads, chat_model ? "the model's template" : "default rendering");
     if (strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 && strcmp(host, "::1") != 0)
         fprintf(stderr, "kvfence serve: warning: listening beyond loopback without API keys\n");
     int sig = 0;

@@ -31,7 +31,7 @@
 
 struct kvf_server {
     struct kvf_server_config cfg; /* defaults filled in; strings point at host/model below */
-    char *host, *model;
+    char *host, *model, *chat_template; /* chat_template NULL: the default rendering */
     const struct kvf_gen_ops *ops;
     void *engine;
     const kvf_tokenizer_t *tok;
@@ -269,7 +269,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         "{s:s, s:s, s:I, s:I, s:I, s:b,"
         " s:{s:I, s:I, s:I, s:I, s:o},"
         " s:{s:I, s:I, s:I},"
-        " s:I, s:I, s:I,"
+        " s:s, s:I, s:I, s:I,"
         " s:{s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
@@ -279,6 +279,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)in.decode_pages * in.page_tokens, "by_state", by_state ? by_state : json_object(),
         "prefill", "pages", (json_int_t)in.prefill_pages, "free", (json_int_t)in.prefill_free,
         "capacity_tokens", (json_int_t)in.prefill_pages * in.page_tokens,
+        "chat_template", s->chat_template ? "model" : "default",
         "queued", (json_int_t)in.queued, "running", (json_int_t)in.running, "in_flight",
         (json_int_t)atomic_load(&s->in_flight),
         "counters", "fences", (json_int_t)in.fences, "verify_failed", (json_int_t)in.verify_failed,
@@ -320,6 +321,25 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
     json_t *p = json_object_get(root, "prompt"), *sp = json_object_get(root, "add_special_tokens");
     int32_t *ids = NULL;
     json_t *out = NULL;
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    if (json_object_get(root, "messages") && !p) {
+        /* vLLM's form: the prompt a chat completion of these messages would send. */
+        struct kvf__srv_limits lim = {.n_vocab = n_vocab_of(s, &in),
+                                      .chat_template = s->chat_template};
+        /* The default rendering is at most the body's bytes plus a few per message, and a
+         * token covers at least one byte: nothing is cut at this cap. */
+        uint32_t cap = (uint32_t)(2 * s->cfg.max_body_bytes + 64), n = 0;
+        if (kvf__srv_chat_tokens(root, &lim, s->tok, cap, &ids, &n, &e) < 0) goto fail;
+        json_t *arr = json_array();
+        for (uint32_t i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
+        out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", (int)n, "max_model_len",
+                        (int)in.served_limit);
+        free(ids);
+        json_decref(root);
+        return send_json(c, 200, out);
+    }
     if (!json_is_string(p)) {
         kvf__srv_fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
         goto fail;
@@ -344,9 +364,6 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
     }
     json_t *arr = json_array();
     for (int i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-    struct kvf_engine_info in;
-    memset(&in, 0, sizeof in);
-    s->ops->info(s->engine, &in);
     out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len",
                     (int)in.served_limit);
     free(ids);
@@ -536,6 +553,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         .served_limit = in.served_limit,
         .max_n = s->cfg.max_n,
         .default_max_tokens = s->cfg.default_max_tokens,
+        .chat_template = s->chat_template,
     };
     struct kvf__srv_req req;
     enum kvf__srv_kind kind = q->route == R_CHAT ? KVF__SRV_CHAT : KVF__SRV_COMPLETION;
@@ -706,12 +724,17 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->host = strdup(cfg->host ? cfg->host : "127.0.0.1");
     s->model = strdup(cfg->model_name ? cfg->model_name : "kvfence");
     int rc = -ENOMEM;
+    if (cfg->chat_template && !(s->chat_template = strdup(cfg->chat_template))) {
+        snprintf(err, err_len, "server: out of memory");
+        goto free_s;
+    }
     if (!s->host || !s->model) {
         snprintf(err, err_len, "server: out of memory");
         goto free_s;
     }
     s->cfg.host = s->host;
     s->cfg.model_name = s->model;
+    s->cfg.chat_template = s->chat_template;
     if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 1u << 20;
     if (!s->cfg.max_n) s->cfg.max_n = 8;
     if (!s->cfg.max_queue) s->cfg.max_queue = 256;
@@ -756,6 +779,7 @@ close_fd:
 free_s:
     free(s->host);
     free(s->model);
+    free(s->chat_template);
     free(s);
     return rc;
 }
@@ -782,5 +806,6 @@ void kvf_server_stop(kvf_server_t *s)
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     free(s->host);
     free(s->model);
+    free(s->chat_template);
     free(s);
 }

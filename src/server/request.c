@@ -179,7 +179,11 @@ static int message_content(json_t *c, size_t i, const char **text, size_t *len, 
     return 0;
 }
 
-static int render_messages(json_t *root, char **out, size_t *out_len, struct kvf__srv_err *e)
+/* The messages, validated, then rendered: with the model's chat template (lim->chat_template:
+ * straight to tokens in *ids) or the default rendering (text in *out, tokenized by the caller). */
+static int render_messages(json_t *root, const struct kvf__srv_limits *lim,
+                           const kvf_tokenizer_t *tok, char **out, size_t *out_len, int32_t **ids,
+                           uint32_t *n_ids, struct kvf__srv_err *e)
 {
     json_t *msgs = json_object_get(root, "messages");
     if (!msgs || json_is_null(msgs))
@@ -189,9 +193,10 @@ static int render_messages(json_t *root, char **out, size_t *out_len, struct kvf
     size_t n = json_array_size(msgs);
     if (n == 0) return kvf__srv_fail(e, 400, "messages", "invalid_value", "'messages' is empty");
     struct kvf_server_chat_msg *m = calloc(n, sizeof *m);
+    struct kvf_chat_msg *tm = calloc(n, sizeof *tm);
     char **owned = calloc(n, sizeof *owned);
     int rc = -1;
-    if (!m || !owned) {
+    if (!m || !tm || !owned) {
         kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
         goto free_all;
     }
@@ -218,6 +223,11 @@ static int render_messages(json_t *root, char **out, size_t *out_len, struct kvf
                             &owned[i], e) < 0)
             goto free_all;
     }
+    if (lim->chat_template) {
+        for (size_t i = 0; i < n; i++) tm[i] = (struct kvf_chat_msg){m[i].role, m[i].content};
+        rc = kvf__srv_chat_template_encode(lim->chat_template, tok, tm, n, ids, n_ids, e);
+        goto free_all;
+    }
     if (kvf_server_chat_render(m, n, out, out_len) < 0) {
         kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
         goto free_all;
@@ -227,7 +237,21 @@ free_all:
     if (owned)
         for (size_t i = 0; i < n; i++) free(owned[i]);
     free(owned);
+    free(tm);
     free(m);
+    return rc;
+}
+
+int kvf__srv_chat_tokens(json_t *root, const struct kvf__srv_limits *lim,
+                         const kvf_tokenizer_t *tok, uint32_t cap, int32_t **ids, uint32_t *n,
+                         struct kvf__srv_err *e)
+{
+    char *text = NULL;
+    size_t len = 0;
+    if (render_messages(root, lim, tok, &text, &len, ids, n, e) < 0) return -1;
+    if (!text) return 0; /* the chat template gave the tokens */
+    int rc = tokenize(tok, text, len, "messages", cap, ids, n, e);
+    free(text);
     return rc;
 }
 
@@ -236,14 +260,7 @@ static int parse_prompt(enum kvf__srv_kind kind, json_t *root, const struct kvf_
                         struct kvf__srv_err *e)
 {
     uint32_t cap = lim->served_limit; /* more tokens than this is refused anyway */
-    if (kind == KVF__SRV_CHAT) {
-        char *text;
-        size_t len;
-        if (render_messages(root, &text, &len, e) < 0) return -1;
-        int rc = tokenize(tok, text, len, "messages", cap, &r->prompt, n_total, e);
-        free(text);
-        return rc;
-    }
+    if (kind == KVF__SRV_CHAT) return kvf__srv_chat_tokens(root, lim, tok, cap, &r->prompt, n_total, e);
     json_t *p = json_object_get(root, "prompt");
     if (!p || json_is_null(p))
         return kvf__srv_fail(e, 400, "prompt", "missing", "'prompt' is required");
@@ -351,6 +368,7 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
         return kvf__srv_fail(e, 400, "best_of", "invalid_value",
                              "'best_of' must equal 'n' (choices are not ranked)");
     if (get_bool(root, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
+    if (get_bool(root, "return_tokens_as_token_ids", &r->tokens_as_ids, e) < 0) return -1;
     if (parse_stop(root, r, e) < 0) return -1;
     if (kind == KVF__SRV_COMPLETION) {
         if ((have = get_int(root, "logprobs", 0, KVF_GEN_MAX_LOGPROBS, &x, e)) < 0) return -1;

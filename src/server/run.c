@@ -40,6 +40,18 @@ static size_t token_bytes(const kvf_tokenizer_t *t, int32_t id, char *out, size_
     return k + kvf_detok_finish(&d, out + k, cap - k);
 }
 
+/* The name logprobs give token `id`: its text, or "token_id:<id>" when the request asked for
+ * return_tokens_as_token_ids (as vLLM spells it; the text of a byte token that is part of a
+ * longer character cannot be told apart otherwise). */
+static size_t token_name(const struct kvf__srv_run *r, int32_t id, char *out, size_t cap)
+{
+    if (r->req.tokens_as_ids) {
+        int k = snprintf(out, cap, "token_id:%d", (int)id);
+        return k < 0 ? 0 : (size_t)k < cap ? (size_t)k : cap - 1;
+    }
+    return token_bytes(r->tok, id, out, cap);
+}
+
 static json_t *bytes_array(const char *b, size_t n)
 {
     json_t *a = json_array();
@@ -65,13 +77,13 @@ static void add_logprob(struct kvf__srv_run *r, struct kvf__srv_choice *c,
 {
     if (!c->lp && !(c->lp = new_lp(r->req.kind))) return;
     char b[KVF_DETOK_MAX_OUT + 4];
-    size_t n = token_bytes(r->tok, ev->token, b, sizeof b);
+    size_t n = token_name(r, ev->token, b, sizeof b);
     uint32_t n_top = ev->n_top < r->req.top_logprobs ? ev->n_top : r->req.top_logprobs;
     if (r->req.kind == KVF__SRV_CHAT) {
         json_t *top = json_array();
         for (uint32_t k = 0; top && k < n_top; k++) {
             char tb[KVF_DETOK_MAX_OUT + 4];
-            size_t tn = token_bytes(r->tok, ev->top_ids[k], tb, sizeof tb);
+            size_t tn = token_name(r, ev->top_ids[k], tb, sizeof tb);
             json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token",
                                                  kvf__srv_json_text(tb, tn), "logprob",
                                                  (double)ev->top_logprobs[k], "bytes",
@@ -86,7 +98,7 @@ static void add_logprob(struct kvf__srv_run *r, struct kvf__srv_choice *c,
     json_t *top = json_object();
     for (uint32_t k = 0; top && k < n_top; k++) {
         char tb[KVF_DETOK_MAX_OUT + 4];
-        size_t tn = token_bytes(r->tok, ev->top_ids[k], tb, sizeof tb);
+        size_t tn = token_name(r, ev->top_ids[k], tb, sizeof tb);
         json_t *key = kvf__srv_json_text(tb, tn);
         if (key) json_object_set_new(top, json_string_value(key), json_real(ev->top_logprobs[k]));
         json_decref(key);

@@ -23,6 +23,7 @@
 
 #include "kvfence/engine.h"
 #include "kvfence/server.h"
+#include "kvfence/template.h"
 #include "kvfence/tokenizer.h"
 
 /* --- A growable byte buffer (NUL-terminated when non-empty). ------------------------------- */
@@ -74,6 +75,7 @@ struct kvf__srv_limits {
     uint32_t served_limit;   /* prompt + max_tokens */
     uint32_t max_n;
     uint32_t default_max_tokens;
+    const char *chat_template; /* the model's chat template, or NULL: the default rendering */
 };
 
 struct kvf__srv_req {
@@ -90,6 +92,8 @@ struct kvf__srv_req {
     uint32_t n_stop;
     bool logprobs;           /* the sampled token's logprob per token */
     uint32_t top_logprobs;   /* 0..20 alternatives per token */
+    bool tokens_as_ids;      /* return_tokens_as_token_ids (vLLM): logprobs name each token
+                                "token_id:<id>" instead of its text */
     bool ignore_eos;
 };
 
@@ -100,6 +104,21 @@ int kvf__srv_req_parse(enum kvf__srv_kind kind, const char *body, size_t len,
                        const struct kvf__srv_limits *lim, const kvf_tokenizer_t *tok,
                        struct kvf__srv_req *out, struct kvf__srv_err *e);
 void kvf__srv_req_free(struct kvf__srv_req *r);
+
+/* Renders msgs[0..n) with the chat template tmpl (bos and eos: the tokenizer's pieces; a
+ * generation prompt added) and encodes the text, parsing special tokens only where the
+ * template wrote them (chat.c explains how). No BOS is added: the template writes its own.
+ * 0 with *out (malloc'd, *n_out ≥ 1 tokens), or -1 with e filled (400 naming the template's
+ * complaint, 503 on no memory) and nothing allocated. */
+int kvf__srv_chat_template_encode(const char *tmpl, const kvf_tokenizer_t *tok,
+                                  const struct kvf_chat_msg *msgs, size_t n, int32_t **out,
+                                  uint32_t *n_out, struct kvf__srv_err *e);
+
+/* The prompt of a chat body's "messages" (validated, rendered, tokenized), as a chat completion
+ * sends it: 0 with *ids (malloc'd; at most cap kept, *n the full count), or -1 with e filled. */
+int kvf__srv_chat_tokens(json_t *root, const struct kvf__srv_limits *lim,
+                         const kvf_tokenizer_t *tok, uint32_t cap, int32_t **ids, uint32_t *n,
+                         struct kvf__srv_err *e);
 
 /* Parses body as a JSON object after the scan; NULL with e filled. */
 json_t *kvf__srv_parse_object(const char *body, size_t len, struct kvf__srv_err *e);

@@ -82,6 +82,10 @@ void kvf__srv_engine_error(int err, struct kvf__srv_err *e)
     case KVF_E_PROTO_CANCELLED:
         kvf__srv_fail(e, 503, NULL, "shutting_down", "the server is shutting down");
         break;
+    case -EBUSY: /* waited the bounded admission time for pages (BAD_INPUTS row 27) */
+        kvf__srv_fail(e, 503, NULL, "pool_exhausted",
+                      "no KV pages became free in time for this request; retry later");
+        break;
     case KVF_E_PROTO_TIMEOUT:
         kvf__srv_fail(e, 503, NULL, "unavailable",
                       "no capacity became free in time; retry later");
