@@ -188,17 +188,28 @@ struct kvf_mkmodel_shape {
     const char *name;
     uint32_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_vocab, n_ctx;
     bool tied_output; /* no output.weight: the output projection is token_embd.weight */
+    const char *arch; /* general.architecture: "llama" (NULL), "qwen2" or "qwen3" */
+    uint32_t head_dim; /* written as <arch>.attention.key_length; 0: dim / n_heads */
 };
 
 /* tiny (64/2/4/2/172/512/2048, untied output), s15m (288/6/6/6/768/32000/2048, tied),
  * smol135m (576/30/9/3/1536/49152/8192, tied), hist (512/1/8/8/64/1024/4096: constructed
- * weights and a word vocabulary, see docs/TEST_MODELS.md; the seed is unused), or NULL for an
- * unknown name. */
+ * weights and a word vocabulary, see docs/TEST_MODELS.md; the seed is unused), and three whose
+ * widths are whole K-quant super-blocks: ktiny (llama 256/2/4/2/512/512/2048, untied),
+ * qwen2-tiny (256/2/4/2/512/512/2048, tied, Q/K/V biases), qwen3-tiny (256/2/4/2/768/512/2048,
+ * untied, heads of 128 so q_dim 512 ≠ dim, Q/K norms); or NULL for an unknown name. */
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
 
-/* Writes a model of `shape` to `path`. type: KVF_GGML_F32 or KVF_GGML_Q8_0 for the 2-D weights
- * (a weight whose row length is not a multiple of 32 stays F32). Memory use is a few rows, not
- * the model. On failure no file is left at `path` and `err` explains. */
+/* The file type "Q4_K_M" for kvf_mkmodel_write (not a tensor type): the 2-D weights mostly
+ * Q4_K, the output projection (the embedding when tied) and attn_v and ffn_down of a few layers
+ * Q6_K, as llama.cpp's Q4_K_M chooses (docs/MODEL_ENGINE.md has the rule); a weight whose rows
+ * are not whole 256-value super-blocks falls back to Q4_0 (for Q4_K) or Q8_0 (for Q6_K). */
+#define KVF_MKMODEL_Q4_K_M 0x10000u
+
+/* Writes a model of `shape` to `path`. type: KVF_GGML_F32, KVF_GGML_Q8_0 (a weight whose row
+ * length is not a multiple of 32 stays F32) or KVF_MKMODEL_Q4_K_M for the 2-D weights. Norms
+ * and biases are F32. Memory use is a few rows, not the model. On failure no file is left at
+ * `path` and `err` explains. */
 int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *shape, uint32_t type,
                       uint64_t seed, char *err, size_t err_len);
 

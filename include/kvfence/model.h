@@ -1,9 +1,15 @@
 /*
- * kvfence/model.h — the Llama forward pass over pool pages, and sampling.
+ * kvfence/model.h — the decoder forward pass over pool pages, and sampling.
+ *
+ * Architectures (general.architecture): "llama", "qwen2" (a bias on Q, K and V; RoPE on the
+ * two halves of each head) and "qwen3" (RMSNorm of each Q and K head before RoPE, no bias;
+ * RoPE on halves; the head width may differ from dim / n_heads), each read from its own
+ * "<arch>.*" keys; any other is refused by name at load. The output projection is
+ * output.weight or, without one, the token embedding (tied).
  *
  * A kvf_model_t is a set of hyper-parameters and per-layer weight views into a GGUF file
- * (F32 and Q8_0 weights are used in place, never copied; F16, BF16 and Q4_0 are dequantized one
- * row at a time as they are used). A kvf_fwd_t is the compute context that runs it: a small
+ * (F32 and Q8_0 weights are also repacked once for the kernels; F16, BF16, Q4_0, Q4_K, Q5_K
+ * and Q6_K are dequantized one row at a time as they are used). A kvf_fwd_t is the compute context that runs it: a small
  * pthread pool and scratch buffers sized for a maximum batch.
  *
  *   kvf_model_load ──▶ kvf_fwd_create ──▶ kvf_fwd_run (any number of times) ──▶ kvf_fwd_destroy
@@ -52,17 +58,28 @@
 typedef struct kvf_model kvf_model_t;
 typedef struct kvf_fwd kvf_fwd_t;
 
+enum kvf_model_arch {
+    KVF_ARCH_LLAMA = 0,
+    KVF_ARCH_QWEN2 = 1,
+    KVF_ARCH_QWEN3 = 2,
+};
+
 struct kvf_model_hparams {
     uint32_t n_vocab;    /* vocabulary size */
     uint32_t dim;        /* residual width */
     uint32_t n_layers;
     uint32_t n_heads;    /* query heads */
     uint32_t n_kv_heads; /* K/V heads (grouped-query attention: n_heads % n_kv_heads == 0) */
-    uint32_t head_dim;   /* dim / n_heads */
+    uint32_t head_dim;   /* <arch>.attention.key_length, else dim / n_heads */
     uint32_t ffn_dim;    /* SwiGLU hidden width */
     uint32_t n_ctx;      /* trained context length */
     float rms_eps;       /* RMSNorm epsilon */
     float rope_base;     /* RoPE frequency base */
+    uint32_t arch;       /* enum kvf_model_arch */
+    bool rope_halves;    /* RoPE rotates pairs (i, i + head_dim/2) (GGML's "neox" mode: qwen2,
+                            qwen3) rather than adjacent pairs (2i, 2i+1) (llama) */
+    bool qkv_bias;       /* Q, K, V projections add a bias (qwen2) */
+    bool qk_norm;        /* each Q and K head is RMS-normed before RoPE (qwen3) */
 };
 
 /* A 2-D weight: `rows` rows of `cols` elements of `type`, row r at data + r * row_bytes.
@@ -78,8 +95,8 @@ struct kvf_weight {
 };
 
 /*
- * Loads the model in g (borrowed: g must outlive the model). Only general.architecture ==
- * "llama" is read. On success *out owns a new model. On failure nothing is allocated, *out is
+ * Loads the model in g (borrowed: g must outlive the model). general.architecture must be
+ * "llama", "qwen2" or "qwen3". On success *out owns a new model. On failure nothing is allocated, *out is
  * untouched, and err explains: KVF_E_MODEL_UNSUPPORTED, KVF_E_MODEL_MISSING, KVF_E_MODEL_SHAPE,
  * -ENOMEM.
  */
@@ -88,7 +105,8 @@ void kvf_model_free(kvf_model_t *m);
 
 const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m);
 /* The page geometry this model needs for page_tokens slots per page. K/V elements are IEEE
- * halves (elem_bytes 2) when any of its matrices is quantized (Q8_0, Q4_0) and floats (4)
+ * halves (elem_bytes 2) when any of its matrices is quantized (Q8_0, Q4_0, the K-quants) and
+ * floats (4)
  * otherwise; a caller may set elem_bytes to the other before creating the pool — the forward
  * pass takes either. */
 void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_pool_geometry *geo);

@@ -1,5 +1,5 @@
-/* `kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m|hist [--type f32|q8_0] [--seed N]`:
- * writes a Llama GGUF test model with seeded random weights and a byte-level SentencePiece vocab,
+/* `kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m] [--seed N]`:
+ * writes a llama, qwen2 or qwen3 GGUF test model with seeded random weights and a byte-level SentencePiece vocab,
  * or the constructed "hist" model (src/model/mkmodel_hist.c). */
 #include <errno.h>
 #include <inttypes.h>
@@ -14,9 +14,9 @@
 
 static void mkmodel_usage(FILE *f)
 {
-    fprintf(f, "usage: kvfence mkmodel OUT.gguf --shape tiny|s15m|smol135m|hist [--type f32|q8_0] "
+    fprintf(f, "usage: kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m] "
                "[--seed N]\n\n"
-               "Writes a standard Llama GGUF with seeded random weights (scaled so activations\n"
+               "Writes a standard GGUF with seeded random weights (scaled so activations\n"
                "stay near unit size) and a byte-level SentencePiece vocab: <unk>, <s>, </s>,\n"
                "<0x00>..<0xFF>, then <extra_N> up to the vocab size. The same shape, type and\n"
                "seed always give the same file.\n\n"
@@ -28,8 +28,16 @@ static void mkmodel_usage(FILE *f)
                "            output repeats the word most frequent in what the token attends to,\n"
                "            from 242 lower-case English words and the digits 0-9, so a KV\n"
                "            leak shows in the text (docs/TEST_MODELS.md)\n"
+               "  ktiny       256/2/4/2/512/512/2048, llama (separate output.weight)\n"
+               "  qwen2-tiny  256/2/4/2/512/512/2048, qwen2: Q/K/V biases (output tied)\n"
+               "  qwen3-tiny  256/2/4/2/768/512/2048, qwen3: heads of 128 (q_dim 512), Q/K\n"
+               "              norms (separate output.weight)\n"
                "--type q8_0 quantizes every 2-D weight whose rows are whole 32-value blocks;\n"
-               "the others and all norms stay f32. Default type f32, seed 1.\n");
+               "the others and all norms stay f32. --type q4_k_m mixes as llama.cpp's Q4_K_M:\n"
+               "Q6_K for the output projection (the embedding when tied) and for attn_v and\n"
+               "ffn_down of the first and last eighth of the layers and every third between,\n"
+               "Q4_K elsewhere; rows not whole 256-value super-blocks take Q4_0 for Q4_K and\n"
+               "Q8_0 for Q6_K. Default type f32, seed 1.\n");
 }
 
 int kvf_cmd_mkmodel(int argc, char **argv)
@@ -69,7 +77,9 @@ int kvf_cmd_mkmodel(int argc, char **argv)
     }
     const struct kvf_mkmodel_shape *shape = kvf_mkmodel_shape_by_name(shape_name);
     if (!shape) {
-        fprintf(stderr, "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m, hist)\n",
+        fprintf(stderr,
+                "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m, hist, ktiny, "
+                "qwen2-tiny, qwen3-tiny)\n",
                 shape_name);
         return 2;
     }
@@ -78,8 +88,10 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         type = KVF_GGML_F32;
     } else if (strcmp(type_name, "q8_0") == 0) {
         type = KVF_GGML_Q8_0;
+    } else if (strcmp(type_name, "q4_k_m") == 0) {
+        type = KVF_MKMODEL_Q4_K_M;
     } else {
-        fprintf(stderr, "kvfence mkmodel: unknown type '%s' (f32, q8_0)\n", type_name);
+        fprintf(stderr, "kvfence mkmodel: unknown type '%s' (f32, q8_0, q4_k_m)\n", type_name);
         return 2;
     }
     struct timespec t0, t1;

@@ -1,12 +1,16 @@
 /*
- * forward.c — the Llama forward pass over pool pages, batched across sequences.
+ * forward.c — the decoder forward pass (llama, qwen2, qwen3) over pool pages, batched across
+ * sequences.
  *
  * The batch is flattened into T tokens (every new token of every sequence that passed its page
  * checks). Per layer, in the order of the math:
  *
  *   xb  = RMSNorm(x) ⊙ attn_norm                 (T, dim)
  *   q   = xb Wqᵀ, k = xb Wkᵀ, v = xb Wvᵀ          (T, q_dim), (T, kv_dim), (T, kv_dim)
- *   q,k = RoPE(q, k, pos)                         adjacent pairs (2i, 2i+1), θ_i = base^(-2i/hd)
+ *        (+ bq, bk, bv: qwen2)
+ *   q,k = RMSNorm(each head) ⊙ q_norm, k_norm     (qwen3)
+ *   q,k = RoPE(q, k, pos)                         pairs (2i, 2i+1) (llama) or (i, i + hd/2)
+ *                                                 (qwen2, qwen3), θ_i = base^(-2i/hd)
  *   pages[pos] ← k, v                             each token's K/V into its own sequence's page
  *   att = softmax(q kᵀ / √hd) v                   per (token, head), over positions 0..pos of
  *                                                 that token's sequence, read from its pages
@@ -330,6 +334,14 @@ static void resid_norm_quant(struct job *j, const float *add, float *dst, const 
     rows_pass(j, add, j->f->x, dst, dim, dim, norm_w, quant);
 }
 
+/* y[t][r] += b[r] for the columns [lo, hi) of nt rows of width ld (a projection's bias, one
+ * add per element whichever thread owns the columns); nothing without a bias. */
+static void add_bias(const float *b, float *y, uint32_t ld, uint32_t nt, uint32_t lo, uint32_t hi)
+{
+    if (!b) return;
+    for (uint32_t t = 0; t < nt; t++) add_row(y + (size_t)t * ld + lo, b + lo, hi - lo);
+}
+
 static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 {
     struct job *j = ctx;
@@ -340,10 +352,13 @@ static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     uint32_t lo, hi;
     kvf__split_rows(L->wq.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wq, f->xb, hp->dim, &f->xq, j->nt, f->q, L->wq.rows, lo, hi, scratch);
+    add_bias(L->bq, f->q, L->wq.rows, j->nt, lo, hi);
     kvf__split_rows(L->wk.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wk, f->xb, hp->dim, &f->xq, j->nt, f->k, L->wk.rows, lo, hi, scratch);
+    add_bias(L->bk, f->k, L->wk.rows, j->nt, lo, hi);
     kvf__split_rows(L->wv.rows, i, n, &lo, &hi);
     kvf__matmul(&L->wv, f->xb, hp->dim, &f->xq, j->nt, f->v, L->wv.rows, lo, hi, scratch);
+    add_bias(L->bv, f->v, L->wv.rows, j->nt, lo, hi);
     /* The attention's first item on this thread, asked for across RoPE and the K/V stores. */
     if (j->attn.first_asked) kvf__attn_ask_first(&j->attn, i, n);
 }
@@ -457,16 +472,26 @@ static void store_kv(uint8_t *dst, const float *src, size_t n, uint32_t eb)
     kvf__kern->f16_row(src, (uint16_t *)dst, (uint32_t)n);
 }
 
-static void rope_apply(float *x, const float *cs, uint32_t n_heads, uint32_t hd)
+/* RoPE on each of n_heads heads of x: pair i is (2i, 2i+1), or (i, i + hd/2) with halves. */
+static void rope_apply(float *x, const float *cs, uint32_t n_heads, uint32_t hd, bool halves)
 {
+    uint32_t stride = halves ? 1 : 2, off = halves ? hd / 2 : 1;
     for (uint32_t h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * hd;
         for (uint32_t i = 0; i < hd / 2; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1], a = v[2 * i], b = v[2 * i + 1];
-            v[2 * i] = a * c - b * s;
-            v[2 * i + 1] = a * s + b * c;
+            float *p = v + i * stride;
+            float c = cs[2 * i], s = cs[2 * i + 1], a = p[0], b = p[off];
+            p[0] = a * c - b * s;
+            p[off] = a * s + b * c;
         }
     }
+}
+
+/* RMSNorm of each of n_heads heads of x in place, weight w (head_dim), where the model asks. */
+static void head_norm(float *x, const float *w, uint32_t n_heads, uint32_t hd, float eps)
+{
+    if (!w) return;
+    for (uint32_t h = 0; h < n_heads; h++) kvf__rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
 }
 
 /* Each token of [lo, hi): its embedding row into x, and its RoPE angles (double sin and cos,
@@ -492,7 +517,8 @@ static void job_embed(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     embed_rows(j, lo, hi);
 }
 
-/* RoPE on the q and k rows of tokens [lo, hi) (each token's own rows and angles). */
+/* The per-head Q/K norm (qwen3) and RoPE on the q and k rows of tokens [lo, hi) (each token's
+ * own rows and angles). */
 static void rope_rows(struct job *j, uint32_t lo, uint32_t hi)
 {
     struct kvf_fwd *f = j->f;
@@ -500,8 +526,11 @@ static void rope_rows(struct job *j, uint32_t lo, uint32_t hi)
     uint32_t hd = hp->head_dim;
     size_t q_dim = (size_t)hp->n_heads * hd, kv_dim = (size_t)hp->n_kv_heads * hd;
     for (uint32_t t = lo; t < hi; t++) {
-        rope_apply(f->q + t * q_dim, f->rope + (size_t)t * hd, hp->n_heads, hd);
-        rope_apply(f->k + t * kv_dim, f->rope + (size_t)t * hd, hp->n_kv_heads, hd);
+        float *q = f->q + t * q_dim, *k = f->k + t * kv_dim;
+        head_norm(q, j->L->q_norm, hp->n_heads, hd, hp->rms_eps);
+        head_norm(k, j->L->k_norm, hp->n_kv_heads, hd, hp->rms_eps);
+        rope_apply(q, f->rope + (size_t)t * hd, hp->n_heads, hd, hp->rope_halves);
+        rope_apply(k, f->rope + (size_t)t * hd, hp->n_kv_heads, hd, hp->rope_halves);
     }
 }
 

@@ -1,4 +1,5 @@
-/* mkmodel: standard Llama GGUF files with seeded random weights, for tests and benchmarks.
+/* mkmodel: standard llama, qwen2 and qwen3 GGUF files with seeded random weights, for tests and
+ * benchmarks.
  *
  * Every tensor draws from its own PRNG stream, seeded from (seed, tensor index), and is
  * produced row by row through the writer's callback, so memory is a few rows whatever the
@@ -10,7 +11,14 @@
  * further sqrt(2 * n_layers), so the stream grows to about unit size over the whole depth
  * instead of per layer. Embeddings and the output projection use 2/sqrt(dim), so logits have a
  * standard deviation near 2: peaked enough that greedy decoding is not a coin toss. Norm weights
- * are 1 ± 0.05, so a forward pass that ignores them gives visibly different numbers. */
+ * are 1 ± 0.05, so a forward pass that ignores them gives visibly different numbers; qwen3's
+ * per-head Q/K norm weights 1 ± 0.2, and qwen2's Q/K/V biases have standard deviation 0.5, so
+ * that each changes the output clearly.
+ *
+ * --type q4_k_m follows llama.cpp's Q4_K_M: Q6_K for the output projection (the embedding when
+ * it is tied) and for attn_v and ffn_down of the layers use_more_bits() picks, Q4_K for every
+ * other 2-D weight; a weight whose rows are not whole 256-value super-blocks takes Q4_0 in place
+ * of Q4_K and Q8_0 in place of Q6_K (llama.cpp takes Q5_0 and Q8_0; kvfence reads no Q5_0). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +30,12 @@
 #include "kvfence/quant.h"
 
 static const struct kvf_mkmodel_shape shapes[] = {
-    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false},
-    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true},
-    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true},
+    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false, NULL, 0},
+    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true, NULL, 0},
+    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true, NULL, 0},
+    {"ktiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0},
+    {"qwen2-tiny", 256, 2, 4, 2, 512, 512, 2048, true, "qwen2", 0},
+    {"qwen3-tiny", 256, 2, 4, 2, 768, 512, 2048, false, "qwen3", 128},
 };
 
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name)
@@ -88,7 +99,13 @@ static int gen_row(void *ctx, uint64_t row, void *dst, size_t row_bytes)
     float *x = g->type == KVF_GGML_F32 ? dst : g->scratch;
     for (uint64_t i = 0; i < g->n; i++)
         x[i] = g->center + g->amp * rng_unit(&g->rng);
-    if (g->type == KVF_GGML_Q8_0) kvf_quantize_row_q8_0(x, dst, g->n);
+    switch (g->type) {
+    case KVF_GGML_Q8_0: kvf_quantize_row_q8_0(x, dst, g->n); break;
+    case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(x, dst, g->n); break;
+    case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(x, dst, g->n); break;
+    case KVF_GGML_Q6_K: kvf_quantize_row_q6_k(x, dst, g->n); break;
+    default: break;
+    }
     return 0;
 }
 
@@ -107,10 +124,28 @@ struct build {
     int rc;
 };
 
-/* Adds tensor `name` of ne0 × ne1 (ne1 == 0: 1-D). Quantized only when type asks for it and
- * the row is whole Q8_0 blocks; norms (1-D) are always F32. Errors stick in b->rc. */
+/* llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in Q4_K_M: the
+ * first and last eighth, and every third layer between. */
+static bool use_more_bits(uint32_t layer, uint32_t n_layers)
+{
+    return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+/* The tensor type of a 2-D weight with rows of ne0 under the file type b->type: `more` asks
+ * for Q6_K rather than Q4_K in a Q4_K_M file. */
+static uint32_t mat_type(const struct build *b, uint64_t ne0, bool more)
+{
+    if (b->type == KVF_GGML_Q8_0) return ne0 % KVF_QK == 0 ? KVF_GGML_Q8_0 : KVF_GGML_F32;
+    if (b->type != KVF_MKMODEL_Q4_K_M) return KVF_GGML_F32;
+    if (ne0 % KVF_QK_K == 0) return more ? KVF_GGML_Q6_K : KVF_GGML_Q4_K;
+    if (ne0 % KVF_QK == 0) return more ? KVF_GGML_Q8_0 : KVF_GGML_Q4_0;
+    return KVF_GGML_F32;
+}
+
+/* Adds tensor `name` of ne0 × ne1 (ne1 == 0: 1-D) of type `type` (1-D tensors, norms and
+ * biases, are always F32). Errors stick in b->rc. */
 static void add(struct build *b, const char *name, uint64_t ne0, uint64_t ne1, float center,
-                float amp)
+                float amp, uint32_t type)
 {
     if (b->rc < 0) return;
     if (!ALWAYS(b->n_gens < b->cap_gens)) {
@@ -121,7 +156,7 @@ static void add(struct build *b, const char *name, uint64_t ne0, uint64_t ne1, f
     uint64_t x = b->seed ^ (0x5851f42d4c957f2dull * (b->n_gens + 1));
     for (int i = 0; i < 4; i++)
         g->rng.s[i] = splitmix(&x);
-    g->type = ne1 && b->type == KVF_GGML_Q8_0 && ne0 % KVF_QK == 0 ? KVF_GGML_Q8_0 : KVF_GGML_F32;
+    g->type = ne1 ? type : KVF_GGML_F32;
     g->n = ne0;
     g->center = center;
     g->amp = amp;
@@ -178,20 +213,31 @@ free_all:
 
 static int add_hparams(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, uint32_t type)
 {
-    int rc = kvf_gguf_writer_add_str(w, "general.architecture", "llama", 5);
+    const char *arch = s->arch ? s->arch : "llama";
+    uint32_t hd = s->head_dim ? s->head_dim : s->dim / s->n_heads;
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    int rc = kvf_gguf_writer_add_str(w, "general.architecture", arch, strlen(arch));
     if (rc == 0) rc = kvf_gguf_writer_add_str(w, "general.name", s->name, strlen(s->name));
-    /* general.file_type: 0 is all F32, 7 is mostly Q8_0 (llama.cpp's numbering). */
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "general.file_type", type == KVF_GGML_F32 ? 0 : 7);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.vocab_size", s->n_vocab);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.context_length", s->n_ctx);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.embedding_length", s->dim);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.block_count", s->n_layers);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.feed_forward_length", s->ffn_dim);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.attention.head_count", s->n_heads);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.attention.head_count_kv", s->n_kv_heads);
-    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "llama.rope.dimension_count", s->dim / s->n_heads);
-    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f);
-    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    /* general.file_type: 0 is all F32, 7 mostly Q8_0, 15 Q4_K_M (llama.cpp's numbering). */
+    uint32_t ftype = type == KVF_GGML_F32 ? 0 : type == KVF_MKMODEL_Q4_K_M ? 15 : 7;
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "general.file_type", ftype);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("vocab_size"), s->n_vocab);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("context_length"), s->n_ctx);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("embedding_length"), s->dim);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("block_count"), s->n_layers);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("feed_forward_length"), s->ffn_dim);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("attention.head_count"), s->n_heads);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), s->n_kv_heads);
+    if (rc == 0 && s->head_dim) rc = kvf_gguf_writer_add_u32(w, KEY("attention.key_length"), hd);
+    if (rc == 0 && s->head_dim) rc = kvf_gguf_writer_add_u32(w, KEY("attention.value_length"), hd);
+    if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("rope.dimension_count"), hd);
+    /* Qwen's own base, so that the halves RoPE is tested at the base those models use. */
+    float base = s->arch ? 1000000.0f : 10000.0f;
+    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("rope.freq_base"), base);
+    float eps = s->arch ? 1e-6f : 1e-5f;
+    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps);
+#undef KEY
     return rc;
 }
 
@@ -202,39 +248,57 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
     /* The hist model is constructed, not drawn: its own writer (seed unused). */
     if (s && s->name && strcmp(s->name, kvf__mkmodel_hist_shape.name) == 0)
         return kvf__mkmodel_hist_write(path, type, err, err_len);
-    if (!path || !s || (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0) || s->n_heads == 0 ||
-        s->n_kv_heads == 0 || s->dim % s->n_heads != 0 || s->n_heads % s->n_kv_heads != 0 ||
+    if (!path || !s ||
+        (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0 && type != KVF_MKMODEL_Q4_K_M) ||
+        s->n_heads == 0 || s->n_kv_heads == 0 || (!s->head_dim && s->dim % s->n_heads != 0) ||
+        s->n_heads % s->n_kv_heads != 0 ||
+        (s->arch && strcmp(s->arch, "qwen2") != 0 && strcmp(s->arch, "qwen3") != 0) ||
         s->n_vocab < 259 || s->n_layers == 0 || s->n_layers > 1000)
         return kvf__gguf_fail(err, err_len, -EINVAL, "invalid shape or type");
     struct build b = {.type = type, .seed = seed};
-    b.cap_gens = 3 + 9 * (size_t)s->n_layers;
+    b.cap_gens = 3 + 14 * (size_t)s->n_layers;
     b.gens = calloc(b.cap_gens, sizeof *b.gens);
     if (!b.gens) return kvf__gguf_fail(err, err_len, -ENOMEM, "out of memory");
     b.rc = kvf_gguf_writer_create(0, &b.w);
     if (b.rc == 0) b.rc = add_hparams(b.w, s, type);
     if (b.rc == 0) b.rc = add_vocab(b.w, s->n_vocab);
 
-    const uint64_t dim = s->dim, kv_dim = (uint64_t)s->dim / s->n_heads * s->n_kv_heads;
-    const uint64_t ffn = s->ffn_dim;
+    const uint64_t dim = s->dim, hd = s->head_dim ? s->head_dim : s->dim / s->n_heads;
+    const uint64_t q_dim = hd * s->n_heads, kv_dim = hd * s->n_kv_heads, ffn = s->ffn_dim;
     const double depth = sqrt(2.0 * s->n_layers);
-    add(&b, "token_embd.weight", dim, s->n_vocab, 0.0f, amp_for_sd(2.0 / sqrt((double)dim)));
-    add(&b, "output_norm.weight", dim, 0, 1.0f, 0.05f);
+    const bool qwen2 = s->arch && strcmp(s->arch, "qwen2") == 0;
+    const bool qwen3 = s->arch && strcmp(s->arch, "qwen3") == 0;
+    const float emb_amp = amp_for_sd(2.0 / sqrt((double)dim));
+    add(&b, "token_embd.weight", dim, s->n_vocab, 0.0f, emb_amp,
+        mat_type(&b, dim, s->tied_output));
+    add(&b, "output_norm.weight", dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
     if (!s->tied_output)
-        add(&b, "output.weight", dim, s->n_vocab, 0.0f, amp_for_sd(2.0 / sqrt((double)dim)));
+        add(&b, "output.weight", dim, s->n_vocab, 0.0f, emb_amp, mat_type(&b, dim, true));
     for (uint32_t l = 0; l < s->n_layers && b.rc == 0; l++) {
         char name[64];
+        const bool more = use_more_bits(l, s->n_layers);
+        const float in_amp = amp_for_sd(1.0 / sqrt((double)dim));
 #define BLK(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
-        add(&b, BLK("attn_norm.weight"), dim, 0, 1.0f, 0.05f);
-        add(&b, BLK("attn_q.weight"), dim, dim, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
-        add(&b, BLK("attn_k.weight"), dim, kv_dim, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
-        add(&b, BLK("attn_v.weight"), dim, kv_dim, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
-        add(&b, BLK("attn_output.weight"), dim, dim, 0.0f,
-            amp_for_sd(1.0 / sqrt((double)dim) / depth));
-        add(&b, BLK("ffn_norm.weight"), dim, 0, 1.0f, 0.05f);
-        add(&b, BLK("ffn_gate.weight"), dim, ffn, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
-        add(&b, BLK("ffn_up.weight"), dim, ffn, 0.0f, amp_for_sd(1.0 / sqrt((double)dim)));
+        add(&b, BLK("attn_norm.weight"), dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
+        add(&b, BLK("attn_q.weight"), dim, q_dim, 0.0f, in_amp, mat_type(&b, dim, false));
+        add(&b, BLK("attn_k.weight"), dim, kv_dim, 0.0f, in_amp, mat_type(&b, dim, false));
+        add(&b, BLK("attn_v.weight"), dim, kv_dim, 0.0f, in_amp, mat_type(&b, dim, more));
+        if (qwen2) {
+            add(&b, BLK("attn_q.bias"), q_dim, 0, 0.0f, amp_for_sd(0.5), KVF_GGML_F32);
+            add(&b, BLK("attn_k.bias"), kv_dim, 0, 0.0f, amp_for_sd(0.5), KVF_GGML_F32);
+            add(&b, BLK("attn_v.bias"), kv_dim, 0, 0.0f, amp_for_sd(0.5), KVF_GGML_F32);
+        }
+        if (qwen3) {
+            add(&b, BLK("attn_q_norm.weight"), hd, 0, 1.0f, 0.2f, KVF_GGML_F32);
+            add(&b, BLK("attn_k_norm.weight"), hd, 0, 1.0f, 0.2f, KVF_GGML_F32);
+        }
+        add(&b, BLK("attn_output.weight"), q_dim, dim, 0.0f,
+            amp_for_sd(1.0 / sqrt((double)q_dim) / depth), mat_type(&b, q_dim, false));
+        add(&b, BLK("ffn_norm.weight"), dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
+        add(&b, BLK("ffn_gate.weight"), dim, ffn, 0.0f, in_amp, mat_type(&b, dim, false));
+        add(&b, BLK("ffn_up.weight"), dim, ffn, 0.0f, in_amp, mat_type(&b, dim, false));
         add(&b, BLK("ffn_down.weight"), ffn, dim, 0.0f,
-            amp_for_sd(1.0 / sqrt((double)ffn) / depth));
+            amp_for_sd(1.0 / sqrt((double)ffn) / depth), mat_type(&b, ffn, more));
 #undef BLK
     }
     int rc = b.rc;

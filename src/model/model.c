@@ -1,5 +1,6 @@
 /*
- * model.c — loading a Llama model from GGUF: hyper-parameters and weight views.
+ * model.c — loading a llama, qwen2 or qwen3 model from GGUF: hyper-parameters and weight
+ * views.
  *
  * Each weight is a view into the mapped file, checked against the shape the hyper-parameters
  * imply before it is accepted, so the forward pass never needs to check a size again. F32 and
@@ -63,7 +64,7 @@ static int get_weight(const kvf_gguf_t *g, const char *name, uint32_t rows, uint
     return 0;
 }
 
-/* A norm weight: an F32 vector of n. */
+/* A norm weight or a bias: an F32 vector of n. */
 static int get_norm(const kvf_gguf_t *g, const char *name, uint32_t n, const float **out,
                     char *err, size_t err_len)
 {
@@ -84,6 +85,17 @@ static int get_u32(const kvf_gguf_t *g, const char *key, uint32_t *out, char *er
     return 0;
 }
 
+/* The architectures read, and what each adds to the llama block. */
+static const struct {
+    const char *name;
+    uint32_t arch;
+    bool rope_halves, qkv_bias, qk_norm;
+} archs[] = {
+    {"llama", KVF_ARCH_LLAMA, false, false, false},
+    {"qwen2", KVF_ARCH_QWEN2, true, true, false},
+    {"qwen3", KVF_ARCH_QWEN3, true, false, true},
+};
+
 static int read_hparams(const kvf_gguf_t *g, struct kvf_model_hparams *hp, char *err,
                         size_t err_len)
 {
@@ -91,20 +103,45 @@ static int read_hparams(const kvf_gguf_t *g, struct kvf_model_hparams *hp, char 
     size_t arch_len = 0;
     int rc = kvf_gguf_get_str(g, "general.architecture", &arch, &arch_len);
     if (rc < 0) return fail(err, err_len, KVF_E_MODEL_MISSING, "general.architecture is missing");
-    if (arch_len != 5 || memcmp(arch, "llama", 5) != 0)
-        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED, "architecture '%.*s' is not llama",
+    size_t a = 0;
+    while (a < KVF_ARRAY_LEN(archs) &&
+           (strlen(archs[a].name) != arch_len || memcmp(arch, archs[a].name, arch_len) != 0))
+        a++;
+    if (a == KVF_ARRAY_LEN(archs))
+        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
+                    "architecture '%.*s' is not supported (llama, qwen2, qwen3 are)",
                     (int)(arch_len > 64 ? 64 : arch_len), arch);
-    if ((rc = get_u32(g, "llama.embedding_length", &hp->dim, err, err_len)) < 0 ||
-        (rc = get_u32(g, "llama.block_count", &hp->n_layers, err, err_len)) < 0 ||
-        (rc = get_u32(g, "llama.attention.head_count", &hp->n_heads, err, err_len)) < 0 ||
-        (rc = get_u32(g, "llama.feed_forward_length", &hp->ffn_dim, err, err_len)) < 0)
+    memset(hp, 0, sizeof(*hp));
+    hp->arch = archs[a].arch;
+    hp->rope_halves = archs[a].rope_halves;
+    hp->qkv_bias = archs[a].qkv_bias;
+    hp->qk_norm = archs[a].qk_norm;
+    const char *pre = archs[a].name;
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, pre), key)
+    if ((rc = get_u32(g, KEY("embedding_length"), &hp->dim, err, err_len)) < 0 ||
+        (rc = get_u32(g, KEY("block_count"), &hp->n_layers, err, err_len)) < 0 ||
+        (rc = get_u32(g, KEY("attention.head_count"), &hp->n_heads, err, err_len)) < 0 ||
+        (rc = get_u32(g, KEY("feed_forward_length"), &hp->ffn_dim, err, err_len)) < 0)
         return rc;
-    if (kvf_gguf_get_u32(g, "llama.attention.head_count_kv", &hp->n_kv_heads) < 0)
+    if (kvf_gguf_get_u32(g, KEY("attention.head_count_kv"), &hp->n_kv_heads) < 0)
         hp->n_kv_heads = hp->n_heads;
-    if (kvf_gguf_get_u32(g, "llama.context_length", &hp->n_ctx) < 0) hp->n_ctx = 2048;
-    if (kvf_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps) < 0)
+    if (kvf_gguf_get_u32(g, KEY("context_length"), &hp->n_ctx) < 0) hp->n_ctx = 2048;
+    if (kvf_gguf_get_f32(g, KEY("attention.layer_norm_rms_epsilon"), &hp->rms_eps) < 0)
         hp->rms_eps = 1e-5f;
-    if (kvf_gguf_get_f32(g, "llama.rope.freq_base", &hp->rope_base) < 0) hp->rope_base = 10000.0f;
+    if (kvf_gguf_get_f32(g, KEY("rope.freq_base"), &hp->rope_base) < 0) hp->rope_base = 10000.0f;
+    /* The head width: key_length where the file gives it (qwen3's heads are wider than
+     * dim / n_heads), else dim / n_heads. K and V of different widths are not supported. */
+    uint32_t k_len = 0, v_len = 0;
+    bool has_k = kvf_gguf_get_u32(g, KEY("attention.key_length"), &k_len) == 0;
+    bool has_v = kvf_gguf_get_u32(g, KEY("attention.value_length"), &v_len) == 0;
+    if (has_k && has_v && k_len != v_len)
+        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
+                    "key_length %u differs from value_length %u", k_len, v_len);
+    /* RoPE over part of a head only (rope.dimension_count below head_dim) is not supported. */
+    uint32_t rope_dims = 0;
+    bool has_rope_dims = kvf_gguf_get_u32(g, KEY("rope.dimension_count"), &rope_dims) == 0;
+#undef KEY
     const struct kvf_gguf_tensor *emb = kvf_gguf_find_tensor(g, "token_embd.weight");
     if (!emb) return fail(err, err_len, KVF_E_MODEL_MISSING, "tensor token_embd.weight is missing");
     if (emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
@@ -113,15 +150,21 @@ static int read_hparams(const kvf_gguf_t *g, struct kvf_model_hparams *hp, char 
     hp->n_vocab = (uint32_t)emb->ne[1];
     /* Bounds that keep every size product below 2^31 elements and every head well formed. */
     if (hp->dim == 0 || hp->dim > 65536 || hp->n_layers == 0 || hp->n_layers > 1024 ||
-        hp->n_heads == 0 || hp->dim % hp->n_heads != 0 || hp->n_kv_heads == 0 ||
-        hp->n_heads % hp->n_kv_heads != 0 || hp->ffn_dim == 0 || hp->ffn_dim > 262144 ||
-        hp->n_ctx == 0)
+        hp->n_heads == 0 || hp->n_heads > 1024 || (!has_k && hp->dim % hp->n_heads != 0) ||
+        hp->n_kv_heads == 0 || hp->n_heads % hp->n_kv_heads != 0 || hp->ffn_dim == 0 ||
+        hp->ffn_dim > 262144 || hp->n_ctx == 0)
         return fail(err, err_len, KVF_E_MODEL_SHAPE,
                     "bad hyper-parameters: dim %u layers %u heads %u kv_heads %u ffn %u", hp->dim,
                     hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim);
-    hp->head_dim = hp->dim / hp->n_heads;
-    if (hp->head_dim % 2 != 0 || hp->head_dim > 1024)
-        return fail(err, err_len, KVF_E_MODEL_SHAPE, "head_dim %u must be even and ≤ 1024",
+    hp->head_dim = has_k ? k_len : hp->dim / hp->n_heads;
+    if (hp->head_dim == 0 || hp->head_dim % 2 != 0 || hp->head_dim > 1024 ||
+        (uint64_t)hp->head_dim * hp->n_heads > 65536)
+        return fail(err, err_len, KVF_E_MODEL_SHAPE,
+                    "head_dim %u must be even and ≤ 1024, and n_heads × head_dim ≤ 65536",
+                    hp->head_dim);
+    if (has_rope_dims && rope_dims != hp->head_dim)
+        return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
+                    "rope.dimension_count %u is not head_dim %u (partial RoPE)", rope_dims,
                     hp->head_dim);
     if (!(hp->rms_eps > 0.0f) || !(hp->rope_base > 1.0f))
         return fail(err, err_len, KVF_E_MODEL_SHAPE, "bad rms epsilon or rope base");
@@ -216,14 +259,23 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
     snprintf(name, sizeof(name), "blk.%u." tname ".weight", l);                                    \
     if ((rc = get_weight(g, name, rows, cols, false, &L->field, err, err_len)) < 0) goto free_m
 #define N(field, tname, n)                                                                         \
-    snprintf(name, sizeof(name), "blk.%u." tname ".weight", l);                                    \
+    snprintf(name, sizeof(name), "blk.%u." tname, l);                                              \
     if ((rc = get_norm(g, name, n, &L->field, err, err_len)) < 0) goto free_m
-        N(attn_norm, "attn_norm", hp.dim);
+        N(attn_norm, "attn_norm.weight", hp.dim);
         W(wq, "attn_q", q_dim, hp.dim);
         W(wk, "attn_k", kv_dim, hp.dim);
         W(wv, "attn_v", kv_dim, hp.dim);
+        if (hp.qkv_bias) {
+            N(bq, "attn_q.bias", q_dim);
+            N(bk, "attn_k.bias", kv_dim);
+            N(bv, "attn_v.bias", kv_dim);
+        }
+        if (hp.qk_norm) {
+            N(q_norm, "attn_q_norm.weight", hp.head_dim);
+            N(k_norm, "attn_k_norm.weight", hp.head_dim);
+        }
         W(wo, "attn_output", hp.dim, q_dim);
-        N(ffn_norm, "ffn_norm", hp.dim);
+        N(ffn_norm, "ffn_norm.weight", hp.dim);
         W(w_gate, "ffn_gate", hp.ffn_dim, hp.dim);
         W(w_up, "ffn_up", hp.ffn_dim, hp.dim);
         W(w_down, "ffn_down", hp.dim, hp.ffn_dim);
@@ -259,10 +311,10 @@ const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m)
 
 static bool is_quantized(uint32_t t)
 {
-    return t == KVF_GGML_Q8_0 || t == KVF_GGML_Q4_0;
+    return t != KVF_GGML_F32 && t != KVF_GGML_F16 && t != KVF_GGML_BF16;
 }
 
-/* Whether any matrix of the model is quantized (Q8_0, Q4_0). O(layers). */
+/* Whether any matrix of the model is quantized (Q8_0, Q4_0, a K-quant). O(layers). */
 static bool has_quantized(const kvf_model_t *m)
 {
     if (is_quantized(m->output.type)) return true;

@@ -14,6 +14,9 @@ struct kvf_layer {
     struct kvf_weight wq;      /* (q_dim, dim) */
     struct kvf_weight wk;      /* (kv_dim, dim) */
     struct kvf_weight wv;      /* (kv_dim, dim) */
+    const float *bq, *bk, *bv; /* (q_dim), (kv_dim), (kv_dim) biases (qkv_bias), else NULL */
+    const float *q_norm;       /* (head_dim) RMSNorm weight of every Q head (qk_norm), else NULL */
+    const float *k_norm;       /* (head_dim) the same for K heads */
     struct kvf_weight wo;      /* (dim, q_dim) */
     const float *ffn_norm;     /* (dim) */
     struct kvf_weight w_gate;  /* (ffn_dim, dim) */

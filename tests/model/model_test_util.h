@@ -181,15 +181,35 @@ static inline void ref_rmsnorm(double *out, const double *x, const float *w, uin
     for (uint32_t i = 0; i < n; i++) out[i] = x[i] * sc * w[i];
 }
 
-static inline void ref_rope(double *v, uint32_t pos, uint32_t n_heads, uint32_t hd, double base)
+/* RoPE on each head: pair i is elements (2i, 2i+1) (llama), or (i, i + hd/2) with halves
+ * (qwen2, qwen3: GGML's "neox" mode), rotated by pos × base^(-2i/hd). */
+static inline void ref_rope(double *v, uint32_t pos, uint32_t n_heads, uint32_t hd, double base,
+                            bool halves)
 {
     for (uint32_t h = 0; h < n_heads; h++)
         for (uint32_t i = 0; i < hd / 2; i++) {
             double ang = pos * pow(base, -2.0 * i / hd), c = cos(ang), s = sin(ang);
-            double *p = v + (size_t)h * hd + 2 * i, a = p[0], b = p[1];
-            p[0] = a * c - b * s;
-            p[1] = a * s + b * c;
+            double *p0 = v + (size_t)h * hd + (halves ? i : 2 * i);
+            double *p1 = halves ? p0 + hd / 2 : p0 + 1, a = *p0, b = *p1;
+            *p0 = a * c - b * s;
+            *p1 = a * s + b * c;
         }
+}
+
+/* The per-head parts of the attention block: a bias on each projection (qwen2), then each
+ * head RMS-normed (qwen3). */
+static inline void ref_bias(double *y, const float *b, uint32_t n, uint32_t width)
+{
+    if (!b) return;
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < width; i++) y[(size_t)t * width + i] += b[i];
+}
+
+static inline void ref_head_norm(double *y, const float *w, uint32_t n_heads, uint32_t hd,
+                                 double eps)
+{
+    if (!w) return;
+    for (uint32_t h = 0; h < n_heads; h++) ref_rmsnorm(y + (size_t)h * hd, y + (size_t)h * hd, w, hd, eps);
 }
 
 /* Logits of every position of toks[0..n) into out (n × n_vocab). */
@@ -215,9 +235,14 @@ static inline void ref_forward(const kvf_model_t *m, const int32_t *toks, uint32
         ref_matmul(&L->wq, xb, n, q);
         ref_matmul(&L->wk, xb, n, k);
         ref_matmul(&L->wv, xb, n, v);
+        ref_bias(q, L->bq, n, QD);
+        ref_bias(k, L->bk, n, KD);
+        ref_bias(v, L->bv, n, KD);
         for (uint32_t t = 0; t < n; t++) {
-            ref_rope(q + (size_t)t * QD, t, H, hd, hp->rope_base);
-            ref_rope(k + (size_t)t * KD, t, KV, hd, hp->rope_base);
+            ref_head_norm(q + (size_t)t * QD, L->q_norm, H, hd, hp->rms_eps);
+            ref_head_norm(k + (size_t)t * KD, L->k_norm, KV, hd, hp->rms_eps);
+            ref_rope(q + (size_t)t * QD, t, H, hd, hp->rope_base, hp->rope_halves);
+            ref_rope(k + (size_t)t * KD, t, KV, hd, hp->rope_base, hp->rope_halves);
         }
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t h = 0; h < H; h++) {

@@ -79,6 +79,125 @@ static void test_reference_s15m_q8_0(void)
     check_reference("s15m", KVF_GGML_Q8_0, 5, 8, 1e-2);
 }
 
+/* K-quant models (mkmodel --type q4_k_m: Q4_K and Q6_K, all rows whole super-blocks in these
+ * shapes) and the qwen architectures. The kernels multiply the weights as dequantized, so the
+ * reference sees exactly the same weights and the tolerance is F32's. */
+static void test_reference_ktiny_q4_k_m(void)
+{
+    check_reference("ktiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-4);
+}
+
+static void test_reference_qwen2(void)
+{
+    check_reference("qwen2-tiny", KVF_GGML_F32, 20, 40, 1e-4);
+    check_reference("qwen2-tiny", KVF_GGML_Q8_0, 20, 40, 1e-2);
+    check_reference("qwen2-tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-4);
+}
+
+static void test_reference_qwen3(void)
+{
+    check_reference("qwen3-tiny", KVF_GGML_F32, 20, 40, 1e-4);
+    check_reference("qwen3-tiny", KVF_GGML_Q8_0, 20, 40, 1e-2);
+    check_reference("qwen3-tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-4);
+}
+
+/* The loaded hyper-parameters and weights of each architecture, and the Q4_K_M mix mkmodel
+ * documents (including its fallbacks where rows are not whole super-blocks). */
+static void test_arch_and_mix_loaded(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "qwen3-tiny", KVF_MKMODEL_Q4_K_M, 7);
+    const struct kvf_model_hparams *hp = kvf_model_hparams(tm.m);
+    ASSERT_EQ_INT(hp->arch, KVF_ARCH_QWEN3);
+    ASSERT_TRUE(hp->qk_norm && hp->rope_halves && !hp->qkv_bias);
+    ASSERT_EQ_INT(hp->head_dim, 128);
+    ASSERT_EQ_INT(hp->n_heads * hp->head_dim, 512);
+    const struct kvf_layer *L0 = &tm.m->layers[0], *L1 = &tm.m->layers[1];
+    /* 2 layers: use_more_bits picks layer 1 (≥ 7 · 2 / 8). */
+    ASSERT_EQ_INT(L0->wq.type, KVF_GGML_Q4_K);
+    ASSERT_EQ_INT(L0->wv.type, KVF_GGML_Q4_K);
+    ASSERT_EQ_INT(L1->wv.type, KVF_GGML_Q6_K);
+    ASSERT_EQ_INT(L0->w_down.type, KVF_GGML_Q4_K);
+    ASSERT_EQ_INT(L1->w_down.type, KVF_GGML_Q6_K);
+    ASSERT_EQ_INT(tm.m->output.type, KVF_GGML_Q6_K);
+    ASSERT_EQ_INT(tm.m->tok_embd.type, KVF_GGML_Q4_K);
+    ASSERT_NOT_NULL(L0->q_norm);
+    ASSERT_TRUE(L0->bq == NULL);
+    struct kvf_pool_geometry geo;
+    kvf_model_geometry(tm.m, 16, &geo);
+    ASSERT_EQ_INT(geo.elem_bytes, 2);
+    tmodel_close(&tm);
+    tmodel_open(&tm, "qwen2-tiny", KVF_MKMODEL_Q4_K_M, 7);
+    hp = kvf_model_hparams(tm.m);
+    ASSERT_TRUE(hp->arch == KVF_ARCH_QWEN2 && hp->qkv_bias && hp->rope_halves && !hp->qk_norm);
+    ASSERT_TRUE(tm.m->output.data == tm.m->tok_embd.data); /* tied */
+    ASSERT_EQ_INT(tm.m->tok_embd.type, KVF_GGML_Q6_K);     /* tied: the output's type */
+    ASSERT_NOT_NULL(tm.m->layers[1].bv);
+    tmodel_close(&tm);
+    /* smol135m's rows of 576 are not whole super-blocks: Q4_0 and Q8_0 stand in; ffn_down's
+     * rows of 1536 are. */
+    tmodel_open(&tm, "smol135m", KVF_MKMODEL_Q4_K_M, 7);
+    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q4_0);
+    ASSERT_EQ_INT(tm.m->layers[0].wv.type, KVF_GGML_Q8_0);
+    ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_Q6_K);
+    ASSERT_EQ_INT(tm.m->layers[3].w_down.type, KVF_GGML_Q4_K);
+    ASSERT_EQ_INT(tm.m->tok_embd.type, KVF_GGML_Q8_0);
+    tmodel_close(&tm);
+}
+
+/* Replaces every occurrence of `from` in the file at path by `to` (the same length). */
+static void patch_file(const char *path, const char *from, const char *to)
+{
+    FILE *fp = fopen(path, "r+b");
+    ASSERT_NOT_NULL(fp);
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    char *buf = malloc((size_t)len);
+    rewind(fp);
+    ASSERT_EQ_U64(fread(buf, 1, (size_t)len, fp), (uint64_t)len);
+    size_t n = strlen(from);
+    for (long i = 0; i + (long)n <= len; i++)
+        if (memcmp(buf + i, from, n) == 0) memcpy(buf + i, to, n);
+    rewind(fp);
+    ASSERT_EQ_U64(fwrite(buf, 1, (size_t)len, fp), (uint64_t)len);
+    fclose(fp);
+    free(buf);
+}
+
+/* An architecture kvfence does not read is refused by name; a qwen2 file without its biases
+ * is refused naming the first missing one; nothing is loaded either way. */
+static void test_arch_refused(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_F32, 3);
+    kvf_model_free(tm.m);
+    kvf_gguf_close(tm.g);
+    char err[256] = "";
+    kvf_model_t *m = NULL;
+    patch_file(tm.path, "llama", "gemma");
+    ASSERT_OK(kvf_gguf_open(tm.path, &tm.g, err, sizeof err));
+    ASSERT_ERR(kvf_model_load(tm.g, &m, err, sizeof err), KVF_E_MODEL_UNSUPPORTED);
+    ASSERT_TRUE(m == NULL);
+    ASSERT_TRUE(strstr(err, "'gemma'") != NULL);
+    printf("# %s\n", err);
+    kvf_gguf_close(tm.g);
+    patch_file(tm.path, "gemma", "qwen2");
+    ASSERT_OK(kvf_gguf_open(tm.path, &tm.g, err, sizeof err));
+    ASSERT_ERR(kvf_model_load(tm.g, &m, err, sizeof err), KVF_E_MODEL_MISSING);
+    ASSERT_TRUE(strstr(err, "blk.0.attn_q.bias") != NULL);
+    printf("# %s\n", err);
+    kvf_gguf_close(tm.g);
+    /* A llama file read as qwen3 lacks the per-head norms. */
+    patch_file(tm.path, "qwen2", "qwen3");
+    ASSERT_OK(kvf_gguf_open(tm.path, &tm.g, err, sizeof err));
+    ASSERT_ERR(kvf_model_load(tm.g, &m, err, sizeof err), KVF_E_MODEL_MISSING);
+    ASSERT_TRUE(strstr(err, "blk.0.attn_q_norm.weight") != NULL);
+    kvf_gguf_close(tm.g);
+    tm.g = NULL;
+    tm.m = NULL;
+    tmodel_close(&tm);
+}
+
 /* --- Batch invariance. --------------------------------------------------------------------- */
 
 #define INV_SEQS 9
@@ -183,10 +302,10 @@ static void run_batched(const kvf_model_t *m, struct inv_seq *qs, uint32_t n_seq
     kvf_pool_destroy(pool);
 }
 
-static void check_invariance(uint32_t type)
+static void check_invariance_shape(const char *shape, uint32_t type)
 {
     struct tmodel tm;
-    tmodel_open(&tm, "tiny", type, 11);
+    tmodel_open(&tm, shape, type, 11);
     uint32_t V = kvf_model_hparams(tm.m)->n_vocab;
     struct kvf_rng r;
     kvf_rng_seed(&r, kvf_test_seed());
@@ -210,10 +329,25 @@ static void check_invariance(uint32_t type)
                 run_batched(tm.m, qs, batches[b], threads[t], pages[(b + t + c) % 2], chunks[c], &r);
                 runs++;
             }
-    printf("# tiny %s: %u batched runs bit-identical to alone (%s kernels)\n",
+    printf("# %s %s: %u batched runs bit-identical to alone (%s kernels)\n", shape,
            kvf_model_type_name(tm.m), runs, kvf_kernels_name());
     for (uint32_t i = 0; i < INV_SEQS; i++) free(qs[i].alone);
     tmodel_close(&tm);
+}
+
+static void check_invariance(uint32_t type)
+{
+    check_invariance_shape("tiny", type);
+}
+
+/* The qwen blocks (bias, per-head norms, halves RoPE) over K-quant weights: K/V as halves, as
+ * the model's own geometry asks. */
+static void test_invariance_qwen_kquant(void)
+{
+    tpool_kv_bytes = 2;
+    check_invariance_shape("qwen2-tiny", KVF_MKMODEL_Q4_K_M);
+    check_invariance_shape("qwen3-tiny", KVF_MKMODEL_Q4_K_M);
+    tpool_kv_bytes = 4;
 }
 
 static void test_invariance_f32(void)
@@ -598,6 +732,9 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
     KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
     KVF_CASE(test_variants_agree_f32),  KVF_CASE(test_quant_matches),
+    KVF_CASE(test_reference_ktiny_q4_k_m), KVF_CASE(test_reference_qwen2),
+    KVF_CASE(test_reference_qwen3),     KVF_CASE(test_arch_and_mix_loaded),
+    KVF_CASE(test_arch_refused),        KVF_CASE(test_invariance_qwen_kquant),
 };
 
 int main(int argc, char **argv)
