@@ -1,5 +1,6 @@
 # kvfence — a thin wrapper over CMake presets (CMakePresets.json).
 #   make          dependencies + release build (binary at build/kvfence)
+#   make serve    the release build, then `build/kvfence serve` (the README's curl examples)
 #   make test     dependencies + ASan/UBSan test build + every CTest test
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
 #   make fuzz     the libFuzzer targets for a bounded time (FUZZ_SECONDS each, default 60)
@@ -22,6 +23,11 @@ release:
 	cmake --build --preset release -j $(JOBS)
 
 build: release
+
+# Serves the readable test model on http://127.0.0.1:8080 (README.md, "Serving"); SERVE_ARGS adds
+# options, e.g. make serve SERVE_ARGS="--port 9000".
+serve: deps release
+	build/kvfence serve $(SERVE_ARGS)
 
 debug:
 	cmake --preset debug >/dev/null

@@ -792,8 +792,12 @@ uint16_t kvf_server_port(const kvf_server_t *s)
 void kvf_server_stop(kvf_server_t *s)
 {
     if (!s) return;
-    /* No new connection from here; the listening socket is ours to close. */
+    /* No new connection from here; the listening socket is ours to close. MHD's listening
+     * thread may still hold it until MHD_stop_daemon, so it is closed only then; shutting it
+     * down now makes the kernel stop listening at once, so a client connecting during the
+     * drain is refused instead of waiting in the backlog for an accept that never comes. */
     MHD_socket lfd = MHD_quiesce_daemon(s->d);
+    if (lfd != MHD_INVALID_SOCKET) shutdown(lfd, SHUT_RDWR);
     int64_t until = now_ms() + s->cfg.drain_ms;
     while (atomic_load(&s->in_flight) > 0 && now_ms() < until) {
         struct timespec ts = {0, 5 * 1000 * 1000};
