@@ -289,11 +289,16 @@ static void job_norm_quant(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     norm_quant_rows(j, lo, hi, thread);
 }
 
-/* Whether a product with W reads its input as floats: every weight but a packed Q8_0 one,
- * which reads only the 16-bit quantized rows (kvf__matmul). */
+/* Whether a product with W reads its input quantized to 16 bits (a packed Q8_0, Q4_0, Q4_K or
+ * Q6_K weight: kvf__matmul) rather than as floats (every other). */
+static bool reads_act16(const struct kvf_weight *W)
+{
+    return W->packed && kvf__packed_act16(W->type);
+}
+
 static bool reads_floats(const struct kvf_weight *W)
 {
-    return !(W->type == KVF_GGML_Q8_0 && W->packed);
+    return !reads_act16(W);
 }
 
 /* The per-row pass over rows [0, nt): with add, x's rows (src, stride ld) get add's rows added
@@ -613,8 +618,7 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         j.layer = l;
         float *xb_qkv = reads_floats(&L->wq) || reads_floats(&L->wk) || reads_floats(&L->wv)
                             ? f->xb : NULL;
-        bool q_qkv = L->wq.type == KVF_GGML_Q8_0 || L->wk.type == KVF_GGML_Q8_0 ||
-                     L->wv.type == KVF_GGML_Q8_0;
+        bool q_qkv = reads_act16(&L->wq) || reads_act16(&L->wk) || reads_act16(&L->wv);
         /* x += the previous layer's down output, then the attention norm. */
         if (l == 0) norm_quant(&j, f->x, xb_qkv, dim, dim, L->attn_norm, q_qkv);
         else resid_norm_quant(&j, f->o, xb_qkv, L->attn_norm, q_qkv);
@@ -625,7 +629,7 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
             .v_off = v_off, .elem_bytes = eb, .scratch = f->scores,
             .scratch_floats = f->scores_per_thread, .part = f->attn_part,
-            .outq = L->wo.type == KVF_GGML_Q8_0 ? &f->xq : NULL,
+            .outq = reads_act16(&L->wo) ? &f->xq : NULL,
             .first_asked = mm_chunks == attn_chunks,
         };
         kvf__tpool_run(f->tp, job_qkv, &j, mm_chunks);
@@ -645,13 +649,13 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         /* A decode step's attention quantized each token's row as it finished it (a phase of
          * its own was 1.5% of a batch-16 decode step of smol135m Q8_0). */
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL,
-                   L->wo.type == KVF_GGML_Q8_0 && !kvf__attn_quantizes(&j.attn, attn_chunks));
+                   reads_act16(&L->wo) && !kvf__attn_quantizes(&j.attn, attn_chunks));
         kvf__tpool_run(f->tp, job_wo, &j, mm_chunks);
         resid_norm_quant(&j, f->o, reads_floats(&L->w_gate) || reads_floats(&L->w_up) ? f->xb : NULL,
                          L->ffn_norm,
-                         L->w_gate.type == KVF_GGML_Q8_0 || L->w_up.type == KVF_GGML_Q8_0);
+                         reads_act16(&L->w_gate) || reads_act16(&L->w_up));
         kvf__tpool_run(f->tp, job_gate_up, &j, mm_chunks);
-        norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, L->w_down.type == KVF_GGML_Q8_0);
+        norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, reads_act16(&L->w_down));
         kvf__tpool_run(f->tp, job_down, &j, mm_chunks);
     }
 
@@ -663,7 +667,7 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         for (uint32_t o = 0; o < n_out; o++)
             kvf__rmsnorm(f->outx + (size_t)o * dim, f->x + (size_t)f->out_tok[o] * dim, m->out_norm,
                          dim, hp->rms_eps);
-        if (m->output.type == KVF_GGML_Q8_0)
+        if (reads_act16(&m->output))
             for (uint32_t o = 0; o < n_out; o++)
                 kvf__kern->quant_a16(f->outx + (size_t)o * dim, f->xq.q + o * f->xq.ld, f->xq.d + o,
                                      dim);

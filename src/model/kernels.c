@@ -60,8 +60,11 @@ void kvf__matmul_warm(const struct kvf_weight *W, uint32_t r0, uint32_t r1, uint
     if (!W->packed || r0 >= r1) return;
     uint32_t g0 = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;
     if (g1 - g0 < groups) groups = g1 - g0;
-    size_t group_bytes;
-    if (W->type == KVF_GGML_Q8_0) group_bytes = (size_t)(W->cols / KVF_QK) * sizeof(struct kvf_q8g);
+    size_t group_bytes, nb = W->cols / KVF_QK;
+    if (W->type == KVF_GGML_Q8_0) group_bytes = nb * sizeof(struct kvf_q8g);
+    else if (W->type == KVF_GGML_Q4_0 || W->type == KVF_GGML_Q4_K)
+        group_bytes = nb * sizeof(struct kvf_q4g);
+    else if (W->type == KVF_GGML_Q6_K) group_bytes = nb * sizeof(struct kvf_q6g);
     else if (W->type == KVF_GGML_F32) group_bytes = (size_t)KVF_F32G_ROWS * W->cols * sizeof(float);
     else return;
     const char *p = (const char *)W->packed + (size_t)g0 * group_bytes;
@@ -89,9 +92,19 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
             return;
         }
         /* A weight built by hand without the packed form: the row-at-a-time path below. */
-        /* fallthrough */
+        goto rows;
+    case KVF_GGML_Q4_0:
+    case KVF_GGML_Q4_K:
+        if (!W->packed) goto rows;
+        kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->ld, nt, y, ldy, r0, r1);
+        return;
+    case KVF_GGML_Q6_K:
+        if (!W->packed) goto rows;
+        kvf__kern->q6_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->ld, nt, y, ldy, r0, r1);
+        return;
     default:
-        /* F16, BF16, Q4_0: one row at a time, dequantized into scratch, then the F32 kernel
+    rows:
+        /* F16, BF16, Q5_K, and any weight without its packed form: one row at a time, dequantized into scratch, then the F32 kernel
          * for that one row — the same pair-wise operations as any F32 weight. */
         for (uint32_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
@@ -99,6 +112,88 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
             kvf__kern->f32_rows(scratch, 0, x, ldx, nt, W->cols, y + r, ldy, 0, 1);
         }
         return;
+    }
+}
+
+size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
+{
+    size_t groups = kvf__q8g_blocks(rows, cols / KVF_QK);
+    switch (type) {
+    case KVF_GGML_F32: return kvf__f32g_floats(rows, cols) * sizeof(float);
+    case KVF_GGML_Q8_0: return groups * sizeof(struct kvf_q8g);
+    case KVF_GGML_Q4_0:
+    case KVF_GGML_Q4_K: return groups * sizeof(struct kvf_q4g);
+    case KVF_GGML_Q6_K: return groups * sizeof(struct kvf_q6g);
+    default: return 0;
+    }
+}
+
+/* Block blk (32 values) of a Q4_0 or Q4_K row: its scale a, offset b (value = a · q + b) and
+ * its 16-level quants q[32]. */
+static void q4_block(uint32_t type, const uint8_t *row, uint32_t blk, float *a, float *b,
+                     uint8_t q[KVF_QK])
+{
+    if (type == KVF_GGML_Q4_0) {
+        const struct kvf_block_q4_0 *x = (const struct kvf_block_q4_0 *)row + blk;
+        *a = kvf_fp16_to_f32(x->d);
+        *b = -8.0f * *a;
+        for (int j = 0; j < KVF_QK / 2; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+        return;
+    }
+    const struct kvf_block_q4_k *x = (const struct kvf_block_q4_k *)row + blk / 8;
+    uint32_t j = blk % 8;
+    uint8_t sc, m;
+    kvf_kquant_scale_min(x->scales, (int)j, &sc, &m);
+    *a = kvf_fp16_to_f32(x->d) * (float)sc;
+    *b = -(kvf_fp16_to_f32(x->dmin) * (float)m);
+    const uint8_t *qs = x->qs + 32 * (j / 2);
+    for (int l = 0; l < KVF_QK; l++) q[l] = j % 2 ? qs[l] >> 4 : qs[l] & 15;
+}
+
+void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
+                   uint32_t cols, struct kvf_q4g *dst)
+{
+    uint32_t nb = cols / KVF_QK;
+    memset(dst, 0, kvf__packed_bytes(type, rows, cols));
+    for (uint32_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + (size_t)r * row_bytes;
+        struct kvf_q4g *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        uint32_t lane = r % KVF_Q8G_ROWS;
+        for (uint32_t b = 0; b < nb; b++) {
+            uint8_t q[KVF_QK];
+            q4_block(type, row, b, &g[b].a[lane], &g[b].b[lane], q);
+            for (uint32_t p = 0; p < 8; p++)
+                for (uint32_t k = 0; k < 2; k++)
+                    g[b].qs[32 * p + 2 * lane + k] =
+                        (uint8_t)(q[2 * p + k] | q[16 + 2 * p + k] << 4);
+        }
+    }
+}
+
+void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
+                   struct kvf_q6g *dst)
+{
+    uint32_t nb = cols / KVF_QK;
+    memset(dst, 0, kvf__packed_bytes(KVF_GGML_Q6_K, rows, cols));
+    for (uint32_t r = 0; r < rows; r++) {
+        const struct kvf_block_q6_k *row =
+            (const struct kvf_block_q6_k *)((const uint8_t *)src + (size_t)r * row_bytes);
+        struct kvf_q6g *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        uint32_t lane = r % KVF_Q8G_ROWS;
+        for (uint32_t b = 0; b < nb; b++) {
+            const struct kvf_block_q6_k *x = row + b / 8;
+            float d = kvf_fp16_to_f32(x->d);
+            for (int h = 0; h < 2; h++) g[b].a[h][lane] = d * (float)x->scales[(b % 8) * 2 + h];
+            for (int c = 0; c < KVF_QK; c++) {
+                /* Value i of the super-block: its low nibble and its two high bits (quant.h). */
+                int i = (int)(b % 8) * KVF_QK + c, half = i / 128, rr = i % 128, quarter = rr / 32,
+                    l = rr % 32;
+                uint8_t lo = x->ql[64 * half + 32 * (quarter & 1) + l];
+                lo = quarter < 2 ? lo & 15 : lo >> 4;
+                int qv = lo | ((x->qh[32 * half + l] >> (2 * quarter)) & 3) << 4;
+                g[b].qs[32 * (c / 2) + 2 * lane + c % 2] = (int8_t)(qv - 32);
+            }
+        }
     }
 }
 

@@ -67,6 +67,48 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
                    struct kvf_q8g *dst);
 
 /*
+ * 4-bit weights (Q4_0, Q4_K) as the kernels read them: repacked once at load (kvf__q4g_pack)
+ * into groups of 16 rows like Q8_0's, each 32-column block of a group one struct kvf_q4g: every
+ * value of row r there is a[r] · q + b[r], q the unsigned 4-bit quant (Q4_0: a = d, b = −8d; Q4_K: a = d · sc, b = −(dmin · m); both exact in float). The
+ * quants go by column pairs as Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds
+ * row r's column 2p + k in its low nibble and column 16 + 2p + k in its high one, so one 32-byte
+ * load widened to int16 and masked is "pair p of all 16 rows", and shifted right by 4, pair
+ * p + 8. 384 bytes per 512 weights: 6 bits a weight, against Q8_0's 8.5.
+ *
+ * Q6_K weights likewise (kvf__q6g_pack): the quants less 32 as int8 in Q8_0's pair order, and
+ * each row's two scales per block (d · sc of columns 0-15 and 16-31, exact in float). 640 bytes
+ * per 512 weights.
+ */
+struct kvf_q4g {
+    float a[KVF_Q8G_ROWS];           /* each row's scale */
+    float b[KVF_Q8G_ROWS];           /* each row's offset */
+    uint8_t qs[KVF_Q8G_ROWS * KVF_QK / 2];
+};
+
+struct kvf_q6g {
+    float a[2][KVF_Q8G_ROWS];         /* each row's scale of columns 0-15, and of 16-31 */
+    int8_t qs[KVF_Q8G_ROWS * KVF_QK]; /* qs[32 p + 2 r + k] = row r, column 2p + k, q − 32 */
+};
+
+/* Whether the kernels have a packed form of `type` read against 16-bit activations (Q8_0, Q4_0,
+ * Q4_K, Q6_K). */
+static inline int kvf__packed_act16(uint32_t type)
+{
+    return type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q4_K ||
+           type == KVF_GGML_Q6_K;
+}
+
+/* Bytes the packed form of a rows × cols weight of `type` takes (0: none). */
+size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols);
+
+/* Repacks a Q4_0 or Q4_K weight (rows of row_bytes at src) into dst (kvf__packed_bytes). */
+void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
+                   uint32_t cols, struct kvf_q4g *dst);
+/* Repacks a Q6_K weight into dst. */
+void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
+                   struct kvf_q6g *dst);
+
+/*
  * F32 weights as the kernels read them: repacked once at load (kvf__f32g_pack) into groups of
  * 16 rows stored column by column, group g's column c at 16 · (g · n + c): one 64-byte line
  * holds a column of the group, one vector lane per row. Padding rows are zero.
@@ -95,6 +137,12 @@ void kvf__f32g_pack(const float *src, size_t ws, uint32_t rows, uint32_t n, floa
  * products: |s| < 2^28, so int32 holds it and any order of the integer adds gives it), then
  * acc = fma((float)s, d_w[b], acc) (the conversion rounds to nearest-even, as C's does); then
  * y = acc · d_x, the token row's one activation scale.
+ *
+ * The Q4 recipe (struct kvf_q4g): acc = 0; for each block b in order, s = Σ_i q[32b + i] ·
+ * x[32b + i] and sx = Σ_i x[32b + i] (exact integers), acc = fma((float)s, a, acc), then
+ * acc = fma((float)sx, b, acc); y = acc · d_x. The Q6 recipe (struct kvf_q6g): per block,
+ * s0 and s1 the exact sums over columns 0-15 and 16-31, acc = fma((float)s0, a0, acc), then
+ * acc = fma((float)s1, a1, acc); y = acc · d_x.
  */
 struct kvf_kern {
     const char *name;
@@ -110,6 +158,11 @@ struct kvf_kern {
      * stride ldx int16 (struct kvf_act16), with one scale per row in xd. r0 and r1 may fall
      * inside a group: only rows [r0, r1) are written. */
     void (*q8_rows)(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    /* The same for packed Q4_0 / Q4_K (struct kvf_q4g) and Q6_K (struct kvf_q6g) weights. */
+    void (*q4_rows)(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    void (*q6_rows)(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
     /* h[i] = x[i] as an IEEE half, rounded to nearest-even (kvf_f32_to_fp16's bits, NaN
      * included; tested), for i < n: K/V rows stored as halves. */
@@ -152,12 +205,18 @@ void kvf__kernels_init(void);
  * cannot build them. "avx2+vnni" computes Q8_0 with AVX-512 VNNI and gives the same values as
  * "avx2" (its integer sums are exact in both); F32 is the same code in both. */
 extern const struct kvf_kern kvf__kern_scalar;
+/* The scalar Q4 and Q6 products (kernels_scalar.c), which the "avx2" variant uses too. */
+void kvf__q4_rows_scalar(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__q6_rows_scalar(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
+                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 extern const struct kvf_kern *const kvf__kern_avx2;
 extern const struct kvf_kern *const kvf__kern_vnni;
 
 /*
  * y[t * ldy + r] = W[r] · x[t] for rows r0 ≤ r < r1 and tokens t < nt. x holds nt rows of
- * W->cols floats at stride ldx; xq (needed when W is Q8_0, else may be NULL) the same rows
+ * W->cols floats at stride ldx; xq (needed when W is packed and kvf__packed_act16, else may be
+ * NULL) the same rows
  * quantized to 16 bits. scratch holds W->cols floats (used for types that are dequantized row
  * by row). Work: (r1 - r0) × nt × cols multiply-adds; W streamed once.
  */

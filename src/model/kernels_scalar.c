@@ -63,6 +63,59 @@ static void q8_rows(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, cons
     }
 }
 
+/* The Q4 recipe of kernels.h for row r (lane r of its group) and one token. */
+static float dot_q4(const struct kvf_q4g *g, uint32_t r, const int16_t *x, float xd, uint32_t nb)
+{
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
+        int32_t s = 0, sx = 0;
+        for (uint32_t p = 0; p < 8; p++)
+            for (uint32_t k = 0; k < 2; k++) {
+                uint8_t byte = g[b].qs[32 * p + 2 * r + k];
+                s += (byte & 15) * x[2 * p + k] + (byte >> 4) * x[16 + 2 * p + k];
+            }
+        for (uint32_t i = 0; i < KVF_QK; i++) sx += x[i];
+        acc = fmaf((float)s, g[b].a[r], acc);
+        acc = fmaf((float)sx, g[b].b[r], acc);
+    }
+    return acc * xd;
+}
+
+void kvf__q4_rows_scalar(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    for (uint32_t r = r0; r < r1; r++) {
+        const struct kvf_q4g *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        for (uint32_t t = 0; t < nt; t++)
+            y[t * ldy + r] = dot_q4(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t], nb);
+    }
+}
+
+/* The Q6 recipe of kernels.h. */
+static float dot_q6(const struct kvf_q6g *g, uint32_t r, const int16_t *x, float xd, uint32_t nb)
+{
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
+        int32_t s[2] = {0, 0};
+        for (uint32_t p = 0; p < KVF_QK / 2; p++)
+            s[p / 8] += g[b].qs[32 * p + 2 * r] * x[2 * p] +
+                        g[b].qs[32 * p + 2 * r + 1] * x[2 * p + 1];
+        acc = fmaf((float)s[0], g[b].a[0][r], acc);
+        acc = fmaf((float)s[1], g[b].a[1][r], acc);
+    }
+    return acc * xd;
+}
+
+void kvf__q6_rows_scalar(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
+                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    for (uint32_t r = r0; r < r1; r++) {
+        const struct kvf_q6g *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        for (uint32_t t = 0; t < nt; t++)
+            y[t * ldy + r] = dot_q6(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t], nb);
+    }
+}
+
 static void f16_row(const float *x, uint16_t *h, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) h[i] = kvf_f32_to_fp16(x[i]);
@@ -95,7 +148,7 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
 
 const struct kvf_kern kvf__kern_scalar = {
     .name = "scalar", .f32_rows = f32_rows, .f32g_rows = f32g_rows, .q8_rows = q8_rows,
-    .f16_row = f16_row, .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
+    .q4_rows = kvf__q4_rows_scalar, .q6_rows = kvf__q6_rows_scalar, .f16_row = f16_row, .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
     .attn_tok = kvf__attn_tok_scalar, .attn_segs = kvf__attn_segs_scalar,
     .rmsnorm = kvf__rmsnorm_scalar, .swiglu = kvf__swiglu_scalar,
 };

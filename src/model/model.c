@@ -68,7 +68,7 @@ static int get_weight(const kvf_gguf_t *g, const char *name, uint32_t rows, uint
 static int get_norm(const kvf_gguf_t *g, const char *name, uint32_t n, const float **out,
                     char *err, size_t err_len)
 {
-    struct kvf_weight w;
+    struct kvf_weight w = {0};
     int rc = get_weight(g, name, 1, n, false, &w, err, err_len);
     if (rc < 0) return rc;
     if (w.type != KVF_GGML_F32)
@@ -187,20 +187,16 @@ static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
     return ws;
 }
 
-/* Gives every F32 and Q8_0 matmul weight its packed copy (kernels.h), all in one allocation
- * (on huge pages where the kernel gives them: decode streams all of it every step). The file's
- * own bytes stay mapped for the token embedding, looked up row by row. */
+/* Gives every F32, Q8_0, Q4_0, Q4_K and Q6_K matmul weight its packed copy (kernels.h), all in
+ * one allocation (on huge pages where the kernel gives them: decode streams all of it every
+ * step). The file's own bytes stay mapped for the token embedding, looked up row by row. */
 static int pack_weights(kvf_model_t *m)
 {
     size_t n, bytes = 0;
     struct kvf_weight **ws = matmul_weights(m, &n);
     if (!ws) return -ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        const struct kvf_weight *w = ws[i];
-        if (w->type == KVF_GGML_Q8_0)
-            bytes += kvf__q8g_blocks(w->rows, w->cols / KVF_QK) * sizeof(struct kvf_q8g);
-        else if (w->type == KVF_GGML_F32)
-            bytes += kvf__f32g_floats(w->rows, w->cols) * sizeof(float);
+        bytes += kvf__packed_bytes(ws[i]->type, ws[i]->rows, ws[i]->cols);
         bytes = (bytes + 63) / 64 * 64;
     }
     if (bytes > 0) {
@@ -211,15 +207,23 @@ static int pack_weights(kvf_model_t *m)
         }
         for (size_t i = 0; i < n; i++) {
             struct kvf_weight *w = ws[i];
-            size_t used = 0;
-            if (w->type == KVF_GGML_Q8_0) {
-                uint32_t nb = w->cols / KVF_QK;
-                kvf__q8g_pack(w->data, w->rows, nb, (struct kvf_q8g *)at);
-                used = kvf__q8g_blocks(w->rows, nb) * sizeof(struct kvf_q8g);
-            } else if (w->type == KVF_GGML_F32) {
+            size_t used = kvf__packed_bytes(w->type, w->rows, w->cols);
+            switch (w->type) {
+            case KVF_GGML_Q8_0:
+                kvf__q8g_pack(w->data, w->rows, w->cols / KVF_QK, (struct kvf_q8g *)at);
+                break;
+            case KVF_GGML_Q4_0:
+            case KVF_GGML_Q4_K:
+                kvf__q4g_pack(w->type, w->data, w->row_bytes, w->rows, w->cols,
+                              (struct kvf_q4g *)at);
+                break;
+            case KVF_GGML_Q6_K:
+                kvf__q6g_pack(w->data, w->row_bytes, w->rows, w->cols, (struct kvf_q6g *)at);
+                break;
+            case KVF_GGML_F32:
                 kvf__f32g_pack(w->data, w->row_bytes / sizeof(float), w->rows, w->cols, (float *)at);
-                used = kvf__f32g_floats(w->rows, w->cols) * sizeof(float);
-            } else {
+                break;
+            default:
                 continue;
             }
             w->packed = at;

@@ -80,25 +80,26 @@ static void test_reference_s15m_q8_0(void)
 }
 
 /* K-quant models (mkmodel --type q4_k_m: Q4_K and Q6_K, all rows whole super-blocks in these
- * shapes) and the qwen architectures. The kernels multiply the weights as dequantized, so the
- * reference sees exactly the same weights and the tolerance is F32's. */
+ * shapes) and the qwen architectures. The reference multiplies the dequantized weights by exact
+ * activations; the kernels quantize activations to 16 bits as for Q8_0 (kernels.h), the one
+ * difference, so the tolerance is Q8_0's. */
 static void test_reference_ktiny_q4_k_m(void)
 {
-    check_reference("ktiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-4);
+    check_reference("ktiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-2);
 }
 
 static void test_reference_qwen2(void)
 {
     check_reference("qwen2-tiny", KVF_GGML_F32, 20, 40, 1e-4);
     check_reference("qwen2-tiny", KVF_GGML_Q8_0, 20, 40, 1e-2);
-    check_reference("qwen2-tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-4);
+    check_reference("qwen2-tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-2);
 }
 
 static void test_reference_qwen3(void)
 {
     check_reference("qwen3-tiny", KVF_GGML_F32, 20, 40, 1e-4);
     check_reference("qwen3-tiny", KVF_GGML_Q8_0, 20, 40, 1e-2);
-    check_reference("qwen3-tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-4);
+    check_reference("qwen3-tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-2);
 }
 
 /* The loaded hyper-parameters and weights of each architecture, and the Q4_K_M mix mkmodel

@@ -295,7 +295,141 @@ static void test_rmsnorm_matches_scalar(void)
     printf("# rmsnorm: %u rows, %u variants equal to the scalar form\n", rows, nv);
 }
 
+/* --- Q4_0, Q4_K and Q6_K: the recipes of kernels.h read straight from the file's blocks. ---- */
+
+/* Block b (32 values) of a row: each value's integer quant and the float(s) the recipe applies
+ * — Q4: value = a · q + off; Q6: value = a[c / 16] · q — from the layouts in quant.h. */
+static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], float a[2],
+                     float *off)
+{
+    if (type == KVF_GGML_Q4_0) {
+        const struct kvf_block_q4_0 *x = (const struct kvf_block_q4_0 *)row + b;
+        a[0] = a[1] = kvf_fp16_to_f32(x->d);
+        *off = -8.0f * a[0];
+        for (int j = 0; j < 16; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+    } else if (type == KVF_GGML_Q4_K) {
+        const struct kvf_block_q4_k *x = (const struct kvf_block_q4_k *)row + b / 8;
+        uint8_t sc, m;
+        kvf_kquant_scale_min(x->scales, (int)(b % 8), &sc, &m);
+        a[0] = a[1] = kvf_fp16_to_f32(x->d) * sc;
+        *off = -(kvf_fp16_to_f32(x->dmin) * m);
+        for (int l = 0; l < 32; l++) {
+            uint8_t byte = x->qs[32 * ((b % 8) / 2) + l];
+            q[l] = (b % 2) ? byte >> 4 : byte & 15;
+        }
+    } else {
+        const struct kvf_block_q6_k *x = (const struct kvf_block_q6_k *)row + b / 8;
+        uint32_t sub = b % 8;
+        a[0] = kvf_fp16_to_f32(x->d) * x->scales[2 * sub];
+        a[1] = kvf_fp16_to_f32(x->d) * x->scales[2 * sub + 1];
+        *off = 0.0f;
+        /* Values 32·sub .. +31 of the super-block: half sub / 4, quarter sub % 4. */
+        uint32_t half = sub / 4, quarter = sub % 4;
+        for (int l = 0; l < 32; l++) {
+            uint8_t lo = x->ql[64 * half + 32 * (quarter & 1) + l];
+            lo = quarter < 2 ? lo & 15 : lo >> 4;
+            q[l] = (lo | ((x->qh[32 * half + l] >> (2 * quarter)) & 3) << 4) - 32;
+        }
+    }
+}
+
+static float ref_kq(uint32_t type, const uint8_t *row, uint32_t nb, const int16_t *x, float xd)
+{
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++) {
+        int q[32];
+        float a[2], off;
+        kq_block(type, row, b, q, a, &off);
+        int32_t s[2] = {0, 0}, sx = 0;
+        for (int i = 0; i < 32; i++) s[i / 16] += q[i] * x[b * 32 + i], sx += x[b * 32 + i];
+        if (type == KVF_GGML_Q6_K) {
+            acc = fmaf((float)s[0], a[0], acc);
+            acc = fmaf((float)s[1], a[1], acc);
+        } else {
+            acc = fmaf((float)(s[0] + s[1]), a[0], acc);
+            acc = fmaf((float)sx, off, acc);
+        }
+    }
+    return acc * xd;
+}
+
+/* Every variant's Q4_0, Q4_K and Q6_K products equal the reference bit for bit, over row
+ * ranges inside groups and token counts that take every tile shape; and the reference itself
+ * is the dot product of the dequantized row (to float rounding), so the packing and the
+ * recipes read the values the file holds. */
+static void test_kq_variants_match_reference(void)
+{
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    const struct kvf_kern *vs[3];
+    uint32_t nv = variants(vs);
+    const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q4_K, KVF_GGML_Q6_K};
+    const uint32_t shapes[][2] = {{1, 8}, {17, 8}, {47, 16}, {100, 8}, {64, 24}};
+    const uint32_t nts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13};
+    uint32_t cases = 0;
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+            uint32_t type = types[ti], rows = shapes[si][0], nb = shapes[si][1], cols = nb * 32;
+            uint32_t max_nt = 13;
+            uint64_t row_bytes;
+            ASSERT_OK(kvf_quant_row_bytes(type, cols, &row_bytes));
+            uint8_t *w = malloc(rows * row_bytes);
+            float *wf = malloc((size_t)cols * sizeof(float)), *deq = malloc((size_t)cols * sizeof(float));
+            for (uint32_t k = 0; k < rows; k++) {
+                float shift = (k % 3) * 0.3f; /* rows with a non-zero minimum too */
+                for (uint32_t c = 0; c < cols; c++) wf[c] = shift + rand_unit(&r);
+                uint8_t *dst = w + k * row_bytes;
+                if (type == KVF_GGML_Q4_0) kvf_quantize_row_q4_0(wf, (void *)dst, cols);
+                else if (type == KVF_GGML_Q4_K) kvf_quantize_row_q4_k(wf, (void *)dst, cols);
+                else kvf_quantize_row_q6_k(wf, (void *)dst, cols);
+            }
+            size_t pb = (kvf__packed_bytes(type, rows, cols) + 63) / 64 * 64;
+            void *packed = aligned_alloc(64, pb);
+            if (type == KVF_GGML_Q6_K) kvf__q6g_pack(w, row_bytes, rows, cols, packed);
+            else kvf__q4g_pack(type, w, row_bytes, rows, cols, packed);
+            int16_t *x = malloc((size_t)max_nt * cols * sizeof(int16_t));
+            float *xd = malloc(max_nt * sizeof(float));
+            float *want = malloc((size_t)max_nt * rows * sizeof(float));
+            float *got = malloc((size_t)max_nt * rows * sizeof(float));
+            for (size_t i = 0; i < (size_t)max_nt * cols; i++)
+                x[i] = (int16_t)((int)kvf_rng_below(&r, 65536) - 32768);
+            for (uint32_t t = 0; t < max_nt; t++) xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
+            for (uint32_t t = 0; t < max_nt; t++)
+                for (uint32_t k = 0; k < rows; k++) {
+                    const int16_t *xt = x + (size_t)t * cols;
+                    float v = ref_kq(type, w + k * row_bytes, nb, xt, xd[t]);
+                    want[t * rows + k] = v;
+                    ASSERT_OK(kvf_dequant_row(type, w + k * row_bytes, deq, cols));
+                    double exact = 0.0, mag = 0.0;
+                    for (uint32_t c = 0; c < cols; c++)
+                        exact += (double)deq[c] * xt[c], mag += fabs((double)deq[c] * xt[c]);
+                    ASSERT_NEAR(v, exact * xd[t], 1e-5 * mag * xd[t]);
+                }
+            for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++)
+                for (int which = 0; which < 2; which++) {
+                    uint32_t nt = nts[ni], r0, r1;
+                    pick_range(&r, which, rows, &r0, &r1);
+                    for (uint32_t v = 0; v < nv; v++) {
+                        for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
+                        if (type == KVF_GGML_Q6_K)
+                            vs[v]->q6_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
+                        else
+                            vs[v]->q4_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
+                        char what[64];
+                        snprintf(what, sizeof(what), "%s %s, nb %u", vs[v]->name,
+                                 kvf_ggml_type_name(type), nb);
+                        ASSERT_TRUE(rows_match(what, got, want, rows, nt, r0, r1));
+                        cases++;
+                    }
+                }
+            free(w), free(wf), free(deq), free(packed), free(x), free(xd), free(want), free(got);
+        }
+    printf("# Q4_0, Q4_K, Q6_K kernels equal to the reference in %u cases (%u variants)\n", cases,
+           nv);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_kq_variants_match_reference),
     KVF_CASE(test_rmsnorm_matches_scalar),
     KVF_CASE(test_f16_rows_match_scalar),
     KVF_CASE(test_f32_variants_match_reference),
