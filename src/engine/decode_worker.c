@@ -33,6 +33,7 @@
 #define DW_PEER 0u        /* the one prefill peer of this worker */
 #define DW_TICK_MS 20u    /* machine timers */
 #define DW_RECONNECT_MS 100u
+#define DW_HELLO_MS 2000u /* connect → the prefill's HELLO, at most */
 
 enum gstate { G_INBOX = 0, G_PENDING = 1, G_SUBMITTED = 2, G_RUNNING = 3, G_ENDED = 4 };
 
@@ -84,6 +85,8 @@ struct kvf_decode_worker {
     bool conn_failed, hello_ok;
     uint32_t conn_epoch;
     uint64_t next_connect_ms, next_tick_ms;
+    uint64_t hello_deadline_ms; /* a connection without the prefill's HELLO by then is dropped */
+    uint32_t connect_failures;  /* attempts since the last HELLO: the retry backs off */
     uint64_t rejected_before_handoff;
     uint64_t foreign_tails; /* committed prompts whose last page carried bytes it did not write */
     struct kvf_actions acts;
@@ -460,7 +463,10 @@ static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t
                     m.u.hello.max_context, w->cfg.max_context);
             return;
         }
-        if (kvf_decode_peer_up(w->d, DW_PEER, m.epoch) == 0) w->hello_ok = true;
+        if (kvf_decode_peer_up(w->d, DW_PEER, m.epoch) == 0) {
+            w->hello_ok = true;
+            w->connect_failures = 0;
+        }
         return;
     }
     if (!w->hello_ok) return;
@@ -481,6 +487,7 @@ static void connect_prefill(struct kvf_decode_worker *w)
     w->conn_epoch = epoch;
     w->conn_failed = false;
     w->hello_ok = false;
+    w->hello_deadline_ms = kvf__now_ms() + DW_HELLO_MS;
     struct kvf_msg m = {.type = KVF_MSG_HELLO, .epoch = epoch};
     hello(w, &m.u.hello);
     kvf__send_msg(w->conn, &m, w->frame, KVF_PROTO_MAX_MSG_BYTES);
@@ -498,8 +505,13 @@ static void conn_lost(struct kvf_decode_worker *w)
         kvf_conn_close(w->conn);
         w->conn = NULL;
         w->hello_ok = false;
-        w->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS;
     }
+    /* Retry with backoff (100 ms doubling to 2 s): a stopped or restarting prefill is not
+     * flooded with attempts that would queue up in its listener. */
+    uint32_t f = w->connect_failures < 5 ? w->connect_failures : 5;
+    w->connect_failures++;
+    uint64_t wait = (uint64_t)DW_RECONNECT_MS << f;
+    w->next_connect_ms = kvf__now_ms() + (wait < 2000 ? wait : 2000);
     w->conn_failed = false;
 }
 
@@ -706,6 +718,7 @@ static void *loop(void *arg)
             free(f->buf);
             free(f);
         }
+        if (w->conn && !w->hello_ok && now >= w->hello_deadline_ms) w->conn_failed = true;
         if (w->conn_failed) conn_lost(w);
         if (now >= w->next_tick_ms) {
             kvf_decode_tick(w->d, now, &w->acts);
@@ -868,3 +881,4 @@ void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms)
     if (w->started) pthread_join(w->thread, NULL);
     destroy(w);
 }
+

@@ -316,6 +316,14 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
                 }
             }
             if (s->conn && !s->failed) kvf__send_msg(s->conn, &a->msg, w->frame, PF_FRAME_CAP);
+            if (j && (a->msg.type == KVF_MSG_CANCEL_ACK || a->msg.type == KVF_MSG_FAIL ||
+                      a->msg.type == KVF_MSG_REJECT)) {
+                /* The machine sends these only once the job's writes are drained (or none were
+                 * posted): it is done with the job. */
+                unqueue(w, j);
+                j->finished = true;
+                job_maybe_free(w, j);
+            }
             if (a->msg.type == KVF_MSG_DONE && j) {
                 /* The first token went out: the machine keeps the record; the job may go. */
                 kvf_prefill_clear(s->m, kvf__now_ms(), j->req, j->nonce, &w->acts);
@@ -528,11 +536,24 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
     run_actions(w, s, &m);
 }
 
+static void sess_reap(struct kvf_prefill_worker *w);
+
 static void sess_open(struct kvf_prefill_worker *w, kvf_conn_t *c)
 {
     struct psess *s = NULL;
-    for (uint32_t i = 0; i < PF_MAX_SESS && !s; i++)
-        if (!w->sess[i].used) s = &w->sess[i];
+    for (int pass = 0; pass < 2 && !s; pass++) {
+        for (uint32_t i = 0; i < PF_MAX_SESS && !s; i++)
+            if (!w->sess[i].used) s = &w->sess[i];
+        if (s || pass) break;
+        /* Full: a connection that never said HELLO is the one to let go (a decode worker that
+         * reconnected many times while this process was stopped leaves such attempts queued). */
+        for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+            if (!w->sess[i].hello_ok && !w->sess[i].failed) {
+                w->sess[i].failed = true;
+                break;
+            }
+        sess_reap(w);
+    }
     struct kvf_prefill_config pc = {s ? (uint16_t)(s - w->sess) : 0, w->cfg.max_reqs,
                                     (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
                                     w->cfg.max_context, w->geo.page_tokens, NULL};

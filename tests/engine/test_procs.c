@@ -366,7 +366,7 @@ static void test_hang_prefill_past_hold_timeout(void)
 {
     struct rig r;
     /* A small pool, so the requests after the hang reuse the pages of those it failed. */
-    rig_start(&r, "put_delay_ms=200", 24, 1000, 500);
+    rig_start(&r, "put_delay_ms=200", 24, 3000, 500);
     static struct req q[4];
     for (int i = 0; i < 4; i++) {
         make_req(&q[i], 900 + (uint32_t)i, r.n_vocab);
