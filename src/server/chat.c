@@ -57,6 +57,10 @@ int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs
  *      encoded as plain text. A content's "<|im_end|>" is thus characters, never the token.
  *   3. A template that changes such content in another way (or content that already holds the
  *      marks) is refused with 400: the server cannot tell its special tokens apart.
+ *
+ * Work: step 1 is one render and one encode of each content and of R. Step 2 adds one pass over
+ * the vocabulary (its special tokens), a second render, and a scan of R that compares the
+ * specials only at bytes that begin one: O(|R| × specials) at worst, typically O(|R|).
  */
 
 struct idbuf {
@@ -101,13 +105,24 @@ static int has_special(const kvf_tokenizer_t *tok, const char *text, size_t len)
     return rc;
 }
 
-/* The longest special token whose text starts at s[0..n), or -1; *len its length. */
-static int32_t special_at(const kvf_tokenizer_t *tok, const int32_t *specials, size_t n_specials,
-                          const char *s, size_t n, size_t *len)
+/* The vocabulary's special tokens (control and unknown: what KVF_TOKENIZE_PARSE_SPECIAL
+ * parses), and which bytes begin one, so most positions are passed over at one lookup. */
+struct specials {
+    int32_t *ids;
+    size_t n;
+    bool first[256];
+};
+
+/* The longest special token whose text starts at s[0..n), or -1; *len its length.
+ * O(number of specials) where a special begins with s[0], else O(1). */
+static int32_t special_at(const kvf_tokenizer_t *tok, const struct specials *sp, const char *s,
+                          size_t n, size_t *len)
 {
     int32_t best = -1;
     *len = 0;
-    for (size_t i = 0; i < n_specials; i++) {
+    if (n == 0 || !sp->first[(unsigned char)s[0]]) return -1;
+    const int32_t *specials = sp->ids;
+    for (size_t i = 0; i < sp->n; i++) {
         size_t pl;
         const char *p = kvf_tokenizer_piece(tok, specials[i], &pl);
         if (p && pl > *len && pl <= n && memcmp(s, p, pl) == 0) {
@@ -123,14 +138,13 @@ static int32_t special_at(const kvf_tokenizer_t *tok, const int32_t *specials, s
 #define MARK_LEN 3
 
 /* content with each special token's text wrapped in the marks (malloc'd), or NULL. */
-static char *mark_content(const kvf_tokenizer_t *tok, const int32_t *specials, size_t n_specials,
-                          const char *c)
+static char *mark_content(const kvf_tokenizer_t *tok, const struct specials *sp, const char *c)
 {
     size_t n = strlen(c);
     struct kvf__sbuf b = {0};
     for (size_t i = 0; i < n;) {
         size_t len;
-        if (special_at(tok, specials, n_specials, c + i, n - i, &len) >= 0) {
+        if (special_at(tok, sp, c + i, n - i, &len) >= 0) {
             kvf__sbuf_put(&b, MARK_OPEN, MARK_LEN);
             kvf__sbuf_put(&b, c + i, len);
             kvf__sbuf_put(&b, MARK_CLOSE, MARK_LEN);
@@ -168,17 +182,21 @@ static int encode_marked(const char *tmpl, const kvf_tokenizer_t *tok,
                          const struct kvf_chat_msg *msgs, size_t n, const char *r, size_t r_len,
                          struct idbuf *ids, struct kvf__srv_err *e)
 {
-    int32_t *specials = NULL;
-    size_t n_specials = 0;
+    struct specials sp = {0};
     uint32_t nv = kvf_tokenizer_n_vocab(tok);
     struct kvf_chat_msg *m2 = calloc(n, sizeof *m2);
     char **owned = calloc(n, sizeof *owned);
     uint8_t *prot = calloc(r_len + 1, 1); /* prot[i]: byte i of R is inside a content's special */
     char *r2 = NULL;
     int rc = -1;
-    if (!m2 || !owned || !prot || !(specials = malloc(nv * sizeof *specials))) goto oom;
-    for (uint32_t i = 0; i < nv; i++)
-        if (is_special(tok, (int32_t)i)) specials[n_specials++] = (int32_t)i;
+    if (!m2 || !owned || !prot || !(sp.ids = malloc(nv * sizeof *sp.ids))) goto oom;
+    for (uint32_t i = 0; i < nv; i++) {
+        size_t pl;
+        const char *p = kvf_tokenizer_piece(tok, (int32_t)i, &pl);
+        if (!is_special(tok, (int32_t)i) || !p || pl == 0) continue;
+        sp.ids[sp.n++] = (int32_t)i;
+        sp.first[(unsigned char)p[0]] = true;
+    }
     if (memmem(r, r_len, MARK_OPEN, MARK_LEN) || memmem(r, r_len, MARK_CLOSE, MARK_LEN)) {
         kvf__srv_fail(e, 400, "messages", "invalid_value",
                       "messages hold the noncharacters U+FDD0/U+FDD1 together with special-token "
@@ -187,7 +205,7 @@ static int encode_marked(const char *tmpl, const kvf_tokenizer_t *tok,
     }
     for (size_t i = 0; i < n; i++) {
         m2[i].role = msgs[i].role;
-        if (!(owned[i] = mark_content(tok, specials, n_specials, msgs[i].content))) goto oom;
+        if (!(owned[i] = mark_content(tok, &sp, msgs[i].content))) goto oom;
         m2[i].content = owned[i];
     }
     int k = render(tmpl, tok, m2, n, &r2, e);
@@ -221,7 +239,7 @@ static int encode_marked(const char *tmpl, const kvf_tokenizer_t *tok,
     size_t start = 0;
     for (size_t i = 0; i < r_len;) {
         size_t len;
-        int32_t id = special_at(tok, specials, n_specials, r + i, r_len - i, &len);
+        int32_t id = special_at(tok, &sp, r + i, r_len - i, &len);
         bool ok = id >= 0;
         for (size_t q = i; ok && q < i + len; q++) ok = !prot[q];
         if (!ok) {
@@ -256,7 +274,7 @@ out:
     free(m2);
     free(prot);
     free(r2);
-    free(specials);
+    free(sp.ids);
     return rc;
 }
 
