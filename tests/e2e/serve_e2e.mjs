@@ -232,7 +232,20 @@ await contentChecks(H, HIST, 'hist', [
   { prompt: 'red red blue', s: samplings(8)[0] },
   { prompt: 'the zebra saw the apple and the zebra ran to the zebra', s: samplings(6)[1] },
   { prompt: 'cat dog dog', s: samplings(5)[2] },
+  { prompt: 'Qx.', s: samplings(5)[0] }, // no word to count: </s> at once, finish_reason "stop"
 ]);
+
+await test('end of generation: </s> ends a choice (stop) unless ignore_eos (length)', async () => {
+  const ref = reference(HIST, 'Qx.', { max_tokens: 5 });
+  assert.deepEqual(ref.ids, [2], 'hist answers a prompt without words with </s>');
+  const r = await H.client.completions.create({ model: 'm', prompt: 'Qx.', max_tokens: 5, temperature: 0, logprobs: 0, return_tokens_as_token_ids: true });
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.deepEqual(r.choices[0].logprobs.tokens, ['token_id:2']);
+  const ig = await H.client.completions.create({ model: 'm', prompt: 'Qx.', max_tokens: 5, temperature: 0, ignore_eos: true });
+  assert.equal(ig.choices[0].finish_reason, 'length');
+  assert.equal(ig.usage.completion_tokens, 5);
+  assert.equal(ig.choices[0].text, '');
+});
 
 await test('endpoints: models, tokenize, detokenize, health', async () => {
   const list = await H.client.models.list();
