@@ -18,6 +18,7 @@ PACKAGES=(
   libjansson-dev    # JSON
   libxxhash-dev     # XXH3 page checksums
   spin              # the Promela model checker for model/handoff.pml
+  iproute2          # ip netns: the transport test across two network namespaces
 )
 
 missing=()

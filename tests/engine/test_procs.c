@@ -54,6 +54,13 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* Where the prefill listens and the decode connects: loopback, or KVF_TEST_PREFILL_HOST. */
+static const char *prefill_host(void)
+{
+    const char *h = getenv("KVF_TEST_PREFILL_HOST");
+    return h && *h ? h : "127.0.0.1";
+}
+
 static uint16_t free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -79,11 +86,18 @@ static pid_t start_prefill(struct rig *r, const char *faults)
         close(p[0]);
         if (faults) setenv("KVF_FAULTS", faults, 1);
         setenv("KVF_POISON", "1", 1);
-        char listen[64], ctx[16];
-        snprintf(listen, sizeof(listen), "127.0.0.1:%u", r->port);
+        char listen[96], ctx[16];
+        snprintf(listen, sizeof(listen), "%s:%u", prefill_host(), r->port);
         snprintf(ctx, sizeof(ctx), "%u", CTX);
-        execl(kvfence_bin, "kvfence", "prefill", "--model", r->path, "--listen", listen,
-              "--context-length", ctx, "--threads", "1", (char *)NULL);
+        /* KVF_TEST_PREFILL_NETNS: run the prefill in that network namespace (the namespace
+         * test runs this one in another, joined by a veth pair: two hosts on one machine). */
+        const char *ns = getenv("KVF_TEST_PREFILL_NETNS");
+        if (ns && *ns)
+            execlp("ip", "ip", "netns", "exec", ns, kvfence_bin, "prefill", "--model", r->path,
+                   "--listen", listen, "--context-length", ctx, "--threads", "1", (char *)NULL);
+        else
+            execl(kvfence_bin, "kvfence", "prefill", "--model", r->path, "--listen", listen,
+                  "--context-length", ctx, "--threads", "1", (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -155,7 +169,7 @@ static void rig_start(struct rig *r, const char *faults, uint32_t decode_pages, 
     r->child = start_prefill(r, faults);
     struct kvf_worker_config c = {.model = r->m, .model_fp = r->fp, .page_tokens = PT,
                                   .n_pages = decode_pages, .n_threads = 1, .max_context = CTX,
-                                  .prefill_host = "127.0.0.1", .prefill_port = r->port,
+                                  .prefill_host = prefill_host(), .prefill_port = r->port,
                                   .max_batch = 16, .grant_timeout_ms = grant_ms,
                                   .hold_timeout_ms = hold_ms, .admit_timeout_ms = 20000,
 #if defined(KVF_TEST_BUILD)

@@ -33,6 +33,12 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static const char *target_host(void)
+{
+    const char *h = getenv("KVF_TEST_TARGET_HOST");
+    return h && *h ? h : "127.0.0.1";
+}
+
 /* --- The writer process. ------------------------------------------------------------------- */
 
 static int w_outstanding;
@@ -114,7 +120,7 @@ static void target_open(struct target *t)
     t->mem = aligned_alloc(4096, REGION);
     ASSERT_NOT_NULL(t->mem);
     memset(t->mem, 0, REGION);
-    struct kvf_xport_config xc = {"127.0.0.1", 0, 100, t->mem, REGION};
+    struct kvf_xport_config xc = {target_host(), 0, 100, t->mem, REGION};
     struct kvf_xport_events ev = {t, t_accept, NULL, NULL, t_error};
     if (kvf_xport_create(&xc, &ev, &t->x, err, sizeof(err)) < 0) KVF_FAIL("target: %s", err);
 }
@@ -127,7 +133,16 @@ static pid_t spawn_writer(uint16_t port)
     ASSERT_TRUE(pid >= 0);
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with the test */
-        execl("/proc/self/exe", "test_fence", "writer", "127.0.0.1", ps, (char *)NULL);
+        /* KVF_TEST_WRITER_NETNS: the writer runs in that network namespace and reaches the
+         * target at KVF_TEST_TARGET_HOST (the namespace test: two hosts on one machine). */
+        const char *ns = getenv("KVF_TEST_WRITER_NETNS");
+        char self[512];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        self[n > 0 ? n : 0] = 0;
+        if (ns && *ns)
+            execlp("ip", "ip", "netns", "exec", ns, self, "writer", target_host(), ps, (char *)NULL);
+        else
+            execl(self, "test_fence", "writer", target_host(), ps, (char *)NULL);
         _exit(127);
     }
     return pid;
