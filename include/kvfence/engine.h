@@ -138,6 +138,8 @@ typedef struct kvf_decode_worker kvf_decode_worker_t;
 int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_worker_t **out,
                              char *err, size_t err_len);
 uint16_t kvf_prefill_worker_port(const kvf_prefill_worker_t *w);
+/* The prefill pool's size and free pages, as the loop last published them (any thread). */
+void kvf_prefill_worker_pool(kvf_prefill_worker_t *w, uint32_t *pages, uint32_t *free_pages);
 /* Stops the loop (puts in flight end with the connection's forced close) and frees all. */
 void kvf_prefill_worker_stop(kvf_prefill_worker_t *w);
 

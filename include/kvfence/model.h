@@ -191,4 +191,9 @@ int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_pa
 int kvf_sample_top_logprobs(const float *logits, uint32_t n_vocab, uint32_t top_n, int32_t *ids,
                             float *logprobs);
 
+/* The natural-log probability of token `tok` under the full softmax of logits (temperature 1):
+ * the same figure kvf_sample_top_logprobs gives for it, bit for bit. NAN for a bad argument.
+ * O(n_vocab). */
+float kvf_sample_logprob(const float *logits, uint32_t n_vocab, int32_t tok);
+
 #endif /* KVFENCE_MODEL_H */

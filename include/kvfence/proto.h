@@ -111,6 +111,8 @@ struct kvf_msg_sampling {
     uint32_t top_k;      /* 0 = no cut */
     uint32_t n_logprobs; /* 0..KVF_PROTO_MAX_LOGPROBS; the first token's come back in DONE */
     uint64_t seed;
+    bool want_logprob;   /* the sampled token's own logprob (implied by n_logprobs > 0); without
+                            it no worker computes a softmax for the request */
 };
 
 /* NEW (router → decode): an admitted request. tokens[0..n_tokens) is the prompt. */

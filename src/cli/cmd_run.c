@@ -54,18 +54,6 @@ static int parse_f(const char *v, float lo, float hi, float *out)
     return 0;
 }
 
-/* log softmax of logits[tok], in double, in index order — the way the workers compute a
- * sampled token's logprob (src/engine/common.c), so the two agree bit for bit. */
-static float token_logprob(const float *logits, uint32_t n_vocab, int32_t tok)
-{
-    float mx = logits[0];
-    for (uint32_t i = 1; i < n_vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    return (float)((double)logits[tok] - mx - log(sum));
-}
-
 static void print_ids(const char *label, const int32_t *ids, size_t n)
 {
     printf("%s:", label);
@@ -230,7 +218,7 @@ int kvf_cmd_run(int argc, char **argv)
             fprintf(stderr, "\nkvfence run: sampling failed: %s\n", kvf_strerror(t));
             goto out;
         }
-        lps[n_out] = token_logprob(logits, hp->n_vocab, t);
+        lps[n_out] = kvf_sample_logprob(logits, hp->n_vocab, t);
         ids[n_prompt + n_out++] = t;
         if (kvf_tokenizer_is_eog(tok, t)) break;
         size_t nb = kvf_detok_push(&dt, tok, t, text, sizeof(text));

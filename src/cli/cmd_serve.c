@@ -26,6 +26,33 @@
 
 #define SERVE_PAGE_TOKENS 16u
 
+/* The seam the router serves from: the decode worker's, with /health's prefill figures filled
+ * in from the prefill worker of this process. */
+static kvf_prefill_worker_t *serve_pw;
+static int serve_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
+{
+    return kvf_decode_gen_ops.submit(e, p, out);
+}
+static int serve_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
+{
+    return kvf_decode_gen_ops.next(e, g, ev, timeout_ms);
+}
+static void serve_cancel(void *e, kvf_gen_t *g)
+{
+    kvf_decode_gen_ops.cancel(e, g);
+}
+static void serve_release(void *e, kvf_gen_t *g)
+{
+    kvf_decode_gen_ops.release(e, g);
+}
+static void serve_info(void *e, struct kvf_engine_info *out)
+{
+    kvf_decode_gen_ops.info(e, out);
+    if (serve_pw) kvf_prefill_worker_pool(serve_pw, &out->prefill_pages, &out->prefill_free);
+}
+static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_cancel, serve_release,
+                                             serve_info};
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -229,6 +256,7 @@ int kvf_cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvfence serve: decode worker: %s\n", err);
         goto out;
     }
+    serve_pw = pw;
     struct kvf_engine_info info;
     for (int i = 0; i < 1000; i++) {
         kvf_decode_gen_ops.info(dw, &info);
@@ -260,7 +288,7 @@ int kvf_cmd_serve(int argc, char **argv)
     struct kvf_server_config sc = {.host = host, .port = (uint16_t)port,
                                    .model_name = base ? base + 1 : model_path, .drain_ms = 10000,
                                    .max_queue = max_queue, .chat_template = tmpl};
-    int src = kvf_server_start(&sc, &kvf_decode_gen_ops, dw, tok, &srv, err, sizeof(err));
+    int src = kvf_server_start(&sc, &serve_ops, dw, tok, &srv, err, sizeof(err));
     bool chat_model = tmpl != NULL;
     free(tmpl); /* copied by the server */
     if (src < 0) {

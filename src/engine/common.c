@@ -13,14 +13,8 @@ int kvf__sample_token(const float *logits, uint32_t n_vocab, const struct kvf_ms
     struct kvf_sample_params p = kvf__sample_params(s);
     int tok = kvf_sample(logits, n_vocab, &p, step);
     if (tok < 0) return tok;
-    /* log softmax of the chosen token, in double, in index order: the same figure wherever it
-     * is computed. */
-    float mx = logits[0];
-    for (uint32_t i = 1; i < n_vocab; i++)
-        if (logits[i] > mx) mx = logits[i];
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    *logprob = (float)((double)logits[tok] - mx - log(sum));
+    /* A softmax over the vocabulary costs as much as the draw itself: only when asked. */
+    *logprob = s->want_logprob || s->n_logprobs ? kvf_sample_logprob(logits, n_vocab, tok) : 0.0f;
     *n_top = 0;
     if (s->n_logprobs) {
         int n = kvf_sample_top_logprobs(logits, n_vocab, s->n_logprobs, top_ids, top_logprobs);

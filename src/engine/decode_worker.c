@@ -170,7 +170,8 @@ static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     g->p.prompt = g->prompt;
     if (g->p.ignore_eos) g->p.n_stop_ids = 0;
     g->sampling = (struct kvf_msg_sampling){p->sample.temperature, p->sample.top_p, p->sample.top_k,
-                                            p->n_logprobs, p->sample.seed};
+                                            p->n_logprobs, p->sample.seed,
+                                            p->want_logprob || p->n_logprobs > 0};
     g->refs = 2;
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->cv, NULL);
@@ -847,7 +848,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         w->info.n_vocab = hp->n_vocab;
         w->info.served_limit = cfg->max_context;
         w->info.page_tokens = cfg->page_tokens;
-        w->info.prefill_pages = 0;
+        w->info.prefill_pages = 0; /* another worker's: filled in by whoever knows it */
     }
     if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
         snprintf(err, err_len, "cannot start the decode loop thread");

@@ -108,6 +108,8 @@ struct kvf_prefill_worker {
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
     float *logits;
+    pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
+    uint32_t info_pages, info_free;
 };
 
 /* --- Deferred events (from transport callbacks). ------------------------------------------ */
@@ -631,6 +633,12 @@ static void *loop(void *arg)
         kvf_xport_progress(w->x);
         handle_events(w);
         sess_reap(w);
+        struct kvf_pool_stats ps;
+        kvf_pool_stats(w->pool, &ps);
+        pthread_mutex_lock(&w->info_mu);
+        w->info_pages = ps.n_pages;
+        w->info_free = ps.by_state[KVF_PAGE_FREE];
+        pthread_mutex_unlock(&w->info_mu);
         if (w->queue_head) {
             struct pjob *j = w->queue_head;
             int got = j->aborted || !j->s || j->s->failed ? -ECANCELED : take_pages(w, j);
@@ -680,6 +688,7 @@ static void destroy(struct kvf_prefill_worker *w)
     free(w->frame);
     free(w->logits);
     if (w->wake_fd >= 0) close(w->wake_fd);
+    pthread_mutex_destroy(&w->info_mu);
     free(w);
 }
 
@@ -689,6 +698,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     struct kvf_prefill_worker *w = calloc(1, sizeof(*w));
     if (!w) return -ENOMEM;
     w->cfg = *cfg;
+    pthread_mutex_init(&w->info_mu, NULL);
     if (!w->cfg.max_reqs) w->cfg.max_reqs = 64;
     w->wake_fd = kvf__wake_open();
     int rc = w->wake_fd < 0 ? w->wake_fd : 0;
@@ -746,6 +756,14 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     w->started = true;
     *out = w;
     return 0;
+}
+
+void kvf_prefill_worker_pool(kvf_prefill_worker_t *w, uint32_t *pages, uint32_t *free_pages)
+{
+    pthread_mutex_lock(&w->info_mu);
+    *pages = w->info_pages;
+    *free_pages = w->info_free;
+    pthread_mutex_unlock(&w->info_mu);
 }
 
 uint16_t kvf_prefill_worker_port(const kvf_prefill_worker_t *w)

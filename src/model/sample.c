@@ -125,15 +125,27 @@ int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_pa
     return tok;
 }
 
+/* log Σ exp(logits), in double, in index order, around the largest logit. */
+static double log_sum_exp(const float *logits, uint32_t n_vocab)
+{
+    float mx = logits[argmax(logits, n_vocab)];
+    double sum = 0.0;
+    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    return mx + log(sum);
+}
+
+float kvf_sample_logprob(const float *logits, uint32_t n_vocab, int32_t tok)
+{
+    if (!logits || n_vocab == 0 || tok < 0 || (uint32_t)tok >= n_vocab) return NAN;
+    return (float)((double)logits[tok] - log_sum_exp(logits, n_vocab));
+}
+
 int kvf_sample_top_logprobs(const float *logits, uint32_t n_vocab, uint32_t top_n, int32_t *ids,
                             float *logprobs)
 {
     if (!logits || n_vocab == 0 || n_vocab > INT32_MAX || (top_n && (!ids || !logprobs)))
         return -EINVAL;
-    float mx = logits[argmax(logits, n_vocab)];
-    double sum = 0.0;
-    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
-    double lse = mx + log(sum);
+    double lse = log_sum_exp(logits, n_vocab);
     if (top_n > n_vocab) top_n = n_vocab;
     /* One scan keeping the best top_n so far in order (insertion): O(n_vocab) for most
      * tokens, O(n_vocab × top_n) at worst. Scanning in id order and moving only past strictly

@@ -61,7 +61,8 @@ static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
     put_f32(p, s->temperature);
     put_f32(p + 4, s->top_p);
     put_u32(p + 8, s->top_k);
-    put_u32(p + 12, s->n_logprobs);
+    /* n_logprobs in the low byte, want_logprob in bit 8. */
+    put_u32(p + 12, s->n_logprobs | (s->want_logprob ? 0x100u : 0u));
     put_u64(p + 16, s->seed);
 }
 
@@ -72,8 +73,11 @@ static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
     s->temperature = get_f32(p);
     s->top_p = get_f32(p + 4);
     s->top_k = get_u32(p + 8);
-    s->n_logprobs = get_u32(p + 12);
+    uint32_t lp = get_u32(p + 12);
+    s->n_logprobs = lp & 0xffu;
+    s->want_logprob = (lp >> 8) & 1u;
     s->seed = get_u64(p + 16);
+    if (lp >> 9) return KVF_E_PROTO_BOUNDS;
     if (!(s->temperature >= 0.0f && s->temperature <= 1e6f) || !(s->top_p >= 0.0f && s->top_p <= 1.0f) ||
         s->n_logprobs > KVF_PROTO_MAX_LOGPROBS)
         return KVF_E_PROTO_BOUNDS;

@@ -282,8 +282,8 @@ static int write_corpus(const char *dir)
     struct kvf_msg m[8];
     for (int i = 0; i < 8; i++) m[i] = header((enum kvf_msg_type)(i + 1));
     m[0].u.hello = (struct kvf_msg_hello){7, {1, 1, 2, 4, 4}, 64, 8, 1, KVF_ROLE_PREFILL};
-    m[1].u.nreq = (struct kvf_msg_new){1, 3, 5, 3, toks, {0.5f, 0.9f, 40, 2, 7}};
-    m[2].u.grant = (struct kvf_msg_grant){1, 7, 2, pages, 3, toks, {0.5f, 0.9f, 40, 2, 7}};
+    m[1].u.nreq = (struct kvf_msg_new){1, 3, 5, 3, toks, {0.5f, 0.9f, 40, 2, 7, true}};
+    m[2].u.grant = (struct kvf_msg_grant){1, 7, 2, pages, 3, toks, {0.5f, 0.9f, 40, 2, 7, true}};
     m[3].u.done = (struct kvf_msg_done){7, 99, 2, sums, -0.25f, 1, {99}, {-0.25f}};
     m[4].u.reason = KVF_E_PROTO_CANCELLED;
     m[5].u.reason = 0;
@@ -322,7 +322,7 @@ static int write_corpus(const char *dir)
     aim[0].u.done = (struct kvf_msg_done){6, 5, 2, sums, 0.0f, 0, {0}, {0.0f}};
     aim[1].type = KVF_MSG_CANCEL_ACK;
     aim[2].type = KVF_MSG_GRANT;
-    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL, {0.0f, 1.0f, 0, 0, 0}};
+    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL, {0.0f, 1.0f, 0, 0, 0, false}};
     static const char *const aim_names[] = {"aim_DONE", "aim_CANCEL_ACK", "aim_GRANT"};
     size_t all = 0;
     for (int i = 0; i < 3; i++) {
