@@ -78,6 +78,7 @@ struct kvf_engine_info {
     uint64_t fences, verify_failed, stale_msgs, rejected_before_handoff; /* counters */
     uint64_t holds, quarantines, committed, failed;                      /* counters */
     uint64_t foreign_tails; /* counter: prompts whose last page carried bytes they did not write */
+    uint64_t hash_slices;   /* counter: slices of long prompts' pages hashed between loop turns */
 };
 
 /* The seam. `e` is the engine the ops belong to. */
@@ -127,6 +128,8 @@ struct kvf_worker_config {
     uint64_t admit_timeout_ms;    /* decode: how long a request may wait for pages or a prefill
                                      before it fails (0 = 30000) */
     uint32_t keepalive_ms;        /* transport keepalive (0 = 100) */
+    uint32_t hash_slice_bytes;    /* decode: a DONE over more page bytes than this is hashed in
+                                     slices of this size, one per loop turn (0 = 8 MiB) */
     pthread_mutex_t *compute_lock;/* shared by workers in one process; NULL = none */
     bool poison_free;             /* test builds: poison freed pages */
 };

@@ -313,6 +313,21 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
  * messages are counted and ignored (KVF_E_PROTO_STALE / KVF_E_PROTO_UNKNOWN_REQ returned). */
 int kvf_decode_on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct kvf_msg *m,
                       struct kvf_actions *acts);
+/*
+ * kvf_decode_on_msg for a DONE whose pages the engine has hashed already (hashed[i]: XXH3-64 of
+ * the data bytes of page i of the grant, in grant order), so that a long prompt's hashing need
+ * not run inside one call: the engine hashes in bounded slices between other work and then
+ * calls this. Everything else is checked here as in kvf_decode_on_msg, against the grant as it
+ * is now. -EINVAL for a non-DONE message or a NULL hashed.
+ */
+int kvf_decode_on_done_hashed(kvf_decode_t *d, uint64_t now_ms, uint16_t peer,
+                              const struct kvf_msg *m, const uint64_t *hashed,
+                              struct kvf_actions *acts);
+/* The pages a DONE from `peer` would be checked against (borrowed, valid until the next call
+ * that changes the machine), or KVF_E_PROTO_STALE when it would not be checked at all (unknown,
+ * not GRANTED, another writer or nonce, another page count). */
+int kvf_decode_done_pages(const kvf_decode_t *d, uint16_t peer, const struct kvf_msg *m,
+                          const struct kvf_page_ref **pages, uint32_t *n_pages);
 /* The client or the router cancelled req (reason: a negative code, e.g. KVF_E_PROTO_CANCELLED). */
 int kvf_decode_cancel(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req, int reason,
                       struct kvf_actions *acts);

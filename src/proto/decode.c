@@ -425,7 +425,8 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
  * the writer may still be writing if it misbehaves; that is harmless here because nothing is
  * committed unless every check passes, and a mismatch only fails the request.
  */
-static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_msg_done *dn)
+static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_msg_done *dn,
+                  const uint64_t *hashed)
 {
     if (dn->n_pages != r->n_pages) return KVF_E_PROTO_COUNT;
 #if !defined(KVF_MUTANT_NO_COUNT_CHECK)
@@ -449,7 +450,8 @@ static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_
 #endif
 #if !defined(KVF_MUTANT_NO_CHECKSUM_CHECK)
         if (t.checksum != dn->checksums[i]) return KVF_E_PROTO_CHECKSUM;
-        if (XXH3_64bits(page, d->data_bytes) != dn->checksums[i]) return KVF_E_PROTO_CHECKSUM;
+        uint64_t h = hashed ? hashed[i] : XXH3_64bits(page, d->data_bytes);
+        if (h != dn->checksums[i]) return KVF_E_PROTO_CHECKSUM;
 #endif
     }
 #endif /* !KVF_NO_SAFETY_CHECKS */
@@ -477,8 +479,37 @@ static void commit(kvf_decode_t *d, struct dreq *r, const struct kvf_msg_done *d
     push(acts, KVF_ACT_DELIVER_FIRST, r->req)->first_token = dn->first_token;
 }
 
+static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct kvf_msg *m,
+                  const uint64_t *hashed, struct kvf_actions *acts);
+
 int kvf_decode_on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct kvf_msg *m,
                       struct kvf_actions *acts)
+{
+    return on_msg(d, now_ms, peer, m, NULL, acts);
+}
+
+int kvf_decode_on_done_hashed(kvf_decode_t *d, uint64_t now_ms, uint16_t peer,
+                              const struct kvf_msg *m, const uint64_t *hashed,
+                              struct kvf_actions *acts)
+{
+    if (!hashed || m->type != KVF_MSG_DONE) return -EINVAL;
+    return on_msg(d, now_ms, peer, m, hashed, acts);
+}
+
+int kvf_decode_done_pages(const kvf_decode_t *d, uint16_t peer, const struct kvf_msg *m,
+                          const struct kvf_page_ref **pages, uint32_t *n_pages)
+{
+    const struct dreq *r = find(d, m->req);
+    if (!r || m->type != KVF_MSG_DONE || r->state != KVF_DREQ_GRANTED || r->writer.peer != peer ||
+        r->nonce != m->nonce || m->u.done.n_pages != r->n_pages)
+        return KVF_E_PROTO_STALE;
+    *pages = r->pages;
+    *n_pages = r->n_pages;
+    return 0;
+}
+
+static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct kvf_msg *m,
+                  const uint64_t *hashed, struct kvf_actions *acts)
 {
     int rc = room(d, acts);
     if (rc < 0) return rc;
@@ -503,7 +534,7 @@ int kvf_decode_on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const str
     switch (m->type) {
     case KVF_MSG_DONE:
         if (r->state == KVF_DREQ_GRANTED) {
-            rc = verify(d, r, &m->u.done);
+            rc = verify(d, r, &m->u.done, hashed);
             if (rc == 0) {
                 commit(d, r, &m->u.done, acts);
                 return 0;

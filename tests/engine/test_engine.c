@@ -49,6 +49,13 @@ static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
     c.prefill_host = "127.0.0.1";
     c.prefill_port = kvf_prefill_worker_port(r->pw);
     c.max_batch = 16;
+    /* Prompts over two pages are hashed in slices across loop turns: the path long prompts
+     * take, exercised by every test here. */
+    {
+        struct kvf_pool_geometry geo;
+        kvf_model_geometry(r->m, PT, &geo);
+        c.hash_slice_bytes = (uint32_t)(2 * kvf_geo_data_bytes(&geo));
+    }
     if (kvf_decode_worker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     for (int i = 0; i < 500; i++) {
         struct kvf_engine_info in;
@@ -185,6 +192,9 @@ static void test_one_request_equals_solo(void)
     expect_same(&got, &want);
     for (uint32_t i = 0; i < want.n; i++) ASSERT_MEMEQ(got.top[i], want.top[i], sizeof(got.top[i]));
     ASSERT_FALSE(got.stopped);
+    struct kvf_engine_info in;
+    kvf_decode_gen_ops.info(r.dw, &in);
+    ASSERT_TRUE(in.hash_slices >= 2); /* 37 tokens: 3 pages, hashed two pages a turn */
     rig_stop(&r);
 }
 

@@ -316,6 +316,48 @@ static void test_commit_refuses_other_tenant_or_attempt_trailer(void)
     run_refused_done(spoil_epoch, KVF_E_PROTO_TRAILER);
 }
 
+/* The engine's hashes stand in for the machine's own (long prompts are hashed in slices): a
+ * hash that does not match DONE's fails the commit exactly as a flipped byte does, and right
+ * hashes commit. */
+static void test_done_with_engine_hashes(void)
+{
+    for (int bad = 0; bad < 2; bad++) {
+        struct rig r;
+        rig_init(&r);
+        struct kvf_msg g;
+        submit(&r, R1, 10, &g);
+        prefill_writes(&r, &g, false);
+        struct kvf_msg done = prefill_done(&r, &g);
+        const struct kvf_page_ref *pages;
+        uint32_t n;
+        ASSERT_OK(kvf_decode_done_pages(r.d, PEER, &done, &pages, &n));
+        ASSERT_EQ_INT(n, g.u.grant.n_pages);
+        uint64_t h[8];
+        for (uint32_t i = 0; i < n; i++) h[i] = XXH3_64bits(kvf_pool_page_data(r.pool, pages[i].page), r.data_bytes);
+        if (bad) h[1] ^= 1;
+        r.a.n = 0;
+        ASSERT_ERR(kvf_decode_on_done_hashed(r.d, 1, PEER, &done, NULL, &r.a), -EINVAL);
+        ASSERT_OK(kvf_decode_on_done_hashed(r.d, 1, PEER, &done, h, &r.a));
+        if (!bad) {
+            ASSERT_NOT_NULL(act(&r, KVF_ACT_DELIVER_FIRST, 0));
+            r.a.n = 0;
+            ASSERT_OK(kvf_decode_finish(r.d, 2, R1, &r.a));
+        } else {
+            ASSERT_NULL(act(&r, KVF_ACT_DELIVER_FIRST, 0));
+            ASSERT_EQ_INT(act(&r, KVF_ACT_FAIL_REQ, 0)->err, KVF_E_PROTO_CHECKSUM);
+            struct kvf_msg cancel = wire(&act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL)->msg);
+            r.a.n = 0;
+            ASSERT_OK(kvf_prefill_on_msg(r.p, 2, &cancel, &r.a));
+            struct kvf_msg m = wire(&act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL_ACK)->msg);
+            r.a.n = 0;
+            ASSERT_OK(kvf_decode_on_msg(r.d, 3, PEER, &m, &r.a));
+        }
+        /* A DONE for a request no longer GRANTED names no pages. */
+        ASSERT_ERR(kvf_decode_done_pages(r.d, PEER, &done, &pages, &n), KVF_E_PROTO_STALE);
+        rig_free(&r);
+    }
+}
+
 /* A fence named for a peer beyond the machine's table is refused before the pool (which has
  * room for more peers than this machine) changes anything. */
 static void test_fence_of_unknown_peer_refused(void)
@@ -761,6 +803,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_commit_refuses_other_request_trailer),
     KVF_CASE(test_commit_refuses_other_tenant_or_attempt_trailer),
     KVF_CASE(test_fence_of_unknown_peer_refused),
+    KVF_CASE(test_done_with_engine_hashes),
     KVF_CASE(test_cancel_mid_write_holds_until_drained),
     KVF_CASE(test_ack_for_cleared_and_unknown),
     KVF_CASE(test_one_ack_per_nonce),
