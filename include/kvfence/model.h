@@ -183,6 +183,12 @@ struct kvf_sample_params {
 int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
                uint64_t step);
 
+/* kvf_sample with the caller's scratch (kvf_sample_scratch_bytes(n_vocab) bytes, 8-aligned;
+ * may be NULL for greedy), so a serving loop samples without allocating. Same tokens. */
+size_t kvf_sample_scratch_bytes(uint32_t n_vocab);
+int kvf_sample_with(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+                    uint64_t step, void *scratch);
+
 /*
  * The top_n most likely tokens under the full softmax of logits (temperature 1), most likely
  * first (lower id on ties), with their natural-log probabilities. Returns how many were

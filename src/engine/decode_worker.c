@@ -111,7 +111,8 @@ struct kvf_decode_worker {
     bool verifying_frame;
     struct kvf_fwd_seq *seqs;
     struct kvf_gen **batch;
-    float *logits; /* [max_batch][n_vocab] */
+    float *logits;        /* [max_batch][n_vocab] */
+    void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
 };
 
 /* --- Handles (any thread). ------------------------------------------------------------------ */
@@ -723,7 +724,8 @@ static bool step(struct kvf_decode_worker *w)
         uint32_t n_top = 0;
         int32_t ids[KVF_GEN_MAX_LOGPROBS];
         float lps[KVF_GEN_MAX_LOGPROBS];
-        int tok = kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, g->n_out, &lp, &n_top,
+        int tok = kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, g->n_out,
+                                    w->sample_scratch, &lp, &n_top,
                                     ids, lps);
         if (tok < 0) {
             kvf_decode_cancel(w->d, kvf__now_ms(), g->req, tok, &w->acts);
@@ -855,6 +857,7 @@ static void destroy(struct kvf_decode_worker *w)
     free(w->seqs);
     free(w->batch);
     free(w->logits);
+    free(w->sample_scratch);
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->mu);
     free(w);
@@ -906,7 +909,8 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         w->seqs = calloc(w->cfg.max_batch, sizeof(*w->seqs));
         w->batch = calloc(w->cfg.max_batch, sizeof(*w->batch));
         w->logits = malloc((size_t)w->cfg.max_batch * hp->n_vocab * sizeof(float));
-        if (!w->live || !w->acts.v || !w->scratch.pages || !w->scratch.checksums || !w->frame ||
+        w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
+        if (!w->sample_scratch || !w->live || !w->acts.v || !w->scratch.pages || !w->scratch.checksums || !w->frame ||
             !w->seqs || !w->batch || !w->logits) {
             rc = -ENOMEM;
             snprintf(err, err_len, "out of memory");

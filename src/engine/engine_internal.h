@@ -30,11 +30,12 @@ static inline struct kvf_sample_params kvf__sample_params(const struct kvf_msg_s
  * Samples token `step` of a request from logits and fills its logprob and, when asked, its top
  * logprobs (temperature 1, as the API reports them). The prefill worker runs this for the first
  * token and the decode worker for the rest, so a request's tokens do not depend on which worker
- * drew which. Returns the token or a negative code.
+ * drew which. scratch: kvf_sample_scratch_bytes(n_vocab) bytes, so nothing is allocated per
+ * token. Returns the token or a negative code.
  */
 int kvf__sample_token(const float *logits, uint32_t n_vocab, const struct kvf_msg_sampling *s,
-                      uint64_t step, float *logprob, uint32_t *n_top, int32_t *top_ids,
-                      float *top_logprobs);
+                      uint64_t step, void *scratch, float *logprob, uint32_t *n_top,
+                      int32_t *top_ids, float *top_logprobs);
 
 /* A wakeup channel: an eventfd another thread writes to get a loop out of poll. */
 int kvf__wake_open(void);

@@ -108,6 +108,7 @@ struct kvf_prefill_worker {
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
     float *logits;
+    void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
     pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
     uint32_t info_pages, info_free;
 };
@@ -495,7 +496,8 @@ static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
         if (j->aborted) return;
     }
     float lp = 0.0f;
-    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, &lp, &j->n_top, j->top_ids,
+    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp,
+                                &j->n_top, j->top_ids,
                                 j->top_lps);
     if (tok < 0) {
         compute_failed(w, j, tok);
@@ -687,6 +689,7 @@ static void destroy(struct kvf_prefill_worker *w)
     free(w->scratch.tokens);
     free(w->frame);
     free(w->logits);
+    free(w->sample_scratch);
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->info_mu);
     free(w);
@@ -729,7 +732,8 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
         w->scratch.tokens_cap = cfg->max_context;
         w->frame = malloc(PF_FRAME_CAP);
         w->logits = malloc(hp->n_vocab * sizeof(float));
-        if (!w->jobs || !w->acts.v || !w->scratch.pages || !w->scratch.checksums ||
+        w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
+        if (!w->sample_scratch || !w->jobs || !w->acts.v || !w->scratch.pages || !w->scratch.checksums ||
             !w->scratch.tokens || !w->frame || !w->logits) {
             rc = -ENOMEM;
             snprintf(err, err_len, "out of memory");

@@ -66,21 +66,34 @@ static int32_t argmax(const float *l, uint32_t n)
     return 0;
 }
 
+size_t kvf_sample_scratch_bytes(uint32_t n_vocab)
+{
+    return (size_t)n_vocab * (sizeof(struct cand) + sizeof(double));
+}
+
 int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
                uint64_t step)
+{
+    if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX) return -EINVAL;
+    if (p->temperature == 0.0f || p->top_k == 1) return kvf_sample_with(logits, n_vocab, p, step, NULL);
+    void *scratch = malloc(kvf_sample_scratch_bytes(n_vocab));
+    if (!scratch) return -ENOMEM;
+    int tok = kvf_sample_with(logits, n_vocab, p, step, scratch);
+    free(scratch);
+    return tok;
+}
+
+int kvf_sample_with(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+                    uint64_t step, void *scratch)
 {
     if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX || !(p->temperature >= 0.0f) ||
         !(p->top_p > 0.0f && p->top_p <= 1.0f))
         return -EINVAL;
     if (p->temperature == 0.0f || p->top_k == 1) return argmax(logits, n_vocab);
-
-    struct cand *c = malloc((size_t)n_vocab * sizeof(*c));
-    double *pr = malloc((size_t)n_vocab * sizeof(*pr));
-    if (!c || !pr) {
-        free(c);
-        free(pr);
-        return -ENOMEM;
-    }
+    if (!scratch) return -EINVAL;
+    /* The scratch: candidates, then their probabilities (doubles after 8-byte structs). */
+    struct cand *c = scratch;
+    double *pr = (double *)(c + n_vocab);
     for (uint32_t i = 0; i < n_vocab; i++) {
         c[i].logit = logits[i];
         c[i].id = (int32_t)i;
@@ -120,8 +133,6 @@ int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_pa
             break;
         }
     }
-    free(c);
-    free(pr);
     return tok;
 }
 

@@ -136,7 +136,36 @@ static void test_top_logprobs(void)
     ASSERT_NEAR(total, 1.0, 1e-5);
 }
 
+/* The caller's scratch gives the same tokens as kvf_sample's own allocation, and the token's
+ * logprob equals the one kvf_sample_top_logprobs lists for it. */
+static void test_scratch_and_logprob(void)
+{
+    enum { V = 5000 };
+    static float l[V];
+    uint64_t x = 12345;
+    for (int i = 0; i < V; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        l[i] = (float)(x % 20000) / 1000.0f - 10.0f;
+    }
+    void *scratch = malloc(kvf_sample_scratch_bytes(V));
+    ASSERT_NOT_NULL(scratch);
+    struct kvf_sample_params ps[] = {{0.7f, 0, 1.0f, 3}, {1.0f, 40, 1.0f, 4}, {1.3f, 0, 0.8f, 5}, {0.0f, 0, 1.0f, 6}};
+    for (size_t k = 0; k < KVF_ARRAY_LEN(ps); k++)
+        for (uint64_t step = 0; step < 50; step++)
+            ASSERT_EQ_INT(kvf_sample_with(l, V, &ps[k], step, scratch), kvf_sample(l, V, &ps[k], step));
+    ASSERT_ERR(kvf_sample_with(l, V, &ps[0], 0, NULL), -EINVAL);
+    int32_t ids[3];
+    float lps[3];
+    ASSERT_EQ_INT(kvf_sample_top_logprobs(l, V, 3, ids, lps), 3);
+    for (int k = 0; k < 3; k++) {
+        float a = kvf_sample_logprob(l, V, ids[k]);
+        ASSERT_MEMEQ(&a, &lps[k], sizeof(a));
+    }
+    free(scratch);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_scratch_and_logprob),
     KVF_CASE(test_greedy), KVF_CASE(test_greedy_long), KVF_CASE(test_deterministic),
     KVF_CASE(test_top_k_top_p),
     KVF_CASE(test_top_logprobs),
