@@ -79,6 +79,7 @@ struct kvf_engine_info {
     uint64_t holds, quarantines, committed, failed;                      /* counters */
     uint64_t foreign_tails; /* counter: prompts whose last page carried bytes they did not write */
     uint64_t hash_slices;   /* counter: slices of long prompts' pages hashed between loop turns */
+    uint64_t bad_frames;    /* counter: control frames from the prefill that did not decode */
 };
 
 /* The seam. `e` is the engine the ops belong to. */

@@ -134,7 +134,8 @@ struct kvf_xport_faults {
     uint32_t frame_delay_ms;  /* deliver every sent frame this much later */
     uint32_t frame_drop_pct;  /* drop this share of sent frames (0..100) */
     uint32_t frame_dup_pct;   /* send this share of frames twice */
-    bool flush_never;         /* flushes never complete (the lost-ack hazard, H17) */
+    uint32_t flush_never;     /* the next this many flushes never complete (the lost-ack hazard,
+                               H17); they end with an error only when the connection does */
     int fail_put_status;      /* nonzero: every put completes locally with this status */
     uint64_t seed;
 };

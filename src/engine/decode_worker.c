@@ -109,6 +109,7 @@ struct kvf_decode_worker {
     } *verify_head, *verify_tail;
     uint64_t hash_slices; /* counter: slices hashed off the message path */
     bool verifying_frame;
+    uint64_t bad_frames; /* counter: control frames that did not decode */
     struct kvf_fwd_seq *seqs;
     struct kvf_gen **batch;
     float *logits;        /* [max_batch][n_vocab] */
@@ -469,7 +470,10 @@ static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t
 {
     struct kvf_msg m;
     long n = kvf_msg_decode(buf, len, &m, &w->scratch);
-    if (n != (long)len) return; /* does not decode: dropped, never trusted */
+    if (n != (long)len) {
+        w->bad_frames++; /* does not decode: counted and dropped, never trusted */
+        return;
+    }
     uint64_t now = kvf__now_ms();
     if (m.type == KVF_MSG_HELLO) {
         struct kvf_msg_hello mine;
@@ -768,6 +772,7 @@ static void publish_info(struct kvf_decode_worker *w)
     in->rejected_before_handoff = ds.rejected + w->rejected_before_handoff;
     in->foreign_tails = w->foreign_tails;
     in->hash_slices = w->hash_slices;
+    in->bad_frames = w->bad_frames;
     pthread_mutex_unlock(&w->mu);
 }
 

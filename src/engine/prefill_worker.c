@@ -109,6 +109,7 @@ struct kvf_prefill_worker {
     uint8_t *frame;
     float *logits;
     void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
+    uint64_t bad_frames;          /* counter: control frames that did not decode */
     pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
     uint32_t info_pages, info_free;
 };
@@ -514,7 +515,12 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
 {
     struct kvf_msg m;
     long n = kvf_msg_decode(buf, len, &m, &w->scratch);
-    if (n != (long)len) return; /* does not decode: dropped, never trusted */
+    if (n != (long)len) {
+        w->bad_frames++; /* does not decode: counted and dropped, never trusted */
+        fprintf(stderr, "kvfence prefill: dropped a control frame that does not decode (%s); %llu so far\n",
+                kvf_strerror((int)n), (unsigned long long)w->bad_frames);
+        return;
+    }
     if (m.type == KVF_MSG_HELLO) {
         struct kvf_msg_hello mine = {w->cfg.model_fp, w->geo, w->cfg.max_context,
                                      (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),

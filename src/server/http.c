@@ -270,7 +270,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         " s:{s:I, s:I, s:I, s:I, s:o},"
         " s:{s:I, s:I, s:I},"
         " s:s, s:I, s:I, s:I,"
-        " s:{s:I, s:I, s:I, s:I}}",
+        " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
         (json_int_t)in.page_tokens, "prefill_up", in.prefill_up,
@@ -284,7 +284,9 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)atomic_load(&s->in_flight),
         "counters", "fences", (json_int_t)in.fences, "verify_failed", (json_int_t)in.verify_failed,
         "stale_msgs", (json_int_t)in.stale_msgs, "rejected_before_handoff",
-        (json_int_t)in.rejected_before_handoff);
+        (json_int_t)in.rejected_before_handoff, "quarantines", (json_int_t)in.quarantines,
+        "foreign_tails", (json_int_t)in.foreign_tails, "bad_frames", (json_int_t)in.bad_frames,
+        "hash_slices", (json_int_t)in.hash_slices);
     return send_json(c, in.prefill_up ? 200 : 503, j);
 }
 

@@ -838,6 +838,7 @@ int kvf_conn_flush(kvf_conn_t *c, kvf_xport_done_fn done, void *arg)
     o->arg = arg;
 #if defined(KVF_TEST_BUILD)
     if (c->x->faults.flush_never) {
+        c->x->faults.flush_never--;
         /* Parked: completes (with an error) only when the connection closes. */
         o->due_ms = UINT64_MAX;
         o->next = c->x->delayed;
@@ -982,7 +983,7 @@ int kvf_xport_faults_from_env(struct kvf_xport_faults *out)
         else if (strcmp(t, "frame_delay_ms") == 0) out->frame_delay_ms = (uint32_t)v;
         else if (strcmp(t, "frame_drop_pct") == 0) out->frame_drop_pct = (uint32_t)v;
         else if (strcmp(t, "frame_dup_pct") == 0) out->frame_dup_pct = (uint32_t)v;
-        else if (strcmp(t, "flush_never") == 0) out->flush_never = v != 0;
+        else if (strcmp(t, "flush_never") == 0) out->flush_never = (uint32_t)v;
         else if (strcmp(t, "fail_put") == 0) out->fail_put_status = (int)v;
         else if (strcmp(t, "seed") == 0) out->seed = (uint64_t)v;
         else return -EINVAL;

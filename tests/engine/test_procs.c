@@ -417,7 +417,42 @@ static void test_hang_prefill_past_hold_timeout(void)
     rig_stop(&r);
 }
 
+/* H17: the writer's flush never completes (its puts may or may not have landed). The request
+ * fails with a clear error within the grant timeout; its pages are quarantined and freed only by
+ * the fence — never on time alone — and the next request is served. */
+static void test_lost_ack_ends_by_fence(void)
+{
+    struct rig r;
+    rig_start(&r, "flush_never=1", 24, 1000, 500);
+    struct req q;
+    make_req(&q, 4242, r.n_vocab);
+    uint64_t t0 = now_ms();
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &q.p, &q.g));
+    drain(&r, &q);
+    uint64_t failed_ms = now_ms() - t0;
+    ASSERT_EQ_INT(q.err, KVF_E_PROTO_TIMEOUT);
+    printf("# the request failed %llu ms after submit (grant timeout 1000 ms)\n",
+           (unsigned long long)failed_ms);
+    ASSERT_TRUE(failed_ms < 3000);
+    struct kvf_engine_info in;
+    info(&r, &in);
+    ASSERT_TRUE(in.decode_free < in.decode_pages); /* held: no proof came */
+    wait_pool_free(&r);
+    info(&r, &in);
+    ASSERT_TRUE(in.quarantines >= 1);
+    ASSERT_TRUE(in.fences >= 1);
+    ASSERT_TRUE(wait_up(&r, 10000));
+    struct req next;
+    make_req(&next, 4243, r.n_vocab);
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &next.p, &next.g));
+    drain(&r, &next);
+    ASSERT_OK(next.err);
+    check_against_solo(&r, &next);
+    rig_stop(&r);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_lost_ack_ends_by_fence),
     KVF_CASE(test_soak_thousand_handoffs),
     KVF_CASE(test_kill_prefill_mid_transfer),
     KVF_CASE(test_hang_prefill_past_hold_timeout),
