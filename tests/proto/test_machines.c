@@ -316,6 +316,53 @@ static void test_commit_refuses_other_tenant_or_attempt_trailer(void)
     run_refused_done(spoil_epoch, KVF_E_PROTO_TRAILER);
 }
 
+/* A running request's page table grows from its own reservation, and only from it: prompt 10 +
+ * max_tokens 4 at 4 slots a page reserves 4 pages, the prompt takes 3, one more can grow; the
+ * checker holds the reservation identity at every step, and the end gives back what is left. */
+static void test_grow_from_reservation(void)
+{
+    struct rig r;
+    rig_init(&r);
+    struct kvf_msg g;
+    submit(&r, R1, 10, &g);
+    struct kvf_page_ref ref;
+    ASSERT_ERR(kvf_decode_grow(r.d, R1, &ref), KVF_E_POOL_RESERVE); /* not RUNNING yet */
+    prefill_writes(&r, &g, false);
+    struct kvf_msg done = prefill_done(&r, &g);
+    r.a.n = 0;
+    ASSERT_OK(kvf_decode_on_msg(r.d, 1, PEER, &done, &r.a));
+    ASSERT_NOT_NULL(act(&r, KVF_ACT_DELIVER_FIRST, 0));
+    struct kvf_pool_stats st;
+    kvf_pool_stats(r.pool, &st);
+    ASSERT_EQ_INT(st.reserved, 1);
+    char why[160];
+    ASSERT_TRUE(kvf_decode_check(r.d, why, sizeof(why)));
+    ASSERT_OK(kvf_decode_grow(r.d, R1, &ref));
+    const struct kvf_page_ref *pages;
+    uint32_t n;
+    ASSERT_OK(kvf_decode_pages(r.d, R1, &pages, &n));
+    ASSERT_EQ_INT(n, 4);
+    ASSERT_EQ_INT(pages[3].page, ref.page);
+    struct kvf_page_info pi;
+    ASSERT_OK(kvf_pool_page_info(r.pool, ref.page, &pi));
+    ASSERT_EQ_INT(pi.state, KVF_PAGE_OWNED);
+    ASSERT_TRUE(kvf_req_id_eq(pi.owner.req, R1));
+    ASSERT_EQ_INT(pi.owner.tenant, 5);
+    kvf_pool_stats(r.pool, &st);
+    ASSERT_EQ_INT(st.reserved, 0);
+    ASSERT_TRUE(kvf_decode_check(r.d, why, sizeof(why)));
+    /* Spent: a request never takes pages promised to others. */
+    uint32_t free_before = st.by_state[KVF_PAGE_FREE];
+    ASSERT_ERR(kvf_decode_grow(r.d, R1, &ref), KVF_E_POOL_RESERVE);
+    kvf_pool_stats(r.pool, &st);
+    ASSERT_EQ_INT(st.by_state[KVF_PAGE_FREE], free_before);
+    ASSERT_ERR(kvf_decode_grow(r.d, R2, &ref), KVF_E_PROTO_UNKNOWN_REQ);
+    r.a.n = 0;
+    ASSERT_OK(kvf_decode_finish(r.d, 2, R1, &r.a));
+    expect_quiescent(&r);
+    rig_free(&r);
+}
+
 /* The engine's hashes stand in for the machine's own (long prompts are hashed in slices): a
  * hash that does not match DONE's fails the commit exactly as a flipped byte does, and right
  * hashes commit. */
@@ -804,6 +851,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_commit_refuses_other_tenant_or_attempt_trailer),
     KVF_CASE(test_fence_of_unknown_peer_refused),
     KVF_CASE(test_done_with_engine_hashes),
+    KVF_CASE(test_grow_from_reservation),
     KVF_CASE(test_cancel_mid_write_holds_until_drained),
     KVF_CASE(test_ack_for_cleared_and_unknown),
     KVF_CASE(test_one_ack_per_nonce),
