@@ -87,6 +87,16 @@ bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, si
     return true;
 }
 
+#if defined(KVF_TEST_BUILD) || !defined(NDEBUG)
+void kvf__pool_debug_page(const struct kvf_pool *pool, uint32_t page, const char *file, int line)
+{
+    char why[192], msg[256];
+    if (kvf__pool_page_ok(pool, page, why, sizeof(why))) return;
+    snprintf(msg, sizeof(msg), "KVF__POOL_DEBUG_PAGE (%s)", why);
+    kvf__check_failed(msg, file, line);
+}
+#endif
+
 bool kvf_pool_check(const kvf_pool_t *pool, char *why, size_t len)
 {
     const struct kvf_pool_stats *st = &pool->stats;

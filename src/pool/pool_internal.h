@@ -126,10 +126,12 @@ void kvf__pool_held_unlink(struct kvf_pool *pool, uint32_t page);
 /* Validates one page's per-state invariants (not its list membership). */
 bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, size_t why_len);
 
-/* Debug builds check the page they just changed: O(1), so it stays on in every debug build. */
-#ifndef NDEBUG
-#include <assert.h>
-#define KVF__POOL_DEBUG_PAGE(pool, page) assert(kvf__pool_page_ok((pool), (page), NULL, 0))
+/* Every transition checks the page it just changed: O(1). On in debug builds and in test builds
+ * whatever NDEBUG says (the test builds are optimised and define it), like ALWAYS(): a violation
+ * names the page and the invariant, then aborts. Release builds compile it out. */
+#if defined(KVF_TEST_BUILD) || !defined(NDEBUG)
+void kvf__pool_debug_page(const struct kvf_pool *pool, uint32_t page, const char *file, int line);
+#define KVF__POOL_DEBUG_PAGE(pool, page) kvf__pool_debug_page((pool), (page), __FILE__, __LINE__)
 #else
 #define KVF__POOL_DEBUG_PAGE(pool, page) ((void)0)
 #endif
