@@ -159,6 +159,24 @@ void kvf_fwd_destroy(kvf_fwd_t *f);
  */
 int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs);
 
+/*
+ * kvf_fwd_run in three parts, so that the pool's owner thread keeps the pool while the compute
+ * runs elsewhere (a worker loop handling messages during a decode step):
+ *   kvf_fwd_prepare  on the pool's owner thread: every check kvf_fwd_run makes (statuses set,
+ *                    failing sequences out); returns the number of sequences that will run, or
+ *                    -EINVAL as kvf_fwd_run (also when a batch is already prepared);
+ *   kvf_fwd_compute  on any one thread: the math, reading and writing only page data (the
+ *                    batch's pages) and the fwd's own buffers — no pool metadata — so the owner
+ *                    may meanwhile change other pages' metadata, but must not free, reassign or
+ *                    write the batch's pages until kvf_fwd_commit;
+ *   kvf_fwd_commit   on the pool's owner thread: raises the fills of the pages written; returns
+ *                    the number of sequences that ran.
+ * seqs stays borrowed from prepare to commit. Calling them out of order is -EINVAL.
+ */
+int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs);
+int kvf_fwd_compute(kvf_fwd_t *f);
+int kvf_fwd_commit(kvf_fwd_t *f, kvf_pool_t *pool);
+
 /* The kernel variant in use: "avx2+vnni", "avx2" or "scalar". Chosen once per process from the
  * CPU; the environment variable KVF_KERNELS=avx2 or =scalar asks for a lesser one (read at the
  * first model load). */

@@ -63,6 +63,13 @@ struct kvf_fwd {
     int32_t *tok_id;          /* [max_tokens] its id */
     uint32_t *out_tok;        /* [max_seqs] which token's row gives each sequence's logits */
     uint32_t *out_seq;        /* [max_seqs] and which sequence it is */
+    /* The batch between kvf_fwd_prepare and kvf_fwd_commit. */
+    bool prepared, computed;
+    struct kvf_fwd_seq *seqs;
+    uint32_t n_seqs, nt, n_out, n_ok;
+    uint8_t *pool_base;       /* the pool's data region (fixed for the pool's life) */
+    size_t page_bytes;
+    struct kvf_pool_geometry geo;
 };
 
 /* What one parallel phase needs. */
@@ -550,9 +557,9 @@ static void job_rope(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     rope_rows(j, lo, hi);
 }
 
-int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs)
+int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs)
 {
-    if (!f || !pool || (!seqs && n_seqs)) return -EINVAL;
+    if (!f || !pool || (!seqs && n_seqs) || f->prepared) return -EINVAL;
     const kvf_model_t *m = f->m;
     const struct kvf_model_hparams *hp = &m->hp;
     const struct kvf_pool_geometry *geo = kvf_pool_geometry(pool);
@@ -585,16 +592,38 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             f->out_seq[n_out++] = s;
         }
     }
+    size_t pool_bytes = 0;
+    f->seqs = seqs;
+    f->n_seqs = n_seqs;
+    f->nt = nt;
+    f->n_out = n_out;
+    f->n_ok = n_ok;
+    f->pool_base = kvf_pool_data(pool, &pool_bytes);
+    f->page_bytes = kvf_pool_page_bytes(pool);
+    f->geo = *geo;
+    f->prepared = true;
+    f->computed = false;
+    return (int)n_ok;
+}
+
+int kvf_fwd_compute(kvf_fwd_t *f)
+{
+    if (!f || !f->prepared || f->computed) return -EINVAL;
+    f->computed = true;
+    const kvf_model_t *m = f->m;
+    const struct kvf_model_hparams *hp = &m->hp;
+    const struct kvf_pool_geometry *geo = &f->geo;
+    struct kvf_fwd_seq *seqs = f->seqs;
+    uint32_t nt = f->nt, n_out = f->n_out, n_ok = f->n_ok;
     if (nt == 0) return 0;
 
-    size_t pool_bytes = 0;
     struct job j = {
-        .f = f, .nt = nt, .seqs = seqs, .pool_base = kvf_pool_data(pool, &pool_bytes),
-        .page_bytes = kvf_pool_page_bytes(pool), .geo = geo, .n_out = n_out,
+        .f = f, .nt = nt, .seqs = seqs, .pool_base = f->pool_base,
+        .page_bytes = f->page_bytes, .geo = geo, .n_out = n_out,
     };
     uint32_t dim = hp->dim, hd = hp->head_dim, pt = geo->page_tokens, eb = geo->elem_bytes;
     size_t q_dim = (size_t)hp->n_heads * hd, kv_dim = (size_t)hp->n_kv_heads * hd;
-    uint8_t *base = kvf_pool_data(pool, &pool_bytes);
+    uint8_t *base = f->pool_base;
 
     if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_embed, &j, f->n_chunks);
     else embed_rows(&j, 0, nt);
@@ -674,6 +703,15 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
         kvf__tpool_run(f->tp, job_logits, &j, f->n_chunks);
     }
 
+    return (int)n_ok;
+}
+
+int kvf_fwd_commit(kvf_fwd_t *f, kvf_pool_t *pool)
+{
+    if (!f || !pool || !f->prepared || !f->computed) return -EINVAL;
+    struct kvf_fwd_seq *seqs = f->seqs;
+    uint32_t n_seqs = f->n_seqs, pt = f->geo.page_tokens;
+    f->prepared = f->computed = false;
     /* The new slots are written for every layer: raise each page's verified fill over them. */
     for (uint32_t s = 0; s < n_seqs; s++) {
         struct kvf_fwd_seq *sq = &seqs[s];
@@ -685,5 +723,13 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
             if (NEVER(rc != 0)) sq->status = rc;
         }
     }
-    return (int)n_ok;
+    return (int)f->n_ok;
+}
+
+int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs)
+{
+    int rc = kvf_fwd_prepare(f, pool, seqs, n_seqs);
+    if (rc < 0) return rc;
+    kvf_fwd_compute(f);
+    return kvf_fwd_commit(f, pool);
 }
