@@ -62,7 +62,19 @@ struct kvf_gen {
     uint32_t n_out;
     int32_t last;
     struct kvf_msg_sampling sampling;
+    bool in_step;          /* in the batch of the step being computed: no cancel or finish now */
     struct kvf_gen *next;
+};
+
+enum { STEP_IDLE = 0, STEP_GO = 1, STEP_DONE = 2 };
+
+/* One sequence's result of a step, written by the compute thread. */
+struct step_out {
+    int tok; /* the token, or a negative code */
+    float lp;
+    uint32_t n_top;
+    int32_t ids[KVF_GEN_MAX_LOGPROBS];
+    float lps[KVF_GEN_MAX_LOGPROBS];
 };
 
 struct kvf_decode_worker {
@@ -113,6 +125,14 @@ struct kvf_decode_worker {
     struct kvf_fwd_seq *seqs;
     struct kvf_gen **batch;
     float *logits;        /* [max_batch][n_vocab] */
+    struct step_out *step_out; /* [max_batch] */
+    /* The compute thread, and the step it is lent (under cmu). */
+    pthread_t compute;
+    bool compute_started, compute_quit, stepping;
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    int step_state;
+    uint32_t step_n;
     void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
 };
 
@@ -683,14 +703,21 @@ static void handle_cancels(struct kvf_decode_worker *w)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
         struct kvf_gen *g = w->live[i];
-        if (!g || (!cancelled(g) && !w->stop)) continue;
+        if (!g || g->in_step || (!cancelled(g) && !w->stop)) continue;
         kvf_decode_cancel(w->d, kvf__now_ms(), g->req, KVF_E_PROTO_CANCELLED, &w->acts);
         run_actions(w, NULL);
     }
 }
 
-/* One decode step: every running sequence advances one token. */
-static bool step(struct kvf_decode_worker *w)
+/*
+ * One decode step: every running sequence advances one token, in three parts. The loop thread
+ * checks the batch and grows page tables (start_step, kvf_fwd_prepare), the compute thread runs
+ * the math and draws the tokens (compute_main, kvf_fwd_compute) while the loop goes on handling
+ * messages — a cancel or a finish of a sequence in the batch waits for the step's end (in_step),
+ * so no page is freed while the step reads or writes it — and the loop raises the fills and
+ * streams the tokens (finish_step, kvf_fwd_commit).
+ */
+static bool start_step(struct kvf_decode_worker *w)
 {
     uint32_t n = 0, pt = w->geo.page_tokens;
     for (uint32_t i = 0; i < w->cfg.max_reqs && n < w->cfg.max_batch; i++) {
@@ -715,33 +742,82 @@ static bool step(struct kvf_decode_worker *w)
         n++;
     }
     if (n == 0) return false;
-    int rc = kvf__fwd_run_locked(w->cfg.compute_lock, w->fwd, w->pool, w->seqs, n);
+    int rc = kvf_fwd_prepare(w->fwd, w->pool, w->seqs, n);
+    if (rc < 0) {
+        for (uint32_t i = 0; i < n; i++) {
+            kvf_decode_cancel(w->d, kvf__now_ms(), w->batch[i]->req, rc, &w->acts);
+            run_actions(w, NULL);
+        }
+        return false;
+    }
+    for (uint32_t i = 0; i < n; i++) w->batch[i]->in_step = true;
+    pthread_mutex_lock(&w->cmu);
+    w->step_n = n;
+    w->step_state = STEP_GO;
+    pthread_cond_broadcast(&w->ccv);
+    pthread_mutex_unlock(&w->cmu);
+    w->stepping = true;
+    return true;
+}
+
+static void *compute_main(void *arg)
+{
+    struct kvf_decode_worker *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->cmu);
+        while (w->step_state != STEP_GO && !w->compute_quit) pthread_cond_wait(&w->ccv, &w->cmu);
+        bool quit = w->compute_quit && w->step_state != STEP_GO;
+        uint32_t n = w->step_n;
+        pthread_mutex_unlock(&w->cmu);
+        if (quit) return NULL;
+        if (w->cfg.compute_lock) pthread_mutex_lock(w->cfg.compute_lock);
+        kvf_fwd_compute(w->fwd);
+        if (w->cfg.compute_lock) pthread_mutex_unlock(w->cfg.compute_lock);
+        /* Draw the tokens here too: sampling reads only the logits and the request's fixed
+         * parameters and output index, which the loop leaves alone for the batch's requests. */
+        for (uint32_t i = 0; i < n; i++) {
+            struct step_out *o = &w->step_out[i];
+            const struct kvf_gen *g = w->batch[i];
+            o->tok = w->seqs[i].status != 0 ? w->seqs[i].status
+                                              : kvf__sample_token(w->seqs[i].logits, w->n_vocab,
+                                                                  &g->sampling, g->n_out,
+                                                                  w->sample_scratch, &o->lp,
+                                                                  &o->n_top, o->ids, o->lps);
+        }
+        pthread_mutex_lock(&w->cmu);
+        w->step_state = STEP_DONE;
+        pthread_mutex_unlock(&w->cmu);
+        kvf__wake(w->wake_fd);
+    }
+}
+
+/* The step's end, when the compute thread finished: fills, then every sequence's token. */
+static void finish_step(struct kvf_decode_worker *w)
+{
+    pthread_mutex_lock(&w->cmu);
+    bool done = w->step_state == STEP_DONE;
+    pthread_mutex_unlock(&w->cmu);
+    if (!done) return;
+    kvf_fwd_commit(w->fwd, w->pool);
+    uint32_t n = w->step_n;
+    pthread_mutex_lock(&w->cmu);
+    w->step_state = STEP_IDLE;
+    pthread_mutex_unlock(&w->cmu);
+    w->stepping = false;
     for (uint32_t i = 0; i < n; i++) {
         struct kvf_gen *g = w->batch[i];
-        int st = rc < 0 ? rc : w->seqs[i].status;
-        if (st != 0) {
-            kvf_decode_cancel(w->d, kvf__now_ms(), g->req, st, &w->acts);
+        struct step_out *o = &w->step_out[i];
+        g->in_step = false;
+        if (o->tok < 0) {
+            kvf_decode_cancel(w->d, kvf__now_ms(), g->req, o->tok, &w->acts);
             run_actions(w, NULL);
             continue;
         }
-        float lp;
-        uint32_t n_top = 0;
-        int32_t ids[KVF_GEN_MAX_LOGPROBS];
-        float lps[KVF_GEN_MAX_LOGPROBS];
-        int tok = kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, g->n_out,
-                                    w->sample_scratch, &lp, &n_top,
-                                    ids, lps);
-        if (tok < 0) {
-            kvf_decode_cancel(w->d, kvf__now_ms(), g->req, tok, &w->acts);
-            run_actions(w, NULL);
-            continue;
-        }
-        g->last = tok;
+        g->last = o->tok;
         g->n_out++;
-        push_token(g, tok, lp, n_top, ids, lps);
-        after_token(w, g, tok);
+        push_token(g, o->tok, o->lp, o->n_top, o->ids, o->lps);
+        after_token(w, g, o->tok);
     }
-    return true;
 }
 
 static void publish_info(struct kvf_decode_worker *w)
@@ -807,16 +883,19 @@ static void *loop(void *arg)
         }
         verify_step(w);
         take_inbox(w);
+        if (w->stepping) finish_step(w);
         handle_cancels(w);
         admit(w);
-        bool stepped = step(w);
+        bool stepped = w->stepping || start_step(w);
         publish_info(w);
-        if (w->stop && !w->pending_head && !any_live(w)) {
+        if (w->stop && !w->stepping && !w->pending_head && !any_live(w)) {
             struct kvf_decode_stats ds;
             kvf_decode_stats(w->d, &ds);
             if (ds.live == 0) break;
         }
-        if (!stepped && !w->verify_head) kvf__loop_wait(w->x, w->wake_fd, DW_TICK_MS);
+        /* While the compute thread runs a step the loop sleeps on the transport and the wake
+         * fd (the compute thread writes it when the step is done). */
+        if ((!stepped || w->stepping) && !w->verify_head) kvf__loop_wait(w->x, w->wake_fd, DW_TICK_MS);
     }
     return NULL;
 }
@@ -825,6 +904,13 @@ static void *loop(void *arg)
 
 static void destroy(struct kvf_decode_worker *w)
 {
+    if (w->compute_started) {
+        pthread_mutex_lock(&w->cmu);
+        w->compute_quit = true;
+        pthread_cond_broadcast(&w->ccv);
+        pthread_mutex_unlock(&w->cmu);
+        pthread_join(w->compute, NULL);
+    }
     /* Endpoints are closed (forced) inside kvf_xport_destroy before the pool memory it
      * registered is unmapped and freed: no peer can write it afterwards. */
     if (w->x) kvf_xport_destroy(w->x);
@@ -863,6 +949,9 @@ static void destroy(struct kvf_decode_worker *w)
     free(w->batch);
     free(w->logits);
     free(w->sample_scratch);
+    free(w->step_out);
+    pthread_mutex_destroy(&w->cmu);
+    pthread_cond_destroy(&w->ccv);
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->mu);
     free(w);
@@ -874,6 +963,8 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     struct kvf_decode_worker *w = calloc(1, sizeof(*w));
     if (!w) return -ENOMEM;
     pthread_mutex_init(&w->mu, NULL);
+    pthread_mutex_init(&w->cmu, NULL);
+    pthread_cond_init(&w->ccv, NULL);
     w->cfg = *cfg;
     if (!w->cfg.max_reqs) w->cfg.max_reqs = 64;
     if (!w->cfg.max_batch) w->cfg.max_batch = 16;
@@ -915,7 +1006,8 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         w->batch = calloc(w->cfg.max_batch, sizeof(*w->batch));
         w->logits = malloc((size_t)w->cfg.max_batch * hp->n_vocab * sizeof(float));
         w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
-        if (!w->sample_scratch || !w->live || !w->acts.v || !w->scratch.pages || !w->scratch.checksums || !w->frame ||
+        w->step_out = calloc(w->cfg.max_batch, sizeof(*w->step_out));
+        if (!w->sample_scratch || !w->step_out || !w->live || !w->acts.v || !w->scratch.pages || !w->scratch.checksums || !w->frame ||
             !w->seqs || !w->batch || !w->logits) {
             rc = -ENOMEM;
             snprintf(err, err_len, "out of memory");
@@ -939,6 +1031,12 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         w->info.served_limit = cfg->max_context;
         w->info.page_tokens = cfg->page_tokens;
         w->info.prefill_pages = 0; /* another worker's: filled in by whoever knows it */
+    }
+    if (rc == 0) {
+        if ((rc = -pthread_create(&w->compute, NULL, compute_main, w)) < 0)
+            snprintf(err, err_len, "cannot start the decode compute thread");
+        else
+            w->compute_started = true;
     }
     if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
         snprintf(err, err_len, "cannot start the decode loop thread");
