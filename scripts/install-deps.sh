@@ -19,6 +19,7 @@ PACKAGES=(
   libxxhash-dev     # XXH3 page checksums
   spin              # the Promela model checker for model/handoff.pml
   iproute2          # ip netns: the transport test across two network namespaces
+  prometheus        # promtool check metrics: the /metrics format test
 )
 
 missing=()

@@ -20,6 +20,18 @@
  *                    or {"messages": [...]} → the prompt a chat completion of them would send
  *   POST /detokenize {"tokens": [...]} → {"prompt": "..."}
  *   GET  /health     figures from ops->info; 503 while no prefill worker is connected
+ *   GET  /metrics    the Prometheus text format (src/server/metrics.c names every series)
+ *
+ * Tenants (src/server/tenant.c): with cfg->keys, every endpoint but /health and /metrics needs
+ * `Authorization: Bearer KEY` (401 otherwise; keys compared in constant time, never logged or
+ * echoed) and the key's tenant is the request's (kvf_gen_params.tenant: the tenant's index in
+ * the key file, from 1). Without keys every request is cfg->tenant's ("default"). Each tenant
+ * runs at most cfg->tenant_max_running requests at once; up to cfg->tenant_max_queued more wait
+ * in the server (not in the engine) for one of its slots, and beyond that a request gets 429
+ * with Retry-After — so one tenant's burst queues behind itself, not in front of the others.
+ *
+ * Logs: with cfg->log, one line per event (key=value: ts, event, id, tenant, and the figures of
+ * the event); never prompt text, output, token ids or keys (BAD_INPUTS row 8).
  *
  * Lifecycle:
  *
@@ -83,7 +95,43 @@ struct kvf_server_config {
     uint32_t tenant;           /* the tenant every request is submitted as (no API keys yet) */
     const char *chat_template; /* the model's tokenizer.chat_template, checked by
                                   kvf_server_chat_template_check; NULL = the default rendering */
+    const struct kvf_server_keys *keys; /* borrowed, outlives the server; NULL = no API keys */
+    uint32_t tenant_max_running; /* requests of one tenant submitted at once; 0 = no bound */
+    uint32_t tenant_max_queued;  /* more of one tenant waiting for a slot before 429 (used only
+                                    with tenant_max_running) */
+    uint32_t tenant_wait_ms;     /* longest wait for a tenant slot before 429; 0 = 30000 */
+    /* Log sink: called with one NUL-terminated line (no newline) from any connection thread,
+     * concurrently; NULL = no logs. */
+    void (*log)(void *arg, const char *line);
+    void *log_arg;
 };
+
+/* --- API keys. ------------------------------------------------------------------------------
+ *
+ * A key file has one `KEY TENANT` per line (separated by spaces or tabs); blank lines and lines
+ * whose first non-blank character is '#' are ignored. A key is 8..KVF_SERVER_MAX_KEY_BYTES
+ * printable ASCII characters without spaces and appears once; a tenant name is 1..64 of
+ * [A-Za-z0-9_.-], not starting with '_' (names beginning with '_' are the server's own). Tenants
+ * are numbered from 1 in the order they first appear. Work: one pass over the text; a lookup
+ * compares the candidate with every key, each over KVF_SERVER_MAX_KEY_BYTES bytes.
+ */
+#define KVF_SERVER_MAX_KEY_BYTES 256
+#define KVF_SERVER_MAX_TENANT_NAME 64
+typedef struct kvf_server_keys kvf_server_keys_t;
+/* Parses text[0..len). 0 with *out (free with kvf_server_keys_free), or -EINVAL with err naming
+ * the line and what is wrong with it (never the key itself), -ENOMEM; nothing allocated then. */
+int kvf_server_keys_parse(const char *text, size_t len, kvf_server_keys_t **out, char *err,
+                          size_t err_len);
+/* Reads and parses the file at path (errors as parse, or the file's errno). */
+int kvf_server_keys_load(const char *path, kvf_server_keys_t **out, char *err, size_t err_len);
+size_t kvf_server_keys_count(const kvf_server_keys_t *k);
+size_t kvf_server_keys_n_tenants(const kvf_server_keys_t *k);
+/* The name of tenant id (1..n_tenants), or NULL. */
+const char *kvf_server_keys_tenant_name(const kvf_server_keys_t *k, uint32_t id);
+/* The tenant whose key is key[0..len), or 0 when none is: constant time in the key's bytes. */
+uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, size_t len);
+/* Wipes the keys and frees. k may be NULL. */
+void kvf_server_keys_free(kvf_server_keys_t *k);
 
 typedef struct kvf_server kvf_server_t;
 

@@ -58,7 +58,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvfence serve [--model F.gguf] [--host 127.0.0.1] [--port 8080] [--threads N]\n"
             "                     [--kv-memory SIZE] [--context-length N] [--data-dir D]\n"
-            "                     [--max-queue N] [--admit-timeout MS]\n\n"
+            "                     [--max-queue N] [--admit-timeout MS] [--api-keys FILE | --no-auth]\n"
+            "                     [--tenant-max-running N] [--tenant-max-queued N]\n\n"
             "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
             "one process, joined by the handoff protocol over UCX on loopback.\n\n"
             "  --model F.gguf        the model; without it, kvfence writes (once) and serves its\n"
@@ -73,7 +74,19 @@ static void usage(FILE *f)
             "  --max-queue N         requests in flight (running or waiting) before new ones get\n"
             "                        429 with Retry-After (default 256)\n"
             "  --admit-timeout MS    how long a request may wait for KV pages before it gets 503\n"
-            "                        (default 30000)\n\n"
+            "                        (default 30000)\n"
+            "  --api-keys FILE       one 'KEY TENANT' per line ('#' comments and blank lines\n"
+            "                        allowed); requests then need 'Authorization: Bearer KEY' (401\n"
+            "                        otherwise) and run as the key's tenant. /health and /metrics\n"
+            "                        need no key\n"
+            "  --no-auth             serve without keys on an address beyond loopback (without\n"
+            "                        keys, serve listens only on 127.0.0.1, localhost or ::1)\n"
+            "  --tenant-max-running N  requests one tenant may have submitted at once (default:\n"
+            "                        no bound)\n"
+            "  --tenant-max-queued N   more of one tenant that wait for its share before 429\n"
+            "                        with Retry-After (default 0)\n\n"
+            "Logs: one line per event on stderr, key=value (request id, tenant, outcome, token\n"
+            "counts); never prompt text, output, token ids or keys. GET /metrics: Prometheus.\n\n"
             "Chat requests are rendered with the model's chat template (tokenizer.chat_template)\n"
             "when it has one that kvfence's template interpreter takes; otherwise with the default\n"
             "\"<role>: <content>\" lines (the startup message says which).\n\n"
@@ -135,17 +148,33 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
     return 0;
 }
 
+/* The server's log sink: one line per event on stderr (stdio's stream lock keeps lines whole). */
+static void log_stderr(void *arg, const char *line)
+{
+    (void)arg;
+    flockfile(stderr);
+    fputs(line, stderr);
+    fputc('\n', stderr);
+    funlockfile(stderr);
+}
+
 int kvf_cmd_serve(int argc, char **argv)
 {
     const char *model_path = NULL, *host = "127.0.0.1", *data_dir = NULL;
     uint32_t port = 8080, threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
-    bool ctx_given = false;
+    bool ctx_given = false, no_auth = false;
+    const char *keys_path = NULL;
+    uint32_t tenant_running = 0, tenant_queued = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
+        }
+        if (strcmp(a, "--no-auth") == 0) {
+            no_auth = true;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "kvfence serve: %s needs a value\n", a);
@@ -162,6 +191,9 @@ int kvf_cmd_serve(int argc, char **argv)
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
         else if (strcmp(a, "--max-queue") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &max_queue);
         else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
+        else if (strcmp(a, "--api-keys") == 0) keys_path = v;
+        else if (strcmp(a, "--tenant-max-running") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &tenant_running);
+        else if (strcmp(a, "--tenant-max-queued") == 0) bad = kvf_cli_parse_u32(v, 0, 1u << 20, &tenant_queued);
         else {
             fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
             usage(stderr);
@@ -172,13 +204,41 @@ int kvf_cmd_serve(int argc, char **argv)
             return 2;
         }
     }
+    bool loopback = strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 ||
+                    strcmp(host, "::1") == 0;
+    if (keys_path && no_auth) {
+        fprintf(stderr, "kvfence serve: --api-keys and --no-auth contradict each other\n");
+        return 2;
+    }
+    if (!keys_path && !loopback && !no_auth) {
+        fprintf(stderr,
+                "kvfence serve: refusing to listen on %s without API keys; give --api-keys FILE, "
+                "or --no-auth to serve anyone who can reach it\n",
+                host);
+        return 2;
+    }
+    if (tenant_queued && !tenant_running) {
+        fprintf(stderr, "kvfence serve: --tenant-max-queued needs --tenant-max-running\n");
+        return 2;
+    }
+    kvf_server_keys_t *keys = NULL;
+    if (keys_path) {
+        char kerr[320];
+        if (kvf_server_keys_load(keys_path, &keys, kerr, sizeof kerr) < 0) {
+            fprintf(stderr, "kvfence serve: --api-keys %s\n", kerr);
+            return 2;
+        }
+    }
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (uint32_t)n : 1;
     }
     char default_path[512];
     if (!model_path) {
-        if (default_model(data_dir, default_path, sizeof(default_path)) < 0) return 1;
+        if (default_model(data_dir, default_path, sizeof(default_path)) < 0) {
+            kvf_server_keys_free(keys);
+            return 1;
+        }
         model_path = default_path;
     }
 
@@ -287,7 +347,9 @@ int kvf_cmd_serve(int argc, char **argv)
     const char *base = strrchr(model_path, '/');
     struct kvf_server_config sc = {.host = host, .port = (uint16_t)port,
                                    .model_name = base ? base + 1 : model_path, .drain_ms = 10000,
-                                   .max_queue = max_queue, .chat_template = tmpl};
+                                   .max_queue = max_queue, .chat_template = tmpl, .keys = keys,
+                                   .tenant_max_running = tenant_running,
+                                   .tenant_max_queued = tenant_queued, .log = log_stderr};
     int src = kvf_server_start(&sc, &serve_ops, dw, tok, &srv, err, sizeof(err));
     bool chat_model = tmpl != NULL;
     free(tmpl); /* copied by the server */
@@ -300,8 +362,14 @@ int kvf_cmd_serve(int argc, char **argv)
             "decode pool %u pages of %u tokens, %u threads, chat: %s\n",
             host, kvf_server_port(srv), sc.model_name, kvf_model_type_name(m), limit, n_pages,
             SERVE_PAGE_TOKENS, threads, chat_model ? "the model's template" : "default rendering");
-    if (strcmp(host, "127.0.0.1") != 0 && strcmp(host, "localhost") != 0 && strcmp(host, "::1") != 0)
-        fprintf(stderr, "kvfence serve: warning: listening beyond loopback without API keys\n");
+    if (keys)
+        fprintf(stderr, "kvfence serve: API keys: %zu keys of %zu tenants from %s\n",
+                kvf_server_keys_count(keys), kvf_server_keys_n_tenants(keys), keys_path);
+    else if (loopback)
+        fprintf(stderr, "kvfence serve: no API keys: any local process may use this server\n");
+    else
+        fprintf(stderr, "kvfence serve: warning: --no-auth: anyone who can reach %s may use this "
+                        "server\n", host);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvfence serve: %s: stopping (requests in flight get up to 10 s)\n",
@@ -315,6 +383,7 @@ out:
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
     kvf_gguf_close(g);
+    kvf_server_keys_free(keys);
     if (status == 0) fprintf(stderr, "kvfence serve: stopped\n");
     return status;
 }

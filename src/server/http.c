@@ -11,6 +11,11 @@
  *                 streaming:     queues a callback response; stream_read waits per chunk
  *   done    ──▶ on_completed frees the per-request state; a stream's run is freed with its
  *               response (stream_free), cancelling what is unfinished.
+ *
+ * Before the body: with API keys, the key is checked on the first call (401 without reading
+ * the body). Before submit: the tenant's share (tenant.c) — a slot, a bounded wait for one
+ * (polling the socket and stop like a running request), or 429. Every generation request ends
+ * in request_end: its outcome counted for its tenant, its latencies observed, one log line.
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -43,6 +48,8 @@ struct kvf_server {
     atomic_bool stopping;      /* requests in flight cancel and end */
     atomic_uint in_flight;     /* requests holding a run */
     atomic_ullong seq;
+    struct kvf__srv_tenants tenants;
+    struct kvf__srv_metrics metrics;
 };
 
 enum route {
@@ -53,6 +60,7 @@ enum route {
     R_TOKENIZE,
     R_DETOKENIZE,
     R_HEALTH,
+    R_METRICS,
 };
 
 /* Per-request state (MHD's *con_cls), owned by the connection thread. */
@@ -62,6 +70,9 @@ struct conn_req {
     struct kvf__sbuf body;
     bool too_big;
     size_t discarded;       /* body bytes dropped after too_big */
+    uint64_t id_seed;       /* the request id's bits (and the completion id's seed) */
+    char id[24];            /* "req-<16 hex>": names the request in the logs */
+    size_t ti;              /* the tenant (index into the server's table) */
 };
 
 /* A streaming response's state, owned by the response (freed in stream_free). */
@@ -73,6 +84,8 @@ struct stream {
     struct kvf__sbuf out;   /* SSE bytes not yet handed to MHD, from off */
     size_t off;
     bool finished;          /* nothing more after out */
+    char id[24];            /* the request's (conn_req's) */
+    size_t ti;
 };
 
 static int64_t now_ms(void)
@@ -159,6 +172,7 @@ static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
     MHD_destroy_response(r);
     return ok;
@@ -178,6 +192,7 @@ static const struct route_def routes[] = {
     {"/tokenize", "POST", R_TOKENIZE},
     {"/detokenize", "POST", R_DETOKENIZE},
     {"/health", "GET", R_HEALTH},
+    {"/metrics", "GET", R_METRICS},
 };
 
 /* 0 with the route, or -1 with e (404, or 405 with *allow). */
@@ -290,6 +305,28 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
     return send_json(c, in.prefill_up ? 200 : 503, j);
 }
 
+static enum MHD_Result do_metrics(struct kvf_server *s, struct MHD_Connection *c)
+{
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    struct kvf__sbuf b = {0};
+    kvf__srv_metrics_render(&s->metrics, &s->tenants, &in, atomic_load(&s->in_flight), &b);
+    if (b.oom || !b.p) {
+        kvf__sbuf_free(&b);
+        return send_body(c, 503, NULL);
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(b.n, b.p, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        kvf__sbuf_free(&b);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
 static uint32_t n_vocab_of(struct kvf_server *s, const struct kvf_engine_info *in)
 {
     uint32_t t = kvf_tokenizer_n_vocab(s->tok);
@@ -299,6 +336,7 @@ static uint32_t n_vocab_of(struct kvf_server *s, const struct kvf_engine_info *i
 static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q)
 {
     if (q->route == R_HEALTH) return do_health(s, c);
+    if (q->route == R_METRICS) return do_metrics(s, c);
     struct kvf_engine_info in;
     memset(&in, 0, sizeof in);
     s->ops->info(s->engine, &in);
@@ -427,6 +465,59 @@ fail:
 
 /* --- Generation endpoints. ------------------------------------------------------------------- */
 
+static enum kvf__srv_outcome outcome_of_status(int status)
+{
+    if (status == 401) return KVF__SRV_UNAUTHORIZED;
+    if (status == 429) return KVF__SRV_RATE_LIMITED;
+    if (status >= 500) return KVF__SRV_ERROR;
+    return status >= 400 ? KVF__SRV_INVALID : KVF__SRV_OK;
+}
+
+/* The end of a generation request (run NULL: refused before submit, with status and code):
+ * counted for its tenant, its latencies observed when answered, and one log line. The line
+ * carries ids, the tenant's name, figures and static codes only. */
+static void request_end(struct kvf_server *s, const char *id, size_t ti, struct kvf__srv_run *run,
+                        enum kvf__srv_outcome o, int status, const char *code)
+{
+    struct kvf__srv_tenant *t = &s->tenants.t[ti];
+    atomic_fetch_add(&t->outcomes[o], 1);
+    if (!run) {
+        kvf__srv_log(&s->cfg, "event=rejected id=%s tenant=%s outcome=%s status=%d code=%s", id,
+                     t->name, kvf__srv_outcome_name[o], status, code ? code : "-");
+        return;
+    }
+    int64_t end = kvf__srv_now_us();
+    uint64_t gen = 0;
+    for (uint32_t i = 0; i < run->n; i++) gen += run->ch[i].n_tokens;
+    atomic_fetch_add(&t->prompt_tokens, run->req.n_prompt);
+    atomic_fetch_add(&t->generated_tokens, gen);
+    if (o == KVF__SRV_OK) kvf__srv_metrics_observe(&s->metrics, run, end);
+    long long ttft = run->t_first_us ? (run->t_first_us - run->t_start_us) / 1000 : -1;
+    kvf__srv_log(&s->cfg,
+                 "event=%s id=%s tenant=%s completion_id=%s outcome=%s status=%d n=%u "
+                 "prompt_tokens=%u completion_tokens=%llu ttft_ms=%lld duration_ms=%lld code=%s",
+                 o == KVF__SRV_OK ? "finished" : o == KVF__SRV_CANCELLED ? "cancelled" : "error", id,
+                 t->name, run->id, kvf__srv_outcome_name[o], status, run->n, run->req.n_prompt,
+                 (unsigned long long)gen, ttft, (long long)(end - run->t_start_us) / 1000,
+                 code ? code : "-");
+}
+
+/* How a run that is being freed ended, and the status its client saw (streams: 200 sent). */
+static enum kvf__srv_outcome run_outcome(const struct kvf__srv_run *r, int *status,
+                                         const char **code)
+{
+    *code = NULL;
+    if (r->failed) {
+        struct kvf__srv_err e;
+        kvf__srv_run_error(r, &e);
+        if (!r->req.stream) *status = e.status;
+        *code = e.code;
+        return r->failed == KVF_E_PROTO_CANCELLED ? KVF__SRV_CANCELLED : KVF__SRV_ERROR;
+    }
+    if (r->cancelled || !kvf__srv_run_done(r)) return KVF__SRV_CANCELLED;
+    return KVF__SRV_OK;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct stream *st = cls;
@@ -474,6 +565,12 @@ static void stream_free(void *cls)
 {
     struct stream *st = cls;
     struct kvf_server *s = st->s;
+    int status = 200;
+    const char *code;
+    enum kvf__srv_outcome o = run_outcome(st->run, &status, &code);
+    if (o == KVF__SRV_OK && !st->finished) o = KVF__SRV_CANCELLED; /* not all of it went out */
+    request_end(s, st->id, st->ti, st->run, o, status, code);
+    kvf__srv_tenant_exit(&s->tenants, st->ti);
     kvf__srv_run_free(st->run);
     kvf__sbuf_free(&st->out);
     free(st);
@@ -481,14 +578,18 @@ static void stream_free(void *cls)
 }
 
 static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection *c,
-                                    struct kvf__srv_run *run)
+                                    struct conn_req *q, struct kvf__srv_run *run)
 {
     struct stream *st = calloc(1, sizeof *st);
     if (!st) {
+        request_end(s, q->id, q->ti, run, KVF__SRV_ERROR, 503, "out_of_memory");
+        kvf__srv_tenant_exit(&s->tenants, q->ti);
         kvf__srv_run_free(run);
         atomic_fetch_sub(&s->in_flight, 1);
         return send_body(c, 503, NULL);
     }
+    memcpy(st->id, q->id, sizeof st->id);
+    st->ti = q->ti;
     st->s = s;
     st->run = run;
     st->conn = c;
@@ -508,8 +609,11 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
 
 /* Waits for every choice here, on the connection's thread, watching the socket. */
 static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connection *c,
-                                       struct kvf__srv_run *run)
+                                       struct conn_req *q, struct kvf__srv_run *run)
 {
+    int status = 200;
+    enum kvf__srv_outcome o = KVF__SRV_CANCELLED;
+    const char *code = NULL;
     int fd = conn_fd(c);
     int64_t last_check = now_ms();
     struct kvf__srv_err e;
@@ -517,6 +621,8 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
     while (!kvf__srv_run_done(run)) {
         if (atomic_load(&s->stopping)) {
             kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+            status = 503;
+            code = e.code;
             ok = send_error(s, c, &e, NULL);
             goto out;
         }
@@ -526,11 +632,13 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
             last_check = t;
             if (peer_gone(fd)) {
                 ok = MHD_NO; /* closes the connection; the run is cancelled below */
+                status = 0;
                 goto out;
             }
         }
     }
     touch(s, c);
+    o = run_outcome(run, &status, &code);
     if (run->failed) {
         kvf__srv_run_error(run, &e);
         ok = send_error(s, c, &e, NULL);
@@ -538,9 +646,54 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
         ok = send_json(c, 200, kvf__srv_run_response(run));
     }
 out:
+    request_end(s, q->id, q->ti, run, o, status, code);
+    kvf__srv_tenant_exit(&s->tenants, q->ti);
     kvf__srv_run_free(run);
     atomic_fetch_sub(&s->in_flight, 1);
     return ok;
+}
+
+/* Answers a generation request refused before submit, counting and logging it. */
+static enum MHD_Result refuse(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q,
+                              const struct kvf__srv_err *e)
+{
+    request_end(s, q->id, q->ti, NULL, outcome_of_status(e->status), e->status, e->code);
+    return send_error(s, c, e, NULL);
+}
+
+/* Takes one of the tenant's running slots, waiting for one if its share allows (polling the
+ * socket and stop as a running request does, for at most tenants.wait_ms). 0: taken; -1 with
+ * e (429 over the share or after the wait, 503 stopping); 1: the client went away. */
+static int tenant_slot(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q,
+                       struct kvf__srv_err *e)
+{
+    struct kvf__srv_tenants *T = &s->tenants;
+    int rc = kvf__srv_tenant_enter(T, q->ti);
+    if (rc == 0) return 0;
+    if (rc < 0)
+        return kvf__srv_fail(e, 429, NULL, "tenant_limit",
+                             "this tenant has %u requests running and %u waiting, its share; "
+                             "retry later",
+                             T->max_running, T->max_queued);
+    int fd = conn_fd(c);
+    int64_t until = now_ms() + T->wait_ms;
+    for (;;) {
+        if (kvf__srv_tenant_wait(T, q->ti, KVF_SERVER_POLL_MS) == 0) return 0;
+        if (atomic_load(&s->stopping)) {
+            kvf__srv_tenant_leave_queue(T, q->ti);
+            return kvf__srv_fail(e, 503, NULL, "shutting_down", "the server is shutting down");
+        }
+        if (peer_gone(fd)) {
+            kvf__srv_tenant_leave_queue(T, q->ti);
+            return 1;
+        }
+        if (now_ms() >= until) {
+            kvf__srv_tenant_leave_queue(T, q->ti);
+            return kvf__srv_fail(e, 429, NULL, "tenant_limit",
+                                 "this tenant's requests waited %u ms for its share; retry later",
+                                 T->wait_ms);
+        }
+    }
 }
 
 static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *c,
@@ -560,33 +713,65 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     struct kvf__srv_req req;
     enum kvf__srv_kind kind = q->route == R_CHAT ? KVF__SRV_CHAT : KVF__SRV_COMPLETION;
     if (kvf__srv_req_parse(kind, q->body.p ? q->body.p : "", q->body.n, &lim, s->tok, &req, &e) < 0)
-        return send_error(s, c, &e, NULL);
+        return refuse(s, c, q, &e);
     if (atomic_load(&s->stopping)) {
         kvf__srv_req_free(&req);
         kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
-        return send_error(s, c, &e, NULL);
+        return refuse(s, c, q, &e);
+    }
+    int wait = tenant_slot(s, c, q, &e);
+    if (wait != 0) {
+        kvf__srv_req_free(&req);
+        if (wait > 0) {
+            request_end(s, q->id, q->ti, NULL, KVF__SRV_CANCELLED, 0, "client_gone");
+            return MHD_NO;
+        }
+        return refuse(s, c, q, &e);
     }
     if (atomic_fetch_add(&s->in_flight, 1) >= s->cfg.max_queue) {
         atomic_fetch_sub(&s->in_flight, 1);
+        kvf__srv_tenant_exit(&s->tenants, q->ti);
         kvf__srv_req_free(&req);
         kvf__srv_engine_error(-EAGAIN, &e);
-        return send_error(s, c, &e, NULL);
+        return refuse(s, c, q, &e);
     }
-    uint64_t id_seed = s->boot ^ (atomic_fetch_add(&s->seq, 1) * 0x9e3779b97f4a7c15ull);
     struct kvf__srv_run *run;
-    int rc = kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model, s->cfg.tenant,
-                                id_seed, &run);
+    int rc = kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model,
+                                s->tenants.t[q->ti].id, q->id_seed, &run);
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
+        kvf__srv_tenant_exit(&s->tenants, q->ti);
         kvf__srv_req_free(&req);
         kvf__srv_engine_error(rc, &e);
-        return send_error(s, c, &e, NULL);
+        return refuse(s, c, q, &e);
     }
-    if (run->req.stream) return start_stream(s, c, run);
-    return finish_blocking(s, c, run);
+    if (run->req.stream) return start_stream(s, c, q, run);
+    return finish_blocking(s, c, q, run);
 }
 
 /* --- MHD callbacks. -------------------------------------------------------------------------- */
+
+static const char *route_path(enum route r)
+{
+    if (r == R_MODEL_ONE) return "/v1/models/{id}";
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (routes[i].route == r) return routes[i].path;
+    return "-";
+}
+
+/* The tenant of the request's key (its index in the tenant table), or 0: no key, a malformed
+ * header, or no such key. The key is never copied out of MHD's buffer nor printed. */
+static uint32_t authorize(struct kvf_server *s, struct MHD_Connection *c)
+{
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return 0;
+    h += 7;
+    while (*h == ' ' || *h == '\t') h++;
+    size_t n = strlen(h);
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
+    if (!n) return 0;
+    return kvf_server_keys_lookup(s->cfg.keys, h, n);
+}
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
@@ -601,12 +786,32 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         const char *allow, *model_id;
         if (route_of(url, method, &route, &model_id, &allow, &e) < 0)
             return send_error(s, c, &e, allow);
-        if (strcmp(method, "POST") == 0 && check_body_headers(s, c, &e) < 0)
-            return send_error(s, c, &e, NULL);
         if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
         q->route = route;
         q->model_id = model_id;
         *con_cls = q;
+        q->id_seed = s->boot ^ (atomic_fetch_add(&s->seq, 1) * 0x9e3779b97f4a7c15ull);
+        snprintf(q->id, sizeof q->id, "req-%016llx", (unsigned long long)q->id_seed);
+        q->ti = 1; /* without keys: the one tenant */
+        if (route == R_HEALTH || route == R_METRICS) return do_get(s, c, q);
+        bool gen = route == R_COMPLETIONS || route == R_CHAT;
+        if (s->cfg.keys) {
+            uint32_t t = authorize(s, c);
+            if (!t) {
+                q->ti = 0;
+                kvf__srv_fail(&e, 401, NULL, "invalid_api_key",
+                              "a valid API key is needed: send 'Authorization: Bearer KEY'");
+                kvf__srv_log(&s->cfg, "event=unauthorized id=%s path=%s", q->id,
+                             route_path(route));
+                atomic_fetch_add(&s->tenants.t[0].outcomes[KVF__SRV_UNAUTHORIZED], 1);
+                return send_error(s, c, &e, NULL);
+            }
+            q->ti = t;
+        }
+        kvf__srv_log(&s->cfg, "event=request id=%s tenant=%s path=%s", q->id,
+                     s->tenants.t[q->ti].name, route_path(route));
+        if (strcmp(method, "POST") == 0 && check_body_headers(s, c, &e) < 0)
+            return gen ? refuse(s, c, q, &e) : send_error(s, c, &e, NULL);
         if (strcmp(method, "GET") == 0) return do_get(s, c, q);
         return MHD_YES;
     }
@@ -747,6 +952,12 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->ops = ops;
     s->engine = engine;
     s->tok = tok;
+    if (kvf__srv_tenants_init(&s->tenants, cfg->keys, cfg->tenant, cfg->tenant_max_running,
+                              cfg->tenant_max_queued, cfg->tenant_wait_ms) < 0) {
+        snprintf(err, err_len, "server: out of memory");
+        goto free_s;
+    }
+    kvf__srv_metrics_init(&s->metrics);
     s->created = (int64_t)time(NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -757,7 +968,7 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
 
     bool v6 = false;
     rc = open_listener(s->host, cfg->port, &s->listen_fd, &v6, err, err_len);
-    if (rc < 0) goto free_s;
+    if (rc < 0) goto free_obs;
     s->port = bound_port(s->listen_fd);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
     if (v6) flags |= MHD_USE_IPv6;
@@ -778,6 +989,9 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     return 0;
 close_fd:
     close(s->listen_fd);
+free_obs:
+    kvf__srv_metrics_destroy(&s->metrics);
+    kvf__srv_tenants_destroy(&s->tenants);
 free_s:
     free(s->host);
     free(s->model);
@@ -810,6 +1024,8 @@ void kvf_server_stop(kvf_server_t *s)
     atomic_store(&s->stopping, true);
     MHD_stop_daemon(s->d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    kvf__srv_metrics_destroy(&s->metrics);
+    kvf__srv_tenants_destroy(&s->tenants);
     free(s->host);
     free(s->model);
     free(s->chat_template);

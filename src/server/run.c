@@ -164,6 +164,7 @@ static void handle_event(struct kvf__srv_run *r, struct kvf__srv_choice *c,
     char buf[KVF_DETOK_MAX_OUT];
     if (ev->kind == KVF_GEN_TOKEN) {
         c->n_tokens++;
+        if (!r->t_first_us) r->t_first_us = kvf__srv_now_us();
         uint64_t offset = c->text_bytes + c->n_hold;
         size_t k = kvf_detok_push(&c->detok, r->tok, ev->token, buf, sizeof buf);
         if (r->req.logprobs) add_logprob(r, c, ev, offset);
@@ -200,6 +201,7 @@ int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_to
     r->model = model;
     r->n = req->n;
     r->created = (int64_t)time(NULL);
+    r->t_start_us = kvf__srv_now_us();
     uint64_t h = mix64(id_seed);
     snprintf(r->id, sizeof r->id, "%s%016llx", req->kind == KVF__SRV_CHAT ? "chatcmpl-" : "cmpl-",
              (unsigned long long)h);

@@ -10,6 +10,8 @@
  *   run.c      struct kvf__srv_run: submit, events → text (detokenizer, stop strings), logprobs,
  *              the response JSON and the SSE chunks
  *   http.c     libmicrohttpd: routing, bodies, streaming, hang-up polling, start and stop
+ *   tenant.c   API keys, the tenant table and per-tenant admission
+ *   metrics.c  latency histograms and the /metrics text; log.c: the key=value log lines
  *
  * A run is owned by the connection thread that created it (see server.h).
  */
@@ -17,6 +19,8 @@
 #define KVF_SERVER_INTERNAL_H
 
 #include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -152,6 +156,8 @@ struct kvf__srv_run {
     int failed;               /* the first choice error (negative), or 0 */
     bool cancelled;           /* kvf__srv_run_cancel was called */
     bool sse_done;            /* the stream's last event went out */
+    int64_t t_start_us;       /* monotonic µs at submit */
+    int64_t t_first_us;       /* monotonic µs at the first token of any choice; 0 before */
     uint32_t n;
     struct kvf__srv_choice ch[]; /* [n] */
 };
@@ -183,5 +189,77 @@ void kvf__srv_sse_put(struct kvf__sbuf *out, json_t *j);
 
 /* The text of an engine error for a client (no internals). */
 void kvf__srv_engine_error(int err, struct kvf__srv_err *e);
+
+/* --- Tenants (tenant.c). ------------------------------------------------------------------ */
+enum kvf__srv_outcome {
+    KVF__SRV_OK = 0,        /* answered in full */
+    KVF__SRV_ERROR,         /* the engine failed it, or the server could not (5xx) */
+    KVF__SRV_CANCELLED,     /* the client went away, or the server stopped */
+    KVF__SRV_INVALID,       /* refused as malformed or beyond the limits (4xx but 401/429) */
+    KVF__SRV_RATE_LIMITED,  /* 429: the tenant's share, the server's or the engine's queue */
+    KVF__SRV_UNAUTHORIZED,  /* 401 */
+    KVF__SRV_N_OUTCOMES
+};
+extern const char *const kvf__srv_outcome_name[KVF__SRV_N_OUTCOMES];
+
+struct kvf__srv_tenant {
+    char name[KVF_SERVER_MAX_TENANT_NAME + 1]; /* "_none" for [0]: requests without a tenant */
+    uint32_t id;              /* kvf_gen_params.tenant */
+    uint32_t running, waiting; /* under the table's mu */
+    atomic_ullong outcomes[KVF__SRV_N_OUTCOMES];
+    atomic_ullong prompt_tokens, generated_tokens;
+};
+struct kvf__srv_tenants {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* a running slot was freed */
+    struct kvf__srv_tenant *t; /* [n]: [0] "_none", then the key file's tenants (or "default") */
+    size_t n;
+    uint32_t max_running, max_queued, wait_ms;
+};
+int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *keys,
+                          uint32_t default_id, uint32_t max_running, uint32_t max_queued,
+                          uint32_t wait_ms);
+void kvf__srv_tenants_destroy(struct kvf__srv_tenants *T);
+/* 0: a running slot taken; 1: waiting (then kvf__srv_tenant_wait until 0, or leave_queue);
+ * -EAGAIN: over the tenant's share, nothing taken. */
+int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti);
+/* Waits up to timeout_ms for a slot: 0 taken (no longer waiting), 1 not yet. */
+int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, int timeout_ms);
+void kvf__srv_tenant_leave_queue(struct kvf__srv_tenants *T, size_t ti);
+void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti);
+void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, uint32_t *running,
+                          uint32_t *waiting);
+
+/* --- Metrics (metrics.c). -------------------------------------------------------------------- */
+#define KVF__SRV_HIST_MAX 16
+struct kvf__srv_hist {
+    const double *le;         /* [n] upper bounds, seconds, increasing (static) */
+    uint32_t n;
+    uint64_t counts[KVF__SRV_HIST_MAX]; /* not cumulative; [n] is +Inf */
+    uint64_t count;
+    double sum;
+};
+struct kvf__srv_metrics {
+    pthread_mutex_t mu;       /* guards the histograms */
+    struct kvf__srv_hist ttft, tpot, e2e;
+};
+void kvf__srv_metrics_init(struct kvf__srv_metrics *m);
+void kvf__srv_metrics_destroy(struct kvf__srv_metrics *m);
+/* Records a finished run's latencies (µs figures; tokens: all choices'). */
+void kvf__srv_metrics_observe(struct kvf__srv_metrics *m, const struct kvf__srv_run *r,
+                              int64_t end_us);
+/* The whole /metrics body into out. */
+void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants *T,
+                             const struct kvf_engine_info *in, uint32_t in_flight,
+                             struct kvf__sbuf *out);
+
+/* --- Logs (log.c). ------------------------------------------------------------------------- */
+/* Formats "ts=<UTC ISO 8601 ms> " + fmt and hands the line to cfg->log (nothing if NULL). The
+ * caller's values must be safe to print as they are: ids, tenant names, numbers, static codes —
+ * never request text. */
+__attribute__((format(printf, 2, 3))) void kvf__srv_log(const struct kvf_server_config *cfg,
+                                                       const char *fmt, ...);
+
+int64_t kvf__srv_now_us(void);
 
 #endif /* KVF_SERVER_INTERNAL_H */

@@ -111,7 +111,8 @@ static int fake_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeou
             ev->err = f->end_err;
             break;
         }
-        int64_t due = g->t0 + f->first_delay_ms + (int64_t)g->emitted * f->token_delay_ms;
+        int64_t first = f->slow_tenant && g->p.tenant != f->slow_tenant ? 0 : f->first_delay_ms;
+        int64_t due = g->t0 + first + (int64_t)g->emitted * f->token_delay_ms;
         int64_t now = fake_now_ms();
         if (now >= due) {
             int32_t t = g->out[g->emitted % g->n_out];

@@ -26,6 +26,7 @@ struct fake_engine {
     /* Settings (set before use). */
     uint32_t n_vocab, served_limit;
     int first_delay_ms, token_delay_ms;
+    uint32_t slow_tenant; /* nonzero: first_delay_ms applies to this tenant's requests only */
     uint32_t max_live;   /* submit answers -EAGAIN at this many live handles (0: no cap) */
     int submit_err;      /* submit answers this (0: accept) */
     int end_err;         /* END with this error after end_after tokens (0: never) */

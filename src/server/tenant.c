@@ -1,0 +1,323 @@
+/*
+ * tenant.c — API keys (the key file, constant-time lookup) and the tenant table: each tenant's
+ * share of the server (running and waiting requests) and its counters.
+ *
+ * A tenant's requests, as admission sees them:
+ *
+ *     enter ──▶ RUNNING (running < max_running) ──exit──▶ (gone)
+ *       │            ▲
+ *       │            └── wait: a slot freed ──┐
+ *       ├──▶ WAITING (waiting < max_queued) ──┴── leave_queue (client gone, stop, timeout)
+ *       └──▶ refused (-EAGAIN: 429)
+ *
+ * Invariant (under mu): for every tenant, running ≤ max_running when max_running > 0, and
+ * waiting ≤ max_queued. A waiter takes a slot only when one is free, so a burst of one tenant
+ * waits behind its own running requests; the engine's queue holds at most max_running of any
+ * tenant, which is what keeps the others served.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server_internal.h"
+
+struct key_entry {
+    unsigned char key[KVF_SERVER_MAX_KEY_BYTES]; /* zero-padded */
+    uint32_t len;
+    uint32_t tenant; /* 1.. */
+};
+
+struct kvf_server_keys {
+    struct key_entry *k;
+    size_t n, cap;
+    char (*names)[KVF_SERVER_MAX_TENANT_NAME + 1]; /* [n_tenants]: tenant id i is names[i-1] */
+    size_t n_tenants, cap_tenants;
+};
+
+static bool tenant_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
+}
+
+/* The tenant id of name (added when new), or 0 with no memory. */
+static uint32_t tenant_id(struct kvf_server_keys *ks, const char *name, size_t n)
+{
+    for (size_t i = 0; i < ks->n_tenants; i++)
+        if (strlen(ks->names[i]) == n && memcmp(ks->names[i], name, n) == 0) return (uint32_t)i + 1;
+    if (ks->n_tenants == ks->cap_tenants) {
+        size_t cap = ks->cap_tenants ? 2 * ks->cap_tenants : 8;
+        void *p = realloc(ks->names, cap * sizeof ks->names[0]);
+        if (!p) return 0;
+        ks->names = p;
+        ks->cap_tenants = cap;
+    }
+    memcpy(ks->names[ks->n_tenants], name, n);
+    ks->names[ks->n_tenants][n] = 0;
+    return (uint32_t)++ks->n_tenants;
+}
+
+void kvf_server_keys_free(kvf_server_keys_t *k)
+{
+    if (!k) return;
+    if (k->k) explicit_bzero(k->k, k->cap * sizeof k->k[0]);
+    free(k->k);
+    free(k->names);
+    free(k);
+}
+
+int kvf_server_keys_parse(const char *text, size_t len, kvf_server_keys_t **out, char *err,
+                          size_t err_len)
+{
+    struct kvf_server_keys *ks = calloc(1, sizeof *ks);
+    if (!ks) goto oom;
+    size_t line = 0;
+    for (size_t pos = 0; pos < len;) {
+        line++;
+        const char *l = text + pos;
+        const char *nl = memchr(l, '\n', len - pos);
+        size_t ll = nl ? (size_t)(nl - l) : len - pos;
+        pos += ll + (nl != NULL);
+        if (ll && l[ll - 1] == '\r') ll--;
+        /* Up to three fields, so a third is reported. */
+        const char *f[3];
+        size_t fl[3], nf = 0;
+        for (size_t i = 0; i < ll;) {
+            while (i < ll && (l[i] == ' ' || l[i] == '\t')) i++;
+            if (i == ll) break;
+            if (nf == 3) break;
+            f[nf] = l + i;
+            while (i < ll && l[i] != ' ' && l[i] != '\t') i++;
+            fl[nf] = (size_t)(l + i - f[nf]);
+            nf++;
+        }
+        if (nf == 0 || f[0][0] == '#') continue;
+        if (nf != 2) {
+            snprintf(err, err_len, "line %zu: expected 'KEY TENANT', found %zu field%s", line, nf,
+                     nf == 1 ? "" : "s (or more)");
+            goto invalid;
+        }
+        if (fl[0] < 8 || fl[0] > KVF_SERVER_MAX_KEY_BYTES) {
+            snprintf(err, err_len, "line %zu: a key must be 8 to %d characters long", line,
+                     KVF_SERVER_MAX_KEY_BYTES);
+            goto invalid;
+        }
+        for (size_t i = 0; i < fl[0]; i++)
+            if ((unsigned char)f[0][i] < 0x21 || (unsigned char)f[0][i] > 0x7e) {
+                snprintf(err, err_len, "line %zu: a key must be printable ASCII", line);
+                goto invalid;
+            }
+        bool name_ok = fl[1] <= KVF_SERVER_MAX_TENANT_NAME && f[1][0] != '_';
+        for (size_t i = 0; name_ok && i < fl[1]; i++) name_ok = tenant_char(f[1][i]);
+        if (!name_ok) {
+            snprintf(err, err_len,
+                     "line %zu: a tenant name is 1 to %d of A-Z a-z 0-9 _ . - and does not "
+                     "start with '_'",
+                     line, KVF_SERVER_MAX_TENANT_NAME);
+            goto invalid;
+        }
+        if (kvf_server_keys_lookup(ks, f[0], fl[0])) {
+            snprintf(err, err_len, "line %zu: this key already appears on an earlier line", line);
+            goto invalid;
+        }
+        if (ks->n == ks->cap) {
+            size_t cap = ks->cap ? 2 * ks->cap : 8;
+            struct key_entry *p = calloc(cap, sizeof *p);
+            if (!p) goto oom;
+            if (ks->n) memcpy(p, ks->k, ks->n * sizeof *p);
+            if (ks->k) explicit_bzero(ks->k, ks->cap * sizeof *p);
+            free(ks->k);
+            ks->k = p;
+            ks->cap = cap;
+        }
+        uint32_t t = tenant_id(ks, f[1], fl[1]);
+        if (!t) goto oom;
+        struct key_entry *e = &ks->k[ks->n++];
+        memset(e, 0, sizeof *e);
+        memcpy(e->key, f[0], fl[0]);
+        e->len = (uint32_t)fl[0];
+        e->tenant = t;
+    }
+    if (ks->n == 0) {
+        snprintf(err, err_len, "no keys (every line is blank or a comment)");
+        goto invalid;
+    }
+    *out = ks;
+    return 0;
+invalid:
+    kvf_server_keys_free(ks);
+    return -EINVAL;
+oom:
+    kvf_server_keys_free(ks);
+    snprintf(err, err_len, "out of memory");
+    return -ENOMEM;
+}
+
+int kvf_server_keys_load(const char *path, kvf_server_keys_t **out, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int rc = -errno;
+        snprintf(err, err_len, "%s: %s", path, strerror(errno));
+        return rc;
+    }
+    struct kvf__sbuf b = {0};
+    char buf[4096];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0 && b.n < (64u << 20)) kvf__sbuf_put(&b, buf, k);
+    explicit_bzero(buf, sizeof buf);
+    bool bad = ferror(f) || b.n >= (64u << 20);
+    fclose(f);
+    int rc;
+    char perr[200] = "";
+    if (b.oom) {
+        rc = -ENOMEM;
+        snprintf(err, err_len, "%s: out of memory", path);
+    } else if (bad) {
+        rc = -EIO;
+        snprintf(err, err_len, "%s: cannot read it (or it is over 64 MiB)", path);
+    } else if ((rc = kvf_server_keys_parse(b.p ? b.p : "", b.n, out, perr, sizeof perr)) < 0) {
+        snprintf(err, err_len, "%s: %s", path, perr);
+    }
+    if (b.p) explicit_bzero(b.p, b.cap);
+    kvf__sbuf_free(&b);
+    return rc;
+}
+
+size_t kvf_server_keys_count(const kvf_server_keys_t *k)
+{
+    return k ? k->n : 0;
+}
+
+size_t kvf_server_keys_n_tenants(const kvf_server_keys_t *k)
+{
+    return k ? k->n_tenants : 0;
+}
+
+const char *kvf_server_keys_tenant_name(const kvf_server_keys_t *k, uint32_t id)
+{
+    return k && id >= 1 && id <= k->n_tenants ? k->names[id - 1] : NULL;
+}
+
+/* Every key is compared over all KVF_SERVER_MAX_KEY_BYTES bytes with no branch on the bytes or
+ * the lengths, and the loop never stops early: the time depends on the number of keys only. */
+uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, size_t len)
+{
+    if (!k) return 0;
+    unsigned char cand[KVF_SERVER_MAX_KEY_BYTES];
+    memset(cand, 0, sizeof cand);
+    memcpy(cand, key, len < sizeof cand ? len : sizeof cand);
+    /* An over-long candidate matches nothing: its length differs from every key's. */
+    uint32_t clen = len <= KVF_SERVER_MAX_KEY_BYTES ? (uint32_t)len : KVF_SERVER_MAX_KEY_BYTES + 1;
+    uint32_t found = 0;
+    for (size_t i = 0; i < k->n; i++) {
+        const struct key_entry *e = &k->k[i];
+        uint32_t d = e->len ^ clen; /* both ≤ 257: d < 512 */
+        for (size_t b = 0; b < KVF_SERVER_MAX_KEY_BYTES; b++) d |= (uint32_t)(e->key[b] ^ cand[b]);
+        uint32_t eq = (d - 1) >> 31; /* 1 iff d == 0 (d < 2^31) */
+        found |= (0u - eq) & e->tenant;
+    }
+    explicit_bzero(cand, sizeof cand);
+    return found;
+}
+
+/* --- The tenant table. ------------------------------------------------------------------------- */
+
+int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *keys,
+                          uint32_t default_id, uint32_t max_running, uint32_t max_queued,
+                          uint32_t wait_ms)
+{
+    memset(T, 0, sizeof *T);
+    T->n = keys ? 1 + kvf_server_keys_n_tenants(keys) : 2;
+    T->t = calloc(T->n, sizeof T->t[0]);
+    if (!T->t) return -ENOMEM;
+    snprintf(T->t[0].name, sizeof T->t[0].name, "_none");
+    for (size_t i = 1; i < T->n; i++) {
+        snprintf(T->t[i].name, sizeof T->t[i].name, "%s",
+                 keys ? kvf_server_keys_tenant_name(keys, (uint32_t)i) : "default");
+        T->t[i].id = keys ? (uint32_t)i : default_id;
+    }
+    T->max_running = max_running;
+    T->max_queued = max_running ? max_queued : 0;
+    T->wait_ms = wait_ms ? wait_ms : 30000;
+    pthread_mutex_init(&T->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&T->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return 0;
+}
+
+void kvf__srv_tenants_destroy(struct kvf__srv_tenants *T)
+{
+    if (!T->t) return;
+    pthread_mutex_destroy(&T->mu);
+    pthread_cond_destroy(&T->cv);
+    free(T->t);
+    T->t = NULL;
+}
+
+int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti)
+{
+    struct kvf__srv_tenant *t = &T->t[ti];
+    int rc;
+    pthread_mutex_lock(&T->mu);
+    if (!T->max_running || (t->running < T->max_running && t->waiting == 0)) {
+        t->running++;
+        rc = 0;
+    } else if (t->waiting < T->max_queued) {
+        t->waiting++;
+        rc = 1;
+    } else {
+        rc = -EAGAIN;
+    }
+    pthread_mutex_unlock(&T->mu);
+    return rc;
+}
+
+int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, int timeout_ms)
+{
+    struct kvf__srv_tenant *t = &T->t[ti];
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)timeout_ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    int rc = 1;
+    pthread_mutex_lock(&T->mu);
+    if (t->running >= T->max_running) pthread_cond_timedwait(&T->cv, &T->mu, &ts);
+    if (t->running < T->max_running) {
+        t->waiting--;
+        t->running++;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&T->mu);
+    return rc;
+}
+
+void kvf__srv_tenant_leave_queue(struct kvf__srv_tenants *T, size_t ti)
+{
+    pthread_mutex_lock(&T->mu);
+    T->t[ti].waiting--;
+    pthread_mutex_unlock(&T->mu);
+}
+
+void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti)
+{
+    pthread_mutex_lock(&T->mu);
+    T->t[ti].running--;
+    pthread_cond_broadcast(&T->cv);
+    pthread_mutex_unlock(&T->mu);
+}
+
+void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, uint32_t *running,
+                          uint32_t *waiting)
+{
+    pthread_mutex_lock(&T->mu);
+    *running = T->t[ti].running;
+    *waiting = T->t[ti].waiting;
+    pthread_mutex_unlock(&T->mu);
+}

@@ -1,0 +1,429 @@
+/*
+ * Tenants and observability over the fake engine: the key file's parser and constant-time
+ * lookup, 401 without a valid key (nothing of the key echoed), the key's tenant reaching the
+ * engine, per-tenant limits (two tenants: one over its share gets 429 with Retry-After while
+ * the other is served), the log lines (events present; no canary of a prompt, an output or a
+ * key anywhere — BAD_INPUTS row 8) and GET /metrics checked by `promtool check metrics` (the
+ * test fails without promtool: scripts/install-deps.sh installs it).
+ */
+#include <sys/wait.h>
+
+#include "server_test_util.h"
+
+/* --- Captured logs. ------------------------------------------------------------------------ */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    char *p;
+    size_t n, cap;
+} logbuf;
+
+static void capture_log(void *arg, const char *line)
+{
+    (void)arg;
+    pthread_mutex_lock(&log_mu);
+    size_t k = strlen(line);
+    if (logbuf.n + k + 2 > logbuf.cap) {
+        logbuf.cap = (logbuf.n + k + 2) * 2;
+        logbuf.p = realloc(logbuf.p, logbuf.cap);
+    }
+    memcpy(logbuf.p + logbuf.n, line, k);
+    logbuf.n += k;
+    logbuf.p[logbuf.n++] = '\n';
+    logbuf.p[logbuf.n] = 0;
+    pthread_mutex_unlock(&log_mu);
+}
+
+static void log_reset(void)
+{
+    pthread_mutex_lock(&log_mu);
+    free(logbuf.p);
+    memset(&logbuf, 0, sizeof logbuf);
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* --- Requests with a key. ------------------------------------------------------------------ */
+static void http_auth(uint16_t port, const char *method, const char *path, const char *auth,
+                      const char *body, struct http_resp *r)
+{
+    int fd = http_connect(port);
+    char head[1024], ah[512] = "";
+    if (auth) snprintf(ah, sizeof ah, "Authorization: %s\r\n", auth);
+    size_t bl = body ? strlen(body) : 0;
+    int hn = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                      method, path, ah, bl);
+    http_send_all(fd, head, (size_t)hn);
+    if (bl) http_send_all(fd, body, bl);
+    size_t n;
+    char *raw = http_read_all(fd, &n, 10000);
+    close(fd);
+    http_parse(raw, n, r);
+    free(raw);
+}
+
+static int open_stream_auth(uint16_t port, const char *auth, const char *body)
+{
+    int fd = http_connect(port);
+    char head[1024];
+    int hn = snprintf(head, sizeof head,
+                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: %s\r\n"
+                      "Content-Length: %zu\r\n\r\n",
+                      auth, strlen(body));
+    http_send_all(fd, head, (size_t)hn);
+    http_send_all(fd, body, strlen(body));
+    return fd;
+}
+
+#define KEY_A "sk-alpha-0123456789"
+#define KEY_B "sk-bravo-9876543210"
+static const char keyfile[] = "# tenants\n"
+                              "\n"
+                              KEY_A " alpha\r\n"
+                              "  " KEY_B "\tbravo   \n"
+                              "sk-alpha-second-key alpha\n";
+
+static kvf_server_keys_t *test_keys(void)
+{
+    kvf_server_keys_t *k;
+    char err[256];
+    ASSERT_OK(kvf_server_keys_parse(keyfile, sizeof keyfile - 1, &k, err, sizeof err));
+    return k;
+}
+
+static void test_keys_parse(void)
+{
+    kvf_server_keys_t *k = test_keys();
+    ASSERT_EQ_INT(kvf_server_keys_count(k), 3);
+    ASSERT_EQ_INT(kvf_server_keys_n_tenants(k), 2);
+    ASSERT_STREQ(kvf_server_keys_tenant_name(k, 1), "alpha");
+    ASSERT_STREQ(kvf_server_keys_tenant_name(k, 2), "bravo");
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, KEY_A, strlen(KEY_A)), 1);
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, KEY_B, strlen(KEY_B)), 2);
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, "sk-alpha-second-key", 19), 1);
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, KEY_A, strlen(KEY_A) - 1), 0); /* a prefix */
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, KEY_A "x", strlen(KEY_A) + 1), 0);
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, "", 0), 0);
+    char big[600];
+    memset(big, 'a', sizeof big);
+    ASSERT_EQ_INT(kvf_server_keys_lookup(k, big, sizeof big), 0);
+    kvf_server_keys_free(k);
+
+    static const struct {
+        const char *text, *line;
+    } bad[] = {
+        {"sk-secret-canary-1\n", "line 1"},
+        {"# c\nsk-secret-canary-1 a b\n", "line 2"},
+        {"short a\n", "line 1"},
+        {"sk-secret-canary-1 _reserved\n", "line 1"},
+        {"sk-secret-canary-1 bad/name\n", "line 1"},
+        {"sk-secret-canary-1 a\n\nsk-secret-canary-1 b\n", "line 3"},
+        {"sk-secret-canary-\x01 a\n", "line 1"},
+        {"# only comments\n\n", "no keys"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[256] = "";
+        kvf_server_keys_t *o = NULL;
+        ASSERT_EQ_INT(kvf_server_keys_parse(bad[i].text, strlen(bad[i].text), &o, err, sizeof err),
+                      -EINVAL);
+        ASSERT_TRUE(o == NULL);
+        if (!strstr(err, bad[i].line)) KVF_FAIL("case %zu: '%s' does not name %s", i, err, bad[i].line);
+        if (strstr(err, "canary")) KVF_FAIL("case %zu: the error echoes the key: %s", i, err);
+    }
+    /* From a file; a missing file names itself. */
+    char path[256], err[256];
+    snprintf(path, sizeof path, "/tmp/kvf_keys_%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs(keyfile, f);
+    fclose(f);
+    ASSERT_OK(kvf_server_keys_load(path, &k, err, sizeof err));
+    ASSERT_EQ_INT(kvf_server_keys_count(k), 3);
+    kvf_server_keys_free(k);
+    unlink(path);
+    ASSERT_TRUE(kvf_server_keys_load(path, &k, err, sizeof err) == -ENOENT);
+    ASSERT_TRUE(strstr(err, path) != NULL);
+}
+
+static void test_auth(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    srv_start(&s);
+    const char *body = "{\"prompt\":\"hello\",\"max_tokens\":2}";
+    static const char *const refused[] = {NULL, "Bearer", "Bearer ", "Bearer sk-wrong-key-canary",
+                                          "Basic " KEY_A, "Bearer " KEY_A "x"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        struct http_resp r;
+        http_auth(s.port, "POST", "/v1/completions", refused[i], body, &r);
+        if (r.status != 401) KVF_FAIL("case %zu: status %d, wanted 401", i, r.status);
+        ASSERT_TRUE(strcasestr(r.head, "www-authenticate: bearer") != NULL);
+        ASSERT_TRUE(strstr(r.body, "\"invalid_api_key\"") != NULL);
+        ASSERT_TRUE(strstr(r.body, "canary") == NULL && strstr(r.body, "sk-alpha") == NULL);
+        ASSERT_TRUE(strstr(r.head, "canary") == NULL);
+        http_resp_free(&r);
+    }
+    ASSERT_EQ_INT(s.f.submits, 0);
+    struct http_resp r;
+    http_auth(s.port, "GET", "/v1/models", NULL, NULL, &r);
+    ASSERT_EQ_INT(r.status, 401);
+    http_resp_free(&r);
+    http_auth(s.port, "GET", "/health", NULL, NULL, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    http_auth(s.port, "GET", "/metrics", NULL, NULL, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "kvfence_requests_total{tenant=\"_none\",outcome=\"unauthorized\"} 7") !=
+                NULL);
+    http_resp_free(&r);
+    /* Each key's tenant reaches the engine; the scheme's case does not matter. */
+    http_auth(s.port, "POST", "/v1/completions", "Bearer " KEY_A, body, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/v1/completions", "bearer   " KEY_B "  ", body, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    http_auth(s.port, "GET", "/v1/models", "Bearer sk-alpha-second-key", NULL, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    ASSERT_EQ_INT(s.f.submits, 2);
+    ASSERT_EQ_INT(s.f.params[0].tenant, 1);
+    ASSERT_EQ_INT(s.f.params[1].tenant, 2);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
+/* The value of the series `name` (with its labels, exactly) in a /metrics body, or -1. */
+static long long metric(const char *body, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = body; (p = strstr(p, series)); p += n)
+        if ((p == body || p[-1] == '\n') && p[n] == ' ') return atoll(p + n + 1);
+    return -1;
+}
+
+static char *get_metrics(uint16_t port)
+{
+    struct http_resp r;
+    http_auth(port, "GET", "/metrics", NULL, NULL, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(strcasestr(r.head, "content-type: text/plain; version=0.0.4") != NULL);
+    char *b = r.body;
+    r.body = NULL;
+    http_resp_free(&r);
+    return b;
+}
+
+static void test_tenant_limits(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    s.cfg.tenant_max_running = 1;
+    s.cfg.tenant_max_queued = 1;
+    s.cfg.retry_after_s = 3;
+    s.f.first_delay_ms = 60000; /* alpha's requests stay queued in the engine */
+    s.f.slow_tenant = 1;
+    srv_start(&s);
+    const char *sbody = "{\"prompt\":\"a\",\"stream\":true}";
+    int a1 = open_stream_auth(s.port, "Bearer " KEY_A, sbody);
+    ASSERT_TRUE(fake_wait_live(&s.f, 1, 5000));
+    int a2 = open_stream_auth(s.port, "Bearer " KEY_A, sbody); /* waits in the server */
+    char *m = NULL;
+    for (int i = 0; i < 250; i++) {
+        free(m);
+        m = get_metrics(s.port);
+        if (metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"waiting\"}") == 1) break;
+        usleep(20000);
+    }
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"waiting\"}"), 1);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"running\"}"), 1);
+    free(m);
+    struct http_resp r;
+    http_auth(s.port, "POST", "/v1/completions", "Bearer sk-alpha-second-key",
+              "{\"prompt\":\"a\"}", &r);
+    ASSERT_EQ_INT(r.status, 429);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after: 3") != NULL);
+    ASSERT_TRUE(strstr(r.body, "\"tenant_limit\"") != NULL);
+    http_resp_free(&r);
+    /* The other tenant is served in full meanwhile, twice in a row. */
+    for (int i = 0; i < 2; i++) {
+        http_auth(s.port, "POST", "/v1/completions", "Bearer " KEY_B,
+                  "{\"prompt\":\"hello world\",\"max_tokens\":3}", &r);
+        ASSERT_EQ_INT(r.status, 200);
+        ASSERT_TRUE(strstr(r.body, "\"finish_reason\":\"length\"") != NULL);
+        http_resp_free(&r);
+    }
+    ASSERT_EQ_INT(s.f.submits, 3); /* a1 and bravo's two: a2 never reached the engine */
+    /* a1 gone: a2 takes its slot. */
+    close(a1);
+    for (int i = 0; i < 250 && s.f.submits < 4; i++) usleep(20000);
+    ASSERT_EQ_INT(s.f.submits, 4);
+    ASSERT_EQ_INT(s.f.params[3].tenant, 1);
+    close(a2);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    for (int i = 0; i < 250; i++) {
+        m = get_metrics(s.port);
+        if (metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"running\"}") == 0) break;
+        free(m);
+        m = NULL;
+        usleep(20000);
+    }
+    ASSERT_NOT_NULL(m);
+    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"alpha\",outcome=\"rate_limited\"}"), 1);
+    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"alpha\",outcome=\"cancelled\"}"), 2);
+    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"bravo\",outcome=\"ok\"}"), 2);
+    ASSERT_EQ_INT(metric(m, "kvfence_generation_tokens_total{tenant=\"bravo\"}"), 6);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"waiting\"}"), 0);
+    free(m);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
+#define CANARY_PROMPT "zqxCANARYprompt7"
+#define CANARY_KEY "sk-CANARYkey-wrong-42"
+
+static void test_logs_no_canary(void)
+{
+    log_reset();
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    s.cfg.log = capture_log;
+    srv_start(&s);
+    const char *auth = "Bearer " KEY_A;
+    const char *bodies[] = {
+        "{\"prompt\":\"" CANARY_PROMPT "\",\"max_tokens\":20}",
+        "{\"prompt\":\"" CANARY_PROMPT "\",\"max_tokens\":20,\"stream\":true}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"" CANARY_PROMPT "\"}],\"max_tokens\":20}",
+        "{\"prompt\":\"" CANARY_PROMPT "\",\"max_tokens\":20,\"stop\":[\"" CANARY_PROMPT "\"]}",
+        "{\"prompt\":\"" CANARY_PROMPT "\",\"max_tokens\":\"" CANARY_PROMPT "\"}",
+        "{\"prompt\":\"" CANARY_PROMPT "\",\"" CANARY_PROMPT "\":[1,2,3]}",
+        "{\"prompt\":[" "1,2,3" "],\"max_tokens\":-1}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        struct http_resp r;
+        http_auth(s.port, "POST", i == 2 ? "/v1/chat/completions" : "/v1/completions", auth,
+                  bodies[i], &r);
+        http_resp_free(&r);
+    }
+    struct http_resp r;
+    http_auth(s.port, "POST", "/tokenize", auth, "{\"prompt\":\"" CANARY_PROMPT "\"}", &r);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/v1/completions", "Bearer " CANARY_KEY, bodies[0], &r);
+    ASSERT_EQ_INT(r.status, 401);
+    http_resp_free(&r);
+    http_auth(s.port, "GET", "/v1/" CANARY_PROMPT, auth, NULL, &r);
+    http_resp_free(&r);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+    pthread_mutex_lock(&log_mu);
+    const char *L = logbuf.p ? logbuf.p : "";
+    fprintf(stderr, "# captured log:\n%s", L);
+    ASSERT_TRUE(strstr(L, "event=request id=req-") != NULL);
+    ASSERT_TRUE(strstr(L, "event=finished id=req-") != NULL);
+    ASSERT_TRUE(strstr(L, "tenant=alpha") != NULL);
+    ASSERT_TRUE(strstr(L, "outcome=ok status=200") != NULL);
+    ASSERT_TRUE(strstr(L, "prompt_tokens=") != NULL && strstr(L, "completion_tokens=20") != NULL);
+    ASSERT_TRUE(strstr(L, "event=rejected") != NULL && strstr(L, "outcome=invalid status=400") != NULL);
+    ASSERT_TRUE(strstr(L, "event=unauthorized") != NULL);
+    /* Nothing of a prompt, an output, a key: the canaries (and the prompt's own pieces, which
+     * the fake engine echoes as output) appear nowhere. */
+    static const char *const canaries[] = {"CANARY", "canary", "zqx", "sk-", KEY_A, "alpha-0123"};
+    for (size_t i = 0; i < sizeof canaries / sizeof canaries[0]; i++)
+        if (strstr(L, canaries[i])) KVF_FAIL("the log contains '%s'", canaries[i]);
+    pthread_mutex_unlock(&log_mu);
+    log_reset();
+}
+
+/* Runs promtool check metrics on body; fails (not skips) without promtool. */
+static void promtool_check(const char *body)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kvf_metrics_%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    ASSERT_NOT_NULL(f);
+    fputs(body, f);
+    fclose(f);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
+    FILE *p = popen(cmd, "r");
+    ASSERT_NOT_NULL(p);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    unlink(path);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        KVF_FAIL("promtool check metrics failed (exit %d; promtool is Debian's 'prometheus' "
+                 "package, installed by scripts/install-deps.sh): %s",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+}
+
+static void test_metrics(void)
+{
+    struct srv s;
+    srv_init(&s);
+    srv_start(&s);
+    char *m = get_metrics(s.port);
+    promtool_check(m); /* before any request, too */
+    free(m);
+    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello world\",\"max_tokens\":4}", 200);
+    json_decref(j);
+    struct http_resp r;
+    http_do(s.port, "POST", "/v1/completions",
+            "{\"prompt\":\"hello world\",\"max_tokens\":4,\"stream\":true}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    http_do(s.port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":0}", &r);
+    ASSERT_EQ_INT(r.status, 400);
+    http_resp_free(&r);
+    for (int i = 0; i < 250 && fake_live(&s.f); i++) usleep(20000);
+    m = get_metrics(s.port);
+    promtool_check(m);
+    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"default\",outcome=\"ok\"}"), 2);
+    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"default\",outcome=\"invalid\"}"), 1);
+    ASSERT_EQ_INT(metric(m, "kvfence_generation_tokens_total{tenant=\"default\"}"), 8);
+    ASSERT_EQ_INT(metric(m, "kvfence_prompt_tokens_total{tenant=\"default\"}"),
+                  2 * kvf_tokenizer_encode(s.tok, "hello world", 11, true, NULL, 0));
+    ASSERT_EQ_INT(metric(m, "kvfence_e2e_request_latency_seconds_count"), 2);
+    ASSERT_EQ_INT(metric(m, "kvfence_time_to_first_token_seconds_count"), 2);
+    ASSERT_EQ_INT(metric(m, "kvfence_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 2);
+    ASSERT_EQ_INT(metric(m, "kvfence_time_per_output_token_seconds_count"), 2);
+    /* The engine's figures, as the fake engine gives them (and /health shows them). */
+    ASSERT_EQ_INT(metric(m, "kvfence_pool_pages{pool=\"decode\"}"), 64);
+    ASSERT_EQ_INT(metric(m, "kvfence_pool_pages{pool=\"prefill\"}"), 32);
+    ASSERT_EQ_INT(metric(m, "kvfence_pool_free_pages{pool=\"decode\"}"), 60);
+    ASSERT_EQ_INT(metric(m, "kvfence_reserved_pages{pool=\"decode\"}"), 4);
+    ASSERT_EQ_INT(metric(m, "kvfence_pool_capacity_tokens{pool=\"decode\"}"), 64 * 16);
+    ASSERT_EQ_INT(metric(m, "kvfence_pages{pool=\"decode\",state=\"KVF_PAGE_FREE\"}"), 60);
+    ASSERT_EQ_INT(metric(m, "kvfence_served_limit_tokens"), 512);
+    ASSERT_EQ_INT(metric(m, "kvfence_prefill_up"), 1);
+    static const char *const counters[] = {
+        "kvfence_fences_total", "kvfence_verify_failures_total", "kvfence_stale_messages_total",
+        "kvfence_bad_frames_total", "kvfence_foreign_tails_total",
+        "kvfence_rejected_before_handoff_total", "kvfence_quarantines_total",
+        "kvfence_engine_queued_requests"};
+    for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
+        if (metric(m, counters[i]) != 0) KVF_FAIL("%s missing or not 0", counters[i]);
+    free(m);
+    srv_stop(&s);
+}
+
+static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_keys_parse),
+    KVF_CASE(test_auth),
+    KVF_CASE(test_tenant_limits),
+    KVF_CASE(test_logs_no_canary),
+    KVF_CASE(test_metrics),
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return KVF_TEST_MAIN(argc, argv, cases);
+}
