@@ -1,0 +1,162 @@
+// The real `kvfence serve` with API keys and per-tenant limits, driven by the official `openai`
+// npm client: a malformed key file and a non-loopback address without keys refuse to start;
+// 401 without a valid key (typed AuthenticationError, nothing of the key echoed); two tenants
+// with --tenant-max-running 1: a burst of one gets 429 with Retry-After while the other is
+// served; GET /metrics passes `promtool check metrics` and agrees with /health; after SIGTERM
+// (exit 0) the captured stderr holds the event lines and none of the canary prompt, the canary
+// key or the real keys. TAP on stdout.
+import { spawn, spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import assert from 'node:assert/strict';
+
+const args = {};
+for (let i = 2; i + 1 < process.argv.length; i += 2) args[process.argv[i].slice(2)] = process.argv[i + 1];
+for (const k of ['kvfence', 'node-modules', 'work']) {
+  if (!args[k]) { console.log(`Bail out! --${k} is required`); process.exit(1); }
+}
+const KVF = args.kvfence;
+const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
+if (!fs.existsSync(entry)) { console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`); process.exit(1); }
+const { default: OpenAI } = await import(pathToFileURL(entry).href);
+const W = args.work;
+fs.rmSync(W, { recursive: true, force: true });
+fs.mkdirSync(W, { recursive: true });
+
+const children = new Set();
+const killAll = () => { for (const c of children) { try { c.kill('SIGKILL'); } catch { /* gone */ } } };
+process.on('exit', killAll);
+process.on('uncaughtException', (e) => { console.log(`Bail out! ${e.stack}`); killAll(); process.exit(1); });
+process.on('unhandledRejection', (e) => { console.log(`Bail out! ${e?.stack ?? e}`); killAll(); process.exit(1); });
+setTimeout(() => { console.log('Bail out! the suite ran past 200 s'); killAll(); process.exit(1); }, 200000).unref();
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+let n = 0, failed = 0;
+async function test(name, fn) {
+  n++;
+  try { await fn(); console.log(`ok ${n} - ${name}`); }
+  catch (e) { failed++; console.log(`not ok ${n} - ${name}\n# ${String(e.stack ?? e).split('\n').join('\n# ')}`); }
+}
+
+const DATA = path.join(W, 'data');
+const KEY_A = 'sk-tenant-alpha-5b1f0c', KEY_B = 'sk-tenant-bravo-77e2a9';
+const CANARY_PROMPT = 'zqxcanaryprompt', CANARY_KEY = 'sk-zqxcanarykey-000';
+const KEYS = path.join(W, 'keys.txt');
+fs.writeFileSync(KEYS, `# kvfence API keys\n\n${KEY_A} alpha\n${KEY_B}\tbravo\n`);
+
+// A serve that must refuse to start: exit 2 and the message.
+function refuses(extra, re) {
+  const r = spawnSync(KVF, ['serve', '--port', '0', '--data-dir', DATA, ...extra], { encoding: 'utf8', timeout: 60000 });
+  assert.equal(r.status, 2, `exit ${r.status}: ${r.stderr}`);
+  assert.match(r.stderr, re);
+  return r.stderr;
+}
+
+await test('a malformed key file refuses to start, naming the line (not the key)', async () => {
+  const bad = path.join(W, 'bad.txt');
+  fs.writeFileSync(bad, `# ok\n${KEY_A} alpha\n${CANARY_KEY} two words\n`);
+  const err = refuses(['--api-keys', bad], /line 3/);
+  assert.ok(!err.includes(CANARY_KEY), err);
+});
+await test('beyond loopback without keys refuses to start unless --no-auth', async () => {
+  refuses(['--host', '0.0.0.0'], /without API keys.*--no-auth/);
+});
+
+const child = spawn(KVF, ['serve', '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--data-dir', DATA,
+  '--kv-memory', '64M', '--api-keys', KEYS, '--tenant-max-running', '1', '--tenant-max-queued', '0'],
+{ stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1' } });
+children.add(child);
+let err = '';
+let exited = null;
+child.stderr.on('data', (d) => { err += d; });
+const exitP = new Promise((r) => child.on('exit', (code, sig) => { exited = { code, sig }; children.delete(child); r(exited); }));
+let port = 0;
+for (let i = 0; !port; i++) {
+  const m = err.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+  if (m) port = Number(m[1]);
+  if (exited || i > 3000) { console.log(`Bail out! serve did not start: ${err}`); process.exit(1); }
+  await sleep(20);
+}
+const url = `http://127.0.0.1:${port}`;
+const client = (key) => new OpenAI({ baseURL: `${url}/v1`, apiKey: key, maxRetries: 0, timeout: 60000 });
+const A = client(KEY_A), B = client(KEY_B);
+
+await test('401 without a valid key: typed AuthenticationError, nothing of the key echoed', async () => {
+  for (const key of ['', CANARY_KEY]) {
+    const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json', ...(key ? { Authorization: `Bearer ${key}` } : {}) }, body: JSON.stringify({ prompt: CANARY_PROMPT, max_tokens: 2 }) });
+    const text = await r.text();
+    assert.equal(r.status, 401, text);
+    assert.equal(JSON.parse(text).error.code, 'invalid_api_key');
+    assert.ok(!text.includes('canary'), text);
+  }
+  await assert.rejects(client(CANARY_KEY).completions.create({ model: 'm', prompt: 'red', max_tokens: 2 }), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  assert.equal((await fetch(`${url}/health`)).status, 200, '/health needs no key');
+});
+
+await test('a key serves its tenant; the canary prompt is answered', async () => {
+  const r = await A.completions.create({ model: 'm', prompt: `${CANARY_PROMPT} red red blue`, max_tokens: 4 });
+  assert.equal(r.choices[0].finish_reason === 'length' || r.choices[0].finish_reason === 'stop', true);
+  const c = await B.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: `${CANARY_PROMPT} red` }], max_tokens: 3, stream: true });
+  for await (const _ of c) { /* drain */ }
+});
+
+await test('tenant limit: a burst of alpha gets 429 with Retry-After while bravo is served', async () => {
+  const body = { prompt: `${CANARY_PROMPT} red red blue`, max_tokens: 48, ignore_eos: true };
+  const raw = (key) => fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` }, body: JSON.stringify(body) })
+    .then(async (r) => ({ status: r.status, retry: r.headers.get('retry-after'), text: await r.text() }));
+  const burst = Array.from({ length: 6 }, () => raw(KEY_A));
+  const b = raw(KEY_B);
+  const got = await Promise.all(burst);
+  const bb = await b;
+  assert.equal(bb.status, 200, `bravo: ${bb.text}`);
+  const s429 = got.filter((r) => r.status === 429), s200 = got.filter((r) => r.status === 200);
+  assert.ok(s429.length >= 1 && s200.length >= 1, `alpha statuses ${got.map((r) => r.status)}`);
+  for (const r of s429) {
+    assert.ok(Number(r.retry) >= 1, 'Retry-After');
+    assert.equal(JSON.parse(r.text).error.code, 'tenant_limit');
+  }
+  await assert.rejects(Promise.all([A.completions.create({ model: 'm', ...body }), A.completions.create({ model: 'm', ...body }), A.completions.create({ model: 'm', ...body })]),
+    (e) => e instanceof OpenAI.RateLimitError);
+});
+
+await test('/metrics: valid under promtool check metrics, consistent with /health', async () => {
+  for (let i = 0; ; i++) { const h = await (await fetch(`${url}/health`)).json(); if (h.in_flight === 0) break; assert.ok(i < 400); await sleep(25); }
+  const r = await fetch(`${url}/metrics`);
+  assert.equal(r.status, 200);
+  const text = await r.text();
+  const h = await (await fetch(`${url}/health`)).json();
+  const pc = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  assert.equal(pc.error, undefined, `promtool: ${pc.error} (Debian's prometheus package; scripts/install-deps.sh installs it)`);
+  assert.equal(pc.status, 0, `promtool check metrics: ${pc.stdout}${pc.stderr}`);
+  const v = (series) => { const m = text.match(new RegExp(`^${series.replace(/[{}"=+.]/g, (c) => `\\${c}`)} (\\S+)$`, 'm')); assert.ok(m, `${series} missing`); return Number(m[1]); };
+  assert.equal(v('kvfence_pool_pages{pool="decode"}'), h.decode.pages);
+  assert.equal(v('kvfence_pool_pages{pool="prefill"}'), h.prefill.pages);
+  assert.equal(v('kvfence_pool_free_pages{pool="decode"}'), h.decode.free);
+  assert.equal(v('kvfence_served_limit_tokens'), h.served_limit);
+  assert.equal(v('kvfence_fences_total'), h.counters.fences);
+  assert.equal(v('kvfence_verify_failures_total'), h.counters.verify_failed);
+  assert.equal(v('kvfence_quarantines_total'), h.counters.quarantines);
+  assert.equal(v('kvfence_prefill_up'), 1);
+  assert.ok(v('kvfence_requests_total{tenant="alpha",outcome="rate_limited"}') >= 2);
+  assert.ok(v('kvfence_requests_total{tenant="bravo",outcome="ok"}') >= 2);
+  assert.ok(v('kvfence_requests_total{tenant="_none",outcome="unauthorized"}') >= 3);
+  assert.ok(v('kvfence_generation_tokens_total{tenant="alpha"}') >= 52);
+  assert.ok(v('kvfence_time_to_first_token_seconds_count') >= 4);
+});
+
+await test('SIGTERM exits 0; the logs hold the events and no canary, prompt text or key', async () => {
+  child.kill('SIGTERM');
+  const ex = await Promise.race([exitP, sleep(30000).then(() => null)]);
+  assert.ok(ex, 'no exit in 30 s');
+  assert.equal(ex.code, 0, err.slice(-3000));
+  assert.doesNotMatch(err, /AddressSanitizer|LeakSanitizer|runtime error/);
+  assert.match(err, /event=request id=req-\w+ tenant=alpha/);
+  assert.match(err, /event=finished id=req-\w+ tenant=bravo .*outcome=ok status=200 .*prompt_tokens=\d+ completion_tokens=\d+/);
+  assert.match(err, /event=rejected id=req-\w+ tenant=alpha outcome=rate_limited status=429 code=tenant_limit/);
+  assert.match(err, /event=unauthorized id=req-\w+/);
+  for (const c of ['canary', CANARY_KEY, KEY_A, KEY_B, 'sk-']) assert.ok(!err.includes(c), `stderr contains '${c}'`);
+});
+
+console.log(`1..${n}`);
+process.exit(failed ? 1 : 0);
