@@ -119,7 +119,7 @@ int kvf_bench_attention(int argc, char **argv)
     pc.max_peers = 1;
     pc.tag_seed = 1;
     if ((rc = kvf_pool_create(&pc, &pool)) < 0 ||
-        (rc = kvf__tpool_create((uint32_t)threads, &tp)) < 0) {
+        (rc = kvf__tpool_create((uint32_t)threads, NULL, &tp)) < 0) {
         fprintf(stderr, "kvfence bench attention: setup: %s\n", kvf_strerror(rc));
         goto out;
     }

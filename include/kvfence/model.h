@@ -140,6 +140,9 @@ struct kvf_fwd_config {
     uint32_t n_threads;     /* compute threads including the caller; 0 = 1 */
     uint32_t max_tokens;    /* most tokens in one kvf_fwd_run (all sequences together) */
     uint32_t max_seqs;      /* most sequences in one kvf_fwd_run */
+    const struct kvf_alloc_ops *alloc; /* every allocation of the context (three: the context,
+                                          one scratch arena, the thread table); NULL = default.
+                                          Nothing is allocated after create. */
 };
 
 /*

@@ -721,7 +721,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     uint32_t max_pages = (cfg->max_context + cfg->page_tokens - 1) / cfg->page_tokens;
     struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = 1,
                                  .tag_seed = 0x5000000000ull, .poison_on_free = cfg->poison_free};
-    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, PF_CHUNK, 1};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, PF_CHUNK, 1, NULL};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
         snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)

@@ -38,6 +38,9 @@
 
 struct kvf_fwd {
     const kvf_model_t *m;
+    const struct kvf_alloc_ops *alloc; /* where this and the arena came from */
+    uint8_t *arena;           /* every scratch buffer below, 64-byte aligned, one allocation */
+    size_t arena_bytes;
     struct kvf_tpool *tp;
     uint32_t max_tokens, max_seqs;
     uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers;
@@ -109,59 +112,75 @@ static size_t max3(size_t a, size_t b, size_t c)
     return m > c ? m : c;
 }
 
+/* Carves the next buffer of `bytes` out of the arena (64-byte aligned); with base NULL only
+ * counts. */
+static void *carve(uint8_t *base, size_t *off, size_t bytes)
+{
+    size_t at = (*off + 63) & ~(size_t)63;
+    *off = at + bytes;
+    return base ? base + at : NULL;
+}
+
+/* Lays the scratch out in the arena at base (or, base NULL, only measures it): the same order
+ * both times, so one pass sizes the arena and the next hands out the pointers. */
+static size_t layout(kvf_fwd_t *f, uint8_t *base, uint32_t nth, size_t T, size_t S)
+{
+    const struct kvf_model_hparams *hp = &f->m->hp;
+    size_t q_dim = (size_t)hp->n_heads * hp->head_dim, kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t widest = max3(hp->dim, q_dim, hp->ffn_dim), off = 0;
+    f->xq.ld = (widest + KVF_QK - 1) / KVF_QK * KVF_QK;
+    f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads, hp->head_dim);
+    f->x = carve(base, &off, T * hp->dim * sizeof(float));
+    f->xb = carve(base, &off, T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
+    f->o = carve(base, &off, T * hp->dim * sizeof(float));
+    f->xq.q = carve(base, &off, T * f->xq.ld * sizeof(int16_t));
+    f->xq.d = carve(base, &off, T * sizeof(float));
+    f->q = carve(base, &off, T * q_dim * sizeof(float));
+    f->k = carve(base, &off, T * kv_dim * sizeof(float));
+    f->v = carve(base, &off, T * kv_dim * sizeof(float));
+    f->hg = carve(base, &off, T * hp->ffn_dim * sizeof(float));
+    f->hu = carve(base, &off, T * hp->ffn_dim * sizeof(float));
+    f->rope = carve(base, &off, T * hp->head_dim * sizeof(float));
+    f->scores = carve(base, &off, (size_t)nth * f->scores_per_thread * sizeof(float));
+    f->attn_part = carve(base, &off, kvf__attn_part_floats(hp->n_ctx, hp->n_heads, hp->head_dim,
+                                                           (uint32_t)T, f->n_chunks) * sizeof(float));
+    f->wrow = carve(base, &off, (size_t)nth * widest * sizeof(float));
+    f->outx = carve(base, &off, S * hp->dim * sizeof(float));
+    f->out = carve(base, &off, S * hp->n_vocab * sizeof(float));
+    f->tok_seq = carve(base, &off, T * sizeof(uint32_t));
+    f->tok_pos = carve(base, &off, T * sizeof(uint32_t));
+    f->tok_id = carve(base, &off, T * sizeof(int32_t));
+    f->out_tok = carve(base, &off, S * sizeof(uint32_t));
+    f->out_seq = carve(base, &off, S * sizeof(uint32_t));
+    return off;
+}
+
 int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_fwd_t **out)
 {
     if (!m || !cfg || !out || cfg->max_tokens == 0 || cfg->max_seqs == 0 ||
         cfg->max_tokens > (1u << 20) || cfg->max_seqs > cfg->max_tokens)
         return -EINVAL;
-    const struct kvf_model_hparams *hp = &m->hp;
+    const struct kvf_alloc_ops *a = cfg->alloc ? cfg->alloc : &kvf_default_alloc;
     uint32_t nth = cfg->n_threads ? cfg->n_threads : 1;
     size_t T = cfg->max_tokens, S = cfg->max_seqs;
-    size_t q_dim = (size_t)hp->n_heads * hp->head_dim, kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
-    size_t widest = max3(hp->dim, q_dim, hp->ffn_dim);
-    kvf_fwd_t *f = calloc(1, sizeof(*f));
+    kvf_fwd_t *f = a->alloc(a->ctx, sizeof(*f), 64);
     if (!f) return -ENOMEM;
+    memset(f, 0, sizeof(*f));
+    f->alloc = a;
     f->m = m;
     f->max_tokens = cfg->max_tokens;
     f->max_seqs = cfg->max_seqs;
     f->n_chunks = nth > 1 ? 4 * nth : 1;
-    f->x = malloc(T * hp->dim * sizeof(float));
-    f->xb = malloc(T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
-    f->o = malloc(T * hp->dim * sizeof(float));
-    f->xq.ld = (widest + KVF_QK - 1) / KVF_QK * KVF_QK;
-    f->xq.q = malloc(T * f->xq.ld * sizeof(int16_t));
-    f->xq.d = malloc(T * sizeof(float));
-    f->q = malloc(T * q_dim * sizeof(float));
-    f->k = malloc(T * kv_dim * sizeof(float));
-    f->v = malloc(T * kv_dim * sizeof(float));
-    f->hg = malloc(T * hp->ffn_dim * sizeof(float));
-    f->hu = malloc(T * hp->ffn_dim * sizeof(float));
-    f->rope = malloc(T * hp->head_dim * sizeof(float));
-    f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads, hp->head_dim);
-    f->scores = malloc((size_t)nth * f->scores_per_thread * sizeof(float));
-    f->attn_part = malloc(kvf__attn_part_floats(hp->n_ctx, hp->n_heads, hp->head_dim,
-                                                cfg->max_tokens, f->n_chunks) * sizeof(float));
-    f->wrow = malloc((size_t)nth * widest * sizeof(float));
-    f->outx = malloc(S * hp->dim * sizeof(float));
-    f->out = malloc(S * hp->n_vocab * sizeof(float));
-    f->tok_seq = malloc(T * sizeof(uint32_t));
-    f->tok_pos = malloc(T * sizeof(uint32_t));
-    f->tok_id = malloc(T * sizeof(int32_t));
-    f->out_tok = malloc(S * sizeof(uint32_t));
-    f->out_seq = malloc(S * sizeof(uint32_t));
+    /* Every scratch buffer in one arena from the allocation seam: one allocation to fail, and
+     * nothing allocated after create (a step allocates nothing). */
+    f->arena_bytes = layout(f, NULL, nth, T, S);
+    f->arena = a->alloc(a->ctx, f->arena_bytes, 64);
     int rc = -ENOMEM;
-    if (!f->x || !f->xb || !f->o || !f->xq.q || !f->xq.d || !f->q || !f->k || !f->v || !f->hg ||
-        !f->hu || !f->rope || !f->scores || !f->attn_part || !f->wrow || !f->outx || !f->out ||
-        !f->tok_seq || !f->tok_pos || !f->tok_id || !f->out_tok || !f->out_seq)
-        goto free_f;
+    if (!f->arena) goto free_f;
+    layout(f, f->arena, nth, T, S);
     /* Touch the scratch now, so the first batch does not pay for page faults. */
-    memset(f->x, 0, T * hp->dim * sizeof(float));
-    memset(f->xb, 0, T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
-    memset(f->q, 0, T * q_dim * sizeof(float));
-    memset(f->hg, 0, T * hp->ffn_dim * sizeof(float));
-    memset(f->hu, 0, T * hp->ffn_dim * sizeof(float));
-    memset(f->out, 0, S * hp->n_vocab * sizeof(float));
-    rc = kvf__tpool_create(nth, &f->tp);
+    memset(f->arena, 0, f->arena_bytes);
+    rc = kvf__tpool_create(nth, a, &f->tp);
     if (rc < 0) goto free_f;
     *out = f;
     return 0;
@@ -174,29 +193,10 @@ free_f:
 void kvf_fwd_destroy(kvf_fwd_t *f)
 {
     if (!f) return;
+    const struct kvf_alloc_ops *a = f->alloc;
     kvf__tpool_destroy(f->tp);
-    free(f->x);
-    free(f->xb);
-    free(f->o);
-    free(f->xq.q);
-    free(f->xq.d);
-    free(f->q);
-    free(f->k);
-    free(f->v);
-    free(f->hg);
-    free(f->hu);
-    free(f->rope);
-    free(f->scores);
-    free(f->attn_part);
-    free(f->wrow);
-    free(f->outx);
-    free(f->out);
-    free(f->tok_seq);
-    free(f->tok_pos);
-    free(f->tok_id);
-    free(f->out_tok);
-    free(f->out_seq);
-    free(f);
+    if (f->arena) a->free(a->ctx, f->arena, f->arena_bytes);
+    a->free(a->ctx, f, sizeof(*f));
 }
 
 /* --- Page checks. -------------------------------------------------------------------------- */

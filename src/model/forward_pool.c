@@ -16,9 +16,11 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "forward_pool.h"
+#include "kvfence/common.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -50,7 +52,9 @@ struct worker {
 
 struct kvf_tpool {
     uint32_t n;
-    struct worker *w; /* [n]; w[0] is the caller's slot, never started */
+    struct worker *w; /* [n_alloc]; w[0] is the caller's slot, never started */
+    uint32_t n_alloc;
+    const struct kvf_alloc_ops *alloc;
     _Atomic uint64_t ticket; /* job << 40 | n_chunks << 20 | next chunk */
     _Atomic uint32_t done;   /* chunks finished in the current job */
     _Atomic uint64_t gen;    /* bumped per job and at stop */
@@ -113,17 +117,22 @@ static void *worker_main(void *arg)
     }
 }
 
-int kvf__tpool_create(uint32_t n_threads, struct kvf_tpool **out)
+int kvf__tpool_create(uint32_t n_threads, const struct kvf_alloc_ops *alloc, struct kvf_tpool **out)
 {
     if (n_threads == 0 || n_threads > 256) return -EINVAL;
-    struct kvf_tpool *p = calloc(1, sizeof(*p));
+    const struct kvf_alloc_ops *a = alloc ? alloc : &kvf_default_alloc;
+    struct kvf_tpool *p = a->alloc(a->ctx, sizeof(*p), 64);
     if (!p) return -ENOMEM;
+    memset(p, 0, sizeof(*p));
+    p->alloc = a;
     p->n = n_threads;
-    p->w = calloc(n_threads, sizeof(*p->w));
+    p->w = a->alloc(a->ctx, n_threads * sizeof(*p->w), 64);
     if (!p->w) {
-        free(p);
+        a->free(a->ctx, p, sizeof(*p));
         return -ENOMEM;
     }
+    memset(p->w, 0, n_threads * sizeof(*p->w));
+    p->n_alloc = n_threads;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_job, NULL);
     for (uint32_t i = 1; i < n_threads; i++) {
@@ -151,8 +160,9 @@ void kvf__tpool_destroy(struct kvf_tpool *p)
     for (uint32_t i = 1; i < p->n; i++) pthread_join(p->w[i].th, NULL);
     pthread_cond_destroy(&p->cv_job);
     pthread_mutex_destroy(&p->mu);
-    free(p->w);
-    free(p);
+    const struct kvf_alloc_ops *a = p->alloc;
+    a->free(a->ctx, p->w, p->n_alloc * sizeof(*p->w));
+    a->free(a->ctx, p, sizeof(*p));
 }
 
 uint32_t kvf__tpool_size(const struct kvf_tpool *p)

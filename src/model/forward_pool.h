@@ -23,7 +23,9 @@ typedef void (*kvf_tpool_fn)(void *ctx, uint32_t chunk, uint32_t n_chunks, uint3
 
 /* n_threads ≥ 1, including the caller. 0, -EINVAL, -ENOMEM or a negated pthread error (nothing
  * left running). */
-int kvf__tpool_create(uint32_t n_threads, struct kvf_tpool **out);
+struct kvf_alloc_ops;
+/* The pool's memory comes from alloc (NULL = kvf_default_alloc). */
+int kvf__tpool_create(uint32_t n_threads, const struct kvf_alloc_ops *alloc, struct kvf_tpool **out);
 void kvf__tpool_destroy(struct kvf_tpool *p);
 void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx, uint32_t n_chunks);
 uint32_t kvf__tpool_size(const struct kvf_tpool *p);

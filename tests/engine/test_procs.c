@@ -242,7 +242,7 @@ static void solo(struct rig *r, const struct kvf_gen_params *p, int32_t *out, ui
     struct kvf_page_ref pages[CTX / PT];
     struct kvf_owner own = {{9, 9}, 1};
     ASSERT_OK(kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, CTX / PT, false, pages));
-    struct kvf_fwd_config fc = {1, CTX, 1};
+    struct kvf_fwd_config fc = {1, CTX, 1, NULL};
     kvf_fwd_t *f;
     ASSERT_OK(kvf_fwd_create(r->m, &fc, &f));
     float *logits = malloc(r->n_vocab * sizeof(float));

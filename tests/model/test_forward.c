@@ -489,7 +489,7 @@ static void test_bad_batches(void)
     struct kvf_fwd_seq s = tseq_step(&a, toks, 9, NULL);
     ASSERT_ERR(kvf_fwd_run(f, pool, &s, 1), -EINVAL); /* more tokens than max_tokens */
     s = tseq_step(&a, toks, 17, NULL);
-    struct kvf_fwd_config c = {1, 32, 2};
+    struct kvf_fwd_config c = {1, 32, 2, NULL};
     kvf_fwd_t *f2 = NULL;
     ASSERT_OK(kvf_fwd_create(tm.m, &c, &f2));
     ASSERT_EQ_INT(kvf_fwd_run(f2, pool, &s, 1), 0); /* needs 2 pages, table has 1 */
@@ -724,7 +724,67 @@ static void test_quant_matches(void)
            "d = 0)\n", vars[0] ? "avx2" : "none here", vars[1] ? ", avx2+vnni" : "", n_nan, n_zero);
 }
 
+/* Countdown fault injection (SQLite-style): the Nth allocation fails, N = 1, 2, ... until
+ * create succeeds. Each failure is -ENOMEM with every byte given back; the context that finally
+ * comes out runs, and a step allocates nothing. */
+struct countdown {
+    int left;          /* allocations before the failing one; -1 = never fail */
+    long calls;
+    long long live;    /* bytes outstanding */
+};
+static void *cd_alloc(void *ctx, size_t bytes, size_t align)
+{
+    struct countdown *c = ctx;
+    c->calls++;
+    if (c->left == 0) return NULL;
+    if (c->left > 0) c->left--;
+    void *p = kvf_alloc_large(bytes, align < 64 ? 64 : align);
+    if (p) c->live += (long long)bytes;
+    return p;
+}
+static void cd_free(void *ctx, void *p, size_t bytes)
+{
+    struct countdown *c = ctx;
+    if (!p) return;
+    c->live -= (long long)bytes;
+    free(p);
+}
+
+static void test_create_fails_cleanly_at_every_allocation(void)
+{
+    struct tmodel tm;
+    tmodel_open(&tm, "tiny", KVF_GGML_F32, 5);
+    struct countdown cd = {0};
+    struct kvf_alloc_ops ops = {cd_alloc, cd_free, &cd};
+    struct kvf_fwd_config c = {2, 32, 2, &ops};
+    kvf_fwd_t *f = NULL;
+    int n;
+    for (n = 0; n < 32; n++) {
+        cd = (struct countdown){.left = n};
+        int rc = kvf_fwd_create(tm.m, &c, &f);
+        if (rc == 0) break;
+        ASSERT_ERR(rc, -ENOMEM);
+        ASSERT_NULL(f);
+        ASSERT_EQ_U64((uint64_t)cd.live, 0);
+    }
+    ASSERT_TRUE(n >= 2 && n < 32); /* at least the context and its arena failed in turn */
+    kvf_pool_t *pool = tpool_create(tm.m, 4, 8, false);
+    struct tseq a;
+    tseq_alloc(pool, &a, 1, 2);
+    int32_t toks[3] = {1, 5, 6};
+    struct kvf_fwd_seq s = tseq_step(&a, toks, 3, NULL);
+    long calls = cd.calls;
+    ASSERT_EQ_INT(kvf_fwd_run(f, pool, &s, 1), 1);
+    ASSERT_OK(s.status);
+    ASSERT_EQ_INT(cd.calls, calls); /* the step allocated nothing */
+    kvf_fwd_destroy(f);
+    ASSERT_EQ_U64((uint64_t)cd.live, 0);
+    kvf_pool_destroy(pool);
+    tmodel_close(&tm);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_create_fails_cleanly_at_every_allocation),
     KVF_CASE(test_reference_tiny_f32),  KVF_CASE(test_reference_tiny_q8_0),
     KVF_CASE(test_reference_s15m_f32),  KVF_CASE(test_reference_s15m_q8_0),
     KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
