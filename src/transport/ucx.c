@@ -750,21 +750,25 @@ int kvf_conn_order(kvf_conn_t *c)
 }
 
 /* A flush over writes-as-messages: a FLUSH_REQ behind the writes; the target's FLUSH_ACK (sent
- * after it applied them) completes the op. */
+ * after it applied them) completes the flush. The FLUSH_REQ's send is an op of its own (it
+ * holds the connection until UCX is done with it), so the flush can end — by its ack, or by the
+ * connection's close — whatever becomes of the send. A send that fails ends its flush with an
+ * error: that flush can never be acked. */
 static void on_flush_req_sent(void *request, ucs_status_t st, void *user)
 {
-    struct op *o = user;
+    struct op *sop = user;
     if (request) ucp_request_free(request);
-    if (st != UCS_OK) {
-        /* Never reached the peer: it can never be acked. */
-        kvf_conn_t *c = o->c;
-        for (struct op **pp = &c->flushes; *pp; pp = &(*pp)->next)
-            if (*pp == o) {
-                *pp = o->next;
-                op_finish(o, KVF_E_TRANSPORT);
-                return;
-            }
-    }
+    kvf_conn_t *c = sop->c;
+    uint64_t id = sop->flush_id;
+    op_put_back(sop);
+    if (st == UCS_OK) return;
+    for (struct op **pp = &c->flushes; *pp; pp = &(*pp)->next)
+        if ((*pp)->flush_id == id) {
+            struct op *o = *pp;
+            *pp = o->next;
+            op_finish(o, KVF_E_TRANSPORT);
+            return;
+        }
 }
 
 static void flush_acked(kvf_conn_t *c, uint64_t id)
@@ -807,18 +811,27 @@ static int post_flush(struct op *o)
 {
     kvf_conn_t *c = o->c;
     if (c->x->msg_writes) {
+        struct op *sop = op_get(c->x, c, OP_SEND);
+        if (!sop) {
+            op_finish(o, -ENOMEM);
+            return 0;
+        }
         o->flush_id = ++c->next_flush_id;
         o->next = c->flushes;
         c->flushes = o;
-        o->hdr = (struct am_hdr){AM_FLUSH_REQ, 0, o->flush_id};
+        sop->flush_id = o->flush_id;
+        sop->hdr = (struct am_hdr){AM_FLUSH_REQ, 0, o->flush_id};
         ucp_request_param_t rp;
         memset(&rp, 0, sizeof(rp));
         rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
         rp.cb.send = on_flush_req_sent;
-        rp.user_data = o;
+        rp.user_data = sop;
         rp.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-        ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, AM_ID, &o->hdr, sizeof(o->hdr), NULL, 0, &rp);
-        if (UCS_PTR_IS_ERR(sp)) on_flush_req_sent(NULL, UCS_PTR_STATUS(sp), o);
+        ucs_status_ptr_t sp = ucp_am_send_nbx(c->ep, AM_ID, &sop->hdr, sizeof(sop->hdr), NULL, 0, &rp);
+        if (sp == NULL)
+            on_flush_req_sent(NULL, UCS_OK, sop);
+        else if (UCS_PTR_IS_ERR(sp))
+            on_flush_req_sent(NULL, UCS_PTR_STATUS(sp), sop);
         return 0;
     }
     ucp_request_param_t rp;
