@@ -24,6 +24,15 @@
 
 #include "sim_internal.h"
 
+const struct sim_config sim_standard = {
+    .name = "standard", .n_pages = 24, .max_prompt = MAX_PROMPT, .submit_window_ms = 1500,
+    .finish_max_ms = 100, .p_late_msg = 0.03,
+};
+const struct sim_config sim_pressured = {
+    .name = "pressured", .n_pages = 12, .max_prompt = 12, .submit_window_ms = 8000,
+    .finish_max_ms = 8000, .p_late_msg = 0.1, .p_late_put = 0.15, .late_put_max_ms = 1500,
+};
+
 static const char *const ev_names[] = {
     "tick", "heartbeat", "submit", "client-cancel", "finish", "msg->decode", "msg->prefill",
     "page-ready", "put-local-done", "put-lands", "flush-done", "prefill-clear", "crash",
@@ -280,7 +289,7 @@ void step(struct world *W, struct ev *e)
 void setup(struct world *W, uint64_t seed)
 {
     kvf_rng_seed(&W->rng, seed);
-    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4}, .n_pages = N_PAGES, .max_peers = N_PEERS,
+    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4}, .n_pages = W->cfg->n_pages, .max_peers = N_PEERS,
                                  .hold_timeout_ms = HOLD_TIMEOUT_MS, .tag_seed = seed << 16};
 #if defined(KVF_TEST_BUILD)
     pc.poison_on_free = true; /* freed pages name their previous owner: a stale read shows */
@@ -299,7 +308,7 @@ void setup(struct world *W, uint64_t seed)
     bool lossy = chance(W, 0.5);
     W->p_drop = lossy ? 0.01 * rnd(W, 1, 8) : 0;
     W->p_dup = lossy ? 0.05 : 0.01;
-    W->p_late = lossy ? 0.03 : 0;
+    W->p_late = lossy ? W->cfg->p_late_msg : 0;
 
     for (int p = 0; p < N_PEERS; p++) {
         struct speer *P = &W->peer[p];
@@ -336,7 +345,7 @@ void setup(struct world *W, uint64_t seed)
         memset(r, 0, sizeof(*r));
         r->id = (kvf_req_id_t){seed * 64 + (uint64_t)i + 1, 0xabc0000000000000ull | seed};
         r->tenant = rnd(W, 1, 3);
-        r->prompt = rnd(W, 1, MAX_PROMPT);
+        r->prompt = rnd(W, 1, W->cfg->max_prompt);
         r->max_tokens = rnd(W, 0, 8);
         r->writer = -1;
         r->fail_at = chance(W, 0.05) ? (int)rnd(W, 1, 4) : -1;
@@ -346,7 +355,7 @@ void setup(struct world *W, uint64_t seed)
         r->early_clear = chance(W, 0.05);
         if (r->forge || r->corrupt) r->faulted = true;
         if (chance(W, 0.03)) r->prompt = MAX_CONTEXT + 1; /* over the limit: refused at once */
-        struct ev *e = ev_new(W, rnd(W, 0, 1500), EV_SUBMIT);
+        struct ev *e = ev_new(W, rnd(W, 0, W->cfg->submit_window_ms), EV_SUBMIT);
         e->ridx = i;
         uint64_t at = e->t;
         ev_push(W);
@@ -370,11 +379,12 @@ void teardown(struct world *W)
     free(W->heap);
 }
 
-void sim_run(uint64_t seed, FILE *tr, struct sim_result *out)
+void sim_run(const struct sim_config *cfg, uint64_t seed, FILE *tr, struct sim_result *out)
 {
     static struct world W;
     memset(&W, 0, sizeof(W));
     memset(out, 0, sizeof(*out));
+    W.cfg = cfg;
     W.res = out;
     W.trace = tr;
     setup(&W, seed);
@@ -384,10 +394,12 @@ void sim_run(uint64_t seed, FILE *tr, struct sim_result *out)
         ev_pop(&W, &e);
         W.now = e.t;
         if (W.steps > 2000000) {
+            if (!all_checks(&W)) break;
             violate(&W, "runaway: %" PRIu64 " steps without quiescence", W.steps);
             break;
         }
         if (W.now > END_MS) {
+            if (!all_checks(&W)) break;
             violate(&W, "I4: no quiescence after %d ms of virtual time", END_MS);
             break;
         }

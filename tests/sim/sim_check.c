@@ -76,6 +76,7 @@ void read_all(struct world *W, int ri, const char *when)
 /* I2 for one write: its page is still granted to its writer with its tag. */
 void check_write_target(struct world *W, const struct swrite *w, const char *when)
 {
+    if (!all_checks(W)) return;
     struct kvf_page_info pi;
     if (kvf_pool_page_info(W->pool, w->dst.page, &pi) < 0) {
         violate(W, "I2: write %s to page %u out of range", when, w->dst.page);
@@ -93,20 +94,23 @@ void check_write_target(struct world *W, const struct swrite *w, const char *whe
 void check_all(struct world *W)
 {
     char why[256];
+    if (!all_checks(W)) return;
     for (int i = 0; i < MAX_WRITES && !W->failed; i++) {
         const struct swrite *w = &W->w[i];
         if (in_flight(w)) check_write_target(W, w, "in flight to");
     }
-    if (!kvf_pool_check(W->pool, why, sizeof(why))) violate(W, "pool checker: %s", why);
-    if (!kvf_decode_check(W->dec, why, sizeof(why))) violate(W, "decode checker: %s", why);
-    for (int p = 0; p < N_PEERS; p++)
-        if (W->peer[p].alive && !kvf_prefill_check(W->peer[p].sm, why, sizeof(why)))
-            violate(W, "prefill %d checker: %s", p, why);
+    if (checkers_on(W)) {
+        if (!kvf_pool_check(W->pool, why, sizeof(why))) violate(W, "pool checker: %s", why);
+        if (!kvf_decode_check(W->dec, why, sizeof(why))) violate(W, "decode checker: %s", why);
+        for (int p = 0; p < N_PEERS; p++)
+            if (W->peer[p].alive && !kvf_prefill_check(W->peer[p].sm, why, sizeof(why)))
+                violate(W, "prefill %d checker: %s", p, why);
+    }
     struct kvf_pool_stats st;
     kvf_pool_stats(W->pool, &st);
     if (st.quarantines != W->quarantines_seen) {
         W->quarantines_seen = st.quarantines;
-        for (uint32_t pg = 0; pg < N_PAGES; pg++) {
+        for (uint32_t pg = 0; pg < W->cfg->n_pages; pg++) {
             struct kvf_page_info pi;
             kvf_pool_page_info(W->pool, pg, &pi);
             if (pi.state != KVF_PAGE_QUARANTINED) continue;
@@ -138,9 +142,15 @@ void final_checks(struct world *W)
 {
     struct kvf_pool_stats st;
     kvf_pool_stats(W->pool, &st);
-    if (st.by_state[KVF_PAGE_FREE] != N_PAGES || st.reserved || st.grants)
+    W->res->fences = (uint32_t)st.fences;
+    W->res->quarantines = (uint32_t)st.quarantines;
+    struct kvf_decode_stats ds;
+    kvf_decode_stats(W->dec, &ds);
+    W->res->stale = (uint32_t)ds.stale;
+    if (!all_checks(W)) return;
+    if (st.by_state[KVF_PAGE_FREE] != W->cfg->n_pages || st.reserved || st.grants)
         violate(W, "I4: at quiescence %u of %u pages free, %u reserved, %u grants", st.by_state[KVF_PAGE_FREE],
-                N_PAGES, st.reserved, st.grants);
+                W->cfg->n_pages, st.reserved, st.grants);
     for (int i = 0; i < W->n_req; i++)
         if (!W->req[i].dropped_by_client && !W->req[i].outcome)
             violate(W, "I3: request %d never ended", i);
@@ -151,9 +161,4 @@ void final_checks(struct world *W)
         for (int s = 0; s < N_SRC; s++)
             if (W->peer[p].src[s].used) violate(W, "I4: prefill %d leaked source page %d", p, s);
     }
-    struct kvf_decode_stats ds;
-    kvf_decode_stats(W->dec, &ds);
-    W->res->stale = (uint32_t)ds.stale;
-    W->res->fences = (uint32_t)st.fences;
-    W->res->quarantines = (uint32_t)st.quarantines;
 }

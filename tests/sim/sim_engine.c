@@ -82,10 +82,10 @@ void decode_actions(struct world *W)
             trace(W, "  req %d committed: first token %u", ri, a->first_token);
             uint32_t cur = 0;
             kvf_pool_peer_epoch(W->pool, (uint16_t)r->writer, &cur);
-            if (cur != r->epoch)
+            if (all_checks(W) && cur != r->epoch)
                 violate(W, "I7: request %d committed on writer epoch %u, which was fenced (now %u)", ri,
                         r->epoch, cur);
-            if (r->refused) violate(W, "I6: request %d committed although prefill refused it", ri);
+            if (all_checks(W) && r->refused) violate(W, "I6: request %d committed although prefill refused it", ri);
             if (!r->outcome) {
                 r->outcome = true;
                 r->ok = true;
@@ -93,7 +93,7 @@ void decode_actions(struct world *W)
             }
             r->running = true;
             read_all(W, ri, "commit");
-            struct ev *e = ev_new(W, rnd(W, 1, 100), EV_FINISH);
+            struct ev *e = ev_new(W, rnd(W, 1, W->cfg->finish_max_ms), EV_FINISH);
             e->ridx = ri;
             ev_push(W);
             break;
@@ -147,7 +147,7 @@ void post_write(struct world *W, int p, const struct kvf_action *a, int ri)
 {
     struct speer *P = &W->peer[p];
     struct sreq *r = &W->req[ri];
-    if (r->refused)
+    if (all_checks(W) && r->refused)
         violate(W, "I6: a write was posted for request %d after the prefill engine refused it", ri);
     int wi = -1;
     for (int i = 0; i < MAX_WRITES; i++)
@@ -192,6 +192,10 @@ void post_write(struct world *W, int p, const struct kvf_action *a, int ri)
     if (chance(W, 0.02)) {
         /* A put that stays in progress far beyond the hold timeout (H14). */
         w->land_t = W->now + local + rnd(W, HOLD_TIMEOUT_MS, 2 * HOLD_TIMEOUT_MS);
+        r->faulted = true;
+    } else if (W->cfg->p_late_put > 0 && chance(W, W->cfg->p_late_put)) {
+        /* A put that lands late, while its page may be freed and reused if it was freed early. */
+        w->land_t = W->now + local + rnd(W, 100, W->cfg->late_put_max_ms);
         r->faulted = true;
     }
     struct ev *e = ev_new(W, local, EV_LOCAL);
@@ -304,7 +308,9 @@ void on_page_ready(struct world *W, const struct ev *e)
     struct src *s = NULL;
     for (uint32_t i = 0; i < P->n_src && !s; i++)
         if (!P->src[i].used) s = &P->src[i];
-    bool refuse = (r->refuse && e->index == 0) || (int)e->index == r->fail_at || !s;
+    /* A planned refusal happens once: a request computed again after it (the placeholder of
+     * mutant placeholder_after_reject) is computed. */
+    bool refuse = (r->refuse && e->index == 0 && !r->refused) || (int)e->index == r->fail_at || !s;
     if (refuse) {
         /* The engine refuses (its own pool is exhausted) or fails mid-way. */
         if (e->index == 0) r->refused = true;
@@ -361,7 +367,7 @@ void on_local(struct world *W, const struct ev *e)
     }
     if (w->src >= 0 && !w->dropped) {
         struct src *s = &P->src[w->src];
-        if (!s->used || s->ridx != w->ridx || s->nonce != w->nonce || s->index != w->index)
+        if (all_checks(W) && (!s->used || s->ridx != w->ridx || s->nonce != w->nonce || s->index != w->index))
             violate(W, "I5: the put of request %d page %u read a source page that was already freed",
                     w->ridx, w->index);
         memcpy(w->data, s->data, sizeof(w->data));

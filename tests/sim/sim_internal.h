@@ -18,10 +18,9 @@
 /* World size and timing (virtual milliseconds). */
 enum {
     N_PEERS = 2,
-    N_PAGES = 24,
     PT = 4,          /* slots per page */
     MAX_REQS = 6,
-    MAX_PROMPT = 20, /* ≤ 5 pages */
+    MAX_PROMPT = 20, /* ≤ 5 pages; a configuration may draw shorter ones */
     MAX_CONTEXT = 40,
     MAX_GRANT = 8,
     N_SRC = 12,
@@ -101,6 +100,7 @@ struct swrite {
 };
 
 struct world {
+    const struct sim_config *cfg;
     struct kvf_rng rng;
     FILE *trace;
     uint64_t now, seq, steps;
@@ -121,6 +121,17 @@ struct world {
     char why[512];
     struct sim_result *res;
 };
+
+/* Whether the invariants other than I1 are checked, and whether the pool's and the machines'
+ * own checkers are (see sim.h, checks). */
+static inline bool all_checks(const struct world *W)
+{
+    return W->cfg->checks != SIM_CHECK_CONTENT;
+}
+static inline bool checkers_on(const struct world *W)
+{
+    return W->cfg->checks == SIM_CHECK_ALL;
+}
 
 void trace(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void violate(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
