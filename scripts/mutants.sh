@@ -2,15 +2,23 @@
 # Puts every known bug back, one at a time, and checks that each suite catches it.
 #
 # For each mutant (see docs/MUTANTS.md): configure and build an optimised test build with
-# -DKVF_MUTANT=<name> in build-mutants/<name> (only the simulator target), run the simulator
-# (it must FAIL; the first failing seed is reported), and run the spin model with
-# `bash model/check.sh <name>` when model/check.sh exists (exit 1 = counterexample found,
-# 0 = verified clean, anything else = tool error). The unmutated simulator and
+# -DKVF_MUTANT=<name> in build-mutants/<name> (only the simulator target), then
+#   - sim: the simulator with every check (standard configuration); it must FAIL, and the first
+#     failing seed and the check that failed are reported;
+#   - sim content-only: the pressured configuration with I1 alone (`--config pressured --checks
+#     content`): a request reading a slot not written for it is the only failure it can report.
+#     Every mutant whose bug can put foreign or stale bytes under a committed request (the
+#     write-after-free and handoff mutants in $content_required) must be caught here; for the
+#     others the column shows what content alone sees;
+#   - spin: `bash model/check.sh <name>` when model/check.sh exists (exit 1 = counterexample
+#     found, 0 = verified clean, anything else = tool error).
+# The unmutated simulator (both configurations, every check and content-only) and
 # `model/check.sh` with no mutant must pass. Prints a table and exits non-zero if any mutant
-# survives any suite or a clean run fails.
+# survives a suite that must catch it or a clean run fails.
 #
 # Environment: KVF_MUTANT_SEEDS (seeds per mutant run, default 200000; a run stops at its first
-# failure), KVF_CLEAN_SEEDS (seeds for the clean run, default 20000), JOBS (build parallelism,
+# failure), KVF_CLEAN_SEEDS (seeds for the clean runs and for the content-only run of a mutant
+# content need not catch, default 20000), JOBS (build parallelism,
 # default 1), KVF_MUTANTS (a space-separated subset to run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +26,9 @@ cd "$(dirname "$0")/.."
 all=(placeholder_after_reject free_at_cancel free_at_hold_timeout ack_before_drain
      ack_lost_when_cleared no_count_check no_checksum_check stale_epoch_accepted
      src_freed_at_post fence_keeps_other_grants)
+# Bugs that put stale or foreign bytes under a committed request: content alone must see them.
+content_required=" placeholder_after_reject free_at_cancel free_at_hold_timeout ack_before_drain
+  no_count_check no_checksum_check stale_epoch_accepted "
 read -r -a mutants <<< "${KVF_MUTANTS:-${all[*]}}"
 seeds=${KVF_MUTANT_SEEDS:-200000}
 clean_seeds=${KVF_CLEAN_SEEDS:-20000}
@@ -36,13 +47,16 @@ build() { # name (empty = clean) -> path of test_sim, or nothing on a build fail
   echo "$dir/tests/sim/test_sim"
 }
 
-sim() { # binary count -> prints "caught seed N" / "survived" / "error"; log kept
+sim() { # binary count log [options] -> "caught seed N (check)" / "survived" / "error"; log kept
   local bin=$1 count=$2 log=$3
-  "$bin" --no-fork --first 1 --count "$count" > "$log" 2>&1
+  shift 3
+  "$bin" --no-fork "$@" --first 1 --count "$count" > "$log" 2>&1
   local rc=$?
-  local seed
+  local seed check
   seed=$(grep -m1 -oE '^FAIL seed [0-9]+' "$log" | awk '{print $3}')
-  if [ -n "$seed" ]; then echo "caught seed $seed"; elif [ $rc -eq 0 ]; then echo "survived"; else echo "error rc=$rc"; fi
+  # The check that failed: "I1", "I2", ..., "decode checker", "pool checker", ...
+  check=$(grep -m1 -E '^FAIL seed [0-9]+: ' "$log" | sed -E 's/^FAIL seed [0-9]+: //; s/^(I[0-9]+|[a-z0-9 ]+ checker).*/\1/' | cut -c1-40)
+  if [ -n "$seed" ]; then echo "caught seed $seed ($check)"; elif [ $rc -eq 0 ]; then echo "survived"; else echo "error rc=$rc"; fi
 }
 
 spin() { # name -> "caught <trail>" / "survived" / "error" / "-"
@@ -65,28 +79,41 @@ t0=$(date +%s)
 
 bin=$(build "") || { echo "mutants: the clean build failed; see build-mutants/clean.log"; exit 2; }
 clean_sim=$(sim "$bin" "$clean_seeds" build-mutants/clean.sim.log)
+clean_press=$(sim "$bin" "$clean_seeds" build-mutants/clean.pressured.log --config pressured)
+clean_content=$(sim "$bin" "$clean_seeds" build-mutants/clean.content.log --config pressured --checks content)
 clean_spin=$(spin "")
-[ "$clean_sim" = survived ] || status=1
+[ "$clean_sim" = survived ] && [ "$clean_press" = survived ] || status=1
+[ "$clean_content" = survived ] || status=1
 case $clean_spin in survived|-) ;; *) status=1 ;; esac
 # For the clean row "survived" means "passed": print it so.
-rows+=("(none: clean) | ${clean_sim/survived/passed} | ${clean_spin/survived/passed}")
+[ "$clean_press" = survived ] || clean_sim="$clean_sim; pressured: $clean_press"
+rows+=("(none: clean) | ${clean_sim/survived/passed} | ${clean_content/survived/passed} | ${clean_spin/survived/passed}")
 
 for m in "${mutants[@]}"; do
   if ! bin=$(build "$m"); then
-    rows+=("$m | build failed (build-mutants/$m.log) | -")
+    rows+=("$m | build failed (build-mutants/$m.log) | - | -")
     status=1
     continue
   fi
   s=$(sim "$bin" "$seeds" "build-mutants/$m.sim.log")
   p=$(spin "$m")
   [[ $s == caught* ]] || status=1
+  if [[ $content_required == *" $m "* ]]; then
+    c=$(sim "$bin" "$seeds" "build-mutants/$m.content.log" --config pressured --checks content)
+    [[ $c == "caught seed "*"(I1)" ]] || status=1
+  else
+    # Shown for information only: fewer seeds.
+    c=$(sim "$bin" "$clean_seeds" "build-mutants/$m.content.log" --config pressured --checks content)
+    [[ $c == error* ]] && status=1
+    [[ $c == survived ]] && c="not caught (not a content bug: see docs/MUTANTS.md)"
+  fi
   case $p in caught*|-) ;; *) status=1 ;; esac
-  rows+=("$m | $s | $p")
+  rows+=("$m | $s | $c | $p")
 done
 
 echo
-echo "mutant | sim | spin"
-echo "--- | --- | ---"
+echo "mutant | sim | sim content-only | spin"
+echo "--- | --- | --- | ---"
 printf '%s\n' "${rows[@]}"
 echo
 [ $have_model -eq 1 ] || echo "mutants: model/check.sh is not in this tree: the spin column is not run"

@@ -259,6 +259,9 @@ static void prove(kvf_decode_t *d, struct dreq *r)
     for (uint32_t i = 0; i < r->n_pages; i++) {
         if (!r->granted[i]) continue;
         int rc = kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, 0);
+#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
+        if (rc != 0 && rc != KVF_E_POOL_BAD_STATE) rc = 0; /* Mutant: a revoked grant "ends". */
+#endif
         if (rc == 0) {
             r->granted[i] = false;
             r->n_granted--;
@@ -429,13 +432,18 @@ static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_
                   const uint64_t *hashed)
 {
     if (dn->n_pages != r->n_pages) return KVF_E_PROTO_COUNT;
-#if !defined(KVF_MUTANT_NO_COUNT_CHECK)
+#if !defined(KVF_MUTANT_NO_COUNT_CHECK) && !defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     if (dn->tokens_written != r->prompt_len) return KVF_E_PROTO_COUNT;
 #endif
 #if !defined(KVF_NO_SAFETY_CHECKS)
     /* Compiled out only in `make bench-overhead`'s comparison binary, which measures what these
      * checks cost and is never installed (CMakeLists.txt refuses it with tests and mutants). */
     for (uint32_t i = 0; i < r->n_pages; i++) {
+#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+        /* Mutant, as in the model: no count check, and only the pages the writer says it wrote
+         * are verified; the rest are committed unread with the reserved fill. */
+        if (i >= div_up(dn->tokens_written, d->page_tokens)) break;
+#endif
         const uint8_t *page = kvf_pool_page_data(d->cfg.pool, r->pages[i].page);
         if (!ALWAYS(page != NULL)) return KVF_E_PROTO_TRAILER;
         struct kvf_page_trailer t;
@@ -443,7 +451,7 @@ static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_
         if (t.tag != r->pages[i].tag || !kvf_req_id_eq(t.req, r->req) || t.tenant != r->tenant ||
             t.epoch_nonce != kvf_trailer_epoch_nonce(r->writer.epoch, r->nonce))
             return KVF_E_PROTO_TRAILER;
-#if !defined(KVF_MUTANT_NO_COUNT_CHECK)
+#if !defined(KVF_MUTANT_NO_COUNT_CHECK) && !defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
         if (t.slots != page_slots(r->prompt_len, i, d->page_tokens)) return KVF_E_PROTO_COUNT;
 #else
         if (t.slots > d->page_tokens) return KVF_E_PROTO_COUNT;
@@ -469,6 +477,14 @@ static void commit(kvf_decode_t *d, struct dreq *r, const struct kvf_msg_done *d
         memcpy(&t, (const uint8_t *)kvf_pool_page_data(d->cfg.pool, r->pages[i].page) + d->trailer_off,
                sizeof(t));
         fill = t.slots;
+#endif
+#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
+        /* Mutant: a grant the fence revoked (the page is OWNED with fill 0) is not noticed; the
+         * fill is set as if the grant had ended by proof. */
+        if (kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, fill) != 0)
+            POOL_MUST(kvf_pool_set_fill(d->cfg.pool, r->pages[i], fill));
+        r->granted[i] = false;
+        continue;
 #endif
         POOL_MUST(kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, fill));
         r->granted[i] = false;
@@ -525,6 +541,11 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
     uint32_t cur = 0;
     kvf_pool_peer_epoch(d->cfg.pool, peer, &cur);
     fresh = fresh && m->epoch == r->writer.epoch && m->epoch == cur;
+#endif
+#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
+    /* Mutant, as in the model: a request the fence kept matches its writer's messages to its own
+     * attempt only, so a DONE of the fenced epoch still commits it. */
+    if (r->writer.peer == peer && r->nonce == m->nonce && m->epoch == r->writer.epoch) fresh = true;
 #endif
     if (!fresh) {
         d->st.stale++;
@@ -713,8 +734,9 @@ int kvf_decode_peer_fenced(kvf_decode_t *d, uint64_t now_ms, struct kvf_peer_epo
         if (r->writer.peer != writer.peer || r->writer.epoch != writer.epoch) continue;
         if (r->state == KVF_DREQ_GRANTED) {
 #if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
-            /* Mutant: requests that were not the reason for the fence keep waiting on grants
-             * the fence has voided. */
+            /* Mutant (the model's): requests that were not the reason for the fence keep
+             * their grants of the fenced epoch, and a DONE of that epoch still commits them
+             * (on_msg, commit, prove). */
             continue;
 #endif
             /* The pool revoked the grants (pages OWNED, fill 0): some writes may have been

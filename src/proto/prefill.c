@@ -407,6 +407,9 @@ int kvf_prefill_page_ready(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, 
     /* The page's compute has completed (H8): only now is it put. */
     post(p, e, index, page_slots(e->expected, index, p->cfg.page_tokens), acts);
     e->state = KVF_PREQ_WRITING;
+#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+    if (e->placeholder) e->computed = e->n_pages; /* Mutant: one page stands for them all. */
+#endif
     if (e->computed == e->n_pages) {
         e->first_token = first_token;
         e->state = KVF_PREQ_FLUSHING;
@@ -427,14 +430,15 @@ int kvf_prefill_compute_failed(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t r
     case KVF_PREQ_COMPUTING:
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
         /* Mutant: the refused request is swapped for a one-token placeholder that still goes
-         * through the handoff. */
-        e->placeholder = true;
-        e->expected = 1;
-        e->computed = e->n_pages;
-        post(p, e, 0, 1, acts);
-        e->state = KVF_PREQ_FLUSHING;
-        flush(acts, e);
-        return 0;
+         * through the handoff: the engine computes one token into page 0, which is put, flushed
+         * and reported DONE with tokens_written 1 (see kvf_prefill_page_ready); the request's
+         * other pages are never written. */
+        if (!e->placeholder) {
+            e->placeholder = true;
+            e->expected = 1;
+            push(acts, KVF_ACT_COMPUTE, e->req)->nonce = e->nonce;
+            return 0;
+        }
 #endif
         drain(p, e, OWE_FAIL, err, acts); /* nothing posted: a REJECT, now */
         return 0;
