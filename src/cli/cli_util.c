@@ -1,5 +1,8 @@
 /* cli_util.c — option parsing and the model fingerprint, shared by the serving commands. */
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -54,3 +57,28 @@ int kvf_cli_file_fp(const char *path, uint64_t *fp)
     return 0;
 }
 
+
+void kvf_cli_block_stop_signals(sigset_t *sigs)
+{
+    sigemptyset(sigs);
+    sigaddset(sigs, SIGINT);
+    sigaddset(sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_model_t **m,
+                       kvf_tokenizer_t **tok, uint64_t *fp)
+{
+    char err[256] = "";
+    if (kvf_gguf_open(path, g, err, sizeof(err)) < 0 || kvf_model_load(*g, m, err, sizeof(err)) < 0 ||
+        (tok && kvf_tokenizer_create(*g, tok, err, sizeof(err)) < 0)) {
+        fprintf(stderr, "kvfence %s: %s: %s\n", cmd, path, err);
+        return -1;
+    }
+    if (kvf_cli_file_fp(path, fp) < 0) {
+        fprintf(stderr, "kvfence %s: cannot read %s\n", cmd, path);
+        return -1;
+    }
+    return 0;
+}

@@ -75,11 +75,7 @@ int kvf_cmd_prefill(int argc, char **argv)
         threads = n > 0 ? (uint32_t)n : 1;
     }
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvf_cli_block_stop_signals(&sigs);
 
     int status = 1;
     char err[256] = "";
@@ -87,14 +83,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     kvf_model_t *m = NULL;
     kvf_prefill_worker_t *pw = NULL;
     uint64_t fp = 0;
-    if (kvf_gguf_open(model_path, &g, err, sizeof(err)) < 0 || kvf_model_load(g, &m, err, sizeof(err)) < 0) {
-        fprintf(stderr, "kvfence prefill: %s: %s\n", model_path, err);
-        goto out;
-    }
-    if (kvf_cli_file_fp(model_path, &fp) < 0) {
-        fprintf(stderr, "kvfence prefill: cannot read %s\n", model_path);
-        goto out;
-    }
+    if (kvf_cli_open_model("prefill", model_path, &g, &m, NULL, &fp) < 0) goto out;
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
     if (ctx_len == 0) ctx_len = hp->n_ctx;
     if (ctx_len > hp->n_ctx) {

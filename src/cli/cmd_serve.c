@@ -245,11 +245,7 @@ int kvf_cmd_serve(int argc, char **argv)
     /* Signals are taken by this thread alone (sigwait below), so every thread started from here
      * on inherits them blocked. */
     sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvf_cli_block_stop_signals(&sigs);
 
     int status = 1;
     char err[256] = "";
@@ -261,16 +257,7 @@ int kvf_cmd_serve(int argc, char **argv)
     kvf_server_t *srv = NULL;
     pthread_mutex_t compute = PTHREAD_MUTEX_INITIALIZER;
     uint64_t fp = 0;
-    if (kvf_gguf_open(model_path, &g, err, sizeof(err)) < 0 ||
-        kvf_model_load(g, &m, err, sizeof(err)) < 0 ||
-        kvf_tokenizer_create(g, &tok, err, sizeof(err)) < 0) {
-        fprintf(stderr, "kvfence serve: %s: %s\n", model_path, err);
-        goto out;
-    }
-    if (kvf_cli_file_fp(model_path, &fp) < 0) {
-        fprintf(stderr, "kvfence serve: cannot read %s\n", model_path);
-        goto out;
-    }
+    if (kvf_cli_open_model("serve", model_path, &g, &m, &tok, &fp) < 0) goto out;
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
     struct kvf_pool_geometry geo;
     kvf_model_geometry(m, SERVE_PAGE_TOKENS, &geo);

@@ -108,6 +108,7 @@ struct kvf_decode_worker {
     uint64_t rejected_before_handoff;
     uint64_t foreign_tails; /* committed prompts whose last page carried bytes it did not write */
     struct kvf_actions acts;
+    bool in_actions;      /* run_actions is executing the list (a nested call only appends) */
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
     struct pframe { uint8_t *buf; size_t len; struct pframe *next; } *frames_head, *frames_tail;
@@ -120,7 +121,6 @@ struct kvf_decode_worker {
         struct pverify *next;
     } *verify_head, *verify_tail;
     uint64_t hash_slices; /* counter: slices hashed off the message path */
-    bool verifying_frame;
     uint64_t bad_frames; /* counter: control frames that did not decode */
     struct kvf_fwd_seq *seqs;
     struct kvf_gen **batch;
@@ -402,9 +402,8 @@ static bool tail_is_clean(struct kvf_decode_worker *w, const struct kvf_gen *g)
 
 static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
 {
-    static __thread bool busy;
-    if (busy) return; /* the running loop below picks up what a nested call appended */
-    busy = true;
+    if (w->in_actions) return; /* the running loop below picks up what a nested call appended */
+    w->in_actions = true;
     for (uint32_t i = 0; i < w->acts.n; i++) {
         struct kvf_action a = w->acts.v[i];
         switch (a.kind) {
@@ -449,7 +448,7 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
         }
     }
     w->acts.n = 0;
-    busy = false;
+    w->in_actions = false;
 }
 
 /* --- Loop side: the connection. -------------------------------------------------------------- */
@@ -514,7 +513,7 @@ static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t
     if (!w->hello_ok) return;
     const struct kvf_page_ref *pages;
     uint32_t n_pages;
-    if (m.type == KVF_MSG_DONE && !w->verifying_frame &&
+    if (m.type == KVF_MSG_DONE &&
         kvf_decode_done_pages(w->d, DW_PEER, &m, &pages, &n_pages) == 0 &&
         (uint64_t)n_pages * kvf_geo_data_bytes(&w->geo) > w->cfg.hash_slice_bytes) {
         /* A long prompt: hash its pages in slices across loop turns (verify_step), then hand
@@ -559,10 +558,8 @@ static void verify_step(struct kvf_decode_worker *w)
         v->hashes[v->done] = XXH3_64bits(kvf_pool_page_data(w->pool, pages[v->done].page), bytes);
     w->hash_slices++;
     if (v->done < v->n) return;
-    w->verifying_frame = true;
     kvf_decode_on_done_hashed(w->d, kvf__now_ms(), DW_PEER, &m, v->hashes, &w->acts);
     run_actions(w, &m);
-    w->verifying_frame = false;
 drop:
     w->verify_head = v->next;
     if (!w->verify_head) w->verify_tail = NULL;

@@ -6,6 +6,7 @@
  */
 #include <pthread.h>
 
+#include "engine_test_util.h"
 #include "kvf_test.h"
 #include "kvfence/engine.h"
 #include "kvfence/gguf.h"
@@ -94,48 +95,11 @@ struct out {
     bool stopped;
 };
 
-/* The request alone: its own pool, the prompt in one call, then one token at a time, sampled
- * exactly as `kvfence run` does. */
+/* The request alone, as `kvfence run` does it (engine_test_util.h). */
 static void solo(struct rig *r, const struct kvf_gen_params *p, struct out *o)
 {
-    struct kvf_pool_config pc = {.n_pages = CTX / PT, .max_peers = 1, .tag_seed = 1};
-    kvf_model_geometry(r->m, PT, &pc.geo);
-    kvf_pool_t *pool;
-    ASSERT_OK(kvf_pool_create(&pc, &pool));
-    struct kvf_page_ref pages[CTX / PT];
-    struct kvf_owner own = {{9, 9}, 1};
-    ASSERT_OK(kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, CTX / PT, false, pages));
-    struct kvf_fwd_config fc = {1, CTX, 1, NULL};
-    kvf_fwd_t *f;
-    ASSERT_OK(kvf_fwd_create(r->m, &fc, &f));
-    float *logits = malloc(r->n_vocab * sizeof(float));
-    int32_t cur = 0;
-    uint32_t pos = 0;
     memset(o, 0, sizeof(*o));
-    for (uint32_t step = 0; step < p->max_tokens; step++) {
-        struct kvf_fwd_seq s = {own.req, step == 0 ? p->prompt : &cur, step == 0 ? p->n_prompt : 1, pos,
-                                pages, CTX / PT, logits, 0};
-        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &s, 1), 1);
-        ASSERT_OK(s.status);
-        pos += s.n_tokens;
-        cur = kvf_sample(logits, r->n_vocab, &p->sample, step);
-        ASSERT_TRUE(cur >= 0);
-        int32_t ids[3];
-        float lps[3];
-        kvf_sample_top_logprobs(logits, r->n_vocab, 3, ids, lps);
-        o->tok[o->n] = cur;
-        memcpy(o->top[o->n], ids, sizeof(ids));
-        o->n++;
-        bool stop = false;
-        for (uint32_t k = 0; k < p->n_stop_ids; k++) stop |= p->stop_ids[k] == cur;
-        if (stop) {
-            o->stopped = true;
-            break;
-        }
-    }
-    free(logits);
-    kvf_fwd_destroy(f);
-    kvf_pool_destroy(pool);
+    o->n = solo_run(r->m, PT, CTX, p, o->tok, o->top, &o->stopped);
 }
 
 static void collect(struct rig *r, kvf_gen_t *g, struct out *o)

@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include "engine_test_util.h"
 #include "kvf_test.h"
 #include "kvfence/engine.h"
 #include "kvfence/gguf.h"
@@ -235,31 +236,7 @@ static void make_req(struct req *q, uint32_t seed, uint32_t n_vocab)
 
 static void solo(struct rig *r, const struct kvf_gen_params *p, int32_t *out, uint32_t *n_out)
 {
-    struct kvf_pool_config pc = {.n_pages = CTX / PT, .max_peers = 1, .tag_seed = 1};
-    kvf_model_geometry(r->m, PT, &pc.geo);
-    kvf_pool_t *pool;
-    ASSERT_OK(kvf_pool_create(&pc, &pool));
-    struct kvf_page_ref pages[CTX / PT];
-    struct kvf_owner own = {{9, 9}, 1};
-    ASSERT_OK(kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, CTX / PT, false, pages));
-    struct kvf_fwd_config fc = {1, CTX, 1, NULL};
-    kvf_fwd_t *f;
-    ASSERT_OK(kvf_fwd_create(r->m, &fc, &f));
-    float *logits = malloc(r->n_vocab * sizeof(float));
-    int32_t cur = 0;
-    uint32_t pos = 0;
-    *n_out = 0;
-    for (uint32_t step = 0; step < p->max_tokens; step++) {
-        struct kvf_fwd_seq s = {own.req, step == 0 ? p->prompt : &cur, step == 0 ? p->n_prompt : 1, pos,
-                                pages, CTX / PT, logits, 0};
-        ASSERT_EQ_INT(kvf_fwd_run(f, pool, &s, 1), 1);
-        pos += s.n_tokens;
-        cur = kvf_sample(logits, r->n_vocab, &p->sample, step);
-        out[(*n_out)++] = cur;
-    }
-    free(logits);
-    kvf_fwd_destroy(f);
-    kvf_pool_destroy(pool);
+    *n_out = solo_run(r->m, PT, CTX, p, out, NULL, NULL);
 }
 
 /* Reads q's events to its END, cancelling when asked; returns the END's error. */
