@@ -74,12 +74,27 @@ struct kvf_engine_info {
     uint32_t decode_by_state[5];                         /* pages by enum kvf_page_state */
     uint32_t prefill_pages, prefill_free;                /* the prefill pool */
     uint32_t queued, running;  /* requests waiting for a decode slot, and admitted ones */
-    bool prefill_up;           /* the decode worker holds a live connection to a prefill */
+    bool prefill_up;           /* a decode worker holds a live connection to a prefill */
+    uint32_t prefills, prefills_up; /* prefill workers known to the decode worker(s), and live */
+    uint32_t decodes, decodes_up;   /* router: decode workers configured, and live (else 0) */
     uint64_t fences, verify_failed, stale_msgs, rejected_before_handoff; /* counters */
     uint64_t holds, quarantines, committed, failed;                      /* counters */
     uint64_t foreign_tails; /* counter: prompts whose last page carried bytes they did not write */
     uint64_t hash_slices;   /* counter: slices of long prompts' pages hashed between loop turns */
     uint64_t bad_frames;    /* counter: control frames from the prefill that did not decode */
+};
+
+#define KVF_PREFILL_HOST_MAX 64
+#define KVF_PREFILL_WHY_MAX 200
+
+/* One worker as a router or decode worker sees it (for /health and the logs). */
+struct kvf_worker_status {
+    char role[8];                    /* "prefill" or "decode" */
+    char host[KVF_PREFILL_HOST_MAX];
+    uint16_t port;
+    bool up;                         /* connected, and its HELLO agreed */
+    char why[KVF_PREFILL_WHY_MAX];   /* when not up: why ("connecting", "refused: ...") */
+    char via[KVF_PREFILL_HOST_MAX + 8]; /* prefill: the decode worker reporting it ("" = self) */
 };
 
 /* The seam. `e` is the engine the ops belong to. */
@@ -98,6 +113,9 @@ struct kvf_gen_ops {
     /* Gives the handle back (see the header comment). */
     void (*release)(void *e, kvf_gen_t *g);
     void (*info)(void *e, struct kvf_engine_info *out);
+    /* Optional (NULL = one process, nothing to list): the workers behind the seam, as /health
+     * shows them. Fills up to max, returns how many there are. */
+    size_t (*workers)(void *e, struct kvf_worker_status *out, size_t max);
 };
 
 /* --- The workers. ---------------------------------------------------------------------------
@@ -155,5 +173,75 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
 void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms);
 /* The generation seam over a decode worker: pass the worker as `e`. */
 extern const struct kvf_gen_ops kvf_decode_gen_ops;
+
+/* Prefill workers per decode worker, at most. */
+#define KVF_DECODE_MAX_PREFILLS 16
+struct kvf_prefill_status {
+    char host[KVF_PREFILL_HOST_MAX];
+    uint16_t port;
+    bool up;
+    char why[KVF_PREFILL_WHY_MAX];
+};
+/* Adds a prefill worker the decode worker connects to and grants prompts to (any thread; the
+ * same address twice is one worker). Prompts go to the live prefill with the fewest prompts
+ * granted and not yet delivered. -ENOSPC beyond KVF_DECODE_MAX_PREFILLS. */
+int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint16_t port);
+/* The prefill workers as the loop last published them; returns how many (≤ max filled). */
+size_t kvf_decode_worker_prefills(kvf_decode_worker_t *w, struct kvf_prefill_status *out, size_t max);
+/* The worker's notify eventfd (the worker owns it): from this call on, every event pushed to a
+ * handle submitted afterwards also writes it, so a thread serving many handles can sleep on it
+ * until one has something. */
+int kvf_decode_worker_notify_fd(kvf_decode_worker_t *w);
+
+/* --- Split roles: the router and the decode worker in separate processes. --------------------
+ *
+ * A decode service listens for routers (UCX over TCP) and serves a decode worker's generation
+ * seam to them: the router's HELLO names the model fingerprint, the context limit, the page
+ * size and the prefill workers to use; the service checks the first three against its own and
+ * refuses a router that differs (its reply names the mismatch), then adds the prefill workers
+ * to the decode worker. A router submits, cancels and receives each request's tokens and its
+ * end over that connection; a lost connection cancels the router's requests on the decode side
+ * (through the protocol) and ends them on the router side with KVF_E_PROTO_PEER_DOWN.
+ */
+typedef struct kvf_decode_service kvf_decode_service_t;
+struct kvf_decode_service_config {
+    const char *listen_host;
+    uint16_t listen_port;  /* 0 = ephemeral */
+    uint64_t model_fp;
+    uint32_t max_context, page_tokens, n_vocab;
+    uint32_t keepalive_ms; /* 0 = 100 */
+};
+int kvf_decode_service_start(kvf_decode_worker_t *dw, const struct kvf_decode_service_config *cfg,
+                             kvf_decode_service_t **out, char *err, size_t err_len);
+uint16_t kvf_decode_service_port(const kvf_decode_service_t *s);
+/* Routers connected and past HELLO, now. */
+uint32_t kvf_decode_service_routers(kvf_decode_service_t *s);
+/* Closes every router connection (their requests are cancelled through the decode worker) and
+ * frees all. Call before stopping the decode worker. */
+void kvf_decode_service_stop(kvf_decode_service_t *s);
+
+typedef struct kvf_router kvf_router_t;
+struct kvf_router_config {
+    const char *const *decode_hosts;  /* [n_decodes] */
+    const uint16_t *decode_ports;
+    uint32_t n_decodes;               /* 1..KVF_ROUTER_MAX_DECODES */
+    const char *const *prefill_hosts; /* [n_prefills]: sent to every decode worker */
+    const uint16_t *prefill_ports;
+    uint32_t n_prefills;              /* 1..KVF_DECODE_MAX_PREFILLS */
+    uint64_t model_fp;
+    uint32_t max_context, page_tokens, n_vocab;
+    uint32_t max_queue;               /* requests not yet ended, at most (0 = 256): else -EAGAIN */
+    uint64_t admit_timeout_ms;        /* a request waiting for a live decode worker longer than
+                                         this ends with KVF_E_PROTO_PEER_DOWN (0 = 30000) */
+    uint32_t keepalive_ms;            /* 0 = 100 */
+};
+#define KVF_ROUTER_MAX_DECODES 16
+int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err, size_t err_len);
+/* Stops taking requests (-ESHUTDOWN), lets those in flight finish for up to grace_ms, cancels
+ * the rest, closes the connections and frees all. */
+void kvf_router_stop(kvf_router_t *r, uint64_t grace_ms);
+/* The generation seam over the router: pass the router as `e`. Requests go to the live decode
+ * worker with the fewest of this router's requests in flight, then the most free pages. */
+extern const struct kvf_gen_ops kvf_router_gen_ops;
 
 #endif /* KVFENCE_ENGINE_H */

@@ -8,8 +8,10 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "kvfence/engine.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
+#include "kvfence/server.h"
 #include "kvfence/tokenizer.h"
 
 struct kvf_cmd {
@@ -41,6 +43,63 @@ void kvf_cli_block_stop_signals(sigset_t *sigs);
  * free: every output is NULL or valid). */
 int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_model_t **m,
                        kvf_tokenizer_t **tok, uint64_t *fp);
+
+/* The HTTP front of `serve` and `router` (cli_http.c). */
+struct kvf_cli_http {
+    const char *host;              /* NULL = 127.0.0.1 */
+    uint32_t port, max_queue, tenant_running, tenant_queued;
+    const char *keys_path;
+    bool no_auth;
+    /* Set by prepare and start. */
+    bool loopback, chat_model;
+    kvf_server_keys_t *keys;
+    const char *model_name;
+};
+/* An HTTP option with its value: 1 taken, 0 not an HTTP option, -1 a bad value (printed). */
+int kvf_cli_http_option(const char *cmd, struct kvf_cli_http *h, const char *a, const char *v);
+/* After the options: the keys-or-loopback rule, and the key file loaded. 0, or 2 (printed). */
+int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h);
+/* Starts the server over ops/engine with the model's chat template when the interpreter takes
+ * it. 0, or -1 (printed). */
+int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *model_path,
+                       kvf_gguf_t *g, const kvf_tokenizer_t *tok, const struct kvf_gen_ops *ops,
+                       void *engine, kvf_server_t **srv);
+/* The startup line about API keys. */
+void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h);
+void kvf_cli_http_free(struct kvf_cli_http *h);
+
+/* A comma-separated list of HOST:PORT. */
+#define KVF_CLI_MAX_ADDRS 16
+struct kvf_cli_addrs {
+    uint32_t n;
+    char host[KVF_CLI_MAX_ADDRS][64];
+    uint16_t port[KVF_CLI_MAX_ADDRS];
+};
+/* 0, or -1 after printing "kvfence <cmd>: <opt> ...". */
+int kvf_cli_parse_addrs(const char *cmd, const char *opt, const char *v, struct kvf_cli_addrs *out);
+
+/* The KV pool of kv_bytes for m with pages of page_tokens, and the served limit: ctx_len, or the
+ * model's context when 0, lowered to what the pool holds when not given. 0, or -1 (printed:
+ * beyond the model's context, or a pool that cannot hold one request at the limit). */
+int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_tokens, uint64_t kv_bytes,
+                       uint32_t ctx_len, uint32_t *limit, uint32_t *n_pages);
+
+/* "HOST:PORT" into host (cap bytes) and port; port 0 allowed only when allow_zero. 0, or -1. */
+int kvf_cli_parse_addr(const char *v, char *host, size_t cap, uint16_t *port, bool allow_zero);
+
+/*
+ * Every option also from the environment, as container deployments expect: KVFENCE_<FLAG> (upper
+ * case, '-' as '_'; KVFENCE_KV_MEMORY=2G is --kv-memory 2G). Each set variable of the command's
+ * table becomes that option, placed before the command line's, so the command line wins. A
+ * boolean option is on with 1/true/yes and off with 0/false/no (anything else: -1, printed).
+ * The new argv (argv[0] kept; the strings borrowed) is *out_argv, freed with free().
+ */
+struct kvf_cli_flag {
+    const char *name; /* "--kv-memory" */
+    bool boolean;
+};
+int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, size_t n_flags,
+                     int *out_argc, char ***out_argv);
 
 /* True when argv (after the subcommand) asks for help. */
 bool kvf_cli_wants_help(int argc, char **argv);

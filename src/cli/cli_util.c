@@ -1,10 +1,13 @@
 /* cli_util.c — option parsing and the model fingerprint, shared by the serving commands. */
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -80,5 +83,125 @@ int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_mo
         fprintf(stderr, "kvfence %s: cannot read %s\n", cmd, path);
         return -1;
     }
+    return 0;
+}
+
+int kvf_cli_parse_addr(const char *v, char *host, size_t cap, uint16_t *port, bool allow_zero)
+{
+    const char *colon = strrchr(v, ':');
+    uint32_t p = 0;
+    if (!colon || colon == v || (size_t)(colon - v) >= cap ||
+        kvf_cli_parse_u32(colon + 1, allow_zero ? 0 : 1, 65535, &p) < 0)
+        return -1;
+    const char *h = v;
+    size_t len = (size_t)(colon - v);
+    if (len >= 2 && h[0] == '[' && h[len - 1] == ']') { /* [::1]:8000 */
+        h++;
+        len -= 2;
+    }
+    memcpy(host, h, len);
+    host[len] = 0;
+    *port = (uint16_t)p;
+    return 0;
+}
+
+int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, size_t n_flags,
+                     int *out_argc, char ***out_argv)
+{
+    char **nv = calloc((size_t)argc + 2 * n_flags + 1, sizeof(char *));
+    if (!nv) return -1;
+    int n = 0;
+    nv[n++] = argv[0];
+    for (size_t f = 0; f < n_flags; f++) {
+        char var[64] = "KVFENCE_";
+        size_t k = strlen(var);
+        for (const char *c = flags[f].name + 2; *c && k + 1 < sizeof var; c++)
+            var[k++] = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
+        var[k] = 0;
+        char *v = getenv(var);
+        if (!v) continue;
+        if (!flags[f].boolean) {
+            nv[n++] = (char *)flags[f].name;
+            nv[n++] = v;
+            continue;
+        }
+        if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes")) {
+            nv[n++] = (char *)flags[f].name;
+        } else if (strcmp(v, "0") && strcasecmp(v, "false") && strcasecmp(v, "no")) {
+            fprintf(stderr, "kvfence %s: %s=%s: want 1/true/yes or 0/false/no\n", argv[0], var, v);
+            free(nv);
+            return -1;
+        }
+    }
+    for (int i = 1; i < argc; i++) nv[n++] = argv[i];
+    nv[n] = NULL;
+    *out_argc = n;
+    *out_argv = nv;
+    return 0;
+}
+
+int kvf_cli_parse_addrs(const char *cmd, const char *opt, const char *v, struct kvf_cli_addrs *out)
+{
+    memset(out, 0, sizeof(*out));
+    const char *p = v;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char one[128];
+        if (len == 0 || len >= sizeof one || out->n == KVF_CLI_MAX_ADDRS) {
+            fprintf(stderr, "kvfence %s: %s wants 1 to %d HOST:PORT separated by commas, not '%s'\n",
+                    cmd, opt, KVF_CLI_MAX_ADDRS, v);
+            return -1;
+        }
+        memcpy(one, p, len);
+        one[len] = 0;
+        if (kvf_cli_parse_addr(one, out->host[out->n], sizeof out->host[0], &out->port[out->n], false) < 0) {
+            fprintf(stderr, "kvfence %s: %s: '%s' is not HOST:PORT\n", cmd, opt, one);
+            return -1;
+        }
+        out->n++;
+        p += len;
+        if (*p == ',') p++;
+    }
+    if (out->n == 0) {
+        fprintf(stderr, "kvfence %s: %s is empty\n", cmd, opt);
+        return -1;
+    }
+    return 0;
+}
+
+int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_tokens, uint64_t kv_bytes,
+                       uint32_t ctx_len, uint32_t *limit_out, uint32_t *n_pages_out)
+{
+    const struct kvf_model_hparams *hp = kvf_model_hparams(m);
+    struct kvf_pool_geometry geo;
+    kvf_model_geometry(m, page_tokens, &geo);
+    uint64_t page_bytes = kvf_geo_page_bytes(&geo);
+    uint64_t pages64 = kv_bytes / page_bytes;
+    if (pages64 > (1u << 24)) pages64 = 1u << 24;
+    uint32_t n_pages = (uint32_t)pages64;
+    uint64_t pool_tokens = (uint64_t)n_pages * page_tokens;
+    uint32_t limit = ctx_len ? ctx_len : hp->n_ctx;
+    if (limit > hp->n_ctx) {
+        fprintf(stderr, "kvfence %s: --context-length %u is beyond the model's context (%u)\n", cmd,
+                limit, hp->n_ctx);
+        return -1;
+    }
+    if (pool_tokens < limit) {
+        if (ctx_len || pool_tokens < 2 * page_tokens) {
+            uint64_t need = ((uint64_t)limit + page_tokens - 1) / page_tokens * page_bytes;
+            fprintf(stderr,
+                    "kvfence %s: --kv-memory holds %llu tokens of KV for this model (%llu pages of "
+                    "%llu bytes), less than one request at the context length %u; raise --kv-memory "
+                    "to at least %lluM or lower --context-length\n",
+                    cmd, (unsigned long long)pool_tokens, (unsigned long long)n_pages,
+                    (unsigned long long)page_bytes, limit,
+                    (unsigned long long)((need + (1u << 20) - 1) >> 20));
+            return -1;
+        }
+        limit = (uint32_t)pool_tokens;
+    }
+    *limit_out = limit;
+    *n_pages_out = n_pages;
     return 0;
 }

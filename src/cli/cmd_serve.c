@@ -51,7 +51,7 @@ static void serve_info(void *e, struct kvf_engine_info *out)
     if (serve_pw) kvf_prefill_worker_pool(serve_pw, &out->prefill_pages, &out->prefill_free);
 }
 static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_cancel, serve_release,
-                                             serve_info};
+                                             serve_info, NULL};
 
 static void usage(FILE *f)
 {
@@ -148,24 +148,13 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
     return 0;
 }
 
-/* The server's log sink: one line per event on stderr (stdio's stream lock keeps lines whole). */
-static void log_stderr(void *arg, const char *line)
-{
-    (void)arg;
-    flockfile(stderr);
-    fputs(line, stderr);
-    fputc('\n', stderr);
-    funlockfile(stderr);
-}
-
 int kvf_cmd_serve(int argc, char **argv)
 {
-    const char *model_path = NULL, *host = "127.0.0.1", *data_dir = NULL;
-    uint32_t port = 8080, threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0;
+    const char *model_path = NULL, *data_dir = NULL;
+    uint32_t threads = 0, ctx_len = 0, admit_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
-    bool ctx_given = false, no_auth = false;
-    const char *keys_path = NULL;
-    uint32_t tenant_running = 0, tenant_queued = 0;
+    bool ctx_given = false;
+    struct kvf_cli_http http = {.port = 8080};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -173,7 +162,7 @@ int kvf_cmd_serve(int argc, char **argv)
             return 0;
         }
         if (strcmp(a, "--no-auth") == 0) {
-            no_auth = true;
+            http.no_auth = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -181,19 +170,15 @@ int kvf_cmd_serve(int argc, char **argv)
             return 2;
         }
         const char *v = argv[++i];
-        int bad = 0;
+        int bad = 0, took = kvf_cli_http_option("serve", &http, a, v);
+        if (took < 0) return 2;
+        if (took) continue;
         if (strcmp(a, "--model") == 0) model_path = v;
-        else if (strcmp(a, "--host") == 0) host = v;
         else if (strcmp(a, "--data-dir") == 0) data_dir = v;
-        else if (strcmp(a, "--port") == 0) bad = kvf_cli_parse_u32(v, 0, 65535, &port);
         else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
-        else if (strcmp(a, "--max-queue") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &max_queue);
         else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
-        else if (strcmp(a, "--api-keys") == 0) keys_path = v;
-        else if (strcmp(a, "--tenant-max-running") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &tenant_running);
-        else if (strcmp(a, "--tenant-max-queued") == 0) bad = kvf_cli_parse_u32(v, 0, 1u << 20, &tenant_queued);
         else {
             fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
             usage(stderr);
@@ -204,31 +189,8 @@ int kvf_cmd_serve(int argc, char **argv)
             return 2;
         }
     }
-    bool loopback = strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 ||
-                    strcmp(host, "::1") == 0;
-    if (keys_path && no_auth) {
-        fprintf(stderr, "kvfence serve: --api-keys and --no-auth contradict each other\n");
-        return 2;
-    }
-    if (!keys_path && !loopback && !no_auth) {
-        fprintf(stderr,
-                "kvfence serve: refusing to listen on %s without API keys; give --api-keys FILE, "
-                "or --no-auth to serve anyone who can reach it\n",
-                host);
-        return 2;
-    }
-    if (tenant_queued && !tenant_running) {
-        fprintf(stderr, "kvfence serve: --tenant-max-queued needs --tenant-max-running\n");
-        return 2;
-    }
-    kvf_server_keys_t *keys = NULL;
-    if (keys_path) {
-        char kerr[320];
-        if (kvf_server_keys_load(keys_path, &keys, kerr, sizeof kerr) < 0) {
-            fprintf(stderr, "kvfence serve: --api-keys %s\n", kerr);
-            return 2;
-        }
-    }
+    int prc = kvf_cli_http_prepare("serve", &http);
+    if (prc) return prc;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (uint32_t)n : 1;
@@ -236,7 +198,7 @@ int kvf_cmd_serve(int argc, char **argv)
     char default_path[512];
     if (!model_path) {
         if (default_model(data_dir, default_path, sizeof(default_path)) < 0) {
-            kvf_server_keys_free(keys);
+            kvf_cli_http_free(&http);
             return 1;
         }
         model_path = default_path;
@@ -258,40 +220,17 @@ int kvf_cmd_serve(int argc, char **argv)
     pthread_mutex_t compute = PTHREAD_MUTEX_INITIALIZER;
     uint64_t fp = 0;
     if (kvf_cli_open_model("serve", model_path, &g, &m, &tok, &fp) < 0) goto out;
-    const struct kvf_model_hparams *hp = kvf_model_hparams(m);
-    struct kvf_pool_geometry geo;
-    kvf_model_geometry(m, SERVE_PAGE_TOKENS, &geo);
-    uint64_t page_bytes = kvf_geo_page_bytes(&geo);
-    uint64_t pages64 = kv_bytes / page_bytes;
-    if (pages64 > (1u << 24)) pages64 = 1u << 24;
-    uint32_t n_pages = (uint32_t)pages64;
-    uint64_t pool_tokens = (uint64_t)n_pages * SERVE_PAGE_TOKENS;
-    uint32_t limit = ctx_given ? ctx_len : hp->n_ctx;
-    if (limit > hp->n_ctx) {
-        fprintf(stderr, "kvfence serve: --context-length %u is beyond the model's context (%u)\n",
-                limit, hp->n_ctx);
+    uint32_t limit = 0, n_pages = 0;
+    if (kvf_cli_pool_limit("serve", m, SERVE_PAGE_TOKENS, kv_bytes, ctx_given ? ctx_len : 0, &limit,
+                           &n_pages) < 0)
         goto out;
-    }
-    if (pool_tokens < limit) {
-        if (ctx_given || pool_tokens < 2 * SERVE_PAGE_TOKENS) {
-            uint64_t need = ((uint64_t)limit + SERVE_PAGE_TOKENS - 1) / SERVE_PAGE_TOKENS * page_bytes;
-            fprintf(stderr,
-                    "kvfence serve: --kv-memory holds %llu tokens of KV for this model (%llu pages of "
-                    "%llu bytes), less than one request at the context length %u; raise --kv-memory "
-                    "to at least %lluM or lower --context-length\n",
-                    (unsigned long long)pool_tokens, (unsigned long long)n_pages,
-                    (unsigned long long)page_bytes, limit, (unsigned long long)((need + (1u << 20) - 1) >> 20));
-            goto out;
-        }
-        limit = (uint32_t)pool_tokens;
-    }
     /* The prefill pool holds one prompt at the limit (prompts are computed one at a time). */
     uint32_t prefill_pages = (limit + SERVE_PAGE_TOKENS - 1) / SERVE_PAGE_TOKENS + 1;
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = SERVE_PAGE_TOKENS,
                                    .n_pages = prefill_pages, .n_threads = threads,
                                    .max_context = limit, .listen_host = "127.0.0.1",
                                    .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
-                                   .max_queue = max_queue, .admit_timeout_ms = admit_ms};
+                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms};
     if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;
@@ -315,48 +254,13 @@ int kvf_cmd_serve(int argc, char **argv)
                         "over UCX on 127.0.0.1 within 10 s\n");
         goto out;
     }
-    /* The model's chat template, if the interpreter takes it (else the default rendering). */
-    const char *tmpl_s = NULL;
-    size_t tmpl_len = 0;
-    char *tmpl = NULL;
-    if (kvf_gguf_get_str(g, "tokenizer.chat_template", &tmpl_s, &tmpl_len) == 0 && tmpl_len) {
-        char terr[256] = "";
-        tmpl = strndup(tmpl_s, tmpl_len);
-        if (tmpl && kvf_server_chat_template_check(tmpl, tok, terr, sizeof(terr)) < 0) {
-            fprintf(stderr,
-                    "kvfence serve: not using the model's chat template (%s); chat requests use the "
-                    "default rendering\n",
-                    terr);
-            free(tmpl);
-            tmpl = NULL;
-        }
-    }
-    const char *base = strrchr(model_path, '/');
-    struct kvf_server_config sc = {.host = host, .port = (uint16_t)port,
-                                   .model_name = base ? base + 1 : model_path, .drain_ms = 10000,
-                                   .max_queue = max_queue, .chat_template = tmpl, .keys = keys,
-                                   .tenant_max_running = tenant_running,
-                                   .tenant_max_queued = tenant_queued, .log = log_stderr};
-    int src = kvf_server_start(&sc, &serve_ops, dw, tok, &srv, err, sizeof(err));
-    bool chat_model = tmpl != NULL;
-    free(tmpl); /* copied by the server */
-    if (src < 0) {
-        fprintf(stderr, "kvfence serve: cannot serve HTTP on %s:%u: %s\n", host, port, err);
-        goto out;
-    }
+    if (kvf_cli_http_start("serve", &http, model_path, g, tok, &serve_ops, dw, &srv) < 0) goto out;
     fprintf(stderr,
             "kvfence serve: listening on http://%s:%u — model %s (%s), context limit %u tokens, "
             "decode pool %u pages of %u tokens, %u threads, chat: %s\n",
-            host, kvf_server_port(srv), sc.model_name, kvf_model_type_name(m), limit, n_pages,
-            SERVE_PAGE_TOKENS, threads, chat_model ? "the model's template" : "default rendering");
-    if (keys)
-        fprintf(stderr, "kvfence serve: API keys: %zu keys of %zu tenants from %s\n",
-                kvf_server_keys_count(keys), kvf_server_keys_n_tenants(keys), keys_path);
-    else if (loopback)
-        fprintf(stderr, "kvfence serve: no API keys: any local process may use this server\n");
-    else
-        fprintf(stderr, "kvfence serve: warning: --no-auth: anyone who can reach %s may use this "
-                        "server\n", host);
+            http.host, kvf_server_port(srv), http.model_name, kvf_model_type_name(m), limit, n_pages,
+            SERVE_PAGE_TOKENS, threads, http.chat_model ? "the model's template" : "default rendering");
+    kvf_cli_http_say_auth("serve", &http);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvfence serve: %s: stopping (requests in flight get up to 10 s)\n",
@@ -370,7 +274,7 @@ out:
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
     kvf_gguf_close(g);
-    kvf_server_keys_free(keys);
+    kvf_cli_http_free(&http);
     if (status == 0) fprintf(stderr, "kvfence serve: stopped\n");
     return status;
 }

@@ -1,6 +1,9 @@
 /* common.c — sampling, wakeups, waiting and sending, shared by the prefill and decode loops. */
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -67,4 +70,111 @@ int kvf__send_msg(kvf_conn_t *c, const struct kvf_msg *m, uint8_t *buf, size_t c
     long n = kvf_msg_encode(m, buf, cap);
     if (n < 0) return (int)n;
     return kvf_conn_send(c, buf, (size_t)n);
+}
+
+int kvf__hello_mismatch(const struct kvf_msg_hello *mine, const struct kvf_msg_hello *theirs,
+                        char *why, size_t why_len)
+{
+    int rc = kvf_proto_hello_check(mine, theirs);
+    why[0] = 0;
+    if (rc == 0) return 0;
+    const struct kvf_pool_geometry *a = &mine->geo, *b = &theirs->geo;
+    if (mine->model_fp != theirs->model_fp)
+        snprintf(why, why_len, "model fingerprint %016llx there, %016llx here (a different model file)",
+                 (unsigned long long)theirs->model_fp, (unsigned long long)mine->model_fp);
+    else if (mine->max_context != theirs->max_context)
+        snprintf(why, why_len, "context limit %u tokens there, %u here (--context-length must agree)",
+                 theirs->max_context, mine->max_context);
+    else if (a->page_tokens != b->page_tokens)
+        snprintf(why, why_len, "page size %u tokens there, %u here", b->page_tokens, a->page_tokens);
+    else
+        snprintf(why, why_len, "page geometry %u layers × %u KV heads × %u dims × %u bytes there, "
+                 "%u × %u × %u × %u here",
+                 b->n_layers, b->n_kv_heads, b->head_dim, b->elem_bytes, a->n_layers,
+                 a->n_kv_heads, a->head_dim, a->elem_bytes);
+    return rc;
+}
+
+void kvf__evq_init(struct kvf__evq *q, int notify_fd)
+{
+    memset(q, 0, sizeof(*q));
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->notify_fd = notify_fd;
+}
+
+void kvf__evq_destroy(struct kvf__evq *q)
+{
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    free(q->ring);
+    q->ring = NULL;
+}
+
+void kvf__evq_push(struct kvf__evq *q, const struct kvf_gen_event *ev)
+{
+    pthread_mutex_lock(&q->mu);
+    if (q->ended) {
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
+    if (ev->kind == KVF_GEN_END) {
+        q->end_ev = *ev;
+        q->ended = true;
+    } else {
+        if (q->n == q->cap) {
+            uint32_t cap = q->cap ? 2 * q->cap : 16;
+            struct kvf_gen_event *r = malloc(cap * sizeof(*r));
+            if (!r) {
+                /* Out of memory for the stream: end it rather than lose a token silently. */
+                q->end_ev = (struct kvf_gen_event){.kind = KVF_GEN_END, .err = -ENOMEM};
+                q->ended = true;
+                goto wake;
+            }
+            for (uint32_t i = 0; i < q->n; i++) r[i] = q->ring[(q->head + i) % q->cap];
+            free(q->ring);
+            q->ring = r;
+            q->cap = cap;
+            q->head = 0;
+        }
+        q->ring[(q->head + q->n) % q->cap] = *ev;
+        q->n++;
+    }
+wake:
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    if (q->notify_fd >= 0) kvf__wake(q->notify_fd);
+}
+
+int kvf__evq_next(struct kvf__evq *q, struct kvf_gen_event *ev, int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&q->mu);
+    while (q->n == 0 && !q->ended && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&q->cv, &q->mu);
+        else if (pthread_cond_timedwait(&q->cv, &q->mu, &until) == ETIMEDOUT)
+            break;
+    }
+    int got = 0;
+    if (q->n) {
+        *ev = q->ring[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->n--;
+        got = 1;
+    } else if (q->ended) {
+        *ev = q->end_ev;
+        got = 1;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return got;
 }

@@ -32,7 +32,6 @@
 
 #include "engine_internal.h"
 
-#define DW_PEER 0u        /* the one prefill peer of this worker */
 #define DW_TICK_MS 20u    /* machine timers */
 #define DW_RECONNECT_MS 100u
 #define DW_HELLO_MS 2000u /* connect → the prefill's HELLO, at most */
@@ -44,20 +43,16 @@
 enum gstate { G_INBOX = 0, G_PENDING = 1, G_SUBMITTED = 2, G_RUNNING = 3, G_ENDED = 4 };
 
 struct kvf_gen {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct kvf_gen_event *ring; /* [cap] token events not yet read */
-    uint32_t head, n, cap;
-    bool ended;                 /* END was pushed (after every TOKEN) */
-    struct kvf_gen_event end_ev;
-    int refs;                   /* the router's and the loop's */
-    bool cancel;                /* the router asked to end it */
+    struct kvf__evq q;
+    int refs;                   /* under q.mu: the router's and the loop's */
+    bool cancel;                /* under q.mu: the router asked to end it */
     /* Fixed at submit. */
     struct kvf_gen_params p;
     int32_t *prompt;
     /* The loop's. */
     enum gstate state;
     kvf_req_id_t req;
+    uint16_t peer;         /* the prefill worker it was granted to (submitted or running) */
     uint64_t since_ms;
     uint32_t n_out;
     int32_t last;
@@ -67,6 +62,19 @@ struct kvf_gen {
 };
 
 enum { STEP_IDLE = 0, STEP_GO = 1, STEP_DONE = 2 };
+
+/* One prefill worker this decode worker writes grants to: peer id = its index. */
+struct dpeer {
+    char host[KVF_PREFILL_HOST_MAX];
+    uint16_t port;
+    kvf_conn_t *conn;
+    bool failed, hello_ok;
+    uint32_t epoch;              /* the pool epoch the connection was opened at */
+    uint64_t next_connect_ms;
+    uint64_t hello_deadline_ms;  /* a connection without the prefill's HELLO by then is dropped */
+    uint32_t failures;           /* attempts since the last HELLO: the retry backs off */
+    char why[KVF_PREFILL_WHY_MAX]; /* why it is not in use ("" when it is, or unknown yet) */
+};
 
 /* One sequence's result of a step, written by the compute thread. */
 struct step_out {
@@ -96,24 +104,28 @@ struct kvf_decode_worker {
     bool closing;         /* no more submits */
     struct kvf_engine_info info;
     uint64_t req_hi, next_req;
+    struct { char host[KVF_PREFILL_HOST_MAX]; uint16_t port; } adds[KVF_DECODE_MAX_PREFILLS];
+    uint32_t n_adds;      /* prefill workers to add (kvf_decode_worker_add_prefill) */
+    struct kvf_prefill_status status[KVF_DECODE_MAX_PREFILLS]; /* published by the loop */
+    uint32_t n_status;
+    int notify_fd;        /* eventfd written on every event pushed to a handle, once notify_on */
+    bool notify_on;
     /* Loop side. */
     struct kvf_gen *pending_head, *pending_tail;
     struct kvf_gen **live; /* [max_reqs]: submitted or running */
-    kvf_conn_t *conn;
-    bool conn_failed, hello_ok;
-    uint32_t conn_epoch;
-    uint64_t next_connect_ms, next_tick_ms;
-    uint64_t hello_deadline_ms; /* a connection without the prefill's HELLO by then is dropped */
-    uint32_t connect_failures;  /* attempts since the last HELLO: the retry backs off */
+    struct dpeer peers[KVF_DECODE_MAX_PREFILLS];
+    uint32_t n_peers;
+    uint64_t next_tick_ms;
     uint64_t rejected_before_handoff;
     uint64_t foreign_tails; /* committed prompts whose last page carried bytes it did not write */
     struct kvf_actions acts;
     bool in_actions;      /* run_actions is executing the list (a nested call only appends) */
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
-    struct pframe { uint8_t *buf; size_t len; struct pframe *next; } *frames_head, *frames_tail;
+    struct pframe { uint8_t *buf; size_t len; uint16_t peer; struct pframe *next; } *frames_head, *frames_tail;
     /* DONEs being hashed in slices, oldest first: the frame, and the hashes so far. */
     struct pverify {
+        uint16_t peer;
         uint8_t *frame;
         size_t len;
         uint64_t *hashes;
@@ -140,50 +152,18 @@ struct kvf_decode_worker {
 
 static void gen_unref(struct kvf_gen *g)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->q.mu);
     int left = --g->refs;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->q.mu);
     if (left) return;
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
-    free(g->ring);
+    kvf__evq_destroy(&g->q);
     free(g->prompt);
     free(g);
 }
 
 static void gen_push(struct kvf_gen *g, const struct kvf_gen_event *ev)
 {
-    pthread_mutex_lock(&g->mu);
-    if (g->ended) {
-        pthread_mutex_unlock(&g->mu);
-        return;
-    }
-    if (ev->kind == KVF_GEN_END) {
-        g->end_ev = *ev;
-        g->ended = true;
-    } else {
-        if (g->n == g->cap) {
-            uint32_t cap = g->cap ? 2 * g->cap : 16;
-            struct kvf_gen_event *r = malloc(cap * sizeof(*r));
-            if (!r) {
-                /* Out of memory for the stream: end it rather than lose a token silently. */
-                g->end_ev = (struct kvf_gen_event){.kind = KVF_GEN_END, .err = -ENOMEM};
-                g->ended = true;
-                pthread_cond_broadcast(&g->cv);
-                pthread_mutex_unlock(&g->mu);
-                return;
-            }
-            for (uint32_t i = 0; i < g->n; i++) r[i] = g->ring[(g->head + i) % g->cap];
-            free(g->ring);
-            g->ring = r;
-            g->cap = cap;
-            g->head = 0;
-        }
-        g->ring[(g->head + g->n) % g->cap] = *ev;
-        g->n++;
-    }
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
+    kvf__evq_push(&g->q, ev);
 }
 
 static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
@@ -211,8 +191,7 @@ static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
                                             p->n_logprobs, p->sample.seed,
                                             p->want_logprob || p->n_logprobs > 0};
     g->refs = 2;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    kvf__evq_init(&g->q, -1);
     pthread_mutex_lock(&w->mu);
     int rc = 0;
     if (w->closing)
@@ -220,6 +199,7 @@ static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     else if (w->n_waiting >= w->cfg.max_queue)
         rc = -EAGAIN;
     if (rc == 0) {
+        g->q.notify_fd = w->notify_on ? w->notify_fd : -1;
         g->req = (kvf_req_id_t){++w->next_req, w->req_hi};
         g->since_ms = kvf__now_ms();
         if (w->inbox_tail)
@@ -243,43 +223,15 @@ static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
 static int gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
 {
     (void)e;
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    if (timeout_ms > 0) {
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-    }
-    pthread_mutex_lock(&g->mu);
-    while (g->n == 0 && !g->ended && timeout_ms != 0) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&g->cv, &g->mu);
-        else if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT)
-            break;
-    }
-    int got = 0;
-    if (g->n) {
-        *ev = g->ring[g->head];
-        g->head = (g->head + 1) % g->cap;
-        g->n--;
-        got = 1;
-    } else if (g->ended) {
-        *ev = g->end_ev;
-        got = 1;
-    }
-    pthread_mutex_unlock(&g->mu);
-    return got;
+    return kvf__evq_next(&g->q, ev, timeout_ms);
 }
 
 static void gen_cancel(void *e, kvf_gen_t *g)
 {
     struct kvf_decode_worker *w = e;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->q.mu);
     g->cancel = true;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->q.mu);
     kvf__wake(w->wake_fd);
 }
 
@@ -297,15 +249,15 @@ static void gen_info(void *e, struct kvf_engine_info *out)
     pthread_mutex_unlock(&w->mu);
 }
 
-const struct kvf_gen_ops kvf_decode_gen_ops = {gen_submit, gen_next, gen_cancel, gen_release, gen_info};
+const struct kvf_gen_ops kvf_decode_gen_ops = {gen_submit, gen_next, gen_cancel, gen_release, gen_info, NULL};
 
 /* --- Loop side: ending requests. ------------------------------------------------------------- */
 
 static bool cancelled(struct kvf_gen *g)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->q.mu);
     bool c = g->cancel;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->q.mu);
     return c;
 }
 
@@ -363,14 +315,15 @@ static void fence(struct kvf_decode_worker *w, struct kvf_peer_epoch pe)
 {
     uint32_t cur = 0;
     if (kvf_pool_peer_epoch(w->pool, pe.peer, &cur) < 0 || cur != pe.epoch) return; /* done already */
-    if (w->conn && w->conn_epoch == pe.epoch) {
+    struct dpeer *p = pe.peer < w->n_peers ? &w->peers[pe.peer] : NULL;
+    if (p && p->conn && p->epoch == pe.epoch) {
         /* The fence: a forced close in peer-error mode; after it returns the peer can no longer
          * write the pool through this endpoint (docs/PROTOCOL.md, "Fences"). */
-        kvf_conn_close(w->conn);
-        w->conn = NULL;
-        w->hello_ok = false;
-        w->conn_failed = false;
-        w->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS;
+        kvf_conn_close(p->conn);
+        p->conn = NULL;
+        p->hello_ok = false;
+        p->failed = false;
+        p->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS;
     }
     kvf_decode_peer_fenced(w->d, kvf__now_ms(), pe, &w->acts);
 }
@@ -407,9 +360,11 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
     for (uint32_t i = 0; i < w->acts.n; i++) {
         struct kvf_action a = w->acts.v[i];
         switch (a.kind) {
-        case KVF_ACT_SEND:
-            if (w->conn && !w->conn_failed) kvf__send_msg(w->conn, &a.msg, w->frame, KVF_PROTO_MAX_MSG_BYTES);
+        case KVF_ACT_SEND: {
+            struct dpeer *p = a.peer < w->n_peers ? &w->peers[a.peer] : NULL;
+            if (p && p->conn && !p->failed) kvf__send_msg(p->conn, &a.msg, w->frame, KVF_PROTO_MAX_MSG_BYTES);
             break;
+        }
         case KVF_ACT_FENCE_PEER: fence(w, (struct kvf_peer_epoch){a.peer, a.epoch}); break;
         case KVF_ACT_DELIVER_FIRST: {
             int li = live_index(w, a.req);
@@ -451,12 +406,20 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
     w->in_actions = false;
 }
 
-/* --- Loop side: the connection. -------------------------------------------------------------- */
+/* --- Loop side: the connections to the prefill workers. ------------------------------------- */
+
+static int peer_of(const struct kvf_decode_worker *w, const kvf_conn_t *c)
+{
+    for (uint32_t i = 0; i < w->n_peers; i++)
+        if (w->peers[i].conn == c) return (int)i;
+    return -1;
+}
 
 static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
 {
     struct kvf_decode_worker *w = ctx;
-    if (c != w->conn) return;
+    int peer = peer_of(w, c);
+    if (peer < 0) return;
     struct pframe *f = malloc(sizeof(*f));
     if (!f || !(f->buf = malloc(len ? len : 1))) {
         free(f);
@@ -464,6 +427,7 @@ static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
     }
     memcpy(f->buf, buf, len);
     f->len = len;
+    f->peer = (uint16_t)peer;
     f->next = NULL;
     if (w->frames_tail)
         w->frames_tail->next = f;
@@ -476,7 +440,8 @@ static void on_error(void *ctx, kvf_conn_t *c, int err)
 {
     struct kvf_decode_worker *w = ctx;
     (void)err;
-    if (c == w->conn) w->conn_failed = true;
+    int peer = peer_of(w, c);
+    if (peer >= 0) w->peers[peer].failed = true;
 }
 
 static void hello(struct kvf_decode_worker *w, struct kvf_msg_hello *h)
@@ -485,8 +450,9 @@ static void hello(struct kvf_decode_worker *w, struct kvf_msg_hello *h)
                                 KVF_ROLE_DECODE};
 }
 
-static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t len)
+static void handle_frame(struct kvf_decode_worker *w, uint16_t peer, const uint8_t *buf, size_t len)
 {
+    struct dpeer *p = &w->peers[peer];
     struct kvf_msg m;
     long n = kvf_msg_decode(buf, len, &m, &w->scratch);
     if (n != (long)len) {
@@ -497,24 +463,33 @@ static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t
     if (m.type == KVF_MSG_HELLO) {
         struct kvf_msg_hello mine;
         hello(w, &mine);
-        if (m.u.hello.role != KVF_ROLE_PREFILL || kvf_proto_hello_check(&mine, &m.u.hello) < 0 ||
-            m.epoch != w->conn_epoch) {
-            fprintf(stderr, "kvfence decode: the prefill worker's model, page geometry or context "
-                            "limit (%u) differs from ours (%u); not using it\n",
-                    m.u.hello.max_context, w->cfg.max_context);
+        char why[KVF_PREFILL_WHY_MAX - 64];
+        if (m.u.hello.role != KVF_ROLE_PREFILL)
+            snprintf(why, sizeof why, "not a prefill worker (role %u)", (unsigned)m.u.hello.role);
+        else if (kvf__hello_mismatch(&mine, &m.u.hello, why, sizeof why) == 0 && m.epoch != p->epoch)
+            snprintf(why, sizeof why, "answered for epoch %u, not %u", m.epoch, p->epoch);
+        if (why[0]) {
+            char full[KVF_PREFILL_WHY_MAX + 16];
+            snprintf(full, sizeof full, "refused: %s", why);
+            if (strcmp(full, p->why) != 0)
+                fprintf(stderr, "kvfence decode: refusing the prefill worker at %s:%u: %s\n", p->host,
+                        p->port, why);
+            kvf__strlcpy(p->why, full, sizeof p->why);
+            p->failed = true; /* closed, and tried again later (it may be restarted right) */
             return;
         }
-        if (kvf_decode_peer_up(w->d, DW_PEER, m.epoch) == 0) {
-            w->hello_ok = true;
-            w->connect_failures = 0;
+        if (kvf_decode_peer_up(w->d, peer, m.epoch) == 0) {
+            p->hello_ok = true;
+            p->failures = 0;
+            p->why[0] = 0;
         }
         return;
     }
-    if (!w->hello_ok) return;
+    if (!p->hello_ok) return;
     const struct kvf_page_ref *pages;
     uint32_t n_pages;
     if (m.type == KVF_MSG_DONE &&
-        kvf_decode_done_pages(w->d, DW_PEER, &m, &pages, &n_pages) == 0 &&
+        kvf_decode_done_pages(w->d, peer, &m, &pages, &n_pages) == 0 &&
         (uint64_t)n_pages * kvf_geo_data_bytes(&w->geo) > w->cfg.hash_slice_bytes) {
         /* A long prompt: hash its pages in slices across loop turns (verify_step), then hand
          * the DONE to the machine with the hashes. */
@@ -523,6 +498,7 @@ static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t
             memcpy(v->frame, buf, len);
             v->len = len;
             v->n = n_pages;
+            v->peer = peer;
             if (w->verify_tail)
                 w->verify_tail->next = v;
             else
@@ -533,7 +509,7 @@ static void handle_frame(struct kvf_decode_worker *w, const uint8_t *buf, size_t
         if (v) free(v->frame);
         free(v); /* out of memory: verified in one call below */
     }
-    kvf_decode_on_msg(w->d, now, DW_PEER, &m, &w->acts);
+    kvf_decode_on_msg(w->d, now, peer, &m, &w->acts);
     run_actions(w, m.type == KVF_MSG_DONE ? &m : NULL);
 }
 
@@ -547,9 +523,9 @@ static void verify_step(struct kvf_decode_worker *w)
     if (kvf_msg_decode(v->frame, v->len, &m, &w->scratch) != (long)v->len) goto drop;
     const struct kvf_page_ref *pages;
     uint32_t n_pages;
-    if (kvf_decode_done_pages(w->d, DW_PEER, &m, &pages, &n_pages) < 0 || n_pages != v->n) {
+    if (kvf_decode_done_pages(w->d, v->peer, &m, &pages, &n_pages) < 0 || n_pages != v->n) {
         /* No longer checked against pages (cancelled, fenced): the machine decides. */
-        kvf_decode_on_msg(w->d, kvf__now_ms(), DW_PEER, &m, &w->acts);
+        kvf_decode_on_msg(w->d, kvf__now_ms(), v->peer, &m, &w->acts);
         run_actions(w, NULL);
         goto drop;
     }
@@ -558,7 +534,7 @@ static void verify_step(struct kvf_decode_worker *w)
         v->hashes[v->done] = XXH3_64bits(kvf_pool_page_data(w->pool, pages[v->done].page), bytes);
     w->hash_slices++;
     if (v->done < v->n) return;
-    kvf_decode_on_done_hashed(w->d, kvf__now_ms(), DW_PEER, &m, v->hashes, &w->acts);
+    kvf_decode_on_done_hashed(w->d, kvf__now_ms(), v->peer, &m, v->hashes, &w->acts);
     run_actions(w, &m);
 drop:
     w->verify_head = v->next;
@@ -568,45 +544,108 @@ drop:
     free(v);
 }
 
-static void connect_prefill(struct kvf_decode_worker *w)
+static void connect_prefill(struct kvf_decode_worker *w, uint16_t peer)
 {
+    struct dpeer *p = &w->peers[peer];
     char err[256] = "";
     uint32_t epoch = 0;
-    kvf_pool_peer_epoch(w->pool, DW_PEER, &epoch);
-    if (kvf_xport_connect(w->x, w->cfg.prefill_host, w->cfg.prefill_port, &w->conn, err, sizeof(err)) < 0) {
-        w->conn = NULL;
-        w->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS * 5;
+    kvf_pool_peer_epoch(w->pool, peer, &epoch);
+    if (kvf_xport_connect(w->x, p->host, p->port, &p->conn, err, sizeof(err)) < 0) {
+        p->conn = NULL;
+        if (!p->why[0] || strncmp(p->why, "refused", 7) != 0)
+            snprintf(p->why, sizeof p->why, "cannot connect: %s", err);
+        p->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS * 5;
         return;
     }
-    w->conn_epoch = epoch;
-    w->conn_failed = false;
-    w->hello_ok = false;
-    w->hello_deadline_ms = kvf__now_ms() + DW_HELLO_MS;
+    p->epoch = epoch;
+    p->failed = false;
+    p->hello_ok = false;
+    p->hello_deadline_ms = kvf__now_ms() + DW_HELLO_MS;
     struct kvf_msg m = {.type = KVF_MSG_HELLO, .epoch = epoch};
     hello(w, &m.u.hello);
-    kvf__send_msg(w->conn, &m, w->frame, KVF_PROTO_MAX_MSG_BYTES);
+    kvf__send_msg(p->conn, &m, w->frame, KVF_PROTO_MAX_MSG_BYTES);
 }
 
-static void conn_lost(struct kvf_decode_worker *w)
+static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
 {
+    struct dpeer *p = &w->peers[peer];
+    if (p->hello_ok) snprintf(p->why, sizeof p->why, "connection lost");
+    else if (!p->why[0]) snprintf(p->why, sizeof p->why, "no answer to HELLO within %u ms", DW_HELLO_MS);
     /* Every request granted to the peer fails now (H13); its pages wait for the fence, which
      * this asks for and which run_actions performs: the forced close. */
-    kvf_decode_peer_down(w->d, kvf__now_ms(), DW_PEER, &w->acts);
+    kvf_decode_peer_down(w->d, kvf__now_ms(), peer, &w->acts);
     run_actions(w, NULL);
-    if (w->conn) {
+    if (p->conn) {
         /* peer_down asked to fence the current epoch; if it had been fenced already the close
          * still must happen before a new connection. */
-        kvf_conn_close(w->conn);
-        w->conn = NULL;
-        w->hello_ok = false;
+        kvf_conn_close(p->conn);
+        p->conn = NULL;
+        p->hello_ok = false;
     }
     /* Retry with backoff (100 ms doubling to 2 s): a stopped or restarting prefill is not
      * flooded with attempts that would queue up in its listener. */
-    uint32_t f = w->connect_failures < 5 ? w->connect_failures : 5;
-    w->connect_failures++;
+    uint32_t f = p->failures < 5 ? p->failures : 5;
+    p->failures++;
     uint64_t wait = (uint64_t)DW_RECONNECT_MS << f;
-    w->next_connect_ms = kvf__now_ms() + (wait < 2000 ? wait : 2000);
-    w->conn_failed = false;
+    p->next_connect_ms = kvf__now_ms() + (wait < 2000 ? wait : 2000);
+    p->failed = false;
+}
+
+/* Prefill workers added from other threads (kvf_decode_worker_add_prefill) join the table. */
+static void take_adds(struct kvf_decode_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    for (uint32_t i = 0; i < w->n_adds; i++) {
+        bool known = false;
+        for (uint32_t k = 0; k < w->n_peers && !known; k++)
+            known = w->peers[k].port == w->adds[i].port && strcmp(w->peers[k].host, w->adds[i].host) == 0;
+        if (known || w->n_peers == KVF_DECODE_MAX_PREFILLS) continue;
+        struct dpeer *p = &w->peers[w->n_peers++];
+        memset(p, 0, sizeof(*p));
+        memcpy(p->host, w->adds[i].host, sizeof p->host); /* NUL-terminated by add_prefill */
+        p->port = w->adds[i].port;
+    }
+    w->n_adds = 0;
+    pthread_mutex_unlock(&w->mu);
+}
+
+int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint16_t port)
+{
+    if (!host || !*host || strlen(host) >= KVF_PREFILL_HOST_MAX || port == 0) return -EINVAL;
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    uint32_t known = 0;
+    for (uint32_t i = 0; i < w->n_status; i++)
+        if (w->status[i].port == port && strcmp(w->status[i].host, host) == 0) known = 1;
+    if (!known) {
+        if (w->n_status + w->n_adds >= KVF_DECODE_MAX_PREFILLS) {
+            rc = -ENOSPC;
+        } else {
+            kvf__strlcpy(w->adds[w->n_adds].host, host, KVF_PREFILL_HOST_MAX);
+            w->adds[w->n_adds].port = port;
+            w->n_adds++;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (rc == 0) kvf__wake(w->wake_fd);
+    return rc;
+}
+
+size_t kvf_decode_worker_prefills(kvf_decode_worker_t *w, struct kvf_prefill_status *out, size_t max)
+{
+    pthread_mutex_lock(&w->mu);
+    size_t n = w->n_status < max ? w->n_status : max;
+    memcpy(out, w->status, n * sizeof(*out));
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}
+
+int kvf_decode_worker_notify_fd(kvf_decode_worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    w->notify_on = true;
+    pthread_mutex_unlock(&w->mu);
+    return w->notify_fd;
 }
 
 /* --- Loop side: admission and the decode step. ----------------------------------------------- */
@@ -641,6 +680,19 @@ static uint32_t pages_for(const struct kvf_decode_worker *w, uint64_t tokens)
 static void admit(struct kvf_decode_worker *w)
 {
     uint64_t now = kvf__now_ms();
+    /* The prefill for the next request: of the live ones, the one with the fewest prompts
+     * granted and not yet delivered (its queue). */
+    uint32_t granted[KVF_DECODE_MAX_PREFILLS] = {0};
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
+        if (w->live[i] && w->live[i]->state == G_SUBMITTED && w->live[i]->peer < w->n_peers)
+            granted[w->live[i]->peer]++;
+    int best = -1;
+    bool any_up = false;
+    for (uint32_t i = 0; i < w->n_peers; i++) {
+        if (!w->peers[i].hello_ok) continue;
+        any_up = true;
+        if (best < 0 || granted[i] < granted[best]) best = (int)i;
+    }
     struct kvf_gen **pp = &w->pending_head, *prev = NULL;
     while (*pp) {
         struct kvf_gen *g = *pp;
@@ -651,8 +703,8 @@ static void admit(struct kvf_decode_worker *w)
         else if (w->stop)
             end_err = -ESHUTDOWN;
         else if (now - g->since_ms > w->cfg.admit_timeout_ms)
-            end_err = w->hello_ok ? -EBUSY : KVF_E_PROTO_PEER_DOWN;
-        else if (w->hello_ok && kvf_pool_available(w->pool) >= pages_for(w, (uint64_t)g->p.n_prompt + g->p.max_tokens))
+            end_err = any_up ? -EBUSY : KVF_E_PROTO_PEER_DOWN;
+        else if (best >= 0 && kvf_pool_available(w->pool) >= pages_for(w, (uint64_t)g->p.n_prompt + g->p.max_tokens))
             go = true;
         if (!end_err && !go) {
             /* FIFO: a request that cannot go holds back those behind it (no starvation). */
@@ -686,12 +738,16 @@ static void admit(struct kvf_decode_worker *w)
         g->state = G_SUBMITTED;
         struct kvf_msg_new nreq = {g->p.tenant, g->p.n_prompt, g->p.max_tokens, g->p.n_prompt,
                                    (const uint32_t *)g->prompt, g->sampling};
-        int rc = kvf_decode_submit(w->d, now, g->req, &nreq, DW_PEER, &w->acts);
+        g->peer = (uint16_t)best;
+        int rc = kvf_decode_submit(w->d, now, g->req, &nreq, g->peer, &w->acts);
         if (rc < 0) {
             w->live[slot] = NULL;
             end_gen(w, g, rc, false);
         } else {
             run_actions(w, NULL);
+            granted[best]++;
+            for (uint32_t i = 0; i < w->n_peers; i++)
+                if (w->peers[i].hello_ok && granted[i] < granted[best]) best = (int)i;
         }
     }
 }
@@ -834,7 +890,19 @@ static void publish_info(struct kvf_decode_worker *w)
     for (int s = 0; s < KVF_PAGE__NSTATES; s++) in->decode_by_state[s] = ps.by_state[s];
     in->queued = w->n_waiting;
     in->running = running;
-    in->prefill_up = w->hello_ok;
+    in->prefills = w->n_peers;
+    in->prefills_up = 0;
+    for (uint32_t i = 0; i < w->n_peers; i++) {
+        const struct dpeer *p = &w->peers[i];
+        in->prefills_up += p->hello_ok;
+        struct kvf_prefill_status *st = &w->status[i];
+        kvf__strlcpy(st->host, p->host, sizeof st->host);
+        st->port = p->port;
+        st->up = p->hello_ok;
+        kvf__strlcpy(st->why, p->hello_ok ? "" : p->why[0] ? p->why : "connecting", sizeof st->why);
+    }
+    w->n_status = w->n_peers;
+    in->prefill_up = in->prefills_up > 0;
     in->fences = ps.fences;
     in->holds = ps.holds;
     in->quarantines = ps.quarantines;
@@ -861,18 +929,23 @@ static void *loop(void *arg)
     struct kvf_decode_worker *w = arg;
     for (;;) {
         uint64_t now = kvf__now_ms();
-        if (!w->conn && now >= w->next_connect_ms && !w->stop) connect_prefill(w);
+        take_adds(w);
+        for (uint16_t i = 0; i < w->n_peers; i++)
+            if (!w->peers[i].conn && now >= w->peers[i].next_connect_ms && !w->stop) connect_prefill(w, i);
         kvf_xport_progress(w->x);
         while (w->frames_head) {
             struct pframe *f = w->frames_head;
             w->frames_head = f->next;
             if (!w->frames_head) w->frames_tail = NULL;
-            handle_frame(w, f->buf, f->len);
+            handle_frame(w, f->peer, f->buf, f->len);
             free(f->buf);
             free(f);
         }
-        if (w->conn && !w->hello_ok && now >= w->hello_deadline_ms) w->conn_failed = true;
-        if (w->conn_failed) conn_lost(w);
+        for (uint16_t i = 0; i < w->n_peers; i++) {
+            struct dpeer *p = &w->peers[i];
+            if (p->conn && !p->hello_ok && now >= p->hello_deadline_ms) p->failed = true;
+            if (p->failed) conn_lost(w, i);
+        }
         if (now >= w->next_tick_ms) {
             kvf_decode_tick(w->d, now, &w->acts);
             run_actions(w, NULL);
@@ -950,6 +1023,7 @@ static void destroy(struct kvf_decode_worker *w)
     pthread_mutex_destroy(&w->cmu);
     pthread_cond_destroy(&w->ccv);
     if (w->wake_fd >= 0) close(w->wake_fd);
+    if (w->notify_fd >= 0) close(w->notify_fd);
     pthread_mutex_destroy(&w->mu);
     free(w);
 }
@@ -963,25 +1037,26 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     pthread_mutex_init(&w->cmu, NULL);
     pthread_cond_init(&w->ccv, NULL);
     w->cfg = *cfg;
+    w->notify_fd = kvf__wake_open();
     if (!w->cfg.max_reqs) w->cfg.max_reqs = 64;
     if (!w->cfg.max_batch) w->cfg.max_batch = 16;
     if (!w->cfg.max_queue) w->cfg.max_queue = 256;
     if (!w->cfg.admit_timeout_ms) w->cfg.admit_timeout_ms = 30000;
     if (!w->cfg.hash_slice_bytes) w->cfg.hash_slice_bytes = DW_HASH_SLICE_BYTES;
     w->wake_fd = kvf__wake_open();
-    int rc = w->wake_fd < 0 ? w->wake_fd : 0;
+    int rc = w->wake_fd < 0 ? w->wake_fd : w->notify_fd < 0 ? w->notify_fd : 0;
     const struct kvf_model_hparams *hp = kvf_model_hparams(cfg->model);
     w->n_vocab = hp->n_vocab;
     kvf_model_geometry(cfg->model, cfg->page_tokens, &w->geo);
     w->seq_pages = pages_for(w, cfg->max_context);
     uint64_t seed = (uint64_t)kvf__now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     w->req_hi = seed | 1;
-    struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = 1,
+    struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = KVF_DECODE_MAX_PREFILLS,
                                  .hold_timeout_ms = cfg->hold_timeout_ms, .tag_seed = seed >> 16,
                                  .poison_on_free = cfg->poison_free};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
         snprintf(err, err_len, "cannot create the decode pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
-    struct kvf_decode_config dc = {w->pool, w->cfg.max_reqs, cfg->max_context, w->seq_pages, 1,
+    struct kvf_decode_config dc = {w->pool, w->cfg.max_reqs, cfg->max_context, w->seq_pages, KVF_DECODE_MAX_PREFILLS,
                                    cfg->grant_timeout_ms, cfg->hold_timeout_ms, seed, NULL};
     if (rc == 0 && (rc = kvf_decode_create(&dc, &w->d)) < 0)
         snprintf(err, err_len, "cannot create the decode machine: %s", kvf_strerror(rc));
@@ -1023,6 +1098,9 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
     }
 #endif
+    if (rc == 0 && cfg->prefill_host &&
+        (rc = kvf_decode_worker_add_prefill(w, cfg->prefill_host, cfg->prefill_port)) < 0)
+        snprintf(err, err_len, "bad prefill address %s:%u", cfg->prefill_host, cfg->prefill_port);
     if (rc == 0) {
         w->info.n_vocab = hp->n_vocab;
         w->info.served_limit = cfg->max_context;

@@ -1,0 +1,356 @@
+/*
+ * decode_service.c — a decode worker served to routers in other processes (engine.h, "Split
+ * roles"; the frames in rpc.h).
+ *
+ * One thread owns a listening UCX worker of its own (no registered memory: routers never write
+ * here) and every router connection. A router's requests are ordinary handles of the decode
+ * worker's generation seam: SUBMIT is kvf_decode_gen_ops.submit, CANCEL its cancel, and the
+ * thread forwards each handle's events as TOKEN and END frames. The decode worker writes an
+ * eventfd whenever it pushes an event (kvf_decode_worker_set_notify), so the thread sleeps on
+ * that fd and the transport's and wakes as soon as a token exists.
+ *
+ * A router that goes away (its connection fails or closes) loses its requests: each is
+ * released, which cancels it through the handoff protocol; pages are freed only by the decode
+ * worker's proof or fence, never here.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "rpc.h"
+
+#define DS_HELLO_MS 2000u  /* accept → the router's HELLO, at most */
+#define DS_REFUSE_MS 500u  /* a refused router's connection closes this long after the reply */
+#define DS_STATUS_MS 100u  /* STATUS to every router this often */
+#define DS_FRAME_CAP (64u << 10)
+
+struct sreq {
+    uint64_t rid;
+    kvf_gen_t *g;
+    struct sreq *next;
+};
+
+struct rconn {
+    kvf_conn_t *c;
+    bool hello_ok, failed;
+    uint64_t deadline_ms; /* no HELLO by then, or refused: closed then */
+    struct sreq *reqs;
+    struct rconn *next;
+};
+
+struct sframe {
+    struct rconn *rc;
+    uint8_t *buf;
+    size_t len;
+    struct sframe *next;
+};
+
+struct kvf_decode_service {
+    struct kvf_decode_service_config cfg;
+    kvf_decode_worker_t *dw;
+    kvf_xport_t *x;
+    pthread_t thread;
+    bool started;
+    atomic_int stop;
+    atomic_uint routers;
+    int wake_fd;           /* the decode worker's notify fd (kvf_decode_worker_notify_fd) */
+    struct rconn *conns;
+    struct sframe *fhead, *ftail;
+    uint8_t *frame;        /* outgoing frames */
+    int32_t *prompt_room;  /* [max_context] */
+    struct kvf_rpc_hello hello;
+    uint64_t next_status_ms;
+    uint64_t bad_frames;
+};
+
+static void on_accept(void *ctx, kvf_conn_t *c)
+{
+    struct kvf_decode_service *s = ctx;
+    struct rconn *rc = calloc(1, sizeof(*rc));
+    if (!rc) {
+        kvf_conn_close(c);
+        return;
+    }
+    rc->c = c;
+    rc->deadline_ms = kvf__now_ms() + DS_HELLO_MS;
+    rc->next = s->conns;
+    s->conns = rc;
+    kvf_conn_set_user(c, rc);
+}
+
+static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
+{
+    struct kvf_decode_service *s = ctx;
+    struct rconn *rc = kvf_conn_user(c);
+    if (!rc) return;
+    struct sframe *f = malloc(sizeof(*f));
+    if (!f || !(f->buf = malloc(len ? len : 1))) {
+        free(f);
+        rc->failed = true; /* a lost request frame cannot be told apart: drop the router */
+        return;
+    }
+    memcpy(f->buf, buf, len);
+    f->len = len;
+    f->rc = rc;
+    f->next = NULL;
+    if (s->ftail)
+        s->ftail->next = f;
+    else
+        s->fhead = f;
+    s->ftail = f;
+}
+
+static void on_error(void *ctx, kvf_conn_t *c, int err)
+{
+    (void)ctx;
+    (void)err;
+    struct rconn *rc = kvf_conn_user(c);
+    if (rc) rc->failed = true;
+}
+
+static void send_bytes(struct kvf_decode_service *s, struct rconn *rc, long n)
+{
+    if (n < 0 || rc->failed) return;
+    if (kvf_conn_send(rc->c, s->frame, (size_t)n) < 0) rc->failed = true;
+}
+
+static void send_end(struct kvf_decode_service *s, struct rconn *rc, uint64_t rid, int err)
+{
+    struct kvf_gen_event ev = {.kind = KVF_GEN_END, .err = err};
+    send_bytes(s, rc, kvf_rpc_put_event(s->frame, DS_FRAME_CAP, rid, &ev));
+}
+
+static void handle_hello(struct kvf_decode_service *s, struct rconn *rc, const struct kvf_rpc_hello *h)
+{
+    struct kvf_rpc_hello reply = {.model_fp = s->cfg.model_fp, .max_context = s->cfg.max_context,
+                                  .page_tokens = s->cfg.page_tokens, .n_vocab = s->cfg.n_vocab};
+    if (h->model_fp != s->cfg.model_fp)
+        snprintf(reply.why, sizeof reply.why,
+                 "model fingerprint %016llx at the router, %016llx here (a different model file)",
+                 (unsigned long long)h->model_fp, (unsigned long long)s->cfg.model_fp);
+    else if (h->max_context != s->cfg.max_context)
+        snprintf(reply.why, sizeof reply.why,
+                 "context limit %u tokens at the router, %u here (--context-length must agree)",
+                 h->max_context, s->cfg.max_context);
+    else if (h->page_tokens != s->cfg.page_tokens)
+        snprintf(reply.why, sizeof reply.why, "page size %u tokens at the router, %u here",
+                 h->page_tokens, s->cfg.page_tokens);
+    if (reply.why[0]) {
+        reply.status = KVF_E_PROTO_MISMATCH;
+        fprintf(stderr, "kvfence decode: refusing a router: %s\n", reply.why);
+        send_bytes(s, rc, kvf_rpc_put_hello(s->frame, DS_FRAME_CAP, KVF_RPC_HELLO_D, &reply));
+        rc->deadline_ms = kvf__now_ms() + DS_REFUSE_MS;
+        return;
+    }
+    for (uint32_t i = 0; i < h->n_prefills; i++)
+        if (kvf_decode_worker_add_prefill(s->dw, h->prefills[i].host, h->prefills[i].port) < 0)
+            fprintf(stderr, "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
+                    h->prefills[i].host, h->prefills[i].port, KVF_DECODE_MAX_PREFILLS);
+    send_bytes(s, rc, kvf_rpc_put_hello(s->frame, DS_FRAME_CAP, KVF_RPC_HELLO_D, &reply));
+    rc->hello_ok = true;
+    rc->deadline_ms = 0;
+    atomic_fetch_add(&s->routers, 1);
+}
+
+static struct sreq *find_req(struct rconn *rc, uint64_t rid)
+{
+    for (struct sreq *q = rc->reqs; q; q = q->next)
+        if (q->rid == rid) return q;
+    return NULL;
+}
+
+static void handle_frame(struct kvf_decode_service *s, struct rconn *rc, const uint8_t *buf, size_t len)
+{
+    struct kvf_rpc_msg m;
+    if (rc->failed) return;
+    if (kvf_rpc_decode(buf, len, &m, s->prompt_room, s->cfg.max_context, &s->hello, NULL) < 0) {
+        s->bad_frames++;
+        rc->failed = true; /* a router that sends what does not decode is dropped */
+        return;
+    }
+    if (m.type == KVF_RPC_HELLO_R && !rc->hello_ok) {
+        handle_hello(s, rc, m.hello);
+        return;
+    }
+    if (!rc->hello_ok) {
+        rc->failed = true;
+        return;
+    }
+    if (m.type == KVF_RPC_SUBMIT) {
+        if (find_req(rc, m.rid)) {
+            send_end(s, rc, m.rid, -EEXIST);
+            return;
+        }
+        struct sreq *q = calloc(1, sizeof(*q));
+        if (!q) {
+            send_end(s, rc, m.rid, -ENOMEM);
+            return;
+        }
+        int err = kvf_decode_gen_ops.submit(s->dw, &m.params, &q->g);
+        if (err < 0) {
+            free(q);
+            send_end(s, rc, m.rid, err);
+            return;
+        }
+        q->rid = m.rid;
+        q->next = rc->reqs;
+        rc->reqs = q;
+    } else if (m.type == KVF_RPC_CANCEL) {
+        struct sreq *q = find_req(rc, m.rid);
+        if (q) kvf_decode_gen_ops.cancel(s->dw, q->g);
+    } else {
+        s->bad_frames++; /* a frame only a decode worker sends */
+        rc->failed = true;
+    }
+}
+
+/* Every handle's events so far, forwarded; ended handles released. */
+static void forward_events(struct kvf_decode_service *s, struct rconn *rc)
+{
+    for (struct sreq **pq = &rc->reqs; *pq;) {
+        struct sreq *q = *pq;
+        struct kvf_gen_event ev;
+        bool ended = false;
+        while (!ended && kvf_decode_gen_ops.next(s->dw, q->g, &ev, 0) == 1) {
+            send_bytes(s, rc, kvf_rpc_put_event(s->frame, DS_FRAME_CAP, q->rid, &ev));
+            ended = ev.kind == KVF_GEN_END;
+        }
+        if (!ended) {
+            pq = &q->next;
+            continue;
+        }
+        kvf_decode_gen_ops.release(s->dw, q->g);
+        *pq = q->next;
+        free(q);
+    }
+}
+
+static void send_status(struct kvf_decode_service *s)
+{
+    struct kvf_rpc_status st;
+    memset(&st, 0, sizeof st);
+    kvf_decode_gen_ops.info(s->dw, &st.info);
+    st.n_prefills = (uint32_t)kvf_decode_worker_prefills(s->dw, st.prefills, KVF_RPC_MAX_PREFILLS);
+    long n = kvf_rpc_put_status(s->frame, DS_FRAME_CAP, &st);
+    for (struct rconn *rc = s->conns; rc; rc = rc->next)
+        if (rc->hello_ok) send_bytes(s, rc, n);
+}
+
+/* Closes rc: its requests are released (each a cancel through the protocol). */
+static void drop_conn(struct kvf_decode_service *s, struct rconn *rc)
+{
+    while (rc->reqs) {
+        struct sreq *q = rc->reqs;
+        rc->reqs = q->next;
+        kvf_decode_gen_ops.release(s->dw, q->g);
+        free(q);
+    }
+    if (rc->hello_ok) atomic_fetch_sub(&s->routers, 1);
+    kvf_conn_close(rc->c);
+    free(rc);
+}
+
+static void *loop(void *arg)
+{
+    struct kvf_decode_service *s = arg;
+    while (!atomic_load(&s->stop)) {
+        kvf_xport_progress(s->x);
+        while (s->fhead) {
+            struct sframe *f = s->fhead;
+            s->fhead = f->next;
+            if (!s->fhead) s->ftail = NULL;
+            handle_frame(s, f->rc, f->buf, f->len);
+            free(f->buf);
+            free(f);
+        }
+        uint64_t now = kvf__now_ms();
+        for (struct rconn *rc = s->conns; rc; rc = rc->next) {
+            forward_events(s, rc);
+            if (rc->deadline_ms && now >= rc->deadline_ms) rc->failed = true;
+        }
+        if (now >= s->next_status_ms) {
+            send_status(s);
+            s->next_status_ms = now + DS_STATUS_MS;
+        }
+        for (struct rconn **pc = &s->conns; *pc;) {
+            struct rconn *rc = *pc;
+            if (!rc->failed) {
+                pc = &rc->next;
+                continue;
+            }
+            *pc = rc->next;
+            drop_conn(s, rc);
+        }
+        kvf__loop_wait(s->x, s->wake_fd, DS_STATUS_MS);
+    }
+    return NULL;
+}
+
+int kvf_decode_service_start(kvf_decode_worker_t *dw, const struct kvf_decode_service_config *cfg,
+                             kvf_decode_service_t **out, char *err, size_t err_len)
+{
+    struct kvf_decode_service *s = calloc(1, sizeof(*s));
+    if (!s) return -ENOMEM;
+    s->cfg = *cfg;
+    s->dw = dw;
+    s->wake_fd = kvf_decode_worker_notify_fd(dw);
+    s->frame = malloc(DS_FRAME_CAP);
+    s->prompt_room = malloc((size_t)(cfg->max_context ? cfg->max_context : 1) * sizeof(int32_t));
+    int rc = s->wake_fd < 0 ? s->wake_fd : (!s->frame || !s->prompt_room) ? -ENOMEM : 0;
+    if (rc < 0) snprintf(err, err_len, "out of memory");
+    if (rc == 0) {
+        struct kvf_xport_config xc = {cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0};
+        struct kvf_xport_events ev = {s, on_accept, on_frame, NULL, on_error};
+        rc = kvf_xport_create(&xc, &ev, &s->x, err, err_len);
+    }
+    if (rc == 0) {
+        if ((rc = -pthread_create(&s->thread, NULL, loop, s)) < 0)
+            snprintf(err, err_len, "cannot start the decode service thread");
+        else
+            s->started = true;
+    }
+    if (rc < 0) {
+        kvf_decode_service_stop(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+uint16_t kvf_decode_service_port(const kvf_decode_service_t *s)
+{
+    return kvf_xport_port(s->x);
+}
+
+uint32_t kvf_decode_service_routers(kvf_decode_service_t *s)
+{
+    return atomic_load(&s->routers);
+}
+
+void kvf_decode_service_stop(kvf_decode_service_t *s)
+{
+    if (!s) return;
+    if (s->started) {
+        atomic_store(&s->stop, 1);
+        kvf__wake(s->wake_fd);
+        pthread_join(s->thread, NULL);
+    }
+    while (s->fhead) {
+        struct sframe *f = s->fhead;
+        s->fhead = f->next;
+        free(f->buf);
+        free(f);
+    }
+    while (s->conns) {
+        struct rconn *rc = s->conns;
+        s->conns = rc->next;
+        drop_conn(s, rc);
+    }
+    if (s->x) kvf_xport_destroy(s->x);
+    free(s->frame);
+    free(s->prompt_room);
+    free(s);
+}
