@@ -95,6 +95,8 @@ struct kvf_worker_status {
     bool up;                         /* connected, and its HELLO agreed */
     char why[KVF_PREFILL_WHY_MAX];   /* when not up: why ("connecting", "refused: ...") */
     char via[KVF_PREFILL_HOST_MAX + 8]; /* prefill: the decode worker reporting it ("" = self) */
+    uint32_t pages, free_pages, running, queued; /* decode: from its last report */
+    uint64_t committed;                          /* decode: handoffs verified and committed */
 };
 
 /* The seam. `e` is the engine the ops belong to. */

@@ -526,6 +526,13 @@ static void publish(struct kvf_router *r)
         w->port = d->port;
         w->up = d->hello_ok;
         kvf__strlcpy(w->why, d->hello_ok ? "" : d->why[0] ? d->why : "connecting", sizeof w->why);
+        if (d->hello_ok && d->have_status) {
+            w->pages = d->st.info.decode_pages;
+            w->free_pages = d->st.info.decode_free;
+            w->running = d->st.info.running;
+            w->queued = d->st.info.queued;
+            w->committed = d->st.info.committed;
+        }
     }
     for (uint32_t k = 0; k < r->cfg.n_prefills && n < r->workers_cap; k++, n++) {
         struct kvf_worker_status *w = &r->workers[n];

@@ -302,6 +302,32 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)in.rejected_before_handoff, "quarantines", (json_int_t)in.quarantines,
         "foreign_tails", (json_int_t)in.foreign_tails, "bad_frames", (json_int_t)in.bad_frames,
         "hash_slices", (json_int_t)in.hash_slices);
+    if (j && !in.prefill_up)
+        json_object_set_new(j, "reason",
+                            json_string(in.decodes && !in.decodes_up ? "no decode worker is reachable"
+                                        : "no prefill worker is reachable"));
+    if (j && s->ops->workers) {
+        /* Split roles: every worker the router was given, and whether it can reach it. */
+        struct kvf_worker_status ws[64];
+        size_t nw = s->ops->workers(s->engine, ws, 64);
+        json_t *arr = json_array();
+        for (size_t i = 0; arr && i < nw && i < 64; i++) {
+            json_t *o = json_pack("{s:s, s:s, s:i, s:b}", "role", ws[i].role, "host", ws[i].host,
+                                  "port", (int)ws[i].port, "up", ws[i].up);
+            if (!o) continue;
+            if (!ws[i].up) json_object_set_new(o, "reason", json_string(ws[i].why));
+            if (ws[i].via[0]) json_object_set_new(o, "via", json_string(ws[i].via));
+            if (ws[i].up && strcmp(ws[i].role, "decode") == 0) {
+                json_object_set_new(o, "pages", json_integer(ws[i].pages));
+                json_object_set_new(o, "free", json_integer(ws[i].free_pages));
+                json_object_set_new(o, "running", json_integer(ws[i].running));
+                json_object_set_new(o, "queued", json_integer(ws[i].queued));
+                json_object_set_new(o, "committed", json_integer((json_int_t)ws[i].committed));
+            }
+            json_array_append_new(arr, o);
+        }
+        if (arr) json_object_set_new(j, "workers", arr);
+    }
     return send_json(c, in.prefill_up ? 200 : 503, j);
 }
 
