@@ -64,6 +64,7 @@ struct kvf_decode_service {
     struct kvf_rpc_hello hello;
     uint64_t next_status_ms;
     uint64_t bad_frames;
+    char last_refusal[KVF_PREFILL_WHY_MAX];
 };
 
 static void on_accept(void *ctx, kvf_conn_t *c)
@@ -140,7 +141,9 @@ static void handle_hello(struct kvf_decode_service *s, struct rconn *rc, const s
                  h->page_tokens, s->cfg.page_tokens);
     if (reply.why[0]) {
         reply.status = KVF_E_PROTO_MISMATCH;
-        fprintf(stderr, "kvfence decode: refusing a router: %s\n", reply.why);
+        if (strcmp(reply.why, s->last_refusal) != 0) /* each reason once: routers retry */
+            fprintf(stderr, "kvfence decode: refusing a router: %s\n", reply.why);
+        kvf__strlcpy(s->last_refusal, reply.why, sizeof s->last_refusal);
         send_bytes(s, rc, kvf_rpc_put_hello(s->frame, DS_FRAME_CAP, KVF_RPC_HELLO_D, &reply));
         rc->deadline_ms = kvf__now_ms() + DS_REFUSE_MS;
         return;

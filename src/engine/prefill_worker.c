@@ -72,6 +72,7 @@ struct psess {
     kvf_prefill_t *m;
     bool hello_ok, failed;
     uint32_t epoch;
+    uint64_t refused_ms; /* its HELLO disagreed: our HELLO went back, and it closes at this time */
 };
 
 enum pev_kind { PEV_FRAME = 1, PEV_FLUSHED = 2, PEV_CONN_FAILED = 3, PEV_ACCEPT = 4 };
@@ -89,6 +90,7 @@ struct pev {
 
 struct kvf_prefill_worker {
     struct kvf_worker_config cfg;
+    char last_refusal[KVF_PREFILL_WHY_MAX]; /* the last mismatch logged (each reason once) */
     pthread_t thread;
     bool started;
     volatile int stop;
@@ -513,6 +515,7 @@ static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
 
 static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const uint8_t *buf, size_t len)
 {
+    if (s->refused_ms) return;
     struct kvf_msg m;
     long n = kvf_msg_decode(buf, len, &m, &w->scratch);
     if (n != (long)len) {
@@ -525,11 +528,21 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
         struct kvf_msg_hello mine = {w->cfg.model_fp, w->geo, w->cfg.max_context,
                                      (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
                                      0, KVF_ROLE_PREFILL};
-        if (m.u.hello.role != KVF_ROLE_DECODE || kvf_proto_hello_check(&mine, &m.u.hello) < 0) {
-            fprintf(stderr, "kvfence prefill: refusing a decode worker whose model, page geometry "
-                            "or context limit (%u) differs from ours (%u)\n",
-                    m.u.hello.max_context, w->cfg.max_context);
-            s->failed = true;
+        char why[KVF_PREFILL_WHY_MAX];
+        if (m.u.hello.role != KVF_ROLE_DECODE)
+            snprintf(why, sizeof why, "not a decode worker (role %u)", (unsigned)m.u.hello.role);
+        else
+            kvf__hello_mismatch(&mine, &m.u.hello, why, sizeof why);
+        if (why[0]) {
+            /* Our HELLO goes back so the decode worker can name the mismatch too; nothing else
+             * from this connection is read, and it closes shortly. Logged once per reason. */
+            if (strcmp(why, w->last_refusal) != 0)
+                fprintf(stderr, "kvfence prefill: refusing a decode worker: %s\n", why);
+            kvf__strlcpy(w->last_refusal, why, sizeof w->last_refusal);
+            struct kvf_msg reply = {.type = KVF_MSG_HELLO, .epoch = m.epoch};
+            reply.u.hello = mine;
+            kvf__send_msg(s->conn, &reply, w->frame, PF_FRAME_CAP);
+            s->refused_ms = kvf__now_ms() + 500;
             return;
         }
         struct kvf_msg reply = {.type = KVF_MSG_HELLO, .epoch = m.epoch};
@@ -640,6 +653,10 @@ static void *loop(void *arg)
     while (!w->stop) {
         kvf_xport_progress(w->x);
         handle_events(w);
+        uint64_t now = kvf__now_ms();
+        for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+            if (w->sess[i].used && w->sess[i].refused_ms && now >= w->sess[i].refused_ms)
+                w->sess[i].failed = true;
         sess_reap(w);
         struct kvf_pool_stats ps;
         kvf_pool_stats(w->pool, &ps);

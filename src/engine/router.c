@@ -94,7 +94,8 @@ struct kvf_router {
     uint64_t next_rid;
     uint64_t stop_until_ms;
     uint8_t *frame;
-    struct kvf_rpc_hello hello;
+    struct kvf_rpc_hello hello;    /* ours, sent to every decode worker */
+    struct kvf_rpc_hello hello_in; /* room for theirs */
     struct kvf_rpc_status status;
     uint64_t bad_frames;
 };
@@ -279,7 +280,7 @@ static void handle_frame(struct kvf_router *r, int di, const uint8_t *buf, size_
     struct rdec *d = &r->decs[di];
     struct kvf_rpc_msg m;
     if (d->failed) return;
-    if (kvf_rpc_decode(buf, len, &m, NULL, 0, &r->hello, &r->status) < 0) {
+    if (kvf_rpc_decode(buf, len, &m, NULL, 0, &r->hello_in, &r->status) < 0) {
         r->bad_frames++;
         d->failed = true; /* a decode worker that sends what does not decode is dropped */
         return;
