@@ -97,6 +97,8 @@ struct kvf_worker_status {
     char via[KVF_PREFILL_HOST_MAX + 8]; /* prefill: the decode worker reporting it ("" = self) */
     uint32_t pages, free_pages, running, queued; /* decode: from its last report */
     uint64_t committed;                          /* decode: handoffs verified and committed */
+    uint64_t granted;                            /* prefill: prompts granted to it (summed over
+                                                    the decode workers reporting it) */
 };
 
 /* The seam. `e` is the engine the ops belong to. */
@@ -183,6 +185,7 @@ struct kvf_prefill_status {
     uint16_t port;
     bool up;
     char why[KVF_PREFILL_WHY_MAX];
+    uint64_t granted; /* prompts granted to it so far */
 };
 /* Adds a prefill worker the decode worker connects to and grants prompts to (any thread; the
  * same address twice is one worker). Prompts go to the live prefill with the fewest prompts

@@ -73,6 +73,7 @@ struct dpeer {
     uint64_t next_connect_ms;
     uint64_t hello_deadline_ms;  /* a connection without the prefill's HELLO by then is dropped */
     uint32_t failures;           /* attempts since the last HELLO: the retry backs off */
+    uint64_t granted;            /* prompts granted to it so far */
     char why[KVF_PREFILL_WHY_MAX]; /* why it is not in use ("" when it is, or unknown yet) */
 };
 
@@ -745,6 +746,7 @@ static void admit(struct kvf_decode_worker *w)
             end_gen(w, g, rc, false);
         } else {
             run_actions(w, NULL);
+            w->peers[best].granted++;
             granted[best]++;
             for (uint32_t i = 0; i < w->n_peers; i++)
                 if (w->peers[i].hello_ok && granted[i] < granted[best]) best = (int)i;
@@ -899,6 +901,7 @@ static void publish_info(struct kvf_decode_worker *w)
         kvf__strlcpy(st->host, p->host, sizeof st->host);
         st->port = p->port;
         st->up = p->hello_ok;
+        st->granted = p->granted;
         kvf__strlcpy(st->why, p->hello_ok ? "" : p->why[0] ? p->why : "connecting", sizeof st->why);
     }
     w->n_status = w->n_peers;

@@ -548,6 +548,7 @@ static void publish(struct kvf_router *r)
             for (uint32_t j = 0; j < d->st.n_prefills; j++) {
                 const struct kvf_prefill_status *p = &d->st.prefills[j];
                 if (p->port != w->port || strcmp(p->host, w->host) != 0) continue;
+                w->granted += p->granted;
                 if (p->up && !w->up) {
                     w->up = true;
                     w->why[0] = 0;

@@ -225,6 +225,7 @@ long kvf_rpc_put_status(uint8_t *buf, size_t cap, const struct kvf_rpc_status *s
         put_u16(&w, p->port);
         put_u8(&w, p->up ? 1 : 0);
         put_str(&w, p->why, sizeof p->why);
+        put_u64(&w, p->granted);
     }
     return done(&w);
 }
@@ -329,6 +330,7 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
             if (pu > 1) return -EBADMSG;
             p->up = pu;
             get_str(&r, p->why, sizeof p->why);
+            p->granted = get_u64(&r);
         }
         break;
     }

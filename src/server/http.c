@@ -317,6 +317,8 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
             if (!o) continue;
             if (!ws[i].up) json_object_set_new(o, "reason", json_string(ws[i].why));
             if (ws[i].via[0]) json_object_set_new(o, "via", json_string(ws[i].via));
+            if (strcmp(ws[i].role, "prefill") == 0)
+                json_object_set_new(o, "granted", json_integer((json_int_t)ws[i].granted));
             if (ws[i].up && strcmp(ws[i].role, "decode") == 0) {
                 json_object_set_new(o, "pages", json_integer(ws[i].pages));
                 json_object_set_new(o, "free", json_integer(ws[i].free_pages));
