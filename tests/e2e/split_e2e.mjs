@@ -1,0 +1,334 @@
+// The split roles end to end: `kvfence router`, two `kvfence prefill` and two `kvfence decode`
+// processes over UCX (TCP), driven by the official `openai` npm client and by raw HTTP.
+//
+//   node split_e2e.mjs --kvfence EXE --node-modules DIR --work DIR
+//                      [--ns-a NETNS --host-a ADDR --host-b ADDR]
+//
+// With --ns-a, prefill 1 and decode 1 run in the network namespace NETNS (reached at host-a) and
+// everything else, this script included, where it was started (host-b): two hosts joined by a
+// veth pair (split_netns.sh sets that up). Without, every process is on 127.0.0.1.
+//
+// Checked, each on content (token ids and logprobs equal to `kvfence run`):
+//   - the router starts first and says in /health why it cannot serve (503 with the reason);
+//     the workers then start in any order and it serves as soon as they are up;
+//   - alone, streamed and 16 at once, every completion equals `kvfence run`; both decode workers
+//     commit handoffs and both prefill workers are granted prompts;
+//   - SIGKILL of a prefill worker under load: each request equals `kvfence run` or fails with a
+//     clear error (never a 200 with other content); restarted on its address (a new epoch), it is
+//     granted prompts again; the same for a decode worker; the decode pools end all free;
+//   - a decode worker serving another model, and a prefill worker with another context limit,
+//     are refused with the mismatch named (the logs and /health);
+//   - SIGTERM of the router with requests in flight: they finish, it exits 0; the workers too.
+// Every process is killed on any exit. Prints TAP; exits 1 on any failure.
+import { spawn, execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import net from 'node:net';
+import { pathToFileURL } from 'node:url';
+import assert from 'node:assert/strict';
+
+const args = {};
+for (let i = 2; i + 1 < process.argv.length; i += 2) args[process.argv[i].slice(2)] = process.argv[i + 1];
+for (const k of ['kvfence', 'node-modules', 'work']) {
+  if (!args[k]) { console.log(`Bail out! --${k} is required`); process.exit(1); }
+}
+const KVF = args.kvfence;
+const NS_A = args['ns-a'] ?? null;
+const HOST_A = args['host-a'] ?? '127.0.0.1';
+const HOST_B = args['host-b'] ?? '127.0.0.1';
+const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
+if (!fs.existsSync(entry)) {
+  console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`);
+  process.exit(1);
+}
+const { default: OpenAI } = await import(pathToFileURL(entry).href);
+const W = args.work;
+fs.rmSync(W, { recursive: true, force: true });
+fs.mkdirSync(W, { recursive: true });
+
+// ---- processes: each tracked and killed on any exit ----
+const children = new Set();
+const killAll = () => { for (const c of children) { try { c.kill('SIGKILL'); } catch { /* gone */ } } };
+process.on('exit', killAll);
+process.on('uncaughtException', (e) => { console.log(`Bail out! ${e.stack}`); killAll(); process.exit(1); });
+process.on('unhandledRejection', (e) => { console.log(`Bail out! ${e?.stack ?? e}`); killAll(); process.exit(1); });
+setTimeout(() => { console.log('Bail out! the whole suite ran past 400 s'); killAll(); process.exit(1); }, 400000).unref();
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const withTimeout = (p, ms, what) => Promise.race([p, sleep(ms).then(() => { throw new Error(`${what}: no answer in ${ms} ms`); })]);
+
+function launch(name, argv, ns = null, env = {}) {
+  const cmd = ns ? 'ip' : KVF;
+  const full = ns ? ['netns', 'exec', ns, KVF, ...argv] : argv;
+  const child = spawn(cmd, full, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1', ...env } });
+  children.add(child);
+  const p = { name, child, out: '', err: '', exited: null };
+  child.stdout.on('data', (d) => { p.out += d; });
+  child.stderr.on('data', (d) => { p.err += d; });
+  p.exitP = new Promise((r) => child.on('exit', (code, sig) => { p.exited = { code, sig }; children.delete(child); r(p.exited); }));
+  return p;
+}
+async function waitFor(p, re, ms, where = 'out') {
+  return withTimeout(new Promise((resolve, reject) => {
+    const poll = setInterval(() => {
+      const m = p[where].match(re);
+      if (m) { clearInterval(poll); resolve(m); }
+      if (p.exited) { clearInterval(poll); reject(new Error(`${p.name} exited early (${JSON.stringify(p.exited)}): ${p.err.slice(-2000)}`)); }
+    }, 20);
+  }), ms, `${p.name}: ${re}`);
+}
+// A worker on a fixed port (so a restart comes back at the same address).
+async function worker(role, name, host, port, model, ns, extra = [], env = {}) {
+  const argv = [role, '--model', model, '--listen', `${host}:${port}`, '--threads', '1', ...extra];
+  if (role === 'decode') argv.push('--kv-memory', '8M');
+  const p = launch(name, argv, ns, env);
+  const m = await waitFor(p, /listening (\S+) (\d+)/, 60000);
+  assert.equal(Number(m[2]), port);
+  return p;
+}
+async function stopClean(p, sig = 'SIGTERM') {
+  p.child.kill(sig);
+  const ex = await withTimeout(p.exitP, 30000, `${p.name} ${sig}`).catch((e) => { p.child.kill('SIGKILL'); throw e; });
+  assert.equal(ex.code, 0, `${p.name} exit ${JSON.stringify(ex)}\n${p.err.slice(-3000)}`);
+  assert.doesNotMatch(p.err, /AddressSanitizer|LeakSanitizer|runtime error/, p.err.slice(-3000));
+}
+async function kill9(p) {
+  p.child.kill('SIGKILL');
+  await withTimeout(p.exitP, 10000, `${p.name} SIGKILL`);
+}
+// A free TCP port on this host (the workers' UCX listeners bind it next).
+async function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
+  });
+}
+
+// ---- TAP ----
+let n = 0, failed = 0;
+async function test(name, fn) {
+  n++;
+  const t = Date.now();
+  try { await fn(); console.log(`ok ${n} - ${name} (${Date.now() - t} ms)`); }
+  catch (e) { failed++; console.log(`not ok ${n} - ${name}\n# ${String(e.stack ?? e).split('\n').join('\n# ')}`); }
+}
+
+// ---- the reference: kvfence run ----
+const refCache = new Map();
+function reference(model, prompt, s) {
+  const key = JSON.stringify([model, prompt, s]);
+  if (refCache.has(key)) return refCache.get(key);
+  const out = execFileSync(KVF, ['run', '--model', model, '--prompt', prompt, '--max-tokens', String(s.max_tokens),
+    '--temperature', String(s.temperature ?? 0), '--top-k', String(s.top_k ?? 0), '--top-p', String(s.top_p ?? 1),
+    '--seed', String(s.seed ?? 1), '--threads', '1', '--print-token-ids', '--print-logprobs'], { encoding: 'utf8', maxBuffer: 1 << 24 });
+  const lines = out.split('\n');
+  const at = lines.findIndex((l) => l.startsWith('prompt_token_ids:'));
+  const nums = (l) => l.split(':')[1].trim().split(/\s+/).filter(Boolean).map(Number);
+  const ref = { ids: nums(lines[at + 1]), lps: nums(lines[at + 2]).map(Math.fround), max: s.max_tokens };
+  refCache.set(key, ref);
+  return ref;
+}
+const idOf = (t) => { const m = /^token_id:(\d+)$/.exec(t); assert.ok(m, `not a token id: ${t}`); return Number(m[1]); };
+
+async function served(client, prompt, s, { stream = false } = {}) {
+  const body = { model: 'm', prompt, max_tokens: s.max_tokens, temperature: s.temperature ?? 0, logprobs: 0, return_tokens_as_token_ids: true };
+  for (const k of ['top_k', 'top_p', 'seed']) if (s[k] !== undefined) body[k] = s[k];
+  const got = { ids: [], lps: [] };
+  if (!stream) {
+    const r = await client.completions.create(body);
+    got.ids = r.choices[0].logprobs.tokens.map(idOf);
+    got.lps = r.choices[0].logprobs.token_logprobs.map(Math.fround);
+    return got;
+  }
+  const st = await client.completions.create({ ...body, stream: true });
+  for await (const ch of st) {
+    const c = ch.choices[0];
+    if (c?.logprobs) { got.ids.push(...c.logprobs.tokens.map(idOf)); got.lps.push(...c.logprobs.token_logprobs.map(Math.fround)); }
+  }
+  return got;
+}
+function sameAsRun(got, ref, what) {
+  assert.deepEqual(got.ids, ref.ids, `${what}: token ids`);
+  assert.deepEqual(got.lps, ref.lps, `${what}: logprobs (float32)`);
+}
+
+// ======================================================================================
+const MODEL = path.join(W, 'tiny.gguf');
+const OTHER = path.join(W, 'other.gguf');
+execFileSync(KVF, ['mkmodel', MODEL, '--shape', 'tiny', '--type', 'q8_0', '--seed', '5'], { stdio: 'ignore' });
+execFileSync(KVF, ['mkmodel', OTHER, '--shape', 'tiny', '--type', 'q8_0', '--seed', '6'], { stdio: 'ignore' });
+const cases = [
+  { prompt: 'the quick brown fox', s: { max_tokens: 24, temperature: 0 } },
+  { prompt: 'one two three four five six seven eight nine ten eleven twelve thirteen', s: { max_tokens: 20, temperature: 0.8, top_k: 40, top_p: 0.9, seed: 7 } },
+  { prompt: 'a', s: { max_tokens: 30, temperature: 1.3, seed: 12345 } },
+  { prompt: 'zebra apple zebra apple zebra apple zebra apple zebra apple zebra apple zebra apple', s: { max_tokens: 16, temperature: 1.0, top_p: 0.5, seed: 3 } },
+];
+const refs = cases.map((c) => reference(MODEL, c.prompt, c.s));
+
+const ports = { p1: await freePort(), p2: await freePort(), d1: await freePort(), d2: await freePort() };
+if (NS_A) for (const k of ['p1', 'd1']) ports[k] = 20000 + Math.floor(Math.random() * 20000);
+const addr = { p1: `${HOST_A}:${ports.p1}`, p2: `${HOST_B}:${ports.p2}`, d1: `${HOST_A}:${ports.d1}`, d2: `${HOST_B}:${ports.d2}` };
+const nsOf = { p1: NS_A, d1: NS_A, p2: null, d2: null };
+const hostOf = { p1: HOST_A, d1: HOST_A, p2: HOST_B, d2: HOST_B };
+const W_ = {};
+// Prefill 1's first process writes slowly (test builds: every put 1 s late), so that its kill
+// lands with writes in flight.
+const startW = (k, env = {}) => worker(k[0] === 'p' ? 'prefill' : 'decode', k, hostOf[k], ports[k], MODEL, nsOf[k], [], env).then((p) => { W_[k] = p; return p; });
+
+// The router first, on an ephemeral HTTP port; options from the environment for some.
+const router = launch('router', ['router', '--model', MODEL, '--port', '0', '--decode', `${addr.d1},${addr.d2}`, '--admit-timeout', '20000'],
+  null, { KVFENCE_PREFILL: `${addr.p1},${addr.p2}` });
+const rport = Number((await waitFor(router, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]);
+const URL_ = `http://127.0.0.1:${rport}`;
+const client = new OpenAI({ baseURL: `${URL_}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+const health = async () => { const r = await fetch(`${URL_}/health`); return { status: r.status, body: await r.json() }; };
+const worker_ = (h, role, a) => h.body.workers.find((w) => w.role === role && `${w.host}:${w.port}` === a);
+async function until(what, pred, ms = 30000) {
+  const t = Date.now() + ms;
+  let h;
+  for (;;) {
+    h = await health();
+    if (pred(h)) return h;
+    if (Date.now() > t) throw new Error(`${what}: not within ${ms} ms: ${JSON.stringify(h)}`);
+    await sleep(50);
+  }
+}
+const allUp = (h) => h.status === 200 && h.body.workers.every((w) => w.up);
+const idle = (h) => h.body.decode.free === h.body.decode.pages && h.body.decode.reserved === 0 && h.body.in_flight === 0 && h.body.running === 0;
+
+await test('router alone: /health 503, the reason named, every worker listed as unreachable', async () => {
+  const h = await health();
+  assert.equal(h.status, 503);
+  assert.equal(h.body.reason, 'no decode worker is reachable');
+  assert.equal(h.body.workers.length, 4);
+  for (const w of h.body.workers) assert.equal(w.up, false, JSON.stringify(w));
+});
+
+await test('workers started after the router, in any order: it serves once they are up', async () => {
+  await startW('d2');
+  await startW('p2');
+  await startW('d1');
+  await startW('p1', { KVF_FAULTS: 'put_delay_ms=1000,seed=3' });
+  await until('every worker up', allUp);
+});
+
+await test('each case alone and streamed equals kvfence run', async () => {
+  for (const [i, c] of cases.entries()) {
+    sameAsRun(await served(client, c.prompt, c.s), refs[i], `case ${i}`);
+    sameAsRun(await served(client, c.prompt, c.s, { stream: true }), refs[i], `case ${i} streamed`);
+  }
+});
+
+await test('16 at once equal kvfence run; both decode workers commit, both prefills are granted', async () => {
+  const before = await health();
+  const jobs = [];
+  for (let k = 0; k < 16; k++) {
+    const i = k % cases.length;
+    jobs.push(served(client, cases[i].prompt, cases[i].s, { stream: k % 2 === 0 }).then((g) => sameAsRun(g, refs[i], `request ${k}`)));
+  }
+  await withTimeout(Promise.all(jobs), 120000, '16 concurrent');
+  const h = await until('idle', idle);
+  for (const d of ['d1', 'd2']) assert.ok(worker_(h, 'decode', addr[d]).committed > 0, `${d} committed nothing: ${JSON.stringify(h.body.workers)}`);
+  for (const p of ['p1', 'p2']) assert.ok(worker_(h, 'prefill', addr[p]).granted > worker_(before, 'prefill', addr[p]).granted, `${p} was granted nothing`);
+});
+
+// Whether this build has the fault hooks (test builds): a slow prefill 1 then has writes in flight.
+const slowPuts = /KVF_FAULTS/.test(execFileSync('strings', [KVF], { encoding: 'utf8', maxBuffer: 1 << 28 }));
+
+// Under load, a worker dies: each request is right or clearly failed; nothing else is disturbed.
+async function churn(victim, expectFailures) {
+  const outcomes = { ok: 0, failed: 0 };
+  const jobs = [];
+  const before = await health();
+  for (let k = 0; k < 16; k++) {
+    const i = k % cases.length;
+    const s = { ...cases[i].s, max_tokens: 160 };
+    const ref = reference(MODEL, cases[i].prompt, s);
+    jobs.push(served(client, cases[i].prompt, s, { stream: k % 2 === 1 }).then(
+      (g) => { sameAsRun(g, ref, `request ${k}`); outcomes.ok++; },
+      (e) => {
+        assert.ok(e.status === 502 || e.status === 503 || /terminated|aborted|worker/i.test(String(e.message)), `request ${k}: not a clear error: ${e.status} ${e.message}`);
+        outcomes.failed++;
+      }));
+  }
+  // Killed while it has work: a decode worker running requests, a prefill worker granted prompts.
+  const role = victim[0] === 'p' ? 'prefill' : 'decode';
+  await until(`${victim} busy`, (h) => (role === 'decode' ? worker_(h, 'decode', addr[victim]).running > 0
+    : worker_(h, 'prefill', addr[victim]).granted > worker_(before, 'prefill', addr[victim]).granted), 30000);
+  await kill9(W_[victim]);
+  await withTimeout(Promise.all(jobs), 120000, 'requests under churn');
+  assert.equal(outcomes.ok + outcomes.failed, 16);
+  if (expectFailures) assert.ok(outcomes.failed > 0, 'the killed decode worker had running requests: they must fail');
+  return outcomes;
+}
+
+for (const victim of ['p1', 'd1']) {
+  await test(`SIGKILL of ${victim} under load: each request equals kvfence run or fails clearly; restarted, it is used again`, async () => {
+    const o = await churn(victim, victim[0] === 'd' || slowPuts);
+    console.log(`# ${victim} killed: ${o.ok} completed and equal to kvfence run, ${o.failed} failed with a clear error`);
+    const role = victim[0] === 'p' ? 'prefill' : 'decode';
+    await until(`${victim} seen down`, (h) => !worker_(h, role, addr[victim]).up);
+    // Meanwhile the others serve.
+    sameAsRun(await served(client, cases[0].prompt, cases[0].s), refs[0], 'served while it is down');
+    await startW(victim);
+    const back = await until(`${victim} back`, allUp);
+    const g0 = role === 'prefill' ? worker_(back, 'prefill', addr[victim]).granted : 0;
+    // Used again within a bound (a decode worker first connects to its prefills; a decode
+    // worker retries a lost prefill with backoff up to 2 s): batches of 8 until it is.
+    const used = (h) => (role === 'prefill' ? worker_(h, 'prefill', addr[victim]).granted > g0
+      : worker_(h, 'decode', addr[victim]).committed > 0);
+    let rounds = 0;
+    for (let t = Date.now() + 20000; ; rounds++) {
+      const jobs = [];
+      for (let k = 0; k < 8; k++) jobs.push(served(client, cases[k % 4].prompt, cases[k % 4].s).then((g) => sameAsRun(g, refs[k % 4], `after restart ${k}`)));
+      await withTimeout(Promise.all(jobs), 120000, 'after restart');
+      if (used(await health())) break;
+      if (Date.now() > t) throw new Error(`${victim} not used again within 20 s: ${JSON.stringify((await health()).body.workers)}`);
+      await sleep(200);
+    }
+    console.log(`# ${victim} used again after ${rounds + 1} batch(es) of 8`);
+    await until('idle after restart', idle);
+  });
+}
+
+await test('a decode worker of another model and a prefill with another context limit are refused, named', async () => {
+  const dx = await worker('decode', 'dx', '127.0.0.1', await freePort(), OTHER, null);
+  const px = await worker('prefill', 'px', '127.0.0.1', await freePort(), MODEL, null, ['--context-length', '256']);
+  const pxa = `127.0.0.1:${px.out.match(/listening \S+ (\d+)/)[1]}`;
+  const dxa = `127.0.0.1:${dx.out.match(/listening \S+ (\d+)/)[1]}`;
+  const r2 = launch('router2', ['router', '--model', MODEL, '--port', '0', '--decode', `${dxa},${addr.d2}`, '--prefill', pxa]);
+  const p2 = Number((await waitFor(r2, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]);
+  await waitFor(r2, /not using the decode worker at 127\.0\.0\.1:\d+: model fingerprint/, 20000, 'err');
+  await waitFor(dx, /refusing a router: model fingerprint/, 20000, 'err');
+  await waitFor(px, /refusing a decode worker: context limit/, 20000, 'err');
+  let h;
+  for (let t = Date.now() + 20000; ; await sleep(100)) {
+    const r = await fetch(`http://127.0.0.1:${p2}/health`);
+    h = { status: r.status, body: await r.json() };
+    const d = h.body.workers.find((w) => w.role === 'decode' && `${w.host}:${w.port}` === dxa);
+    const p = h.body.workers.find((w) => w.role === 'prefill');
+    if (/model fingerprint/.test(d.reason ?? '') && /context limit 256 tokens there/.test(p.reason ?? '')) break;
+    // (d2 serves router2 with the prefills router 1 named: a decode worker uses the union.)
+    if (Date.now() > t) throw new Error(`reasons not shown: ${JSON.stringify(h.body.workers)}`);
+  }
+  await stopClean(r2);
+  await stopClean(dx);
+  await stopClean(px);
+});
+
+await test('SIGTERM of the router with requests in flight: they finish equal to kvfence run, exit 0', async () => {
+  const jobs = [];
+  for (let k = 0; k < 4; k++) jobs.push(served(client, cases[k].prompt, cases[k].s, { stream: true }).then((g) => sameAsRun(g, refs[k], `in flight ${k}`)));
+  await sleep(100);
+  router.child.kill('SIGTERM');
+  await withTimeout(Promise.all(jobs), 60000, 'in-flight requests');
+  await stopClean(router);
+});
+
+await test('SIGTERM of every worker: exit 0, no sanitizer report', async () => {
+  for (const k of ['d1', 'd2', 'p1', 'p2']) await stopClean(W_[k]);
+});
+
+console.log(`1..${n}`);
+if (failed) { console.log(`# ${failed} of ${n} failed`); process.exit(1); }
+process.exit(0);

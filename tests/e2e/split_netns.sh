@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The split roles across two network namespaces joined by a veth pair — two hosts on one
+# machine: prefill 1 and decode 1 in namespace A (10.232.0.1), the router, prefill 2, decode 2
+# and the test itself in namespace B (10.232.0.2). Runs split_e2e.mjs there.
+# usage: split_netns.sh NODE SPLIT_E2E_MJS KVFENCE NODE_MODULES WORK
+# Exits 77 (CTest: skipped) with a message when namespaces cannot be created here.
+set -uo pipefail
+node=$1 script=$2 kvfence=$3 modules=$4 work=$5
+a=kvsA$$ b=kvsB$$
+if ! ip netns add "$a" 2>/tmp/kvf_netns_err.$$; then
+  echo "SKIP: cannot create network namespaces here: $(cat /tmp/kvf_netns_err.$$)"
+  rm -f /tmp/kvf_netns_err.$$
+  exit 77
+fi
+rm -f /tmp/kvf_netns_err.$$
+cleanup() { ip netns pids "$a" 2>/dev/null | xargs -r kill -9; ip netns pids "$b" 2>/dev/null | xargs -r kill -9;
+            ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null; }
+trap cleanup EXIT
+ip netns add "$b" || exit 1
+ip link add "v$a" type veth peer name "v$b" || exit 1
+ip link set "v$a" netns "$a" && ip link set "v$b" netns "$b" || exit 1
+ip -n "$a" addr add 10.232.0.1/24 dev "v$a" && ip -n "$b" addr add 10.232.0.2/24 dev "v$b" || exit 1
+ip -n "$a" link set "v$a" up && ip -n "$b" link set "v$b" up || exit 1
+ip -n "$a" link set lo up && ip -n "$b" link set lo up || exit 1
+echo "# split roles across namespaces: prefill 1 and decode 1 in $a (10.232.0.1); router, prefill 2, decode 2 in $b (10.232.0.2)"
+ip netns exec "$b" "$node" "$script" --kvfence "$kvfence" --node-modules "$modules" --work "$work" \
+  --ns-a "$a" --host-a 10.232.0.1 --host-b 10.232.0.2
