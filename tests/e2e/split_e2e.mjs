@@ -1,7 +1,7 @@
 // The split roles end to end: `kvfence router`, two `kvfence prefill` and two `kvfence decode`
 // processes over UCX (TCP), driven by the official `openai` npm client and by raw HTTP.
 //
-//   node split_e2e.mjs --kvfence EXE --node-modules DIR --work DIR
+//   node split_e2e.mjs --kvfence EXE --node-modules DIR --work DIR [--readme README.md]
 //                      [--ns-a NETNS --host-a ADDR --host-b ADDR]
 //
 // With --ns-a, prefill 1 and decode 1 run in the network namespace NETNS (reached at host-a) and
@@ -18,7 +18,9 @@
 //     granted prompts again; the same for a decode worker; the decode pools end all free;
 //   - a decode worker serving another model, and a prefill worker with another context limit,
 //     are refused with the mismatch named (the logs and /health);
-//   - SIGTERM of the router with requests in flight: they finish, it exits 0; the workers too.
+//   - SIGTERM of the router with requests in flight: they finish, it exits 0; the workers too;
+//   - with --readme: the README's one-host commands, run as printed (ports and paths made free),
+//     print what the README shows.
 // Every process is killed on any exit. Prints TAP; exits 1 on any failure.
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -242,7 +244,7 @@ async function churn(victim, expectFailures) {
   const before = await health();
   for (let k = 0; k < 16; k++) {
     const i = k % cases.length;
-    const s = { ...cases[i].s, max_tokens: 160 };
+    const s = { ...cases[i].s, max_tokens: victim[0] === 'd' ? 1500 : 160 };
     const ref = reference(MODEL, cases[i].prompt, s);
     jobs.push(served(client, cases[i].prompt, s, { stream: k % 2 === 1 }).then(
       (g) => { sameAsRun(g, ref, `request ${k}`); outcomes.ok++; },
@@ -328,6 +330,32 @@ await test('SIGTERM of the router with requests in flight: they finish equal to 
 await test('SIGTERM of every worker: exit 0, no sanitizer report', async () => {
   for (const k of ['d1', 'd2', 'p1', 'p2']) await stopClean(W_[k]);
 });
+
+if (args.readme) {
+  await test('README: the split roles on one host, as printed, answer what the README shows', async () => {
+    const md = fs.readFileSync(args.readme, 'utf8');
+    const m = md.match(/```sh\n(build\/kvfence mkmodel \/tmp\/kvf-hist\.gguf[\s\S]*?)```\n+```json\n([\s\S]*?)```/);
+    assert.ok(m, 'README has the one-host split-roles commands with their output');
+    let script = m[1].replaceAll('build/kvfence', KVF).replaceAll('/tmp/kvf-hist.gguf', path.join(W, 'kvf-hist.gguf'));
+    for (const p of ['7001', '7002', '7101', '8090']) {
+      const f = await freePort();
+      script = script.replaceAll(`127.0.0.1:${p}`, `127.0.0.1:${f}`).replaceAll(`--port ${p}`, `--port ${f}`);
+    }
+    const sh = spawn('bash', ['-c', script], { detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=0' } });
+    let out = '';
+    sh.stdout.on('data', (d) => { out += d; });
+    const done = new Promise((r) => sh.on('exit', r));
+    try {
+      await withTimeout(done, 90000, 'the README commands');
+    } finally {
+      try { process.kill(-sh.pid, 'SIGKILL'); } catch { /* gone */ }
+    }
+    const norm = (x) => x.replace(/"id":"[^"]*"/g, '"id":"*"').replace(/"created":\d+/g, '"created":*').trim();
+    // The workers' "listening HOST PORT" lines and mkmodel's line come first: the reply is last.
+    const reply = out.slice(out.lastIndexOf('{"id"'));
+    assert.equal(norm(reply), norm(m[2]), `README commands printed:\n${out}`);
+  });
+}
 
 console.log(`1..${n}`);
 if (failed) { console.log(`# ${failed} of ${n} failed`); process.exit(1); }
