@@ -20,6 +20,7 @@ PACKAGES=(
   spin              # the Promela model checker for model/handoff.pml
   iproute2          # ip netns: the transport test across two network namespaces
   prometheus        # promtool check metrics: the /metrics format test
+  slowhttptest      # slowloris, slow body and slow read attacks: the HTTP hardening test
 )
 
 missing=()

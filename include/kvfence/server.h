@@ -88,8 +88,16 @@ struct kvf_server_config {
     uint32_t default_max_tokens; /* max_tokens when the request gives none: the rest of the
                                     served limit after the prompt, capped at this; 0 = 256 */
     uint32_t max_connections;  /* concurrent connections; 0 = 256 */
-    uint32_t max_conn_per_ip;  /* 0 = no per-address cap */
+    uint32_t max_conn_per_ip;  /* connections from one address; 0 = 64 */
     uint32_t idle_timeout_s;   /* a connection idle this long is closed; 0 = 30 */
+    /* Bounds on slow clients (src/server/http.c, "Connection deadlines"): a request's line and
+     * headers must arrive within header_timeout_ms of the accept (a kept-alive connection's next
+     * request: within idle_timeout_s of the previous response), its body within body_timeout_ms
+     * of its headers (else 408 and closed), and response bytes may wait unsent, the client not
+     * reading them, at most send_timeout_ms (then closed). 0 = 10000, 30000, 30000. */
+    uint32_t header_timeout_ms;
+    uint32_t body_timeout_ms;
+    uint32_t send_timeout_ms;
     uint32_t retry_after_s;    /* Retry-After of a 429; 0 = 1 */
     uint32_t drain_ms;         /* stop: how long requests in flight may still finish */
     uint32_t tenant;           /* the tenant every request is submitted as (no API keys yet) */

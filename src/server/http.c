@@ -4,8 +4,9 @@
  *
  * A request's life on its connection thread:
  *
- *   headers ──▶ on_request(first call): route (404/405), header checks (400, 413)
- *   body    ──▶ on_request(upload data): appended up to max_body_bytes (then 413)
+ *   headers ──▶ on_request(first call): header count (431), route (404/405), body headers
+ *               (400, 413)
+ *   body    ──▶ on_request(upload data): appended up to max_body_bytes (past it: 413 at once)
  *   end     ──▶ dispatch: GET answers at once; POST parses, validates, submits, then
  *                 non-streaming: waits here (polling the socket) and answers with one body
  *                 streaming:     queues a callback response; stream_read waits per chunk
@@ -16,16 +17,23 @@
  * the body). Before submit: the tenant's share (tenant.c) — a slot, a bounded wait for one
  * (polling the socket and stop like a running request), or 429. Every generation request ends
  * in request_end: its outcome counted for its tenant, its latencies observed, one log line.
+ *
+ * Slow clients: a watchdog thread bounds the time to a request's headers, to its body, and
+ * that a response may wait for a client that does not read it ("Connection deadlines").
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +41,52 @@
 #include "kvfence/common.h"
 #include "kvfence/pool.h"
 #include "server_internal.h"
+
+/* One connection as the watchdog sees it (see "Connection deadlines"). An entry is in use from
+ * MHD's NOTIFY_STARTED to its NOTIFY_CLOSED, which MHD calls before it closes the socket, so
+ * fd is the connection's own for as long as the entry is in use. Fields under guard.mu. */
+enum guard_phase {
+    G_HEAD, /* waiting for a request line and headers: until deadline_ms */
+    G_BODY, /* reading a request body: until deadline_ms */
+    G_WORK, /* answering: no deadline (generation takes its time; peer_gone finds a gone client) */
+};
+struct guard_conn {
+    bool in_use;
+    bool closed;            /* the watchdog shut it down; nothing more is done to it */
+    enum guard_phase phase;
+    int fd;
+    int64_t deadline_ms;    /* G_HEAD, G_BODY: monotonic ms by which the phase must end */
+    int64_t unsent_since_ms; /* the first check of the current run of checks that all found
+                                response bytes unsent; 0: the last check found none */
+    uint32_t n_answered;    /* requests completed on this connection */
+};
+
+/* The watchdog: one thread, a table of max_connections entries allocated at start (nothing is
+ * allocated per connection), a scan every tick_ms. Work per tick: one pass over the table, one
+ * ioctl per connection in use. */
+struct guard {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* signalled by stop */
+    pthread_t thread;
+    bool stop;
+    struct guard_conn *c;   /* [n] */
+    uint32_t n;
+    uint32_t tick_ms;
+    uint32_t header_ms, body_ms, send_ms, idle_ms;
+    /* Figures for /health ("http"). */
+    atomic_uint open;           /* connections in the table */
+    atomic_ullong untracked;    /* connections accepted with the table full (no deadlines) */
+    atomic_ullong closed_head;  /* headers not in within their bound */
+    atomic_ullong closed_body;  /* a body not in within its bound */
+    atomic_ullong closed_send;  /* a client that did not read its response */
+};
+
+/* Row 21's bounds. A connection's memory (MHD's pool: the request line, the headers, the read
+ * buffer, a chunk line) is at most KVF__SRV_CONN_MEMORY bytes: beyond it MHD answers 414 to a
+ * request line and 431 to headers. Headers that fit but number more than KVF__SRV_MAX_HEADERS
+ * get 431 here. */
+#define KVF__SRV_CONN_MEMORY (32u * 1024u)
+#define KVF__SRV_MAX_HEADERS 100
 
 struct kvf_server {
     struct kvf_server_config cfg; /* defaults filled in; strings point at host/model below */
@@ -50,6 +104,7 @@ struct kvf_server {
     atomic_ullong seq;
     struct kvf__srv_tenants tenants;
     struct kvf__srv_metrics metrics;
+    struct guard guard;
 };
 
 enum route {
@@ -68,8 +123,7 @@ struct conn_req {
     enum route route;
     const char *model_id;   /* R_MODEL_ONE: the id in the path (points into MHD's url) */
     struct kvf__sbuf body;
-    bool too_big;
-    size_t discarded;       /* body bytes dropped after too_big */
+    bool too_big;           /* the body passed max_body_bytes and was answered with 413 */
     uint64_t id_seed;       /* the request id's bits (and the completion id's seed) */
     char id[24];            /* "req-<16 hex>": names the request in the logs */
     size_t ti;              /* the tenant (index into the server's table) */
@@ -120,6 +174,194 @@ static int conn_fd(struct MHD_Connection *c)
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     return ci ? ci->connect_fd : -1;
+}
+
+/* --- Connection deadlines (rows 20, 21). ------------------------------------------------------
+ *
+ * libmicrohttpd's timeout (idle_timeout_s) restarts on every byte, so a client that sends a
+ * header line every few seconds, its body a byte at a time, or reads its response a few bytes
+ * at a time, could hold a connection and its thread for as long as it liked. A watchdog thread
+ * bounds each phase of a request from outside MHD:
+ *
+ *   accept ─▶ G_HEAD ──headers in, POST──▶ G_BODY ──body in──▶ G_WORK ──answered──▶ G_HEAD ...
+ *               │    ──headers in, other─────────────────────▶ G_WORK   (kept alive)
+ *               └ header_timeout_ms     └ body_timeout_ms       no bound
+ *   A kept-alive connection's G_HEAD lasts idle_timeout_s from the end of the previous answer.
+ *   In every phase: response bytes found unsent by every check for send_timeout_ms (the client
+ *   reads nothing, or only a trickle) → closed.
+ *
+ * A G_HEAD or G_BODY past its deadline gets a 408 written straight to the socket — MHD writes
+ * nothing there before the request is whole (but a 100 Continue, long before any deadline) —
+ * except between requests on a kept-alive connection, where the client may be sending its
+ * next request as the 408 goes out and would take it for that request's answer. The
+ * connection is then shut down (SHUT_RDWR): its thread reads end of file and MHD closes it, or,
+ * in a request that is running, peer_gone sees the hang-up and cancels the request.
+ *
+ * Transitions: on_connection (accept: G_HEAD; close: the entry is freed), on_request (headers
+ * in: G_WORK, then G_BODY if the body is to be read; body in: G_WORK), on_completed (answered:
+ * G_HEAD), guard_main (any deadline: closed).
+ */
+static struct guard_conn *guard_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Moves a connection to phase p, its deadline bound_ms from now (G_WORK: none). gc may be NULL
+ * (a connection accepted with the table full). */
+static void guard_enter(struct guard *g, struct guard_conn *gc, enum guard_phase p,
+                        uint32_t bound_ms)
+{
+    if (!gc) return;
+    pthread_mutex_lock(&g->mu);
+    gc->phase = p;
+    gc->deadline_ms = p == G_WORK ? INT64_MAX : now_ms() + bound_ms;
+    if (p == G_HEAD) gc->n_answered++;
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* MHD's connection notifier: accepted (a table entry in G_HEAD) and closed (the entry freed,
+ * before MHD closes the socket). Called on MHD's threads. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    struct guard *g = &((struct kvf_server *)cls)->guard;
+    pthread_mutex_lock(&g->mu);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        struct guard_conn *gc = NULL;
+        for (uint32_t i = 0; i < g->n && !gc; i++)
+            if (!g->c[i].in_use) gc = &g->c[i];
+        if (gc) {
+            memset(gc, 0, sizeof *gc);
+            gc->in_use = true;
+            gc->phase = G_HEAD;
+            gc->fd = conn_fd(c);
+            gc->deadline_ms = now_ms() + g->header_ms;
+            atomic_fetch_add(&g->open, 1);
+        } else {
+            atomic_fetch_add(&g->untracked, 1);
+        }
+        *socket_context = gc;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        struct guard_conn *gc = *socket_context;
+        if (gc) {
+            gc->in_use = false;
+            atomic_fetch_sub(&g->open, 1);
+        }
+        *socket_context = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* Writes a whole "Connection: close" answer straight to the socket, past MHD, as far as the
+ * socket takes it without blocking; for where MHD has written nothing and cannot queue an
+ * answer (a request not yet whole). */
+static void send_raw(int fd, const char *status_line, const char *json)
+{
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf,
+                     "HTTP/1.1 %s\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                     "Content-Length: %zu\r\n\r\n%s",
+                     status_line, strlen(json), json);
+    if (fd >= 0 && n > 0 && (size_t)n < sizeof buf)
+        (void)!send(fd, buf, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Shuts the connection down, with a 408 first when with_408. Under g->mu. Never blocks. */
+static void guard_close(struct guard_conn *gc, bool with_408)
+{
+    if (with_408)
+        send_raw(gc->fd, "408 Request Timeout",
+                 "{\"error\":{\"message\":\"the request did not arrive within the server's time "
+                 "bound\",\"type\":\"invalid_request_error\",\"param\":null,"
+                 "\"code\":\"request_timeout\"}}");
+    shutdown(gc->fd, SHUT_RDWR);
+    gc->closed = true;
+}
+
+static void *guard_main(void *arg)
+{
+    struct guard *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->stop) {
+        int64_t t = now_ms();
+        for (uint32_t i = 0; i < g->n; i++) {
+            struct guard_conn *gc = &g->c[i];
+            if (!gc->in_use || gc->closed) continue;
+            if (gc->phase != G_WORK && t >= gc->deadline_ms) {
+                atomic_fetch_add(gc->phase == G_HEAD ? &g->closed_head : &g->closed_body, 1);
+                guard_close(gc, gc->phase == G_BODY || gc->n_answered == 0);
+                continue;
+            }
+            /* Bytes the kernel has not sent yet (not counting those sent and not yet acked):
+             * nonzero at a check means the client's window is shut — it is not reading. */
+            int unsent = 0;
+            if (ioctl(gc->fd, SIOCOUTQNSD, &unsent) < 0 || unsent <= 0) {
+                gc->unsent_since_ms = 0;
+            } else if (!gc->unsent_since_ms) {
+                gc->unsent_since_ms = t;
+            } else if (t - gc->unsent_since_ms >= g->send_ms) {
+                atomic_fetch_add(&g->closed_send, 1);
+                guard_close(gc, false);
+            }
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)g->tick_ms * 1000000;
+        ts.tv_sec += ts.tv_nsec / 1000000000;
+        ts.tv_nsec %= 1000000000;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+/* Allocates the table for max_connections and starts the watchdog. 0, or -ENOMEM / -errno
+ * with nothing left allocated or running. */
+static int guard_start(struct guard *g, const struct kvf_server_config *cfg)
+{
+    memset(g, 0, sizeof *g);
+    g->n = cfg->max_connections;
+    g->header_ms = cfg->header_timeout_ms;
+    g->body_ms = cfg->body_timeout_ms;
+    g->send_ms = cfg->send_timeout_ms;
+    uint32_t least = g->header_ms < g->body_ms ? g->header_ms : g->body_ms;
+    least = least < g->send_ms ? least : g->send_ms;
+    /* Eight checks per bound: a connection is closed at most an eighth of its bound late. */
+    g->tick_ms = least / 8 < 5 ? 5 : least / 8 > 250 ? 250 : least / 8;
+    if (!(g->c = calloc(g->n, sizeof *g->c))) return -ENOMEM;
+    int rc;
+    pthread_condattr_t ca;
+    if ((rc = pthread_condattr_init(&ca)) != 0) goto free_table;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(&g->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0) goto free_table;
+    if ((rc = pthread_mutex_init(&g->mu, NULL)) != 0) goto destroy_cv;
+    if ((rc = pthread_create(&g->thread, NULL, guard_main, g)) != 0) goto destroy_mu;
+    return 0;
+destroy_mu:
+    pthread_mutex_destroy(&g->mu);
+destroy_cv:
+    pthread_cond_destroy(&g->cv);
+free_table:
+    free(g->c);
+    g->c = NULL;
+    return -rc;
+}
+
+/* Stops the watchdog and frees the table; after MHD_stop_daemon (every connection closed). */
+static void guard_stop(struct guard *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->stop = true;
+    pthread_cond_signal(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    pthread_join(g->thread, NULL);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g->c);
 }
 
 /* --- Responses. ------------------------------------------------------------------------------ */
@@ -227,19 +469,25 @@ static int route_of(const char *url, const char *method, enum route *out, const 
 
 struct header_count {
     unsigned content_length;
-    bool transfer_encoding;
+    unsigned transfer_encoding;
+    bool te_chunked;        /* the (last) Transfer-Encoding is exactly "chunked" */
 };
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                     const char *value)
 {
     struct header_count *h = cls;
     if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) h->content_length++;
-    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) h->transfer_encoding = true;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        h->transfer_encoding++;
+        h->te_chunked = value && strcasecmp(value, "chunked") == 0; /* MHD trims the blanks */
+    }
     return MHD_YES;
 }
 
-/* The body headers of a POST: one Content-Length or a Transfer-Encoding, not both (row 23),
- * and a declared length within the bound (row 19: refused before the body is read). */
+/* The body headers of a POST: one Content-Length or one Transfer-Encoding: chunked, not both
+ * (row 23; MHD would take "gzip" or "chunked, chunked" for no body and wait), and a declared
+ * length within the bound (row 19: refused before the body is read). MHD has already answered
+ * 400 to a Content-Length that is not a number and 413 to one beyond 64 bits. */
 static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
                               struct kvf__srv_err *e)
 {
@@ -250,12 +498,17 @@ static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
     if (h.content_length && h.transfer_encoding)
         return kvf__srv_fail(e, 400, NULL, "bad_request",
                              "both Content-Length and Transfer-Encoding were sent");
+    if (h.transfer_encoding > 1 || (h.transfer_encoding && !h.te_chunked))
+        return kvf__srv_fail(e, 400, NULL, "bad_request",
+                             "the only Transfer-Encoding accepted is one 'chunked'");
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
         char *end;
         errno = 0;
         unsigned long long n = strtoull(cl, &end, 10);
-        if (errno || end == cl || n > s->cfg.max_body_bytes)
+        if (end == cl || *end)
+            return kvf__srv_fail(e, 400, NULL, "bad_request", "Content-Length is not a number");
+        if (errno || n > s->cfg.max_body_bytes)
             return kvf__srv_fail(e, 413, NULL, "body_too_large",
                                  "request body exceeds the limit of %zu bytes",
                                  s->cfg.max_body_bytes);
@@ -285,7 +538,8 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         " s:{s:I, s:I, s:I, s:I, s:o},"
         " s:{s:I, s:I, s:I},"
         " s:s, s:I, s:I, s:I,"
-        " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
+        " s:{s:I, s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
         (json_int_t)in.page_tokens, "prefill_up", in.prefill_up,
@@ -301,7 +555,12 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         "stale_msgs", (json_int_t)in.stale_msgs, "rejected_before_handoff",
         (json_int_t)in.rejected_before_handoff, "quarantines", (json_int_t)in.quarantines,
         "foreign_tails", (json_int_t)in.foreign_tails, "bad_frames", (json_int_t)in.bad_frames,
-        "hash_slices", (json_int_t)in.hash_slices);
+        "hash_slices", (json_int_t)in.hash_slices,
+        "http", "connections", (json_int_t)atomic_load(&s->guard.open), "closed_slow_headers",
+        (json_int_t)atomic_load(&s->guard.closed_head), "closed_slow_body",
+        (json_int_t)atomic_load(&s->guard.closed_body), "closed_slow_reader",
+        (json_int_t)atomic_load(&s->guard.closed_send), "untracked",
+        (json_int_t)atomic_load(&s->guard.untracked));
     if (j && !in.prefill_up)
         json_object_set_new(j, "reason",
                             json_string(in.decodes && !in.decodes_up ? "no decode worker is reachable"
@@ -810,8 +1069,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     struct conn_req *q = *con_cls;
     struct kvf__srv_err e;
     if (!q) {
+        /* Headers in: no deadline while answering (G_BODY below when a body is to be read). */
+        struct guard_conn *gc = guard_of(c);
+        guard_enter(&s->guard, gc, G_WORK, 0);
         enum route route = (enum route)0;
         const char *allow, *model_id;
+        /* Row 21: MHD answers 431 to headers beyond its buffer, 414 to a request line beyond it;
+         * many small headers that fit are refused here. */
+        int n_headers = MHD_get_connection_values(c, MHD_HEADER_KIND, NULL, NULL);
+        if (n_headers > KVF__SRV_MAX_HEADERS) {
+            kvf__srv_fail(&e, 431, NULL, "too_many_headers", "more than %d header fields",
+                          KVF__SRV_MAX_HEADERS);
+            return send_error(s, c, &e, NULL);
+        }
         if (route_of(url, method, &route, &model_id, &allow, &e) < 0)
             return send_error(s, c, &e, allow);
         if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
@@ -841,29 +1111,37 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (strcmp(method, "POST") == 0 && check_body_headers(s, c, &e) < 0)
             return gen ? refuse(s, c, q, &e) : send_error(s, c, &e, NULL);
         if (strcmp(method, "GET") == 0) return do_get(s, c, q);
+        guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
         return MHD_YES;
     }
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
-        if (!q->too_big && q->body.n + n > s->cfg.max_body_bytes) {
+        if (q->too_big) return MHD_YES; /* after an answer MHD took: dropped */
+        if (q->body.n + n > s->cfg.max_body_bytes) {
+            /* A chunked body, which declares no length, answered as soon as it passes the
+             * bound, none of the rest read. MHD 0.9.75 takes no answer before the whole body
+             * is in; the 413 is then written past it and the connection closed. */
             q->too_big = true;
             kvf__sbuf_free(&q->body);
-        }
-        if (q->too_big) {
-            /* A chunked body cannot be refused before it starts; drop it, and close the
-             * connection rather than read more than the bound again. */
-            q->discarded += n;
-            return q->discarded > s->cfg.max_body_bytes ? MHD_NO : MHD_YES;
+            guard_enter(&s->guard, guard_of(c), G_WORK, 0);
+            kvf__srv_fail(&e, 413, NULL, "body_too_large",
+                          "request body exceeds the limit of %zu bytes", s->cfg.max_body_bytes);
+            if (send_error(s, c, &e, NULL) == MHD_YES) return MHD_YES;
+            json_t *j = kvf__srv_err_json(&e);
+            char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+            json_decref(j);
+            int fd = conn_fd(c);
+            send_raw(fd, "413 Content Too Large", body ? body : "{}");
+            free(body);
+            if (fd >= 0) shutdown(fd, SHUT_WR);
+            return MHD_NO;
         }
         kvf__sbuf_put(&q->body, upload_data, n);
         return MHD_YES;
     }
-    if (q->too_big) {
-        kvf__srv_fail(&e, 413, NULL, "body_too_large", "request body exceeds the limit of %zu bytes",
-                      s->cfg.max_body_bytes);
-        return send_error(s, c, &e, NULL);
-    }
+    guard_enter(&s->guard, guard_of(c), G_WORK, 0); /* body in */
+    if (q->too_big) return MHD_YES; /* answered when the body passed the bound */
     if (q->body.oom) return send_body(c, 503, NULL);
     switch (q->route) {
     case R_COMPLETIONS:
@@ -881,6 +1159,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    struct kvf_server *s = cls;
+    /* Answered (or given up): the next request on a kept-alive connection has idle_timeout_s. */
+    guard_enter(&s->guard, guard_of(c), G_HEAD, s->guard.idle_ms);
     struct conn_req *q = *con_cls;
     if (!q) return;
     kvf__sbuf_free(&q->body);
@@ -976,6 +1257,10 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     if (!s->cfg.default_max_tokens) s->cfg.default_max_tokens = 256;
     if (!s->cfg.max_connections) s->cfg.max_connections = 256;
     if (!s->cfg.idle_timeout_s) s->cfg.idle_timeout_s = 30;
+    if (!s->cfg.max_conn_per_ip) s->cfg.max_conn_per_ip = 64;
+    if (!s->cfg.header_timeout_ms) s->cfg.header_timeout_ms = 10000;
+    if (!s->cfg.body_timeout_ms) s->cfg.body_timeout_ms = 30000;
+    if (!s->cfg.send_timeout_ms) s->cfg.send_timeout_ms = 30000;
     if (!s->cfg.retry_after_s) s->cfg.retry_after_s = 1;
     s->ops = ops;
     s->engine = engine;
@@ -994,15 +1279,23 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     atomic_init(&s->in_flight, 0);
     atomic_init(&s->seq, 0);
 
+    rc = guard_start(&s->guard, &s->cfg);
+    if (rc < 0) {
+        snprintf(err, err_len, "server: cannot start the connection watchdog: %s", strerror(-rc));
+        goto free_obs;
+    }
+    s->guard.idle_ms = s->cfg.idle_timeout_s * 1000u;
     bool v6 = false;
     rc = open_listener(s->host, cfg->port, &s->listen_fd, &v6, err, err_len);
-    if (rc < 0) goto free_obs;
+    if (rc < 0) goto stop_guard;
     s->port = bound_port(s->listen_fd);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
     if (v6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                             MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVF__SRV_CONN_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
@@ -1017,6 +1310,8 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     return 0;
 close_fd:
     close(s->listen_fd);
+stop_guard:
+    guard_stop(&s->guard);
 free_obs:
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
@@ -1052,6 +1347,7 @@ void kvf_server_stop(kvf_server_t *s)
     atomic_store(&s->stopping, true);
     MHD_stop_daemon(s->d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    guard_stop(&s->guard);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
     free(s->host);
