@@ -5,13 +5,16 @@
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
 #   make fuzz     the libFuzzer targets for a bounded time (FUZZ_SECONDS each, default 60)
 #   make soak     long randomized runs, outside `make test`
+#   make bench-split  the serve bench against the split roles (router, prefill and decode
+#                 processes sharing the cores through --compute-lock) and `kvfence serve`, in
+#                 alternation; prints the ratio
 #   make bench-overhead  the serve bench against build/kvfence and a comparison binary with the
 #                 page checksums, trailer and reader checks compiled out (build-nochecks/, never
 #                 installed), in alternation; prints the ratio
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release debug asan test mutants fuzz soak bench-overhead format clean
+.PHONY: all deps build release debug asan test mutants fuzz soak bench-overhead bench-split format clean
 
 all: deps release
 
@@ -61,6 +64,9 @@ bench-overhead: deps
 	cmake -S . -B build-nochecks -DCMAKE_BUILD_TYPE=Release -DKVF_BUILD_TESTS=OFF -DKVF_NO_SAFETY_CHECKS=ON >/dev/null
 	cmake --build build-nochecks -j $(JOBS) --target kvfence
 	bash bench/overhead.sh build/kvfence build-nochecks/kvfence
+
+bench-split: deps release
+	bash bench/split.sh build/kvfence
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

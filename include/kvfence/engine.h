@@ -154,6 +154,10 @@ struct kvf_worker_config {
     uint32_t hash_slice_bytes;    /* decode: a DONE over more page bytes than this is hashed in
                                      slices of this size, one per loop turn (0 = 8 MiB) */
     pthread_mutex_t *compute_lock;/* shared by workers in one process; NULL = none */
+    int compute_flock_fd;         /* with use_compute_flock: a file every worker process on the
+                                     same cores opened; flock()ed around each forward call, so
+                                     processes take turns as the workers of one process do */
+    bool use_compute_flock;
     bool poison_free;             /* test builds: poison freed pages */
 };
 

@@ -101,6 +101,10 @@ struct kvf_cli_flag {
 int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, size_t n_flags,
                      int *out_argc, char ***out_argv);
 
+/* --compute-lock FILE: opens (creating) the file whose flock the worker processes on the same
+ * cores take turns with. 0 with cfg set, or -1 (printed). */
+int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_config *cfg);
+
 /* True when argv (after the subcommand) asks for help. */
 bool kvf_cli_wants_help(int argc, char **argv);
 

@@ -205,3 +205,15 @@ int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_toke
     *n_pages_out = n_pages;
     return 0;
 }
+
+int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_config *cfg)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "kvfence %s: --compute-lock %s: %s\n", cmd, path, strerror(errno));
+        return -1;
+    }
+    cfg->compute_flock_fd = fd; /* held for the process's life */
+    cfg->use_compute_flock = true;
+    return 0;
+}

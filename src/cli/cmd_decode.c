@@ -17,7 +17,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvfence decode --model F.gguf --listen HOST:PORT [--prefill HOST:PORT[,...]]\n"
             "                      [--context-length N] [--kv-memory SIZE] [--threads N]\n"
-            "                      [--max-queue N] [--admit-timeout MS]\n\n"
+            "                      [--max-queue N] [--admit-timeout MS] [--compute-lock FILE]\n\n"
             "Runs a decode worker: routers connect to HOST:PORT over UCX (TCP) and submit requests;\n"
             "it grants KV pages to prefill workers, verifies what they wrote, and decodes.\n\n"
             "  --listen HOST:PORT    where routers connect (port 0: any free port)\n"
@@ -28,7 +28,10 @@ static void usage(FILE *f)
             "  --kv-memory SIZE      the KV pool, e.g. 512M, 2G (default 1G)\n"
             "  --threads N           compute threads (default: every core)\n"
             "  --max-queue N         requests waiting for pages before new ones are refused (256)\n"
-            "  --admit-timeout MS    how long a request may wait for pages (default 30000)\n\n"
+            "  --admit-timeout MS    how long a request may wait for pages (default 30000)\n"
+            "  --compute-lock FILE   workers on the same cores given the same file take turns\n"
+            "                        computing, one forward call at a time (as the workers of\n"
+            "                        `kvfence serve` do), instead of halving each other\n\n"
             "Every option can also be set as KVFENCE_<OPTION> in the environment (KVFENCE_KV_MEMORY\n"
             "for --kv-memory); the command line wins. Prints \"listening HOST PORT\" on stdout once\n"
             "it accepts routers. SIGINT or SIGTERM: requests in flight get up to 10 s, then the\n"
@@ -37,7 +40,7 @@ static void usage(FILE *f)
 
 int kvf_cmd_decode(int argc, char **argv)
 {
-    const char *model_path = NULL, *listen = NULL, *prefills = NULL;
+    const char *model_path = NULL, *listen = NULL, *prefills = NULL, *lock_path = NULL;
     uint32_t threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
     bool ctx_given = false;
@@ -56,6 +59,7 @@ int kvf_cmd_decode(int argc, char **argv)
         if (strcmp(a, "--model") == 0) model_path = v;
         else if (strcmp(a, "--listen") == 0) listen = v;
         else if (strcmp(a, "--prefill") == 0) prefills = v;
+        else if (strcmp(a, "--compute-lock") == 0) lock_path = v;
         else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
@@ -108,6 +112,7 @@ int kvf_cmd_decode(int argc, char **argv)
                                    .n_pages = n_pages, .n_threads = threads, .max_context = limit,
                                    .max_batch = 16, .max_reqs = 64, .max_queue = max_queue,
                                    .admit_timeout_ms = admit_ms};
+    if (lock_path && kvf_cli_compute_lock("decode", lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
 #endif

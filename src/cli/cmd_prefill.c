@@ -16,17 +16,20 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence prefill --model F.gguf --listen HOST:PORT [--context-length N]\n"
-               "                       [--threads N] [--kv-memory SIZE]\n\n"
+               "                       [--threads N] [--kv-memory SIZE] [--compute-lock FILE]\n\n"
                "Runs a prefill worker: decode workers connect to HOST:PORT over UCX (TCP) and grant\n"
                "it pages to write. --context-length (default: the model's) must equal the decode\n"
                "workers'. --kv-memory sizes its own pool (default: one prompt at the context\n"
                "length). Prints \"listening HOST PORT\" on stdout once it accepts connections.\n"
-               "SIGINT or SIGTERM stops it (its connections close; decode fences them).\n");
+               "--compute-lock FILE: workers on the same cores given the same file take turns\n"
+               "computing, one forward call at a time, instead of halving each other.\n"
+               "Every option can also be set as KVFENCE_<OPTION> in the environment; the command\n"
+               "line wins. SIGINT or SIGTERM stops it (its connections close; decode fences them).\n");
 }
 
 int kvf_cmd_prefill(int argc, char **argv)
 {
-    const char *model_path = NULL, *listen = NULL;
+    const char *model_path = NULL, *listen = NULL, *lock_path = NULL;
     uint32_t threads = 0, ctx_len = 0;
     uint64_t kv_bytes = 0;
     for (int i = 1; i < argc; i++) {
@@ -43,6 +46,7 @@ int kvf_cmd_prefill(int argc, char **argv)
         int bad = 0;
         if (strcmp(a, "--model") == 0) model_path = v;
         else if (strcmp(a, "--listen") == 0) listen = v;
+        else if (strcmp(a, "--compute-lock") == 0) lock_path = v;
         else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len);
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
@@ -104,6 +108,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = 16, .n_pages = n_pages,
                                    .n_threads = threads, .max_context = ctx_len, .listen_host = host,
                                    .listen_port = (uint16_t)port, .max_reqs = 64};
+    if (lock_path && kvf_cli_compute_lock("prefill", lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
 #endif

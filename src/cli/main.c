@@ -27,11 +27,11 @@ static const struct kvf_cli_flag router_flags[] = {HTTP_FLAGS, {"--prefill", fal
                                                    {"--decode", false}};
 static const struct kvf_cli_flag prefill_flags[] = {
     {"--model", false}, {"--listen", false}, {"--context-length", false}, {"--threads", false},
-    {"--kv-memory", false}};
+    {"--kv-memory", false}, {"--compute-lock", false}};
 static const struct kvf_cli_flag decode_flags[] = {
     {"--model", false},     {"--listen", false},    {"--context-length", false},
     {"--threads", false},   {"--kv-memory", false}, {"--prefill", false},
-    {"--max-queue", false}, {"--admit-timeout", false}};
+    {"--max-queue", false}, {"--admit-timeout", false}, {"--compute-lock", false}};
 static const struct {
     const char *cmd;
     const struct kvf_cli_flag *flags;

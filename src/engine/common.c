@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "engine_internal.h"
@@ -56,12 +57,26 @@ void kvf__loop_wait(kvf_xport_t *x, int wake_fd, int timeout_ms)
     if (poll(fds, 2, timeout_ms) > 0 && (fds[1].revents & POLLIN)) kvf__wake_drain(wake_fd);
 }
 
-int kvf__fwd_run_locked(pthread_mutex_t *lock, kvf_fwd_t *f, kvf_pool_t *pool,
+void kvf__compute_enter(const struct kvf_worker_config *cfg)
+{
+    if (cfg->compute_lock) pthread_mutex_lock(cfg->compute_lock);
+    if (cfg->use_compute_flock)
+        while (flock(cfg->compute_flock_fd, LOCK_EX) < 0 && errno == EINTR) {
+        }
+}
+
+void kvf__compute_leave(const struct kvf_worker_config *cfg)
+{
+    if (cfg->use_compute_flock) flock(cfg->compute_flock_fd, LOCK_UN);
+    if (cfg->compute_lock) pthread_mutex_unlock(cfg->compute_lock);
+}
+
+int kvf__fwd_run_locked(const struct kvf_worker_config *cfg, kvf_fwd_t *f, kvf_pool_t *pool,
                         struct kvf_fwd_seq *seqs, uint32_t n_seqs)
 {
-    if (lock) pthread_mutex_lock(lock);
+    kvf__compute_enter(cfg);
     int rc = kvf_fwd_run(f, pool, seqs, n_seqs);
-    if (lock) pthread_mutex_unlock(lock);
+    kvf__compute_leave(cfg);
     return rc;
 }
 

@@ -825,9 +825,9 @@ static void *compute_main(void *arg)
         uint32_t n = w->step_n;
         pthread_mutex_unlock(&w->cmu);
         if (quit) return NULL;
-        if (w->cfg.compute_lock) pthread_mutex_lock(w->cfg.compute_lock);
+        kvf__compute_enter(&w->cfg);
         kvf_fwd_compute(w->fwd);
-        if (w->cfg.compute_lock) pthread_mutex_unlock(w->cfg.compute_lock);
+        kvf__compute_leave(&w->cfg);
         /* Draw the tokens here too: sampling reads only the logits and the request's fixed
          * parameters and output index, which the loop leaves alone for the batch's requests. */
         for (uint32_t i = 0; i < n; i++) {

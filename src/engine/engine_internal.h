@@ -59,9 +59,14 @@ void kvf__wake_drain(int fd);
  */
 void kvf__loop_wait(kvf_xport_t *x, int wake_fd, int timeout_ms);
 
+/* Takes and gives back the worker's compute locks (the process's mutex, then the file lock
+ * shared with other processes), whichever the config has. */
+void kvf__compute_enter(const struct kvf_worker_config *cfg);
+void kvf__compute_leave(const struct kvf_worker_config *cfg);
+
 /* Runs f over the fwd with the process's compute lock held (when there is one), so that two
  * workers in one process never run their thread pools at once on the same cores. */
-int kvf__fwd_run_locked(pthread_mutex_t *lock, kvf_fwd_t *f, kvf_pool_t *pool,
+int kvf__fwd_run_locked(const struct kvf_worker_config *cfg, kvf_fwd_t *f, kvf_pool_t *pool,
                         struct kvf_fwd_seq *seqs, uint32_t n_seqs);
 
 /* Encodes m and sends it on c; returns 0 or a negative code. */

@@ -487,7 +487,7 @@ static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
         bool last = pos + len == j->n_tokens;
         struct kvf_fwd_seq seq = {j->req, j->tokens + pos, len, pos, j->src, j->n_pages,
                                   last ? w->logits : NULL, 0};
-        rc = kvf__fwd_run_locked(w->cfg.compute_lock, w->fwd, w->pool, &seq, 1);
+        rc = kvf__fwd_run_locked(&w->cfg, w->fwd, w->pool, &seq, 1);
         if (rc != 1 || seq.status != 0) {
             compute_failed(w, j, rc < 0 ? rc : (seq.status ? seq.status : KVF_E_ENGINE));
             return;
