@@ -114,6 +114,9 @@ struct kvf_prefill_worker {
     uint64_t bad_frames;          /* counter: control frames that did not decode */
     pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
     uint32_t info_pages, info_free;
+#if defined(KVF_TEST_BUILD)
+    struct pforge *forge; /* KVF_TEST_FORGE: see "Test builds: forgeries" below; NULL = off */
+#endif
 };
 
 /* --- Deferred events (from transport callbacks). ------------------------------------------ */
@@ -169,6 +172,101 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
         if (w->sess[i].used && w->sess[i].conn == c) return &w->sess[i];
     return NULL;
 }
+
+#if defined(KVF_TEST_BUILD)
+/* --- Test builds: forgeries (H18) for the isolation suite. ----------------------------------
+ *
+ * KVF_TEST_FORGE="every=N,token=T" makes this worker misbehave on purpose, so that the suite can
+ * show the decode side refusing what an honest prefill never sends (tests/isolation,
+ * docs/ISOLATION.md). Release builds have none of it. Counting DONEs this worker sends:
+ *   - every Nth DONE is preceded by two forged copies whose first token is T: one at the
+ *     previous connection epoch (a fenced epoch's DONE) and one with a nonce no grant has. Decode
+ *     must ignore both and count them as stale; accepted, T would head the reply.
+ *   - before the flush of every Nth job (offset by N/2), the data bytes of a page this worker
+ *     wrote earlier for another tenant's request are written over the job's first granted page
+ *     (stale bytes in a page now granted to another request). The DONE's checksum no longer
+ *     matches the page: decode must refuse the commit and fail the request.
+ * Each forgery prints one "test forge:" line on stderr, which the suite counts. */
+struct pforge {
+    uint32_t every, token;
+    uint64_t dones, flushes;
+    struct {
+        uint8_t *bytes;   /* [data_bytes]: a copy of a first page written for an earlier request */
+        uint32_t tenant;  /* whose request it was */
+        bool have;
+    } stale[2];           /* two tenants' copies, so one is always another tenant's */
+    uint32_t replace;     /* the copy a third tenant's page replaces next */
+    uint32_t puts_out;    /* forged puts not complete locally: no copy is refreshed meanwhile */
+};
+
+static void forge_init(struct kvf_prefill_worker *w)
+{
+    const char *e = getenv("KVF_TEST_FORGE");
+    unsigned every = 0, token = 0;
+    if (!e || sscanf(e, "every=%u,token=%u", &every, &token) != 2 || every < 2) return;
+    struct pforge *f = calloc(1, sizeof(*f));
+    if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) || !(f->stale[1].bytes = malloc(w->data_bytes))) {
+        if (f) free(f->stale[0].bytes);
+        free(f);
+        return;
+    }
+    f->every = every;
+    f->token = token;
+    w->forge = f;
+    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u\n", every, token);
+}
+
+static void forge_put_done(void *arg, int status)
+{
+    (void)status;
+    ((struct pforge *)arg)->puts_out--;
+}
+
+/* At a put of page 0: keep a copy of its bytes for a later forged write. */
+static void forge_keep(struct kvf_prefill_worker *w, const struct pjob *j, const uint8_t *src)
+{
+    struct pforge *f = w->forge;
+    if (!f || f->puts_out) return;
+    uint32_t i = f->stale[0].have && f->stale[0].tenant == j->tenant   ? 0
+                 : f->stale[1].have && f->stale[1].tenant == j->tenant ? 1
+                                                                       : (f->replace ^= 1);
+    memcpy(f->stale[i].bytes, src, w->data_bytes);
+    f->stale[i].tenant = j->tenant;
+    f->stale[i].have = true;
+}
+
+/* Before a job's flush: stale bytes of another tenant over its first granted page. */
+static void forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pjob *j)
+{
+    struct pforge *f = w->forge;
+    if (!f || !j->computed || j->aborted || !s->conn || s->failed) return;
+    if (++f->flushes % f->every != f->every / 2) return;
+    uint32_t i = f->stale[0].have && f->stale[0].tenant != j->tenant ? 0 : 1;
+    if (!f->stale[i].have || f->stale[i].tenant == j->tenant) return;
+    f->puts_out++;
+    uint64_t off = (uint64_t)j->dst[0].page * w->page_bytes;
+    if (kvf_conn_put(s->conn, f->stale[i].bytes, w->data_bytes, off, forge_put_done, f) < 0) {
+        f->puts_out--; /* never posted: no completion comes */
+        return;
+    }
+    fprintf(stderr, "kvfence prefill: test forge: stale bytes written into a page granted to another request\n");
+}
+
+/* Before a DONE: the same DONE at the previous epoch and with an unknown nonce, first token T. */
+static void forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_msg *done)
+{
+    struct pforge *f = w->forge;
+    if (!f || !s->conn || s->failed || ++f->dones % f->every != 0) return;
+    struct kvf_msg m = *done;
+    m.u.done.first_token = f->token;
+    m.epoch = done->epoch - 1;
+    kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
+    m.epoch = done->epoch;
+    m.nonce = done->nonce ^ 0x8000000000000000ull;
+    kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
+    fprintf(stderr, "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
+}
+#endif
 
 /* --- Jobs. ---------------------------------------------------------------------------------- */
 
@@ -278,6 +376,9 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
     j->puts_out++;
     const uint8_t *src = kvf_pool_page_data(w->pool, j->src[a->index].page);
     uint64_t off = (uint64_t)a->dst.page * w->page_bytes;
+#if defined(KVF_TEST_BUILD)
+    if (a->index == 0) forge_keep(w, j, src);
+#endif
     int rc = kvf_conn_put(s->conn, src, w->data_bytes, off, on_put_done, p);
     if (rc < 0) on_put_done(p, rc);
     kvf_conn_order(s->conn);
@@ -321,6 +422,9 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
                     a->msg.u.done.top_logprobs[k] = j->top_lps[k];
                 }
             }
+#if defined(KVF_TEST_BUILD)
+            if (a->msg.type == KVF_MSG_DONE && j) forge_done(w, s, &a->msg);
+#endif
             if (s->conn && !s->failed) kvf__send_msg(s->conn, &a->msg, w->frame, PF_FRAME_CAP);
             if (j && (a->msg.type == KVF_MSG_CANCEL_ACK || a->msg.type == KVF_MSG_FAIL ||
                       a->msg.type == KVF_MSG_REJECT)) {
@@ -405,6 +509,9 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
         case KVF_ACT_FLUSH: {
             struct pjob *j = job_find(w, s, a->req, a->nonce);
             if (!j) break;
+#if defined(KVF_TEST_BUILD)
+            forge_write(w, s, j);
+#endif
             j->flush_out = true;
             int rc = s->conn && !s->failed ? kvf_conn_flush(s->conn, on_flush_done, j) : -ENOTCONN;
             if (rc < 0) j->flush_out = false; /* a flush that cannot start never proves anything: the job waits for the
@@ -713,6 +820,13 @@ static void destroy(struct kvf_prefill_worker *w)
     free(w->frame);
     free(w->logits);
     free(w->sample_scratch);
+#if defined(KVF_TEST_BUILD)
+    if (w->forge) { /* after the transport: no forged put reads them now */
+        free(w->forge->stale[0].bytes);
+        free(w->forge->stale[1].bytes);
+    }
+    free(w->forge);
+#endif
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->info_mu);
     free(w);
@@ -738,6 +852,10 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     uint32_t max_pages = (cfg->max_context + cfg->page_tokens - 1) / cfg->page_tokens;
     struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = 1,
                                  .tag_seed = 0x5000000000ull, .poison_on_free = cfg->poison_free};
+#if defined(KVF_TEST_BUILD)
+    /* KVF_POISON=1 poisons this pool's freed pages whoever started the worker (serve too). */
+    if (getenv("KVF_POISON") && atoi(getenv("KVF_POISON"))) pc.poison_on_free = true;
+#endif
     struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, PF_CHUNK, 1, NULL};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
         snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
@@ -772,6 +890,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     if (rc == 0) {
         struct kvf_xport_faults f;
         if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
+        forge_init(w);
     }
 #endif
     if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
