@@ -1,8 +1,11 @@
 /*
  * fake_serve — the server over the fake engine as a process, for clients written in other
- * languages (tests/server/openai_client.mjs). Prints "port N" once listening, serves until its
- * stdin closes (or after a 120 s safety bound), then stops and exits 0 only if every engine
- * handle was released.
+ * languages (tests/server/openai_client.mjs, slow_clients.mjs). Prints "port N" once listening,
+ * serves until its stdin closes (or after a 120 s safety bound), then stops and exits 0 only if
+ * every engine handle was released.
+ *
+ * Options (each sets the server's config field of that name; 0 or absent: the default):
+ *   --header-timeout-ms N  --body-timeout-ms N  --send-timeout-ms N  --max-conn-per-ip N
  */
 #include <poll.h>
 #include <signal.h>
@@ -11,12 +14,23 @@
 
 #include "server_test_util.h"
 
-int main(void)
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
     struct srv s;
     srv_init(&s);
     s.f.token_delay_ms = 1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        uint32_t v = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        if (strcmp(argv[i], "--header-timeout-ms") == 0) s.cfg.header_timeout_ms = v;
+        else if (strcmp(argv[i], "--body-timeout-ms") == 0) s.cfg.body_timeout_ms = v;
+        else if (strcmp(argv[i], "--send-timeout-ms") == 0) s.cfg.send_timeout_ms = v;
+        else if (strcmp(argv[i], "--max-conn-per-ip") == 0) s.cfg.max_conn_per_ip = v;
+        else {
+            fprintf(stderr, "fake_serve: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
     srv_start(&s);
     printf("port %u\n", s.port);
     fflush(stdout);
