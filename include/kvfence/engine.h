@@ -99,6 +99,7 @@ struct kvf_worker_status {
     uint64_t committed;                          /* decode: handoffs verified and committed */
     uint64_t granted;                            /* prefill: prompts granted to it (summed over
                                                     the decode workers reporting it) */
+    struct kvf_engine_info info;                 /* decode, up: its figures, as last reported */
 };
 
 /* The seam. `e` is the engine the ops belong to. */

@@ -533,6 +533,7 @@ static void publish(struct kvf_router *r)
             w->running = d->st.info.running;
             w->queued = d->st.info.queued;
             w->committed = d->st.info.committed;
+            w->info = d->st.info;
         }
     }
     for (uint32_t k = 0; k < r->cfg.n_prefills && n < r->workers_cap; k++, n++) {

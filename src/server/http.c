@@ -326,6 +326,7 @@ static int guard_start(struct guard *g, const struct kvf_server_config *cfg)
     g->header_ms = cfg->header_timeout_ms;
     g->body_ms = cfg->body_timeout_ms;
     g->send_ms = cfg->send_timeout_ms;
+    g->idle_ms = cfg->idle_timeout_s * 1000u;
     uint32_t least = g->header_ms < g->body_ms ? g->header_ms : g->body_ms;
     least = least < g->send_ms ? least : g->send_ms;
     /* Eight checks per bound: a connection is closed at most an eighth of its bound late. */
@@ -567,8 +568,8 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
                                         : "no prefill worker is reachable"));
     if (j && s->ops->workers) {
         /* Split roles: every worker the router was given, and whether it can reach it. */
-        struct kvf_worker_status ws[64];
-        size_t nw = s->ops->workers(s->engine, ws, 64);
+        struct kvf_worker_status *ws = calloc(64, sizeof(*ws));
+        size_t nw = ws ? s->ops->workers(s->engine, ws, 64) : 0;
         json_t *arr = json_array();
         for (size_t i = 0; arr && i < nw && i < 64; i++) {
             json_t *o = json_pack("{s:s, s:s, s:i, s:b}", "role", ws[i].role, "host", ws[i].host,
@@ -587,6 +588,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
             }
             json_array_append_new(arr, o);
         }
+        free(ws);
         if (arr) json_object_set_new(j, "workers", arr);
     }
     return send_json(c, in.prefill_up ? 200 : 503, j);
@@ -599,6 +601,12 @@ static enum MHD_Result do_metrics(struct kvf_server *s, struct MHD_Connection *c
     s->ops->info(s->engine, &in);
     struct kvf__sbuf b = {0};
     kvf__srv_metrics_render(&s->metrics, &s->tenants, &in, atomic_load(&s->in_flight), &b);
+    if (s->ops->workers) {
+        struct kvf_worker_status *ws = calloc(64, sizeof(*ws));
+        size_t nw = ws ? s->ops->workers(s->engine, ws, 64) : 0;
+        kvf__srv_metrics_render_workers(ws, nw < 64 ? nw : 64, &b);
+        free(ws);
+    }
     if (b.oom || !b.p) {
         kvf__sbuf_free(&b);
         return send_body(c, 503, NULL);
@@ -1284,7 +1292,6 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
         snprintf(err, err_len, "server: cannot start the connection watchdog: %s", strerror(-rc));
         goto free_obs;
     }
-    s->guard.idle_ms = s->cfg.idle_timeout_s * 1000u;
     bool v6 = false;
     rc = open_listener(s->host, cfg->port, &s->listen_fd, &v6, err, err_len);
     if (rc < 0) goto stop_guard;

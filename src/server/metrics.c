@@ -19,6 +19,7 @@
  * buckets) lines per scrape.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -201,4 +202,79 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
            (unsigned long long)in->failed);
     scalar(o, "hash_slices_total", "counter", "Slices of long prompts' pages hashed between turns.",
            (unsigned long long)in->hash_slices);
+}
+
+/* Split roles: one series per worker the router was given, labelled role and worker (HOST:PORT),
+ * and the decode workers' own figures — pages by state, reservations, holds, quarantines, fences,
+ * verify failures (tag, count or checksum), stale messages, rejections before handoff — so a
+ * fault is seen on the worker it happened on. */
+void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t n,
+                                     struct kvf__sbuf *o)
+{
+    head(o, "worker_up", "gauge", "1 while the router reaches the worker and its HELLO agreed.");
+    for (size_t i = 0; i < n; i++)
+        put(o, "kvfence_worker_up{role=\"%s\",worker=\"%s:%u\"} %d\n", ws[i].role, ws[i].host,
+            ws[i].port, ws[i].up ? 1 : 0);
+    head(o, "worker_prompts_granted_total", "counter", "Prompts granted to a prefill worker.");
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(ws[i].role, "prefill") == 0)
+            put(o, "kvfence_worker_prompts_granted_total{worker=\"%s:%u\"} %llu\n", ws[i].host,
+                ws[i].port, (unsigned long long)ws[i].granted);
+    head(o, "worker_pages", "gauge", "A decode worker's pages by state.");
+    for (size_t i = 0; i < n; i++) {
+        if (!ws[i].up || strcmp(ws[i].role, "decode") != 0) continue;
+        for (int s = 0; s < KVF_PAGE__NSTATES; s++)
+            put(o, "kvfence_worker_pages{worker=\"%s:%u\",state=\"%s\"} %u\n", ws[i].host,
+                ws[i].port, kvf_page_state_name((enum kvf_page_state)s), ws[i].info.decode_by_state[s]);
+    }
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+        bool wide;
+    } f[] = {
+        {"worker_pool_pages", "gauge", "A decode worker's pool (its capacity).",
+         offsetof(struct kvf_engine_info, decode_pages), false},
+        {"worker_reserved_pages", "gauge", "A decode worker's pages reserved for growth.",
+         offsetof(struct kvf_engine_info, decode_reserved), false},
+        {"worker_running_requests", "gauge", "A decode worker's admitted requests.",
+         offsetof(struct kvf_engine_info, running), false},
+        {"worker_queued_requests", "gauge", "A decode worker's requests waiting for pages.",
+         offsetof(struct kvf_engine_info, queued), false},
+        {"worker_fences_total", "counter", "A decode worker's fences.",
+         offsetof(struct kvf_engine_info, fences), true},
+        {"worker_verify_failures_total", "counter", "A decode worker's DONEs failing a check.",
+         offsetof(struct kvf_engine_info, verify_failed), true},
+        {"worker_stale_messages_total", "counter", "A decode worker's stale messages dropped.",
+         offsetof(struct kvf_engine_info, stale_msgs), true},
+        {"worker_holds_total", "counter", "A decode worker's pages that went HELD.",
+         offsetof(struct kvf_engine_info, holds), true},
+        {"worker_quarantines_total", "counter", "A decode worker's pages that went QUARANTINED.",
+         offsetof(struct kvf_engine_info, quarantines), true},
+        {"worker_rejected_before_handoff_total", "counter",
+         "A decode worker's requests refused before any page moved.",
+         offsetof(struct kvf_engine_info, rejected_before_handoff), true},
+        {"worker_foreign_tails_total", "counter",
+         "A decode worker's prompts whose last page carried bytes they did not write.",
+         offsetof(struct kvf_engine_info, foreign_tails), true},
+        {"worker_handoffs_committed_total", "counter", "A decode worker's verified handoffs.",
+         offsetof(struct kvf_engine_info, committed), true},
+    };
+    for (size_t k = 0; k < KVF_ARRAY_LEN(f); k++) {
+        head(o, f[k].name, f[k].type, f[k].help);
+        for (size_t i = 0; i < n; i++) {
+            if (!ws[i].up || strcmp(ws[i].role, "decode") != 0) continue;
+            const char *p = (const char *)&ws[i].info + f[k].off;
+            unsigned long long v;
+            if (f[k].wide) {
+                uint64_t x;
+                memcpy(&x, p, sizeof x);
+                v = x;
+            } else {
+                uint32_t x;
+                memcpy(&x, p, sizeof x);
+                v = x;
+            }
+            put(o, "kvfence_%s{worker=\"%s:%u\"} %llu\n", f[k].name, ws[i].host, ws[i].port, v);
+        }
+    }
 }

@@ -253,6 +253,10 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
                              const struct kvf_engine_info *in, uint32_t in_flight,
                              struct kvf__sbuf *out);
 
+/* The split roles' per-worker series (a router's engine lists its workers). */
+void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t n,
+                                     struct kvf__sbuf *out);
+
 /* --- Logs (log.c). ------------------------------------------------------------------------- */
 /* Formats "ts=<UTC ISO 8601 ms> " + fmt and hands the line to cfg->log (nothing if NULL). The
  * caller's values must be safe to print as they are: ids, tenant names, numbers, static codes —

@@ -22,7 +22,7 @@
 //   - with --readme: the README's one-host commands, run as printed (ports and paths made free),
 //     print what the README shows.
 // Every process is killed on any exit. Prints TAP; exits 1 on any failure.
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn, spawnSync, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
 import net from 'node:net';
@@ -236,6 +236,24 @@ await test('16 at once equal kvfence run; both decode workers commit, both prefi
 
 // Whether this build has the fault hooks (test builds): a slow prefill 1 then has writes in flight.
 const slowPuts = /KVF_FAULTS/.test(execFileSync('strings', [KVF], { encoding: 'utf8', maxBuffer: 1 << 28 }));
+
+await test('/metrics: valid under promtool, one series per worker, figures equal to /health', async () => {
+  const h = await until('idle', idle);
+  const text = await (await fetch(`${URL_}/metrics`)).text();
+  const pc = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+  assert.equal(pc.error, undefined, `promtool: ${pc.error} (Debian's prometheus package; scripts/install-deps.sh installs it)`);
+  assert.equal(pc.status, 0, `promtool check metrics: ${pc.stdout}${pc.stderr}`);
+  for (const k of ['p1', 'p2', 'd1', 'd2']) {
+    const role = k[0] === 'p' ? 'prefill' : 'decode';
+    assert.match(text, new RegExp(`kvfence_worker_up\\{role="${role}",worker="${addr[k].replaceAll('.', '\\.')}"\\} 1`), `${k} up in /metrics`);
+  }
+  for (const d of ['d1', 'd2']) {
+    const w = worker_(h, 'decode', addr[d]);
+    const m = text.match(new RegExp(`kvfence_worker_pages\\{worker="${addr[d].replaceAll('.', '\\.')}",state="KVF_PAGE_FREE"\\} (\\d+)`));
+    assert.ok(m, `${d} free pages in /metrics`);
+    assert.equal(Number(m[1]), w.free, `${d} free pages: /metrics and /health`);
+  }
+});
 
 // Under load, a worker dies: each request is right or clearly failed; nothing else is disturbed.
 async function churn(victim, expectFailures) {
