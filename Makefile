@@ -3,6 +3,9 @@
 #   make serve    the release build, then `build/kvfence serve` (the README's curl examples)
 #   make test     dependencies + ASan/UBSan test build + every CTest test
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
+#                 (the isolation column builds each mutant's kvfence binary: KVF_ISO_MUTANTS
+#                 narrows it, KVF_MUTANT_ISOLATION=0 leaves it out)
+#   make isolation  the isolation suite's long run (tests/isolation, docs/ISOLATION.md), alone
 #   make fuzz     the libFuzzer targets for a bounded time (FUZZ_SECONDS each, default 60)
 #   make soak     long randomized runs, outside `make test`
 #   make bench-split  the serve bench against the split roles (router, prefill and decode
@@ -14,7 +17,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release debug asan test mutants fuzz soak bench-overhead bench-split format clean
+.PHONY: all deps build release debug asan test mutants isolation fuzz soak bench-overhead bench-split format clean
 
 all: deps release
 
@@ -48,7 +51,12 @@ test: deps asan
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 
 mutants: deps
-	bash scripts/mutants.sh
+	KVF_MUTANT_ISOLATION=$${KVF_MUTANT_ISOLATION:-1} bash scripts/mutants.sh
+
+# The real processes under chaos, tenants with canaries, every response against its solo run:
+# the long run (at most 10 minutes); make test runs the smoke.
+isolation: deps asan
+	KVF_SOAK=1 ctest --preset asan -R '^isolation$$' --output-on-failure
 
 fuzz: deps
 	FUZZ_SECONDS=$(FUZZ_SECONDS) bash scripts/fuzz.sh

@@ -654,8 +654,24 @@ async function splitChaos(ph) {
   await topo.startPrefill(0, '-restarted');
   bump(report.faults, 'prefill restarted');
   await sleep(1000);
-  // SIGSTOP prefill 1 with writes in flight, past the hold timeout, then SIGCONT.
+  // A short stop of prefill 1 (within the grant timeout): clients give up on requests meanwhile,
+  // some of them granted to the stopped prefill, whose writes land once it resumes; their pages
+  // must stay held until it drains, while the other requests run on.
   const p1 = topo.prefills[1];
+  p1.child.kill('SIGSTOP');
+  bump(report.faults, 'prefill SIGSTOPped 2.5 s with requests disconnected meanwhile, then SIGCONTed');
+  ph.faults.prefill_stop = (ph.faults.prefill_stop ?? 0) + 1;
+  const gaveUp = [];
+  for (let i = 0; i < 8; i++) {
+    gaveUp.push(request(ph, pick(ph.cases), { stream: i % 2 === 0, expect: 'ok', label: 'disconnected while its prefill is stopped', abort: { ms: randInt(300, 2000) } }));
+    bump(report.faults, 'disconnect: while its prefill is stopped');
+    await sleep(60);
+  }
+  await sleep(2500);
+  p1.child.kill('SIGCONT');
+  await Promise.all(gaveUp);
+  await sleep(1500);
+  // SIGSTOP prefill 1 with writes in flight, past the hold timeout, then SIGCONT.
   p1.child.kill('SIGSTOP');
   bump(report.faults, 'prefill SIGSTOPped past the hold timeout, then SIGCONTed');
   ph.faults.prefill_stop = (ph.faults.prefill_stop ?? 0) + 1;
