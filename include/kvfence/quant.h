@@ -6,6 +6,9 @@
  *   Q8_0: { fp16 d; int8 q[32]; }      34 bytes; value[j] = q[j] * d
  *   Q4_0: { fp16 d; uint8 q[16]; }     18 bytes; value[j] = ((q[j] & 15) - 8) * d for j < 16,
  *                                                  value[j+16] = ((q[j] >> 4) - 8) * d
+ *   Q5_0: { fp16 d; uint8 qh[4]; uint8 q[16]; }  22 bytes; with h = qh read as a little-endian
+ *         uint32, value[j] = (((q[j] & 15) | (h >> j & 1) << 4) - 16) * d for j < 16,
+ *         value[j+16] = (((q[j] >> 4) | (h >> (j + 16) & 1) << 4) - 16) * d
  * A row of a quantized type holds a whole number of blocks (its length is a multiple of 32).
  *
  * The K-quants group KVF_QK_K = 256 values into a super-block of sub-blocks, each sub-block
@@ -45,6 +48,11 @@
 #define KVF_QK 32
 #define KVF_QK_K 256
 
+/* GGML's type number of Q5_0, which gguf.h's enum of the types kvfence reads does not list (it
+ * has only the others): the type of the matrices a Q4_K_M file keeps at 5 bits where a row is
+ * not whole 256-value super-blocks. */
+#define KVF_GGML_Q5_0 6u
+
 struct kvf_block_q8_0 {
     uint16_t d;        /* scale, IEEE half */
     int8_t qs[KVF_QK]; /* quantized values */
@@ -53,6 +61,12 @@ struct kvf_block_q8_0 {
 struct kvf_block_q4_0 {
     uint16_t d;             /* scale, IEEE half */
     uint8_t qs[KVF_QK / 2]; /* element j in the low nibble of qs[j], j+16 in the high one */
+};
+
+struct kvf_block_q5_0 {
+    uint16_t d;             /* scale, IEEE half */
+    uint8_t qh[4];          /* the fifth bits: bit j of the little-endian word is element j's */
+    uint8_t qs[KVF_QK / 2]; /* the low 4 bits, placed as Q4_0's */
 };
 
 struct kvf_block_q4_k {
@@ -86,7 +100,7 @@ uint16_t kvf_f32_to_bf16(float f);
  * such as "Q4_K"), or "unknown". Never NULL. */
 const char *kvf_ggml_type_name(uint32_t type);
 
-/* True for the types kvfence reads: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
+/* True for the types kvfence reads: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. */
 int kvf_ggml_type_supported(uint32_t type);
 
 /* Bytes of a row of n elements of `type` into *bytes. Returns 0, KVF_E_MODEL_UNSUPPORTED for
@@ -102,6 +116,7 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n);
 /* Quantizes n values (n a multiple of 32) into n/32 blocks at dst. */
 void kvf_quantize_row_q8_0(const float *src, struct kvf_block_q8_0 *dst, uint64_t n);
 void kvf_quantize_row_q4_0(const float *src, struct kvf_block_q4_0 *dst, uint64_t n);
+void kvf_quantize_row_q5_0(const float *src, struct kvf_block_q5_0 *dst, uint64_t n);
 
 /* Quantizes n values (n a multiple of 256) into n/256 super-blocks at dst. A plain min-max
  * quantizer per sub-block (not GGML's iterative search): good enough for test models, and its

@@ -210,7 +210,8 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
                         b->out + (size_t)t * q_dim + (size_t)h * hd);
             if (b->outq)
                 kern->quant_a16(b->out + (size_t)t * q_dim, b->outq->q + (size_t)t * b->outq->ld,
-                                b->outq->d + t, (uint32_t)q_dim);
+                                b->outq->d + t, b->outq->s + (size_t)t * (b->outq->ld / KVF_QK),
+                                (uint32_t)q_dim);
         }
         return;
     }

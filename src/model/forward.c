@@ -50,7 +50,8 @@ struct kvf_fwd {
     float *xb;                /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
     float *o;                 /* (max_tokens, dim) output of Wo and Wdown before the residual add */
     struct kvf_act16 xq;      /* the current matmul input quantized for Q8_0 weights: (max_tokens,
-                               * max(dim, q_dim, ffn_dim) rounded up to 32) int16, a scale each */
+                               * max(dim, q_dim, ffn_dim) rounded up to 32) int16, a scale each,
+                               * and a sum per 32 */
     float *q;                 /* (max_tokens, q_dim) */
     float *k, *v;             /* (max_tokens, kv_dim) */
     float *hg, *hu;           /* (max_tokens, ffn_dim) gate (then h), up */
@@ -135,6 +136,7 @@ static size_t layout(kvf_fwd_t *f, uint8_t *base, uint32_t nth, size_t T, size_t
     f->o = carve(base, &off, T * hp->dim * sizeof(float));
     f->xq.q = carve(base, &off, T * f->xq.ld * sizeof(int16_t));
     f->xq.d = carve(base, &off, T * sizeof(float));
+    f->xq.s = carve(base, &off, T * (f->xq.ld / KVF_QK) * sizeof(float));
     f->q = carve(base, &off, T * q_dim * sizeof(float));
     f->k = carve(base, &off, T * kv_dim * sizeof(float));
     f->v = carve(base, &off, T * kv_dim * sizeof(float));
@@ -284,7 +286,9 @@ static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi, uint32_t th
             kvf__rmsnorm(out, row, j->norm_w, j->cols, hp->rms_eps);
             row = out;
         }
-        if (j->quant) kvf__kern->quant_a16(row, f->xq.q + t * f->xq.ld, f->xq.d + t, j->cols);
+        if (j->quant)
+            kvf__kern->quant_a16(row, f->xq.q + t * f->xq.ld, f->xq.d + t,
+                                 f->xq.s + t * (f->xq.ld / KVF_QK), j->cols);
     }
 }
 
@@ -296,8 +300,8 @@ static void job_norm_quant(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     norm_quant_rows(j, lo, hi, thread);
 }
 
-/* Whether a product with W reads its input quantized to 16 bits (a packed Q8_0, Q4_0, Q4_K or
- * Q6_K weight: kvf__matmul) rather than as floats (every other). */
+/* Whether a product with W reads its input quantized to 16 bits (a packed Q8_0, Q4_0, Q5_0,
+ * Q4_K, Q5_K or Q6_K weight: kvf__matmul) rather than as floats (every other). */
 static bool reads_act16(const struct kvf_weight *W)
 {
     return W->packed && kvf__packed_act16(W->type);
@@ -699,7 +703,7 @@ int kvf_fwd_compute(kvf_fwd_t *f)
         if (reads_act16(&m->output))
             for (uint32_t o = 0; o < n_out; o++)
                 kvf__kern->quant_a16(f->outx + (size_t)o * dim, f->xq.q + o * f->xq.ld, f->xq.d + o,
-                                     dim);
+                                     f->xq.s + o * (f->xq.ld / KVF_QK), dim);
         kvf__tpool_run(f->tp, job_logits, &j, f->n_chunks);
     }
 

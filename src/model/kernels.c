@@ -4,6 +4,8 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,13 +62,10 @@ void kvf__matmul_warm(const struct kvf_weight *W, uint32_t r0, uint32_t r1, uint
     if (!W->packed || r0 >= r1) return;
     uint32_t g0 = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;
     if (g1 - g0 < groups) groups = g1 - g0;
-    size_t group_bytes, nb = W->cols / KVF_QK;
-    if (W->type == KVF_GGML_Q8_0) group_bytes = nb * sizeof(struct kvf_q8g);
-    else if (W->type == KVF_GGML_Q4_0 || W->type == KVF_GGML_Q4_K)
-        group_bytes = nb * sizeof(struct kvf_q4g);
-    else if (W->type == KVF_GGML_Q6_K) group_bytes = nb * sizeof(struct kvf_q6g);
-    else if (W->type == KVF_GGML_F32) group_bytes = (size_t)KVF_F32G_ROWS * W->cols * sizeof(float);
-    else return;
+    /* One group of 16 rows, for every packed type (F32's groups are 16 rows too). */
+    _Static_assert(KVF_F32G_ROWS == KVF_Q8G_ROWS, "every packed type groups 16 rows");
+    size_t group_bytes = kvf__packed_bytes(W->type, KVF_Q8G_ROWS, W->cols);
+    if (group_bytes == 0) return;
     const char *p = (const char *)W->packed + (size_t)g0 * group_bytes;
     for (size_t off = 0; off < groups * group_bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
 }
@@ -96,7 +95,14 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
     case KVF_GGML_Q4_0:
     case KVF_GGML_Q4_K:
         if (!W->packed) goto rows;
-        kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->ld, nt, y, ldy, r0, r1);
+        kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
+                           r0, r1);
+        return;
+    case KVF_GGML_Q5_0:
+    case KVF_GGML_Q5_K:
+        if (!W->packed) goto rows;
+        kvf__kern->q5_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
+                           r0, r1);
         return;
     case KVF_GGML_Q6_K:
         if (!W->packed) goto rows;
@@ -104,8 +110,9 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
         return;
     default:
     rows:
-        /* F16, BF16, Q5_K, and any weight without its packed form: one row at a time, dequantized into scratch, then the F32 kernel
-         * for that one row — the same pair-wise operations as any F32 weight. */
+        /* F16, BF16, and any weight without its packed form: one row at a time, dequantized
+         * into scratch, then the F32 kernel for that one row — the same pair-wise operations
+         * as any F32 weight. */
         for (uint32_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
             kvf_dequant_row(W->type, row, scratch, W->cols);
@@ -123,15 +130,18 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
     case KVF_GGML_Q8_0: return groups * sizeof(struct kvf_q8g);
     case KVF_GGML_Q4_0:
     case KVF_GGML_Q4_K: return groups * sizeof(struct kvf_q4g);
+    case KVF_GGML_Q5_0:
+    case KVF_GGML_Q5_K: return groups * sizeof(struct kvf_q5g);
     case KVF_GGML_Q6_K: return groups * sizeof(struct kvf_q6g);
     default: return 0;
     }
 }
 
-/* Block blk (32 values) of a Q4_0 or Q4_K row: its scale a, offset b (value = a · q + b) and
- * its 16-level quants q[32]. */
-static void q4_block(uint32_t type, const uint8_t *row, uint32_t blk, float *a, float *b,
-                     uint8_t q[KVF_QK])
+/* Block blk (32 values) of a Q4_0, Q5_0, Q4_K or Q5_K row: its scale a, offset b (value =
+ * a · q + b, both exact in float) and its quants q[32] (0..15, or 0..31 for the 5-bit types), read
+ * from the layouts of quant.h. */
+static void affine_block(uint32_t type, const uint8_t *row, uint32_t blk, float *a, float *b,
+                         uint8_t q[KVF_QK])
 {
     if (type == KVF_GGML_Q4_0) {
         const struct kvf_block_q4_0 *x = (const struct kvf_block_q4_0 *)row + blk;
@@ -140,34 +150,86 @@ static void q4_block(uint32_t type, const uint8_t *row, uint32_t blk, float *a, 
         for (int j = 0; j < KVF_QK / 2; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
         return;
     }
-    const struct kvf_block_q4_k *x = (const struct kvf_block_q4_k *)row + blk / 8;
+    if (type == KVF_GGML_Q5_0) {
+        const struct kvf_block_q5_0 *x = (const struct kvf_block_q5_0 *)row + blk;
+        uint32_t h = (uint32_t)x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 |
+                     (uint32_t)x->qh[3] << 24;
+        *a = kvf_fp16_to_f32(x->d);
+        *b = -16.0f * *a;
+        for (int j = 0; j < KVF_QK / 2; j++) {
+            q[j] = (uint8_t)((x->qs[j] & 15) | (h >> j & 1) << 4);
+            q[j + 16] = (uint8_t)((x->qs[j] >> 4) | (h >> (j + 16) & 1) << 4);
+        }
+        return;
+    }
+    /* Q4_K and Q5_K: sub-block j of the super-block, 32 values. */
+    const uint8_t *scales, *qs;
+    uint16_t d, dmin;
+    const uint8_t *qh = NULL;
     uint32_t j = blk % 8;
+    if (type == KVF_GGML_Q4_K) {
+        const struct kvf_block_q4_k *x = (const struct kvf_block_q4_k *)row + blk / 8;
+        scales = x->scales, qs = x->qs, d = x->d, dmin = x->dmin;
+    } else {
+        const struct kvf_block_q5_k *x = (const struct kvf_block_q5_k *)row + blk / 8;
+        scales = x->scales, qs = x->qs, d = x->d, dmin = x->dmin, qh = x->qh;
+    }
     uint8_t sc, m;
-    kvf_kquant_scale_min(x->scales, (int)j, &sc, &m);
-    *a = kvf_fp16_to_f32(x->d) * (float)sc;
-    *b = -(kvf_fp16_to_f32(x->dmin) * (float)m);
-    const uint8_t *qs = x->qs + 32 * (j / 2);
-    for (int l = 0; l < KVF_QK; l++) q[l] = j % 2 ? qs[l] >> 4 : qs[l] & 15;
+    kvf_kquant_scale_min(scales, (int)j, &sc, &m);
+    *a = kvf_fp16_to_f32(d) * (float)sc;
+    *b = -(kvf_fp16_to_f32(dmin) * (float)m);
+    qs += 32 * (j / 2);
+    for (int l = 0; l < KVF_QK; l++) {
+        q[l] = j % 2 ? qs[l] >> 4 : qs[l] & 15;
+        if (qh) q[l] |= (uint8_t)((qh[l] >> j & 1) << 4);
+    }
 }
 
-void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
-                   uint32_t cols, struct kvf_q4g *dst)
+/* The packed block layouts of kvf_q4g and kvf_q5g share their beginning, so one packer writes
+ * both: the low nibbles into qs, and for 5-bit types the fifth bits into the words at qh. */
+_Static_assert(offsetof(struct kvf_q5g, a) == offsetof(struct kvf_q4g, a) &&
+                   offsetof(struct kvf_q5g, b) == offsetof(struct kvf_q4g, b) &&
+                   offsetof(struct kvf_q5g, qs) == offsetof(struct kvf_q4g, qs),
+               "kvf_q5g begins as kvf_q4g");
+_Static_assert(sizeof(struct kvf_q4g) % 64 == 0 && sizeof(struct kvf_q5g) % 64 == 0,
+               "packed blocks are whole cache lines");
+
+static void affine_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
+                        uint32_t cols, uint8_t *dst, size_t block_bytes, bool five)
 {
     uint32_t nb = cols / KVF_QK;
     memset(dst, 0, kvf__packed_bytes(type, rows, cols));
     for (uint32_t r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)src + (size_t)r * row_bytes;
-        struct kvf_q4g *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        uint8_t *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb * block_bytes;
         uint32_t lane = r % KVF_Q8G_ROWS;
         for (uint32_t b = 0; b < nb; b++) {
+            /* Every field of both layouts through struct kvf_q5g, which holds all of them. */
+            struct kvf_q5g *blk = (struct kvf_q5g *)(g + b * block_bytes);
             uint8_t q[KVF_QK];
-            q4_block(type, row, b, &g[b].a[lane], &g[b].b[lane], q);
+            affine_block(type, row, b, &blk->a[lane], &blk->b[lane], q);
             for (uint32_t p = 0; p < 8; p++)
-                for (uint32_t k = 0; k < 2; k++)
-                    g[b].qs[32 * p + 2 * lane + k] =
-                        (uint8_t)(q[2 * p + k] | q[16 + 2 * p + k] << 4);
+                for (uint32_t k = 0; k < 2; k++) {
+                    uint8_t lo = q[2 * p + k], hi = q[16 + 2 * p + k];
+                    blk->qs[32 * p + 2 * lane + k] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                    if (!five) continue;
+                    blk->qh[2 * p] |= (uint32_t)(lo >> 4) << (2 * lane + k);
+                    blk->qh[2 * p + 1] |= (uint32_t)(hi >> 4) << (2 * lane + k);
+                }
         }
     }
+}
+
+void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
+                   uint32_t cols, struct kvf_q4g *dst)
+{
+    affine_pack(type, src, row_bytes, rows, cols, (uint8_t *)dst, sizeof(*dst), false);
+}
+
+void kvf__q5g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
+                   uint32_t cols, struct kvf_q5g *dst)
+{
+    affine_pack(type, src, row_bytes, rows, cols, (uint8_t *)dst, sizeof(*dst), true);
 }
 
 void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,

@@ -36,6 +36,8 @@ struct kvf_attn_pf;
 struct kvf_act16 {
     int16_t *q; /* (rows, ld) the quantized values */
     float *d;   /* [rows] the scale of each row */
+    float *s;   /* (rows, ld / 32) each 32-value block's Σ q: an exact integer (|Σ| ≤ 2^20), which
+                 * the 4- and 5-bit products multiply by a row's offset (kernels below) */
     size_t ld;  /* int16 per row in q (a multiple of 32) */
 };
 
@@ -69,11 +71,18 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
 /*
  * 4-bit weights (Q4_0, Q4_K) as the kernels read them: repacked once at load (kvf__q4g_pack)
  * into groups of 16 rows like Q8_0's, each 32-column block of a group one struct kvf_q4g: every
- * value of row r there is a[r] · q + b[r], q the unsigned 4-bit quant (Q4_0: a = d, b = −8d; Q4_K: a = d · sc, b = −(dmin · m); both exact in float). The
- * quants go by column pairs as Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds
- * row r's column 2p + k in its low nibble and column 16 + 2p + k in its high one, so one 32-byte
- * load widened to int16 and masked is "pair p of all 16 rows", and shifted right by 4, pair
- * p + 8. 384 bytes per 512 weights: 6 bits a weight, against Q8_0's 8.5.
+ * value of row r there is a[r] · q + b[r], q the unsigned 4-bit quant (Q4_0: a = d, b = −8d;
+ * Q4_K: a = d · sc, b = −(dmin · m); both exact in float). The quants go by column pairs as
+ * Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds row r's column 2p + k in its
+ * low nibble and column 16 + 2p + k in its high one, so one 32-byte load widened to int16 and
+ * masked is "pair p of all 16 rows", and shifted right by 4, pair p + 8. 384 bytes per 512
+ * weights: 6 bits a weight, against Q8_0's 8.5.
+ *
+ * 5-bit weights (Q5_0: a = d, b = −16d; Q5_K: as Q4_K) likewise (struct kvf_q5g): the low four
+ * bits of each quant exactly as kvf_q4g holds them, then the fifth bits as one 32-bit word per
+ * widened operand: bit 2r + k of qh[2p + h] is the 16s bit of row r's column 16h + 2p + k, so
+ * the word is the lane mask of the operand's 32 int16 lanes that take 16 more. 448 bytes per
+ * 512 weights: 7 bits a weight.
  *
  * Q6_K weights likewise (kvf__q6g_pack): the quants less 32 as int8 in Q8_0's pair order, and
  * each row's two scales per block (d · sc of columns 0-15 and 16-31, exact in float). 640 bytes
@@ -85,17 +94,24 @@ struct kvf_q4g {
     uint8_t qs[KVF_Q8G_ROWS * KVF_QK / 2];
 };
 
+struct kvf_q5g {
+    float a[KVF_Q8G_ROWS];           /* each row's scale */
+    float b[KVF_Q8G_ROWS];           /* each row's offset */
+    uint8_t qs[KVF_Q8G_ROWS * KVF_QK / 2]; /* the low 4 bits, as kvf_q4g's */
+    uint32_t qh[KVF_Q8G_ROWS];       /* the fifth bits, as above */
+};
+
 struct kvf_q6g {
     float a[2][KVF_Q8G_ROWS];         /* each row's scale of columns 0-15, and of 16-31 */
     int8_t qs[KVF_Q8G_ROWS * KVF_QK]; /* qs[32 p + 2 r + k] = row r, column 2p + k, q − 32 */
 };
 
 /* Whether the kernels have a packed form of `type` read against 16-bit activations (Q8_0, Q4_0,
- * Q4_K, Q6_K). */
+ * Q5_0, Q4_K, Q5_K, Q6_K). */
 static inline int kvf__packed_act16(uint32_t type)
 {
-    return type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q4_K ||
-           type == KVF_GGML_Q6_K;
+    return type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q5_0 ||
+           type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K || type == KVF_GGML_Q6_K;
 }
 
 /* Bytes the packed form of a rows × cols weight of `type` takes (0: none). */
@@ -104,6 +120,9 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols);
 /* Repacks a Q4_0 or Q4_K weight (rows of row_bytes at src) into dst (kvf__packed_bytes). */
 void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
                    uint32_t cols, struct kvf_q4g *dst);
+/* Repacks a Q5_0 or Q5_K weight into dst. */
+void kvf__q5g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
+                   uint32_t cols, struct kvf_q5g *dst);
 /* Repacks a Q6_K weight into dst. */
 void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
                    struct kvf_q6g *dst);
@@ -138,8 +157,9 @@ void kvf__f32g_pack(const float *src, size_t ws, uint32_t rows, uint32_t n, floa
  * acc = fma((float)s, d_w[b], acc) (the conversion rounds to nearest-even, as C's does); then
  * y = acc · d_x, the token row's one activation scale.
  *
- * The Q4 recipe (struct kvf_q4g): acc = 0; for each block b in order, s = Σ_i q[32b + i] ·
- * x[32b + i] and sx = Σ_i x[32b + i] (exact integers), acc = fma((float)s, a, acc), then
+ * The Q4 recipe (struct kvf_q4g, and struct kvf_q5g with 5-bit q): acc = 0; for each block b
+ * in order, s = Σ_i q[32b + i] · x[32b + i] and sx = Σ_i x[32b + i] (exact integers; sx is the
+ * activations' block sum, struct kvf_act16), acc = fma((float)s, a, acc), then
  * acc = fma((float)sx, b, acc); y = acc · d_x. The Q6 recipe (struct kvf_q6g): per block,
  * s0 and s1 the exact sums over columns 0-15 and 16-31, acc = fma((float)s0, a0, acc), then
  * acc = fma((float)s1, a1, acc); y = acc · d_x.
@@ -159,17 +179,24 @@ struct kvf_kern {
      * inside a group: only rows [r0, r1) are written. */
     void (*q8_rows)(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
-    /* The same for packed Q4_0 / Q4_K (struct kvf_q4g) and Q6_K (struct kvf_q6g) weights. */
+    /* The same for packed Q4_0 / Q4_K (struct kvf_q4g), Q5_0 / Q5_K (struct kvf_q5g) and Q6_K
+     * (struct kvf_q6g) weights; the 4- and 5-bit ones read the activations' block sums too, at
+     * xs (stride ldx / 32 floats). */
     void (*q4_rows)(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
-                    size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+                    const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                    uint32_t r1);
+    void (*q5_rows)(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                    uint32_t r1);
     void (*q6_rows)(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
     /* h[i] = x[i] as an IEEE half, rounded to nearest-even (kvf_f32_to_fp16's bits, NaN
      * included; tested), for i < n: K/V rows stored as halves. */
     void (*f16_row)(const float *x, uint16_t *h, uint32_t n);
-    /* Quantizes one activation row of n floats (n a multiple of 32) to n int16 and its scale
-     * (see struct kvf_act16); every variant gives exactly the scalar variant's bytes (tested). */
-    void (*quant_a16)(const float *x, int16_t *q, float *d, uint32_t n);
+    /* Quantizes one activation row of n floats (n a multiple of 32) to n int16, its scale and
+     * its n / 32 block sums at s (see struct kvf_act16); every variant gives exactly the scalar
+     * variant's bytes (tested). */
+    void (*quant_a16)(const float *x, int16_t *q, float *d, float *s, uint32_t n);
     /* Attention partials of segment seg of token t of the batch for the query heads [h0, h1),
      * all of one K/V group (attention.h): head h's at part + (h - h0) · part_stride. scores:
      * (h1 - h0) · KVF_ATTN_SCORE_STRIDE floats of this thread's own. pf: the next item's
@@ -205,11 +232,6 @@ void kvf__kernels_init(void);
  * cannot build them. "avx2+vnni" computes Q8_0 with AVX-512 VNNI and gives the same values as
  * "avx2" (its integer sums are exact in both); F32 is the same code in both. */
 extern const struct kvf_kern kvf__kern_scalar;
-/* The scalar Q4 and Q6 products (kernels_scalar.c), which the "avx2" variant uses too. */
-void kvf__q4_rows_scalar(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
-                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
-void kvf__q6_rows_scalar(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
-                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 extern const struct kvf_kern *const kvf__kern_avx2;
 extern const struct kvf_kern *const kvf__kern_vnni;
 

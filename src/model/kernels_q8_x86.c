@@ -119,7 +119,7 @@ AVX2 void kvf__f16_row_avx2(const float *x, uint16_t *h, uint32_t n)
  * operands, so non-finite values are found apart: x × 0 is NaN exactly for Inf and NaN, and
  * a NaN anywhere makes the sum NaN.
  */
-AVX2 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, uint32_t n)
+AVX2 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, float *s, uint32_t n)
 {
     const __m256 sign = _mm256_set1_ps(-0.0f), zero = _mm256_setzero_ps();
     __m256 m = zero, z = zero;
@@ -136,16 +136,27 @@ AVX2 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, uint32_t n)
     if (!finite || dd < FLT_MIN) {
         *d = finite ? 0.0f : NAN;
         memset(q, 0, n * sizeof(int16_t));
+        memset(s, 0, n / KVF_QK * sizeof(float));
         return;
     }
     *d = dd;
     __m256 vid = _mm256_set1_ps(1.0f / dd);
-    for (uint32_t i = 0; i < n; i += 16) {
-        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid));
-        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vid));
-        /* packs works within 128-bit lanes (0-3, 8-11, 4-7, 12-15); the permute restores order. */
-        __m256i p = _mm256_packs_epi32(i0, i1);
-        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permute4x64_epi64(p, 0xd8));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (uint32_t i = 0; i < n; i += KVF_QK) {
+        __m256i sum = _mm256_setzero_si256();
+        for (uint32_t k = 0; k < KVF_QK; k += 16) {
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + k), vid));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + k + 8), vid));
+            /* packs works within 128-bit lanes (0-3, 8-11, 4-7, 12-15); the permute restores
+             * order. The block sum is of the saturated values, as stored. */
+            __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(i0, i1), 0xd8);
+            _mm256_storeu_si256((__m256i *)(q + i + k), p);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, ones));
+        }
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+        s[i / KVF_QK] = (float)_mm_cvtsi128_si32(t);
     }
 }
 

@@ -63,32 +63,56 @@ static void q8_rows(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, cons
     }
 }
 
-/* The Q4 recipe of kernels.h for row r (lane r of its group) and one token. */
-static float dot_q4(const struct kvf_q4g *g, uint32_t r, const int16_t *x, float xd, uint32_t nb)
+/* The Q4 recipe of kernels.h for row r (lane r of its group) and one token; five: the quants
+ * have their fifth bits in the words at qh (struct kvf_q5g), block b at w + b · block_bytes. */
+static float dot_q45(const uint8_t *w, size_t block_bytes, bool five, uint32_t r,
+                     const int16_t *x, float xd, const float *xs, uint32_t nb)
 {
     float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
-        int32_t s = 0, sx = 0;
+        const struct kvf_q5g *g = (const struct kvf_q5g *)(w + b * block_bytes);
+        int32_t s = 0;
         for (uint32_t p = 0; p < 8; p++)
             for (uint32_t k = 0; k < 2; k++) {
-                uint8_t byte = g[b].qs[32 * p + 2 * r + k];
-                s += (byte & 15) * x[2 * p + k] + (byte >> 4) * x[16 + 2 * p + k];
+                uint32_t lane = 2 * r + k;
+                uint8_t byte = g->qs[32 * p + lane];
+                int lo = byte & 15, hi = byte >> 4;
+                if (five) {
+                    lo |= (int)(g->qh[2 * p] >> lane & 1) << 4;
+                    hi |= (int)(g->qh[2 * p + 1] >> lane & 1) << 4;
+                }
+                s += lo * x[2 * p + k] + hi * x[16 + 2 * p + k];
             }
-        for (uint32_t i = 0; i < KVF_QK; i++) sx += x[i];
-        acc = fmaf((float)s, g[b].a[r], acc);
-        acc = fmaf((float)sx, g[b].b[r], acc);
+        acc = fmaf((float)s, g->a[r], acc);
+        acc = fmaf(xs[b], g->b[r], acc);
     }
     return acc * xd;
 }
 
-void kvf__q4_rows_scalar(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
-                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+static void q45_rows(const uint8_t *w, size_t block_bytes, bool five, uint32_t nb,
+                     const int16_t *x, const float *xd, const float *xs, size_t ldx, uint32_t nt,
+                     float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     for (uint32_t r = r0; r < r1; r++) {
-        const struct kvf_q4g *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        const uint8_t *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb * block_bytes;
         for (uint32_t t = 0; t < nt; t++)
-            y[t * ldy + r] = dot_q4(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t], nb);
+            y[t * ldy + r] = dot_q45(g, block_bytes, five, r % KVF_Q8G_ROWS, x + t * ldx, xd[t],
+                                     xs + t * (ldx / KVF_QK), nb);
     }
+}
+
+static void q4_rows(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                    uint32_t r1)
+{
+    q45_rows((const uint8_t *)w, sizeof(*w), false, nb, x, xd, xs, ldx, nt, y, ldy, r0, r1);
+}
+
+static void q5_rows(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                    uint32_t r1)
+{
+    q45_rows((const uint8_t *)w, sizeof(*w), true, nb, x, xd, xs, ldx, nt, y, ldy, r0, r1);
 }
 
 /* The Q6 recipe of kernels.h. */
@@ -106,8 +130,8 @@ static float dot_q6(const struct kvf_q6g *g, uint32_t r, const int16_t *x, float
     return acc * xd;
 }
 
-void kvf__q6_rows_scalar(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
-                         size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+static void q6_rows(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
+                    size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     for (uint32_t r = r0; r < r1; r++) {
         const struct kvf_q6g *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
@@ -124,7 +148,7 @@ static void f16_row(const float *x, uint16_t *h, uint32_t n)
 /* The reference activation quantizer (struct kvf_act16 in kernels.h); the vector ones match
  * its bytes. The clamp never acts on finite rows (|x · (1 / d)| ≤ 32767 + a few ulps, which
  * rounds to 32767) and mirrors the saturating packs of the vector form. */
-static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
+static void quant_a16(const float *x, int16_t *q, float *d, float *s, uint32_t n)
 {
     float amax = 0.0f;
     bool finite = true;
@@ -136,6 +160,7 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
     if (!finite || dd < FLT_MIN) {
         *d = finite ? 0.0f : NAN;
         memset(q, 0, n * sizeof(int16_t));
+        memset(s, 0, n / KVF_QK * sizeof(float));
         return;
     }
     float id = 1.0f / dd;
@@ -144,11 +169,17 @@ static void quant_a16(const float *x, int16_t *q, float *d, uint32_t n)
         long v = lrintf(x[i] * id);
         q[i] = (int16_t)(v > 32767 ? 32767 : v < -32768 ? -32768 : v);
     }
+    for (uint32_t b = 0; b < n / KVF_QK; b++) {
+        int32_t sum = 0;
+        for (uint32_t i = 0; i < KVF_QK; i++) sum += q[KVF_QK * b + i];
+        s[b] = (float)sum;
+    }
 }
 
 const struct kvf_kern kvf__kern_scalar = {
     .name = "scalar", .f32_rows = f32_rows, .f32g_rows = f32g_rows, .q8_rows = q8_rows,
-    .q4_rows = kvf__q4_rows_scalar, .q6_rows = kvf__q6_rows_scalar, .f16_row = f16_row, .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
+    .q4_rows = q4_rows, .q5_rows = q5_rows, .q6_rows = q6_rows, .f16_row = f16_row,
+    .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
     .attn_tok = kvf__attn_tok_scalar, .attn_segs = kvf__attn_segs_scalar,
     .rmsnorm = kvf__rmsnorm_scalar, .swiglu = kvf__swiglu_scalar,
 };

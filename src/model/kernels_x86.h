@@ -64,11 +64,23 @@ void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, c
 void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 void kvf__f16_row_avx2(const float *x, uint16_t *h, uint32_t n);
-void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, uint32_t n);
+void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, float *s, uint32_t n);
 
 /* kernels_kq_x86.c */
-void kvf__q4_rows_vnni(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+void kvf__q4_rows_avx2(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                       uint32_t r0, uint32_t r1);
+void kvf__q5_rows_avx2(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                       uint32_t r0, uint32_t r1);
+void kvf__q6_rows_avx2(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__q4_rows_vnni(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                       uint32_t r0, uint32_t r1);
+void kvf__q5_rows_vnni(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                       uint32_t r0, uint32_t r1);
 void kvf__q6_rows_vnni(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 

@@ -187,9 +187,9 @@ static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
     return ws;
 }
 
-/* Gives every F32, Q8_0, Q4_0, Q4_K and Q6_K matmul weight its packed copy (kernels.h), all in
- * one allocation (on huge pages where the kernel gives them: decode streams all of it every
- * step). The file's own bytes stay mapped for the token embedding, looked up row by row. */
+/* Gives every F32, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K matmul weight its packed copy
+ * (kernels.h), all in one allocation (on huge pages where the kernel gives them: decode streams
+ * all of it every step). The file's own bytes stay mapped for the token embedding, looked up row by row. */
 static int pack_weights(kvf_model_t *m)
 {
     size_t n, bytes = 0;
@@ -216,6 +216,11 @@ static int pack_weights(kvf_model_t *m)
             case KVF_GGML_Q4_K:
                 kvf__q4g_pack(w->type, w->data, w->row_bytes, w->rows, w->cols,
                               (struct kvf_q4g *)at);
+                break;
+            case KVF_GGML_Q5_0:
+            case KVF_GGML_Q5_K:
+                kvf__q5g_pack(w->type, w->data, w->row_bytes, w->rows, w->cols,
+                              (struct kvf_q5g *)at);
                 break;
             case KVF_GGML_Q6_K:
                 kvf__q6g_pack(w->data, w->row_bytes, w->rows, w->cols, (struct kvf_q6g *)at);

@@ -9,6 +9,7 @@
 
 _Static_assert(sizeof(struct kvf_block_q8_0) == 34, "Q8_0 block must be 34 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q4_0) == 18, "Q4_0 block must be 18 bytes, no padding");
+_Static_assert(sizeof(struct kvf_block_q5_0) == 22, "Q5_0 block must be 22 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q4_k) == 144, "Q4_K block must be 144 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q5_k) == 176, "Q5_K block must be 176 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q6_k) == 210, "Q6_K block must be 210 bytes, no padding");
@@ -100,7 +101,8 @@ const char *kvf_ggml_type_name(uint32_t type)
 int kvf_ggml_type_supported(uint32_t type)
 {
     return type == KVF_GGML_F32 || type == KVF_GGML_F16 || type == KVF_GGML_BF16 ||
-           type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q4_K ||
+           type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q5_0 ||
+           type == KVF_GGML_Q4_K ||
            type == KVF_GGML_Q5_K || type == KVF_GGML_Q6_K;
 }
 
@@ -120,6 +122,9 @@ int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
         break;
     case KVF_GGML_Q4_0:
         block = KVF_QK, block_bytes = sizeof(struct kvf_block_q4_0);
+        break;
+    case KVF_GGML_Q5_0:
+        block = KVF_QK, block_bytes = sizeof(struct kvf_block_q5_0);
         break;
     case KVF_GGML_Q4_K:
         block = KVF_QK_K, block_bytes = sizeof(struct kvf_block_q4_k);
@@ -148,6 +153,14 @@ void kvf_kquant_scale_min(const uint8_t scales[12], int j, uint8_t *sc, uint8_t 
         *sc = (uint8_t)((scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4);
         *m = (uint8_t)((scales[j + 4] >> 4) | (scales[j] >> 6) << 4);
     }
+}
+
+/* A Q5_0 block's fifth bits as one word, bit j element j's (the bytes are little-endian
+ * whatever the host's order). */
+static uint32_t q5_0_high(const struct kvf_block_q5_0 *b)
+{
+    return (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
+           (uint32_t)b->qh[3] << 24;
 }
 
 /* The K-quant dequantizers: GGML's float operations in GGML's order. For Q4_K and Q5_K,
@@ -247,6 +260,21 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n)
         }
         break;
     }
+    case KVF_GGML_Q5_0: {
+        /* GGML's operations: the integer (q − 16) converted, times d (exact: 5 × 11 bits). */
+        const struct kvf_block_q5_0 *b = src;
+        for (uint64_t k = 0; k < n / KVF_QK; k++) {
+            float d = kvf_fp16_to_f32(b[k].d);
+            uint32_t h = q5_0_high(&b[k]);
+            for (int j = 0; j < KVF_QK / 2; j++) {
+                int q0 = (int)((b[k].qs[j] & 15u) | (h >> j & 1u) << 4) - 16;
+                int q1 = (int)((b[k].qs[j] >> 4) | (h >> (j + 16) & 1u) << 4) - 16;
+                dst[k * KVF_QK + j] = (float)q0 * d;
+                dst[k * KVF_QK + j + KVF_QK / 2] = (float)q1 * d;
+            }
+        }
+        break;
+    }
     case KVF_GGML_Q4_K:
         dequant_q4_k(src, dst, n / KVF_QK_K);
         break;
@@ -299,6 +327,33 @@ void kvf_quantize_row_q4_0(const float *src, struct kvf_block_q4_0 *dst, uint64_
             q1 = q1 < 0 ? 0 : q1 > 15 ? 15 : q1;
             dst[k].qs[j] = (uint8_t)(q0 | (q1 << 4));
         }
+    }
+}
+
+void kvf_quantize_row_q5_0(const float *src, struct kvf_block_q5_0 *dst, uint64_t n)
+{
+    for (uint64_t k = 0; k < n / KVF_QK; k++) {
+        const float *x = src + k * KVF_QK;
+        /* As Q4_0: the value of largest magnitude maps to -16, the end without a twin. */
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < KVF_QK; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = max / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint32_t h = 0;
+        dst[k].d = kvf_f32_to_fp16(d);
+        for (int j = 0; j < KVF_QK / 2; j++) {
+            int q0 = (int)(x[j] * id + 16.5f), q1 = (int)(x[j + KVF_QK / 2] * id + 16.5f);
+            q0 = q0 < 0 ? 0 : q0 > 31 ? 31 : q0;
+            q1 = q1 < 0 ? 0 : q1 > 31 ? 31 : q1;
+            dst[k].qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+            h |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        for (int i = 0; i < 4; i++) dst[k].qh[i] = (uint8_t)(h >> (8 * i));
     }
 }
 

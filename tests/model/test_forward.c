@@ -688,7 +688,7 @@ static void test_quant_matches(void)
         __builtin_cpu_supports("avx512vnni"))
         vars[1] = kvf__kern_vnni;
     enum { N = 288 };
-    float x[N], want_d, got_d;
+    float x[N], want_d, got_d, want_s[N / 32], got_s[N / 32];
     int16_t want[N], got[N];
     int n_nan = 0, n_zero = 0;
     for (int rep = 0; rep < 3000; rep++) {
@@ -705,7 +705,14 @@ static void test_quant_matches(void)
         if (rep % 50 == 4) x[kvf_rng_below(&r, N)] = -INFINITY;
         if (rep % 50 == 5) x[N - 1] = INFINITY;
         uint32_t n = rep % 3 == 0 ? 32 * (1 + kvf_rng_below(&r, N / 32)) : N;
-        kvf__kern_scalar.quant_a16(x, want, &want_d, n);
+        kvf__kern_scalar.quant_a16(x, want, &want_d, want_s, n);
+        for (uint32_t b = 0; b < n / 32; b++) {
+            int32_t sum = 0;
+            for (uint32_t i = 0; i < 32; i++) sum += want[32 * b + i];
+            if (want_s[b] != (float)sum)
+                KVF_FAIL("row %d: block %u's sum is %g, its values add to %d", rep, b,
+                         (double)want_s[b], sum);
+        }
         n_nan += isnan(want_d) != 0;
         n_zero += want_d == 0.0f;
         if (rep % 50 >= 3 && rep % 50 <= 5 && n == N && !isnan(want_d))
@@ -713,9 +720,11 @@ static void test_quant_matches(void)
         for (int v = 0; v < 2; v++) {
             if (!vars[v]) continue;
             memset(got, 0x55, sizeof(got));
-            vars[v]->quant_a16(x, got, &got_d, n);
+            memset(got_s, 0x55, sizeof(got_s));
+            vars[v]->quant_a16(x, got, &got_d, got_s, n);
             if (memcmp(got, want, n * sizeof(int16_t)) != 0 ||
-                memcmp(&got_d, &want_d, sizeof(float)) != 0)
+                memcmp(&got_d, &want_d, sizeof(float)) != 0 ||
+                memcmp(got_s, want_s, n / 32 * sizeof(float)) != 0)
                 KVF_FAIL("variant %s quantizes row %d differently", vars[v]->name, rep);
         }
     }

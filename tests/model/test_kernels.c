@@ -1,8 +1,9 @@
 /*
  * test_kernels.c — the packed matmul kernels on their own, on random weights: every variant
- * this machine runs against a reference that reads the unpacked rows (F32) or Q8_0 blocks, bit
- * for bit, for any row range (starting and ending inside 16-row groups), any token count, the
- * extremes of the int8 × int16 products, and without writing a row outside the range.
+ * this machine runs against a reference that reads the unpacked rows (F32) or the file's blocks
+ * (Q8_0, Q4_0, Q5_0 and the K-quants), bit for bit, for any row range (starting and ending
+ * inside 16-row groups), any token count, the extremes of the integer products, and without
+ * writing a row outside the range.
  */
 #include "model/kernels.h"
 #include "model_test_util.h"
@@ -295,10 +296,18 @@ static void test_rmsnorm_matches_scalar(void)
     printf("# rmsnorm: %u rows, %u variants equal to the scalar form\n", rows, nv);
 }
 
-/* --- Q4_0, Q4_K and Q6_K: the recipes of kernels.h read straight from the file's blocks. ---- */
+/* --- Q4_0, Q5_0, Q4_K, Q5_K and Q6_K: the recipes of kernels.h read straight from the file's
+ * blocks. ---------------------------------------------------------------------------------- */
+
+/* Q5_0's fifth bits as one word, read byte by byte (little-endian, as the format says). */
+static uint32_t q5_0_word(const struct kvf_block_q5_0 *x)
+{
+    return x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 |
+           (uint32_t)x->qh[3] << 24;
+}
 
 /* Block b (32 values) of a row: each value's integer quant and the float(s) the recipe applies
- * — Q4: value = a · q + off; Q6: value = a[c / 16] · q — from the layouts in quant.h. */
+ * — Q4, Q5: value = a · q + off; Q6: value = a[c / 16] · q — from the layouts in quant.h. */
 static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], float a[2],
                      float *off)
 {
@@ -307,15 +316,29 @@ static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], f
         a[0] = a[1] = kvf_fp16_to_f32(x->d);
         *off = -8.0f * a[0];
         for (int j = 0; j < 16; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
-    } else if (type == KVF_GGML_Q4_K) {
-        const struct kvf_block_q4_k *x = (const struct kvf_block_q4_k *)row + b / 8;
+    } else if (type == KVF_GGML_Q5_0) {
+        const struct kvf_block_q5_0 *x = (const struct kvf_block_q5_0 *)row + b;
+        uint32_t h = q5_0_word(x);
+        a[0] = a[1] = kvf_fp16_to_f32(x->d);
+        *off = -16.0f * a[0];
+        for (int j = 0; j < 16; j++) {
+            q[j] = (x->qs[j] & 15) + 16 * (int)(h >> j & 1);
+            q[j + 16] = (x->qs[j] >> 4) + 16 * (int)(h >> (16 + j) & 1);
+        }
+    } else if (type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K) {
+        /* The two layouts differ only in qh, which sits before qs in Q5_K. */
+        const struct kvf_block_q4_k *x4 = (const struct kvf_block_q4_k *)row + b / 8;
+        const struct kvf_block_q5_k *x5 = (const struct kvf_block_q5_k *)row + b / 8;
+        bool five = type == KVF_GGML_Q5_K;
+        const uint8_t *scales = five ? x5->scales : x4->scales, *qs = five ? x5->qs : x4->qs;
         uint8_t sc, m;
-        kvf_kquant_scale_min(x->scales, (int)(b % 8), &sc, &m);
-        a[0] = a[1] = kvf_fp16_to_f32(x->d) * sc;
-        *off = -(kvf_fp16_to_f32(x->dmin) * m);
+        kvf_kquant_scale_min(scales, (int)(b % 8), &sc, &m);
+        a[0] = a[1] = kvf_fp16_to_f32(five ? x5->d : x4->d) * sc;
+        *off = -(kvf_fp16_to_f32(five ? x5->dmin : x4->dmin) * m);
         for (int l = 0; l < 32; l++) {
-            uint8_t byte = x->qs[32 * ((b % 8) / 2) + l];
+            uint8_t byte = qs[32 * ((b % 8) / 2) + l];
             q[l] = (b % 2) ? byte >> 4 : byte & 15;
+            if (five) q[l] += 16 * ((x5->qh[l] >> (b % 8)) & 1);
         }
     } else {
         const struct kvf_block_q6_k *x = (const struct kvf_block_q6_k *)row + b / 8;
@@ -353,48 +376,90 @@ static float ref_kq(uint32_t type, const uint8_t *row, uint32_t nb, const int16_
     return acc * xd;
 }
 
-/* Every variant's Q4_0, Q4_K and Q6_K products equal the reference bit for bit, over row
- * ranges inside groups and token counts that take every tile shape; and the reference itself
- * is the dot product of the dequantized row (to float rounding), so the packing and the
- * recipes read the values the file holds. */
+/* Row k of a weight of `type`: quantized from values with a shift, or (raw) random bytes with
+ * sane half scales, which reach every quant, every fifth bit and every 6-bit scale and min. */
+static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_bytes,
+                   uint32_t cols, uint32_t k, bool raw, float *wf)
+{
+    if (raw) {
+        for (uint64_t i = 0; i < row_bytes; i++) dst[i] = (uint8_t)kvf_rng_below(r, 256);
+        uint16_t h[2];
+        for (int i = 0; i < 2; i++)
+            h[i] = kvf_f32_to_fp16((0.001f + (float)kvf_rng_below(r, 1000) * 1e-5f) *
+                                   (kvf_rng_below(r, 2) ? 1.0f : -1.0f));
+        /* The halves' offsets: d at 0 (and dmin at 2) but for Q6_K, whose d ends the block. */
+        size_t bb = type == KVF_GGML_Q4_0   ? sizeof(struct kvf_block_q4_0)
+                    : type == KVF_GGML_Q5_0 ? sizeof(struct kvf_block_q5_0)
+                    : type == KVF_GGML_Q4_K ? sizeof(struct kvf_block_q4_k)
+                    : type == KVF_GGML_Q5_K ? sizeof(struct kvf_block_q5_k)
+                                            : sizeof(struct kvf_block_q6_k);
+        for (uint8_t *blk = dst; blk < dst + row_bytes; blk += bb) {
+            if (type == KVF_GGML_Q6_K) memcpy(blk + bb - 2, &h[0], 2);
+            else memcpy(blk, &h[0], 2);
+            if (type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K) memcpy(blk + 2, &h[1], 2);
+        }
+        return;
+    }
+    float shift = (k % 3) * 0.3f; /* rows with a non-zero minimum too */
+    for (uint32_t c = 0; c < cols; c++) wf[c] = shift + rand_unit(r);
+    switch (type) {
+    case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(wf, (void *)dst, cols); break;
+    case KVF_GGML_Q5_0: kvf_quantize_row_q5_0(wf, (void *)dst, cols); break;
+    case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(wf, (void *)dst, cols); break;
+    case KVF_GGML_Q5_K: kvf_quantize_row_q5_k(wf, (void *)dst, cols); break;
+    default: kvf_quantize_row_q6_k(wf, (void *)dst, cols); break;
+    }
+}
+
+/* Every variant's Q4_0, Q5_0, Q4_K, Q5_K and Q6_K products equal the reference bit for bit,
+ * over row ranges inside groups and token counts that take every tile shape (1 to 8 tokens and
+ * a remainder, up to 19); and the reference itself is the dot product of the dequantized row
+ * (to float rounding), so the packing and the recipes read the values the file holds. The
+ * activations' block sums are the quantizer's (kvf_act16). */
 static void test_kq_variants_match_reference(void)
 {
     struct kvf_rng r;
     kvf_rng_seed(&r, kvf_test_seed());
     const struct kvf_kern *vs[3];
     uint32_t nv = variants(vs);
-    const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q4_K, KVF_GGML_Q6_K};
-    const uint32_t shapes[][2] = {{1, 8}, {17, 8}, {47, 16}, {100, 8}, {64, 24}};
-    const uint32_t nts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13};
+    const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q5_0, KVF_GGML_Q4_K, KVF_GGML_Q5_K,
+                              KVF_GGML_Q6_K};
+    /* rows, blocks of 32, raw bytes */
+    const uint32_t shapes[][3] = {{1, 8, 0}, {17, 8, 0}, {47, 16, 1}, {100, 8, 0}, {64, 24, 1},
+                                  {33, 8, 1}};
+    const uint32_t nts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 19};
+    enum { MAX_NT = 19 };
     uint32_t cases = 0;
-    for (size_t ti = 0; ti < 3; ti++)
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
             uint32_t type = types[ti], rows = shapes[si][0], nb = shapes[si][1], cols = nb * 32;
-            uint32_t max_nt = 13;
+            bool raw = shapes[si][2] != 0;
             uint64_t row_bytes;
             ASSERT_OK(kvf_quant_row_bytes(type, cols, &row_bytes));
             uint8_t *w = malloc(rows * row_bytes);
             float *wf = malloc((size_t)cols * sizeof(float)), *deq = malloc((size_t)cols * sizeof(float));
-            for (uint32_t k = 0; k < rows; k++) {
-                float shift = (k % 3) * 0.3f; /* rows with a non-zero minimum too */
-                for (uint32_t c = 0; c < cols; c++) wf[c] = shift + rand_unit(&r);
-                uint8_t *dst = w + k * row_bytes;
-                if (type == KVF_GGML_Q4_0) kvf_quantize_row_q4_0(wf, (void *)dst, cols);
-                else if (type == KVF_GGML_Q4_K) kvf_quantize_row_q4_k(wf, (void *)dst, cols);
-                else kvf_quantize_row_q6_k(wf, (void *)dst, cols);
-            }
+            for (uint32_t k = 0; k < rows; k++) kq_row(&r, type, w + k * row_bytes, row_bytes, cols, k, raw, wf);
             size_t pb = (kvf__packed_bytes(type, rows, cols) + 63) / 64 * 64;
             void *packed = aligned_alloc(64, pb);
             if (type == KVF_GGML_Q6_K) kvf__q6g_pack(w, row_bytes, rows, cols, packed);
+            else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
+                kvf__q5g_pack(type, w, row_bytes, rows, cols, packed);
             else kvf__q4g_pack(type, w, row_bytes, rows, cols, packed);
-            int16_t *x = malloc((size_t)max_nt * cols * sizeof(int16_t));
-            float *xd = malloc(max_nt * sizeof(float));
-            float *want = malloc((size_t)max_nt * rows * sizeof(float));
-            float *got = malloc((size_t)max_nt * rows * sizeof(float));
-            for (size_t i = 0; i < (size_t)max_nt * cols; i++)
+            int16_t *x = malloc((size_t)MAX_NT * cols * sizeof(int16_t));
+            float *xd = malloc(MAX_NT * sizeof(float)), *xs = malloc((size_t)MAX_NT * nb * sizeof(float));
+            float *want = malloc((size_t)MAX_NT * rows * sizeof(float));
+            float *got = malloc((size_t)MAX_NT * rows * sizeof(float));
+            for (size_t i = 0; i < (size_t)MAX_NT * cols; i++)
                 x[i] = (int16_t)((int)kvf_rng_below(&r, 65536) - 32768);
-            for (uint32_t t = 0; t < max_nt; t++) xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
-            for (uint32_t t = 0; t < max_nt; t++)
+            /* One token at the extremes: the largest sums of products and of activations. */
+            for (uint32_t c = 0; c < cols; c++) x[(size_t)(MAX_NT - 1) * cols + c] = c % 5 ? -32768 : 32767;
+            for (size_t i = 0; i < (size_t)MAX_NT * nb; i++) {
+                int32_t sum = 0;
+                for (int k = 0; k < 32; k++) sum += x[32 * i + k];
+                xs[i] = (float)sum;
+            }
+            for (uint32_t t = 0; t < MAX_NT; t++) xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
+            for (uint32_t t = 0; t < MAX_NT; t++)
                 for (uint32_t k = 0; k < rows; k++) {
                     const int16_t *xt = x + (size_t)t * cols;
                     float v = ref_kq(type, w + k * row_bytes, nb, xt, xd[t]);
@@ -409,27 +474,97 @@ static void test_kq_variants_match_reference(void)
                 for (int which = 0; which < 2; which++) {
                     uint32_t nt = nts[ni], r0, r1;
                     pick_range(&r, which, rows, &r0, &r1);
+                    /* The last nt tokens, so that the extreme one is in every case. */
+                    const int16_t *xt = x + (size_t)(MAX_NT - nt) * cols;
+                    const float *xdt = xd + MAX_NT - nt, *xst = xs + (size_t)(MAX_NT - nt) * nb;
+                    const float *wt = want + (size_t)(MAX_NT - nt) * rows;
                     for (uint32_t v = 0; v < nv; v++) {
                         for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
                         if (type == KVF_GGML_Q6_K)
-                            vs[v]->q6_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
+                            vs[v]->q6_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
+                        else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
+                            vs[v]->q5_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0, r1);
                         else
-                            vs[v]->q4_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
+                            vs[v]->q4_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0, r1);
                         char what[64];
-                        snprintf(what, sizeof(what), "%s %s, nb %u", vs[v]->name,
-                                 kvf_ggml_type_name(type), nb);
-                        ASSERT_TRUE(rows_match(what, got, want, rows, nt, r0, r1));
+                        snprintf(what, sizeof(what), "%s %s, nb %u%s", vs[v]->name,
+                                 kvf_ggml_type_name(type), nb, raw ? ", raw" : "");
+                        ASSERT_TRUE(rows_match(what, got, wt, rows, nt, r0, r1));
                         cases++;
                     }
                 }
-            free(w), free(wf), free(deq), free(packed), free(x), free(xd), free(want), free(got);
+            free(w), free(wf), free(deq), free(packed), free(x), free(xd), free(xs), free(want),
+                free(got);
         }
-    printf("# Q4_0, Q4_K, Q6_K kernels equal to the reference in %u cases (%u variants)\n", cases,
-           nv);
+    printf("# Q4_0, Q5_0, Q4_K, Q5_K, Q6_K kernels equal to the reference in %u cases (%u "
+           "variants)\n", cases, nv);
+}
+
+/* Q5_0 dequantization: a block built by hand from the format's definition (quant.h), then
+ * random blocks against the definition, bit for bit; and the quantizer's error within half a
+ * step (plus the scale's rounding to a half). */
+static void test_q5_0_layout(void)
+{
+    struct kvf_block_q5_0 b;
+    memset(&b, 0, sizeof(b));
+    b.d = kvf_f32_to_fp16(0.5f);
+    b.qs[0] = 0x3f;  /* value 0: low nibble 15; value 16: high nibble 3 */
+    b.qs[15] = 0x80; /* value 15: 0; value 31: 8 */
+    b.qh[0] = 0x01;  /* bit 0: value 0 takes 16 */
+    b.qh[2] = 0x01;  /* bit 16: value 16 takes 16 */
+    b.qh[3] = 0x80;  /* bit 31: value 31 takes 16 */
+    float out[32];
+    ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_0, &b, out, 32));
+    ASSERT_TRUE(out[0] == (31 - 16) * 0.5f && out[16] == (19 - 16) * 0.5f);
+    ASSERT_TRUE(out[15] == -16 * 0.5f && out[31] == (24 - 16) * 0.5f);
+    ASSERT_TRUE(out[1] == -8.0f && out[17] == -8.0f);
+    uint64_t n;
+    ASSERT_OK(kvf_quant_row_bytes(KVF_GGML_Q5_0, 64, &n));
+    ASSERT_EQ_U64(n, 44);
+    ASSERT_ERR(kvf_quant_row_bytes(KVF_GGML_Q5_0, 48, &n), -EINVAL);
+    ASSERT_TRUE(kvf_ggml_type_supported(KVF_GGML_Q5_0));
+    ASSERT_STREQ(kvf_ggml_type_name(KVF_GGML_Q5_0), "Q5_0");
+
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    enum { NB = 64 };
+    struct kvf_block_q5_0 blocks[NB];
+    float y[NB * 32], x[NB * 32];
+    for (int rep = 0; rep < 20; rep++) {
+        uint8_t *raw = (uint8_t *)blocks;
+        for (size_t i = 0; i < sizeof(blocks); i++) raw[i] = (uint8_t)kvf_rng_below(&r, 256);
+        for (int k = 0; k < NB; k++)
+            if (blocks[k].d >> 10 == 31) blocks[k].d &= 0x83ff; /* no Inf or NaN scales */
+        ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_0, blocks, y, NB * 32));
+        for (int k = 0; k < NB; k++) {
+            float d = kvf_fp16_to_f32(blocks[k].d);
+            uint32_t h = q5_0_word(&blocks[k]);
+            for (int j = 0; j < 32; j++) {
+                int nib = j < 16 ? blocks[k].qs[j] & 15 : blocks[k].qs[j - 16] >> 4;
+                float want = (float)(nib + 16 * (int)(h >> j & 1) - 16) * d;
+                if (memcmp(&want, &y[32 * k + j], sizeof(float)) != 0)
+                    KVF_FAIL("Q5_0 block %d value %d: %a, expected %a", k, j, (double)y[32 * k + j],
+                             (double)want);
+            }
+        }
+        for (int i = 0; i < NB * 32; i++) x[i] = rand_unit(&r) * (float)(1 + rep);
+        kvf_quantize_row_q5_0(x, blocks, NB * 32);
+        ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_0, blocks, y, NB * 32));
+        /* Half a step inside the range; a whole one at its positive end, where the value
+         * opposite the one mapped to -16 would need the 32 that 5 bits lack (as Q4_0); plus 16
+         * times the rounding of the step to a half (2^-11 of it). */
+        for (int k = 0; k < NB; k++) {
+            float step = fabsf(kvf_fp16_to_f32(blocks[k].d));
+            for (int j = 0; j < 32; j++)
+                ASSERT_TRUE(fabsf(y[32 * k + j] - x[32 * k + j]) <= step * (1.0f + 17 * 0x1p-11f));
+        }
+    }
+    printf("# Q5_0: the hand-built block, 1280 random blocks and the quantizer's error\n");
 }
 
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_kq_variants_match_reference),
+    KVF_CASE(test_q5_0_layout),
     KVF_CASE(test_rmsnorm_matches_scalar),
     KVF_CASE(test_f16_rows_match_scalar),
     KVF_CASE(test_f32_variants_match_reference),
