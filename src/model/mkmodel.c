@@ -18,7 +18,8 @@
  * --type q4_k_m follows llama.cpp's Q4_K_M: Q6_K for the output projection (the embedding when
  * it is tied) and for attn_v and ffn_down of the layers use_more_bits() picks, Q4_K for every
  * other 2-D weight; a weight whose rows are not whole 256-value super-blocks takes Q4_0 in place
- * of Q4_K and Q8_0 in place of Q6_K (llama.cpp takes Q5_0 and Q8_0; kvfence reads no Q5_0). */
+ * of Q4_K and Q8_0 in place of Q6_K (llama.cpp takes Q5_0 and Q8_0; kvfence reads Q5_0, but
+ * the 4-bit type keeps smol135m's Q4_K_M file a comparison of 4-bit weights with Q8_0). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
