@@ -15,6 +15,10 @@ int kvf_cli_http_option(const char *cmd, struct kvf_cli_http *h, const char *a, 
     else if (strcmp(a, "--api-keys") == 0) h->keys_path = v;
     else if (strcmp(a, "--tenant-max-running") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->tenant_running);
     else if (strcmp(a, "--tenant-max-queued") == 0) bad = kvf_cli_parse_u32(v, 0, 1u << 20, &h->tenant_queued);
+    else if (strcmp(a, "--max-conn-per-ip") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->max_conn_per_ip);
+    else if (strcmp(a, "--header-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->header_timeout_ms);
+    else if (strcmp(a, "--body-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->body_timeout_ms);
+    else if (strcmp(a, "--send-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->send_timeout_ms);
     else return 0;
     if (bad) {
         fprintf(stderr, "kvfence %s: bad value '%s' for %s\n", cmd, v, a);
@@ -90,7 +94,11 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
                                    .model_name = h->model_name, .drain_ms = 10000,
                                    .max_queue = h->max_queue, .chat_template = tmpl, .keys = h->keys,
                                    .tenant_max_running = h->tenant_running,
-                                   .tenant_max_queued = h->tenant_queued, .log = log_stderr};
+                                   .tenant_max_queued = h->tenant_queued, .log = log_stderr,
+                                   .max_conn_per_ip = h->max_conn_per_ip,
+                                   .header_timeout_ms = h->header_timeout_ms,
+                                   .body_timeout_ms = h->body_timeout_ms,
+                                   .send_timeout_ms = h->send_timeout_ms};
     char err[256] = "";
     int rc = kvf_server_start(&sc, ops, engine, tok, srv, err, sizeof(err));
     free(tmpl); /* copied by the server */

@@ -20,7 +20,9 @@ static const struct kvf_cmd commands[] = {
 #define HTTP_FLAGS                                                                                \
     {"--host", false}, {"--port", false}, {"--max-queue", false}, {"--api-keys", false},          \
     {"--no-auth", true}, {"--tenant-max-running", false}, {"--tenant-max-queued", false},         \
-    {"--admit-timeout", false}, {"--context-length", false}, {"--model", false}
+    {"--admit-timeout", false}, {"--context-length", false}, {"--model", false},                \
+    {"--max-conn-per-ip", false}, {"--header-timeout", false}, {"--body-timeout", false},          \
+    {"--send-timeout", false}
 static const struct kvf_cli_flag serve_flags[] = {HTTP_FLAGS, {"--threads", false},
                                                   {"--kv-memory", false}, {"--data-dir", false}};
 static const struct kvf_cli_flag router_flags[] = {HTTP_FLAGS, {"--prefill", false},

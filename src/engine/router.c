@@ -189,8 +189,8 @@ static size_t gen_workers(void *e, struct kvf_worker_status *out, size_t max)
 {
     struct kvf_router *r = e;
     pthread_mutex_lock(&r->mu);
-    size_t n = r->n_workers;
-    memcpy(out, r->workers, (n < max ? n : max) * sizeof(*out));
+    size_t n = r->n_workers; /* 0 (workers NULL) until the loop first publishes */
+    if (n) memcpy(out, r->workers, (n < max ? n : max) * sizeof(*out));
     pthread_mutex_unlock(&r->mu);
     return n;
 }
