@@ -251,6 +251,7 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
             hello->n_vocab = get_u32(&r);
             hello->status = (int32_t)get_u32(&r);
             get_str(&r, hello->why, sizeof hello->why);
+            if (hello->status == 0 && hello->why[0]) return -EBADMSG; /* "ok" carries no reason */
         } else {
             hello->n_prefills = get_u16(&r);
             if (hello->n_prefills > KVF_RPC_MAX_PREFILLS) return -EBADMSG;

@@ -106,6 +106,15 @@ static void test_hello_and_status_round_trip(void)
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, &hroom, &sroom), 0);
     ASSERT_TRUE(m.hello->status == -5 && strcmp(m.hello->why, d.why) == 0 && m.hello->n_vocab == 512);
     only_whole((size_t)n);
+    /* An "ok" with a reason is not a frame the writer makes: refused (found by fuzz_rpc). */
+    d.status = 0;
+    n = kvf_rpc_put_hello(buf, sizeof buf, KVF_RPC_HELLO_D, &d);
+    buf[2 + 8 + 4 + 4 + 4] = 0xfb; /* a non-zero status on the wire, why "": a refusal */
+    ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, &hroom, &sroom), 0);
+    d.status = -5;
+    n = kvf_rpc_put_hello(buf, sizeof buf, KVF_RPC_HELLO_D, &d);
+    memset(buf + 2 + 8 + 4 + 4 + 4, 0, 4); /* status 0, the reason kept */
+    ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, &hroom, &sroom), -EBADMSG);
 
     struct kvf_rpc_status st;
     memset(&st, 0, sizeof st);
