@@ -203,7 +203,8 @@ const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
 /* The file type "Q4_K_M" for kvf_mkmodel_write (not a tensor type): the 2-D weights mostly
  * Q4_K, the output projection (the embedding when tied) and attn_v and ffn_down of a few layers
  * Q6_K, as llama.cpp's Q4_K_M chooses (docs/MODEL_ENGINE.md has the rule); a weight whose rows
- * are not whole 256-value super-blocks falls back to Q4_0 (for Q4_K) or Q8_0 (for Q6_K). */
+ * are not whole 256-value super-blocks falls back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K), and to
+ * F16 where they are not whole 32-value blocks either, as llama.cpp's do. */
 #define KVF_MKMODEL_Q4_K_M 0x10000u
 
 /* Writes a model of `shape` to `path`. type: KVF_GGML_F32, KVF_GGML_Q8_0 (a weight whose row

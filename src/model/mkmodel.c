@@ -15,11 +15,12 @@
  * per-head Q/K norm weights 1 ± 0.2, and qwen2's Q/K/V biases have standard deviation 0.5, so
  * that each changes the output clearly.
  *
- * --type q4_k_m follows llama.cpp's Q4_K_M: Q6_K for the output projection (the embedding when
- * it is tied) and for attn_v and ffn_down of the layers use_more_bits() picks, Q4_K for every
- * other 2-D weight; a weight whose rows are not whole 256-value super-blocks takes Q4_0 in place
- * of Q4_K and Q8_0 in place of Q6_K (llama.cpp takes Q5_0 and Q8_0; kvfence reads Q5_0, but
- * the 4-bit type keeps smol135m's Q4_K_M file a comparison of 4-bit weights with Q8_0). */
+ * --type q4_k_m follows llama.cpp's Q4_K_M (llama_tensor_get_type): Q6_K for the output
+ * projection (the embedding when it is tied) and for attn_v and ffn_down of the layers
+ * use_more_bits() picks, Q4_K for every other 2-D weight. A weight whose rows are not whole
+ * 256-value super-blocks takes llama.cpp's fallback: Q5_0 in place of Q4_K, Q8_0 in place of
+ * Q6_K, and F16 where the rows are not whole 32-value blocks either. So smol135m's rows of 576
+ * give a file of mostly Q5_0, as a downloaded SmolLM2-135M Q4_K_M is. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,8 +104,13 @@ static int gen_row(void *ctx, uint64_t row, void *dst, size_t row_bytes)
     switch (g->type) {
     case KVF_GGML_Q8_0: kvf_quantize_row_q8_0(x, dst, g->n); break;
     case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(x, dst, g->n); break;
+    case KVF_GGML_Q5_0: kvf_quantize_row_q5_0(x, dst, g->n); break;
     case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(x, dst, g->n); break;
     case KVF_GGML_Q6_K: kvf_quantize_row_q6_k(x, dst, g->n); break;
+    case KVF_GGML_F16:
+        for (uint64_t i = 0; i < g->n; i++)
+            ((uint16_t *)dst)[i] = kvf_f32_to_fp16(x[i]);
+        break;
     default: break;
     }
     return 0;
@@ -133,14 +139,16 @@ static bool use_more_bits(uint32_t layer, uint32_t n_layers)
 }
 
 /* The tensor type of a 2-D weight with rows of ne0 under the file type b->type: `more` asks
- * for Q6_K rather than Q4_K in a Q4_K_M file. */
+ * for Q6_K rather than Q4_K in a Q4_K_M file. Rows that are not whole super-blocks take
+ * llama.cpp's fallback for the K-quant type (Q4_K: Q5_0, Q6_K: Q8_0), and F16 when they are
+ * not whole 32-value blocks either. */
 static uint32_t mat_type(const struct build *b, uint64_t ne0, bool more)
 {
     if (b->type == KVF_GGML_Q8_0) return ne0 % KVF_QK == 0 ? KVF_GGML_Q8_0 : KVF_GGML_F32;
     if (b->type != KVF_MKMODEL_Q4_K_M) return KVF_GGML_F32;
     if (ne0 % KVF_QK_K == 0) return more ? KVF_GGML_Q6_K : KVF_GGML_Q4_K;
-    if (ne0 % KVF_QK == 0) return more ? KVF_GGML_Q8_0 : KVF_GGML_Q4_0;
-    return KVF_GGML_F32;
+    if (ne0 % KVF_QK == 0) return more ? KVF_GGML_Q8_0 : KVF_GGML_Q5_0;
+    return KVF_GGML_F16;
 }
 
 /* Adds tensor `name` of ne0 × ne1 (ne1 == 0: 1-D) of type `type` (1-D tensors, norms and

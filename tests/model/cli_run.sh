@@ -1,6 +1,6 @@
 #!/bin/sh
 # kvfence run and kvfence bench model end to end on a tiny model: the run prints both id lines,
-# a seeded sampled run repeats exactly, greedy runs repeat exactly, and the benches (model,
+# a seeded sampled run repeats exactly, greedy runs repeat exactly (Q8_0 and Q4_K_M), and the benches (model,
 # attention) end with their result lines and refuse a bad option value.
 set -eu
 K="$1"
@@ -16,6 +16,12 @@ cmp "$D/a" "$D/b" || { echo "greedy output depends on the thread count"; exit 1;
 "$K" run --model "$D/m.gguf" --prompt "Hi" --max-tokens 20 --temperature 1.0 --seed 9 --print-token-ids >"$D/c"
 "$K" run --model "$D/m.gguf" --prompt "Hi" --max-tokens 20 --temperature 1.0 --seed 9 --print-token-ids >"$D/d"
 cmp "$D/c" "$D/d" || { echo "a seeded run does not repeat"; exit 1; }
+# Q4_K_M on tiny: Q5_0, Q8_0 and F16 weights (its rows are not whole super-blocks).
+"$K" mkmodel "$D/k.gguf" --shape tiny --type q4_k_m --seed 4 >/dev/null
+"$K" run --model "$D/k.gguf" --prompt "Hello there" --max-tokens 12 --print-token-ids >"$D/g"
+"$K" run --model "$D/k.gguf" --prompt "Hello there" --max-tokens 12 --print-token-ids --threads 1 >"$D/h"
+grep -q '^output_token_ids: ' "$D/g" || { echo "no Q4_K_M output ids line"; cat "$D/g"; exit 1; }
+cmp "$D/g" "$D/h" || { echo "Q4_K_M greedy output depends on the thread count"; exit 1; }
 if "$K" run --model "$D/missing.gguf" --prompt x 2>/dev/null; then echo "missing model accepted"; exit 1; fi
 "$K" bench model --model "$D/m.gguf" --batch 2 --prompt 8 --gen 4 --threads 2 >"$D/e"
 tail -n 1 "$D/e" | grep -Eq '^result bench=model prefill_tps=[0-9.]+ decode_tps=[0-9.]+ batch=2 threads=2$' ||

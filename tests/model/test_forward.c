@@ -88,6 +88,15 @@ static void test_reference_ktiny_q4_k_m(void)
     check_reference("ktiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-2);
 }
 
+/* The Q4_K_M mix on rows that are not whole super-blocks, as llama.cpp writes it: s15m's rows
+ * of 288 take Q5_0 (and Q8_0 for the more-bits attn_v and the tied embedding) with Q4_K and
+ * Q6_K in ffn_down; tiny's take Q5_0 and Q8_0, with F16 in ffn_down (rows of 172). */
+static void test_reference_q4_k_m_fallbacks(void)
+{
+    check_reference("s15m", KVF_MKMODEL_Q4_K_M, 5, 8, 1e-2);
+    check_reference("tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-2);
+}
+
 static void test_reference_qwen2(void)
 {
     check_reference("qwen2-tiny", KVF_GGML_F32, 20, 40, 1e-4);
@@ -135,14 +144,26 @@ static void test_arch_and_mix_loaded(void)
     ASSERT_EQ_INT(tm.m->tok_embd.type, KVF_GGML_Q6_K);     /* tied: the output's type */
     ASSERT_NOT_NULL(tm.m->layers[1].bv);
     tmodel_close(&tm);
-    /* smol135m's rows of 576 are not whole super-blocks: Q4_0 and Q8_0 stand in; ffn_down's
-     * rows of 1536 are. */
+    /* smol135m's rows of 576 are not whole super-blocks: Q5_0 and Q8_0 stand in, as in a
+     * downloaded SmolLM2-135M Q4_K_M; ffn_down's rows of 1536 are. */
     tmodel_open(&tm, "smol135m", KVF_MKMODEL_Q4_K_M, 7);
-    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q4_0);
+    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q5_0);
+    ASSERT_EQ_INT(tm.m->layers[0].wk.type, KVF_GGML_Q5_0);
+    ASSERT_EQ_INT(tm.m->layers[0].wo.type, KVF_GGML_Q5_0);
+    ASSERT_EQ_INT(tm.m->layers[0].w_gate.type, KVF_GGML_Q5_0);
+    ASSERT_EQ_INT(tm.m->layers[0].w_up.type, KVF_GGML_Q5_0);
+    ASSERT_EQ_INT(tm.m->layers[3].wv.type, KVF_GGML_Q5_0);
     ASSERT_EQ_INT(tm.m->layers[0].wv.type, KVF_GGML_Q8_0);
     ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_Q6_K);
     ASSERT_EQ_INT(tm.m->layers[3].w_down.type, KVF_GGML_Q4_K);
     ASSERT_EQ_INT(tm.m->tok_embd.type, KVF_GGML_Q8_0);
+    tmodel_close(&tm);
+    /* tiny's ffn_down rows of 172 are not whole 32-value blocks either: F16. */
+    tmodel_open(&tm, "tiny", KVF_MKMODEL_Q4_K_M, 7);
+    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q5_0);
+    ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_F16);
+    ASSERT_EQ_INT(tm.m->layers[1].w_down.type, KVF_GGML_F16);
+    ASSERT_EQ_INT(tm.m->output.type, KVF_GGML_Q8_0);
     tmodel_close(&tm);
 }
 
@@ -349,6 +370,8 @@ static void test_invariance_qwen_kquant(void)
     check_invariance_shape("qwen2-tiny", KVF_MKMODEL_Q4_K_M);
     check_invariance_shape("qwen3-tiny", KVF_MKMODEL_Q4_K_M);
     tpool_kv_bytes = 4;
+    /* And the fallbacks (Q5_0, Q8_0, F16 rows) of tiny's Q4_K_M file. */
+    check_invariance_shape("tiny", KVF_MKMODEL_Q4_K_M);
 }
 
 static void test_invariance_f32(void)
@@ -802,7 +825,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
     KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
     KVF_CASE(test_variants_agree_f32),  KVF_CASE(test_quant_matches),
-    KVF_CASE(test_reference_ktiny_q4_k_m), KVF_CASE(test_reference_qwen2),
+    KVF_CASE(test_reference_ktiny_q4_k_m), KVF_CASE(test_reference_q4_k_m_fallbacks),
+    KVF_CASE(test_reference_qwen2),
     KVF_CASE(test_reference_qwen3),     KVF_CASE(test_arch_and_mix_loaded),
     KVF_CASE(test_arch_refused),        KVF_CASE(test_invariance_qwen_kquant),
 };
