@@ -17,7 +17,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvfence decode --model F.gguf --listen HOST:PORT [--prefill HOST:PORT[,...]]\n"
             "                      [--context-length N] [--kv-memory SIZE] [--threads N]\n"
-            "                      [--max-queue N] [--admit-timeout MS] [--compute-lock FILE]\n\n"
+            "                      [--max-queue N] [--admit-timeout MS] [--compute-lock FILE]\n"
+            "                      [--grant-timeout MS] [--hold-timeout MS]\n\n"
             "Runs a decode worker: routers connect to HOST:PORT over UCX (TCP) and submit requests;\n"
             "it grants KV pages to prefill workers, verifies what they wrote, and decodes.\n\n"
             "  --listen HOST:PORT    where routers connect (port 0: any free port)\n"
@@ -31,7 +32,14 @@ static void usage(FILE *f)
             "  --admit-timeout MS    how long a request may wait for pages (default 30000)\n"
             "  --compute-lock FILE   workers on the same cores given the same file take turns\n"
             "                        computing, one forward call at a time (as the workers of\n"
-            "                        `kvfence serve` do), instead of halving each other\n\n"
+            "                        `kvfence serve` do), instead of halving each other\n"
+            "  --grant-timeout MS    a prompt whose pages were granted and not written and verified\n"
+            "                        within this fails; its writer must then prove it stopped\n"
+            "                        (default 10000)\n"
+            "  --hold-timeout MS     pages whose writer gave no such proof within this are\n"
+            "                        quarantined and the writer fenced: its connection closed, a\n"
+            "                        new one at a new epoch (default 30000). Neither timeout frees\n"
+            "                        a page by itself: only a proof or the fence does\n\n"
             "Every option can also be set as KVFENCE_<OPTION> in the environment (KVFENCE_KV_MEMORY\n"
             "for --kv-memory); the command line wins. Prints \"listening HOST PORT\" on stdout once\n"
             "it accepts routers. SIGINT or SIGTERM: requests in flight get up to 10 s, then the\n"
@@ -41,7 +49,7 @@ static void usage(FILE *f)
 int kvf_cmd_decode(int argc, char **argv)
 {
     const char *model_path = NULL, *listen = NULL, *prefills = NULL, *lock_path = NULL;
-    uint32_t threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0;
+    uint32_t threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0, grant_ms = 0, hold_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
     bool ctx_given = false;
     for (int i = 1; i < argc; i++) {
@@ -65,6 +73,8 @@ int kvf_cmd_decode(int argc, char **argv)
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
         else if (strcmp(a, "--max-queue") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &max_queue);
         else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
+        else if (strcmp(a, "--grant-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
+        else if (strcmp(a, "--hold-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &hold_ms);
         else {
             fprintf(stderr, "kvfence decode: unknown option '%s'\n", a);
             usage(stderr);
@@ -111,7 +121,8 @@ int kvf_cmd_decode(int argc, char **argv)
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = DECODE_PAGE_TOKENS,
                                    .n_pages = n_pages, .n_threads = threads, .max_context = limit,
                                    .max_batch = 16, .max_reqs = 64, .max_queue = max_queue,
-                                   .admit_timeout_ms = admit_ms};
+                                   .admit_timeout_ms = admit_ms, .grant_timeout_ms = grant_ms,
+                                   .hold_timeout_ms = hold_ms};
     if (lock_path && kvf_cli_compute_lock("decode", lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));

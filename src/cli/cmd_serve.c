@@ -59,7 +59,8 @@ static void usage(FILE *f)
             "usage: kvfence serve [--model F.gguf] [--host 127.0.0.1] [--port 8080] [--threads N]\n"
             "                     [--kv-memory SIZE] [--context-length N] [--data-dir D]\n"
             "                     [--max-queue N] [--admit-timeout MS] [--api-keys FILE | --no-auth]\n"
-            "                     [--tenant-max-running N] [--tenant-max-queued N]\n\n"
+            "                     [--tenant-max-running N] [--tenant-max-queued N]\n"
+            "                     [--grant-timeout MS] [--hold-timeout MS]\n\n"
             "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
             "one process, joined by the handoff protocol over UCX on loopback.\n\n"
             "  --model F.gguf        the model; without it, kvfence writes (once) and serves its\n"
@@ -75,6 +76,11 @@ static void usage(FILE *f)
             "                        429 with Retry-After (default 256)\n"
             "  --admit-timeout MS    how long a request may wait for KV pages before it gets 503\n"
             "                        (default 30000)\n"
+            "  --grant-timeout MS    a prompt not written and verified within MS of its grant\n"
+            "                        fails (default 10000)\n"
+            "  --hold-timeout MS     its pages, without the writer's proof that it stopped within\n"
+            "                        MS more, are quarantined and the writer fenced (default\n"
+            "                        30000); a timeout never frees a page by itself\n"
             "  --api-keys FILE       one 'KEY TENANT' per line ('#' comments and blank lines\n"
             "                        allowed); requests then need 'Authorization: Bearer KEY' (401\n"
             "                        otherwise) and run as the key's tenant. /health and /metrics\n"
@@ -158,7 +164,7 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
 int kvf_cmd_serve(int argc, char **argv)
 {
     const char *model_path = NULL, *data_dir = NULL;
-    uint32_t threads = 0, ctx_len = 0, admit_ms = 0;
+    uint32_t threads = 0, ctx_len = 0, admit_ms = 0, grant_ms = 0, hold_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
     bool ctx_given = false;
     struct kvf_cli_http http = {.port = 8080};
@@ -186,6 +192,8 @@ int kvf_cmd_serve(int argc, char **argv)
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
         else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
+        else if (strcmp(a, "--grant-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
+        else if (strcmp(a, "--hold-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &hold_ms);
         else {
             fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
             usage(stderr);
@@ -237,7 +245,8 @@ int kvf_cmd_serve(int argc, char **argv)
                                    .n_pages = prefill_pages, .n_threads = threads,
                                    .max_context = limit, .listen_host = "127.0.0.1",
                                    .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
-                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms};
+                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms,
+                                   .grant_timeout_ms = grant_ms, .hold_timeout_ms = hold_ms};
     if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;
@@ -245,6 +254,11 @@ int kvf_cmd_serve(int argc, char **argv)
     wc.n_pages = n_pages;
     wc.prefill_host = "127.0.0.1";
     wc.prefill_port = kvf_prefill_worker_port(pw);
+#if defined(KVF_TEST_BUILD)
+    /* Test builds: KVF_POISON=1 poisons the decode pool's freed pages too (the prefill worker
+     * reads it for its own pool). */
+    wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
+#endif
     if (kvf_decode_worker_start(&wc, &dw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: decode worker: %s\n", err);
         goto out;

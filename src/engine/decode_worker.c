@@ -147,6 +147,11 @@ struct kvf_decode_worker {
     int step_state;
     uint32_t step_n;
     void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
+#if defined(KVF_TEST_BUILD)
+    /* KVF_TEST_STEP_MS=N (test builds): each decode step lasts at least N ms more, as on a busy
+     * machine, so that requests keep running while the isolation suite's late writes land. */
+    uint32_t test_step_ms;
+#endif
 };
 
 /* --- Handles (any thread). ------------------------------------------------------------------ */
@@ -397,7 +402,10 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
         }
         case KVF_ACT_FAIL_REQ: {
             int li = live_index(w, a.req);
-            if (li >= 0) end_gen(w, w->live[li], a.err, false);
+            /* A prefill's REJECT of a granted prompt: the prompt was within the limit (checked
+             * at submit, the same limit on every worker), so the worker could not take it (its
+             * engine or memory failed): a worker's failure, never the client's 400. */
+            if (li >= 0) end_gen(w, w->live[li], a.err == KVF_E_PROTO_REJECTED ? KVF_E_PROTO_FAILED : a.err, false);
             break;
         }
         default: break;
@@ -828,6 +836,9 @@ static void *compute_main(void *arg)
         kvf__compute_enter(&w->cfg);
         kvf_fwd_compute(w->fwd);
         kvf__compute_leave(&w->cfg);
+#if defined(KVF_TEST_BUILD)
+        if (w->test_step_ms) usleep(w->test_step_ms * 1000u);
+#endif
         /* Draw the tokens here too: sampling reads only the logits and the request's fixed
          * parameters and output index, which the loop leaves alone for the batch's requests. */
         for (uint32_t i = 0; i < n; i++) {
@@ -1099,6 +1110,11 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     if (rc == 0) {
         struct kvf_xport_faults f;
         if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
+        const char *e = getenv("KVF_TEST_STEP_MS");
+        if (e && atoi(e) > 0 && atoi(e) <= 10000) {
+            w->test_step_ms = (uint32_t)atoi(e);
+            fprintf(stderr, "kvfence decode: test build: every decode step lasts %u ms more\n", w->test_step_ms);
+        }
     }
 #endif
     if (rc == 0 && cfg->prefill_host &&

@@ -59,6 +59,9 @@ struct pjob {
     struct pput *puts;                 /* [n_pages] */
     uint32_t puts_out;                 /* puts posted and not complete locally */
     bool computed, aborted, finished;  /* finished: the machine no longer needs it */
+#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+    bool placeholder; /* mutant: recomputed as one token after the engine refused it */
+#endif
     float first_logprob;
     uint32_t n_top;
     int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
@@ -186,10 +189,14 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
  *     wrote earlier for another tenant's request are written over the job's first granted page
  *     (stale bytes in a page now granted to another request). The DONE's checksum no longer
  *     matches the page: decode must refuse the commit and fail the request.
+ * every=0 turns those two off. With ",refuse=R" (R >= 2) the engine also refuses every Rth
+ * granted prompt of two pages or more before computing it, as when it cannot get memory: the
+ * machine must answer REJECT and the request fail with an error (the path of the 2026
+ * placeholder bug, H6).
  * Each forgery prints one "test forge:" line on stderr, which the suite counts. */
 struct pforge {
-    uint32_t every, token;
-    uint64_t dones, flushes;
+    uint32_t every, token, refuse;
+    uint64_t dones, flushes, computes;
     struct {
         uint8_t *bytes;   /* [data_bytes]: a copy of a first page written for an earlier request */
         uint32_t tenant;  /* whose request it was */
@@ -203,7 +210,23 @@ static void forge_init(struct kvf_prefill_worker *w)
 {
     const char *e = getenv("KVF_TEST_FORGE");
     unsigned every = 0, token = 0;
-    if (!e || sscanf(e, "every=%u,token=%u", &every, &token) != 2 || every < 2) return;
+    unsigned refuse = 0;
+    if (!e) return;
+    /* every=N,token=T[,refuse=R]; every=0 leaves the DONEs and writes alone. */
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", e);
+    bool bad = false;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        unsigned v = 0;
+        if (sscanf(t, "every=%u", &v) == 1) every = v;
+        else if (sscanf(t, "token=%u", &v) == 1) token = v;
+        else if (sscanf(t, "refuse=%u", &v) == 1) refuse = v;
+        else bad = true;
+    }
+    if (bad || every == 1 || refuse == 1 || (!every && !refuse)) {
+        fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R; N, R >= 2)\n", e);
+        return;
+    }
     struct pforge *f = calloc(1, sizeof(*f));
     if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) || !(f->stale[1].bytes = malloc(w->data_bytes))) {
         if (f) free(f->stale[0].bytes);
@@ -212,8 +235,23 @@ static void forge_init(struct kvf_prefill_worker *w)
     }
     f->every = every;
     f->token = token;
+    f->refuse = refuse;
     w->forge = f;
-    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u\n", every, token);
+    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u\n", every,
+            token, f->refuse);
+}
+
+/* Before computing a job: whether the engine refuses it (every Rth of two pages or more). */
+static bool forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
+{
+    struct pforge *f = w->forge;
+    if (!f || !f->refuse || j->n_pages < 2) return false;
+#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+    if (j->placeholder) return false;
+#endif
+    if (++f->computes % f->refuse != 0) return false;
+    fprintf(stderr, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
+    return true;
 }
 
 static void forge_put_done(void *arg, int status)
@@ -240,7 +278,7 @@ static void forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pj
 {
     struct pforge *f = w->forge;
     if (!f || !j->computed || j->aborted || !s->conn || s->failed) return;
-    if (++f->flushes % f->every != f->every / 2) return;
+    if (!f->every || ++f->flushes % f->every != f->every / 2) return;
     uint32_t i = f->stale[0].have && f->stale[0].tenant != j->tenant ? 0 : 1;
     if (!f->stale[i].have || f->stale[i].tenant == j->tenant) return;
     f->puts_out++;
@@ -256,7 +294,7 @@ static void forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pj
 static void forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_msg *done)
 {
     struct pforge *f = w->forge;
-    if (!f || !s->conn || s->failed || ++f->dones % f->every != 0) return;
+    if (!f || !f->every || !s->conn || s->failed || ++f->dones % f->every != 0) return;
     struct kvf_msg m = *done;
     m.u.done.first_token = f->token;
     m.epoch = done->epoch - 1;
@@ -555,9 +593,26 @@ static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t id
     run_actions(w, j->s, NULL);
 }
 
+static void compute_job(struct kvf_prefill_worker *w, struct pjob *j);
+
 static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err)
 {
     kvf_prefill_compute_failed(j->s->m, kvf__now_ms(), j->req, j->nonce, err, &w->acts);
+#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+    /* Mutant, the engine's half: the machine asks for the refused request again (its
+     * placeholder): one token, computed into the first of its pages, which goes through the
+     * handoff as if it were the prompt. */
+    for (uint32_t i = 0; i < w->acts.n && !j->placeholder; i++) {
+        struct kvf_action *a = &w->acts.v[i];
+        if (a->kind != KVF_ACT_COMPUTE || !kvf_req_id_eq(a->req, j->req) || a->nonce != j->nonce) continue;
+        a->kind = (enum kvf_action_kind)0; /* taken here: run_actions skips it */
+        j->placeholder = true;
+        j->n_tokens = 1;
+        run_actions(w, j->s, NULL);
+        compute_job(w, j);
+        return;
+    }
+#endif
     run_actions(w, j->s, NULL);
     j->finished = true;
     job_maybe_free(w, j);
@@ -589,6 +644,12 @@ static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
     uint32_t pt = w->geo.page_tokens;
     int rc;
     uint32_t reported = 0;
+#if defined(KVF_TEST_BUILD)
+    if (forge_refuse(w, j)) {
+        compute_failed(w, j, KVF_E_ENGINE);
+        return;
+    }
+#endif
     for (uint32_t pos = 0; pos < j->n_tokens;) {
         uint32_t len = j->n_tokens - pos < PF_CHUNK ? j->n_tokens - pos : PF_CHUNK;
         bool last = pos + len == j->n_tokens;

@@ -3,7 +3,7 @@
 //
 //   node isolation.mjs --kvfence EXE --node-modules DIR --work DIR
 //                      [--mode smoke|soak] [--topologies serve,split] [--seed N] [--report FILE]
-//                      [--fail-fast 1]
+//                      [--fail-fast 1] [--phases NAME,...]
 //
 // The mode defaults to soak when KVF_SOAK=1 (make soak, make isolation), the seed to KVF_ISO_SEED
 // or 1; a failure prints the seed, and the same seed replays the same schedule of requests and
@@ -245,6 +245,16 @@ function histCases(t) {
   cases.push({ t, model: HIST, prompt: histPrompt(t, randInt(20, 40)), s: SEEDED_HIST(randInt(48, 96), randInt(1, 1e6)) });
   return cases;
 }
+// The late-writes phase: prompts of two to four pages (a late write covers a whole page of
+// them) and outputs long enough to be running when one lands.
+function lateCases(t) {
+  const cases = [];
+  for (const n of [18, 30, 45, 60]) {
+    cases.push({ t, model: HIST, prompt: histPrompt(t, n), s: GREEDY(randInt(40, 96)) });
+    cases.push({ t, model: HIST, prompt: histPrompt(t, n + 3), s: SEEDED_HIST(randInt(40, 96), randInt(1, 1e6)) });
+  }
+  return cases;
+}
 const TINY_PROMPTS = ['Hello there', 'Once upon a time', 'x', 'The quick brown fox jumps over the lazy dog', '12 34 56',
   'A longer prompt with several words in it to fill more than one page of the pool'];
 function tinyCases(t) {
@@ -396,13 +406,16 @@ function checkCounters(ph, h) {
   // Each forged DONE is two stale messages, unless a fence dropped them with their connection.
   if (!procFaults && (c.stale_msgs ?? 0) < 2 * forgedDones) bad(`stale_msgs ${c.stale_msgs} < the ${2 * forgedDones} forged DONEs`);
   if (procFaults && forgedDones >= 2 && (c.stale_msgs ?? 0) < 1) bad(`stale_msgs ${c.stale_msgs} with ${forgedDones} forged DONE pairs`);
-  const noisy = f.frame_dup || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart || forgedDones;
+  const noisy = f.frame_dup || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart || f.late_writer || forgedDones;
   const cancels = Object.entries(ph.outcomes).filter(([k]) => k === 'cancelled').reduce((a, [, v]) => a + v, 0);
   if (!noisy && (c.stale_msgs ?? 0) > cancels) bad(`stale_msgs ${c.stale_msgs} with no duplicated, dropped or forged message and ${cancels} cancels`);
-  const canFence = f.flush_never || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart;
+  const canFence = f.flush_never || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart || f.late_writer;
   if (!canFence && ((c.quarantines ?? 0) !== 0 || (c.fences ?? 0) !== 0)) bad('a quarantine or fence with no fault that can cause one');
   if (f.flush_never && (c.quarantines ?? 0) < 1) bad('a flush that never completed, and no quarantine');
   if (f.flush_never && (c.fences ?? 0) < 1) bad('a flush that never completed, and no fence');
+  // A writer slower than the grant and hold timeouts: its pages wait in quarantine for the fence.
+  if (f.late_writer && (c.quarantines ?? 0) < 1) bad('a writer past the grant and hold timeouts, and no quarantine');
+  if (f.late_writer && (c.fences ?? 0) < 1) bad('a writer past the grant and hold timeouts, and no fence');
   if (!report.first_failure) ok(`${ph.name}: counters ${JSON.stringify(c)} agree with the faults ${JSON.stringify(f)}`);
 }
 
@@ -415,13 +428,18 @@ const commonFlags = ['--context-length', String(CTX), '--api-keys', KEYS];
 function helpOf(cmd) {
   try { return execFileSync(KVF, [cmd, '--help'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }); } catch (e) { return `${e.stdout ?? ''}${e.stderr ?? ''}`; }
 }
+// serve takes short protocol timeouts when its --help names them (a flush that never completes
+// then costs seconds, not 40).
+const SERVE_TIMEOUTS = /--grant-timeout/.test(helpOf('serve')) && /--hold-timeout/.test(helpOf('serve'));
 const TOPOLOGIES = {
   serve: {
     available: () => true,
     caps: new Set(),
     async start(ph) {
+      const timeouts = SERVE_TIMEOUTS ? ['--grant-timeout', String(ph.grantMs ?? 3000), '--hold-timeout', String(ph.holdTimeoutMs ?? 4000)] : [];
       const p = startProc(`${ph.name}-serve`, ['serve', '--model', ph.model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
-        '--kv-memory', poolBytes(ph.model, ph.pages), ...commonFlags, '--max-queue', String(ph.maxQueue), '--admit-timeout', String(ph.admitMs)], ph.env);
+        '--kv-memory', poolBytes(ph.model, ph.pages), ...commonFlags, '--max-queue', String(ph.maxQueue), '--admit-timeout', String(ph.admitMs),
+        ...timeouts], ph.env);
       const m = await waitOut(p, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 120000);
       return { url: `http://127.0.0.1:${m[1]}`, procs: [p], all: [p], prefills: [] };
     },
@@ -437,9 +455,11 @@ const TOPOLOGIES = {
       const timeouts = [];
       // Short protocol timeouts when the decode command takes them, so a stopped prefill is
       // fenced within the phase.
-      if (/--grant-timeout/.test(dHelp)) timeouts.push('--grant-timeout', '3000');
-      if (/--hold-timeout/.test(dHelp)) timeouts.push('--hold-timeout', '4000');
-      ph.holdMs = timeouts.length ? 7000 : 40000;
+      if (/--grant-timeout/.test(dHelp)) timeouts.push('--grant-timeout', String(ph.grantMs ?? 3000));
+      if (/--hold-timeout/.test(dHelp)) timeouts.push('--hold-timeout', String(ph.holdTimeoutMs ?? 4000));
+      ph.holdMs = timeouts.length ? (ph.grantMs ?? 3000) + (ph.holdTimeoutMs ?? 4000) : 40000;
+      if (ph.needTimeouts && !timeouts.length) throw new Error(`${ph.name} needs decode's --grant-timeout and --hold-timeout`);
+      const envOf = (role, i) => ({ ...ph.env, ...(ph.envOf?.(role, i) ?? {}) });
       const ports = [await freePort(), await freePort(), await freePort()];
       const prefillArgs = (i) => ['prefill', '--model', ph.model, '--listen', `127.0.0.1:${ports[i]}`, '--context-length', String(CTX), '--threads', '1'];
       const decodeArgs = ['decode', '--model', ph.model, '--listen', `127.0.0.1:${ports[2]}`, '--context-length', String(CTX),
@@ -447,7 +467,7 @@ const TOPOLOGIES = {
         '--admit-timeout', String(ph.admitMs), ...timeouts];
       const topo = { procs: [], all: [], prefills: [], ports }; // procs: live; all: every one started
       topo.startPrefill = async (i, tag = '') => {
-        const p = startProc(`${ph.name}-prefill${i}${tag}`, prefillArgs(i), ph.env);
+        const p = startProc(`${ph.name}-prefill${i}${tag}`, prefillArgs(i), envOf('prefill', i));
         await waitOut(p, /listening \S+ \d+/, 120000);
         topo.prefills[i] = p;
         topo.procs.push(p);
@@ -455,7 +475,7 @@ const TOPOLOGIES = {
         return p;
       };
       topo.startDecode = async (tag = '') => {
-        const p = startProc(`${ph.name}-decode${tag}`, decodeArgs, ph.env);
+        const p = startProc(`${ph.name}-decode${tag}`, decodeArgs, envOf('decode', 0));
         await waitOut(p, /listening \S+ \d+/, 120000);
         topo.decode = p;
         topo.procs.push(p);
@@ -522,9 +542,11 @@ function countForged(topo) {
     writes += (p.out.match(/test forge: stale bytes written/g) ?? []).length;
     dones += (p.out.match(/test forge: DONE replayed/g) ?? []).length;
   }
+  const refused = topo.all.reduce((a, p) => a + (p.out.match(/test forge: a granted prompt of \d+ pages refused/g) ?? []).length, 0);
+  if (refused) bump(report.faults, 'granted prompt refused by the prefill engine (H6)', refused);
   if (writes) bump(report.faults, 'forged stale write (H18)', writes);
   if (dones) bump(report.faults, 'forged DONEs, stale epoch + unknown nonce (H18)', dones);
-  return { writes, dones };
+  return { writes, dones, refused };
 }
 
 // ---- workloads ----
@@ -603,7 +625,7 @@ for (const topo of ['serve', 'split']) {
     // The flush that never completes costs the grant and hold timeouts (40 s in serve, whose
     // timeouts are fixed): the smoke injects it in split only, where the stopped prefill's wait
     // covers it.
-    kvfFaults: `put_delay_ms=40,frame_delay_ms=1,frame_dup_pct=${SOAK ? 10 : 5},${SOAK || topo === 'split' ? 'flush_never=1,' : ''}seed=${seed}`,
+    kvfFaults: `put_delay_ms=40,frame_delay_ms=1,frame_dup_pct=${SOAK ? 10 : 5},${SOAK || topo === 'split' || SERVE_TIMEOUTS ? 'flush_never=1,' : ''}seed=${seed}`,
     forge: `every=${SOAK ? 7 : 9},token=${TENANTS[0].canaryId}`,
     allowErrors: true, quiesceMs: 70000,
     async workload(ph) {
@@ -624,6 +646,29 @@ for (const topo of ['serve', 'split']) {
     phases.push(histPhase(`${topo}-hist-drops`, topo, {
       kvfFaults: `frame_drop_pct=3,frame_dup_pct=3,seed=${seed + 1}`, allowErrors: true, quiesceMs: 90000,
       async workload(ph) { await traffic(ph, 120, 5); },
+    }));
+  }
+  // Split only: a prefill whose writes land 1.5 s after they are posted, past the grant and hold
+  // timeouts (500 ms each), beside an honest one, with a decode whose steps take 15 ms more (so
+  // that requests keep running while late writes land) and whose pool is small, reused at once
+  // and not poisoned (stale pages keep their earlier tenant's K/V, as in production). Every
+  // request granted to the late prefill fails; its pages must wait for a proof or the fence, or
+  // the late bytes land under a request of another tenant that is running on them (the H1/H2
+  // leaks: freeing at a cancel or a timeout, acknowledging before the writes drained, a fence
+  // that leaves the endpoint open). Both prefills' engines also refuse every 5th prompt of two
+  // pages or more (H6): the request must fail, never run on the pages nobody wrote.
+  if (topo === 'split') {
+    phases.push(histPhase(`${topo}-late-writes`, topo, {
+      cases: TENANTS.flatMap(lateCases), pages: 24, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true,
+      forge: 'every=0,refuse=5',
+      envOf: (role, i) => (role === 'prefill' && i === 0 ? { KVF_FAULTS: `put_delay_ms=1500,seed=${seed + 3}` }
+        : role === 'decode' ? { KVF_TEST_STEP_MS: '15', KVF_POISON: '0' } : {}),
+      allowErrors: true, quiesceMs: 60000,
+      async workload(ph) {
+        ph.faults.late_writer = 1;
+        bump(report.faults, 'a prefill whose writes land 1.5 s late (grant and hold timeouts 500 ms)');
+        await traffic(ph, SOAK ? 160 : 48, 6);
+      },
     }));
   }
   // A random-weight model: bit-exact tokens and logprobs, cancels and exhaustion, no worker fault.
@@ -704,6 +749,16 @@ function background(ph, conc) {
   return { stop: () => { stopped = true; return all; } };
 }
 
+// The late-writes phase first: it is the one built to show the H1/H2 bugs on content, so a run
+// that stops at its first failure (--fail-fast, the mutants' runs) names the leak itself rather
+// than a counter another phase checks.
+phases.sort((a, b) => Number(b.name.endsWith('late-writes')) - Number(a.name.endsWith('late-writes')));
+// --phases a,b: only the phases whose names contain one of these (a narrower run, e.g. for a
+// mutant whose bug one phase is built to show).
+if (args.phases) {
+  const want = args.phases.split(',');
+  for (let i = phases.length - 1; i >= 0; i--) if (!want.some((w) => phases[i].name.includes(w))) phases.splice(i, 1);
+}
 // Sanity of the design: no reference shows another tenant's canary (else the canary check could
 // not tell a leak from the sampling).
 for (const ph of phases) {
