@@ -50,10 +50,7 @@ only_iso=0
 # the run. Remove an entry when the suite learns to catch it.
 declare -A iso_unreachable=(
   [src_freed_at_post]="unreachable in the binary: the prefill job holds its source pages until its puts complete"
-  [ack_before_drain]="known gap: no put in flight at the early ack lands under a running request"
-  [fence_without_close]="known gap: the suite's stopped prefill has no write posted and unlanded at the fence"
-  [no_count_check]="unreachable by an honest prefill: its DONE always counts what it wrote"
-  [placeholder_after_reject]="unreachable in the binary: no prefill refuses a granted prompt (limits agree at connect)"
+  [no_count_check]="unreachable in the binary: an honest prefill's DONE counts what it wrote, and the forward pass reads a page only up to the fill the prompt gives it"
 )
 read -r -a iso_mutants <<< "$(echo ${KVF_ISO_MUTANTS:-$iso_all})"
 iso_wanted=" ${iso_mutants[*]} "

@@ -247,11 +247,22 @@ function histCases(t) {
 }
 // The late-writes phase: prompts of two to four pages (a late write covers a whole page of
 // them) and outputs long enough to be running when one lands.
+const LATE_MS = Number(process.env.KVF_ISO_LATE_MS ?? 2500);
 function lateCases(t) {
   const cases = [];
   for (const n of [18, 30, 45, 60]) {
     cases.push({ t, model: HIST, prompt: histPrompt(t, n), s: GREEDY(randInt(40, 96)) });
     cases.push({ t, model: HIST, prompt: histPrompt(t, n + 3), s: SEEDED_HIST(randInt(40, 96), randInt(1, 1e6)) });
+  }
+  return cases;
+}
+function lateTinyCases(t) {
+  const words = `${t.name} said that the river ran past the old mill and the boy ran after it`.split(' ');
+  const cases = [];
+  for (const n of [3, 6, 10, 16]) { // about 7 tokens a word: 2 to 8 pages
+    const prompt = Array.from({ length: n }, (_, i) => words[i % words.length]).join(' ');
+    cases.push({ t, model: TINY, prompt, s: GREEDY(randInt(40, 80)) });
+    cases.push({ t, model: TINY, prompt, s: { max_tokens: randInt(40, 80), temperature: 0.9, top_p: 0.9, seed: randInt(1, 1e6) } });
   }
   return cases;
 }
@@ -336,7 +347,10 @@ async function request(ph, c, plan) {
     if (!same) {
       outcome = 'mismatch';
       report.mismatches++;
-      fail('mismatched response', `${label}: HTTP 200 with ids ${got.ids.slice(0, 12)} lps ${got.lps.slice(0, 4)} finish ${got.finish} "${got.text.slice(0, 80)}"; alone: ids ${ref.ids.slice(0, 12)} lps ${ref.lps.slice(0, 4)} finish ${ref.finish} "${ref.text.slice(0, 80)}"`);
+      // From the first token that differs (id or logprob), so the report shows the divergence.
+      let k = 0;
+      while (k < got.ids.length && k < ref.ids.length && got.ids[k] === ref.ids[k] && got.lps[k] === ref.lps[k]) k++;
+      fail('mismatched response', `${label}: HTTP 200 differing from token ${k}: ids ${got.ids.slice(k, k + 8)} lps ${got.lps.slice(k, k + 3)} finish ${got.finish} "${got.text.slice(0, 60)}"; alone: ids ${ref.ids.slice(k, k + 8)} lps ${ref.lps.slice(k, k + 3)} finish ${ref.finish} "${ref.text.slice(0, 60)}"`);
     } else report.tenants[t.name].ok++;
   } else {
     // What was shown before the end must be the start of the right answer.
@@ -657,19 +671,24 @@ for (const topo of ['serve', 'split']) {
   // leaks: freeing at a cancel or a timeout, acknowledging before the writes drained, a fence
   // that leaves the endpoint open). Both prefills' engines also refuse every 5th prompt of two
   // pages or more (H6): the request must fail, never run on the pages nobody wrote.
+  // Then the same with the random-weight model, whose logprobs never saturate: a late page
+  // under a running request changes its next logprob whatever the request's age (on hist a
+  // foreign page shows only where it outweighs what the request has read of its own).
   if (topo === 'split') {
-    phases.push(histPhase(`${topo}-late-writes`, topo, {
-      cases: TENANTS.flatMap(lateCases), pages: 24, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true,
-      forge: 'every=0,refuse=5',
-      envOf: (role, i) => (role === 'prefill' && i === 0 ? { KVF_FAULTS: `put_delay_ms=1500,seed=${seed + 3}` }
+    const late = (model, cases, pages, n) => ({
+      name: `${topo}-late-writes${model === TINY ? '-tiny' : ''}`, topology: topo, model, pages, maxQueue: 24, admitMs: 1500,
+      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: 'every=0,refuse=5',
+      envOf: (role, i) => (role === 'prefill' && i === 0 ? { KVF_FAULTS: `put_delay_ms=${LATE_MS},seed=${seed + 3}` }
         : role === 'decode' ? { KVF_TEST_STEP_MS: '15', KVF_POISON: '0' } : {}),
       allowErrors: true, quiesceMs: 60000,
       async workload(ph) {
         ph.faults.late_writer = 1;
-        bump(report.faults, 'a prefill whose writes land 1.5 s late (grant and hold timeouts 500 ms)');
-        await traffic(ph, SOAK ? 160 : 48, 6);
+        bump(report.faults, `a prefill whose writes land ${LATE_MS} ms late (grant and hold timeouts 500 ms)`);
+        await traffic(ph, n, 6);
       },
-    }));
+    });
+    phases.push(late(HIST, TENANTS.flatMap(lateCases), 24, SOAK ? 160 : 48));
+    phases.push(late(TINY, TENANTS.flatMap(lateTinyCases), 24, SOAK ? 120 : 40));
   }
   // A random-weight model: bit-exact tokens and logprobs, cancels and exhaustion, no worker fault.
   phases.push({
@@ -752,7 +771,7 @@ function background(ph, conc) {
 // The late-writes phase first: it is the one built to show the H1/H2 bugs on content, so a run
 // that stops at its first failure (--fail-fast, the mutants' runs) names the leak itself rather
 // than a counter another phase checks.
-phases.sort((a, b) => Number(b.name.endsWith('late-writes')) - Number(a.name.endsWith('late-writes')));
+phases.sort((a, b) => Number(b.name.includes('late-writes')) - Number(a.name.includes('late-writes')));
 // --phases a,b: only the phases whose names contain one of these (a narrower run, e.g. for a
 // mutant whose bug one phase is built to show).
 if (args.phases) {
