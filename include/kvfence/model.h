@@ -111,7 +111,8 @@ const struct kvf_model_hparams *kvf_model_hparams(const kvf_model_t *m);
  * otherwise; a caller may set elem_bytes to the other before creating the pool — the forward
  * pass takes either. */
 void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_pool_geometry *geo);
-/* Bytes of weights one decode step streams (every matrix once, plus the embedding row). */
+/* Bytes of weights one decode step streams (every matrix once, in the packed form the kernels
+ * read where there is one, plus the embedding row). */
 uint64_t kvf_model_weight_bytes(const kvf_model_t *m);
 /* The weight type of the largest matrix ("F32", "Q8_0", ...). */
 const char *kvf_model_type_name(const kvf_model_t *m);

@@ -85,6 +85,7 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
                             r0, r1);
         return;
     case KVF_GGML_Q8_0:
+    case KVF_GGML_Q5_0: /* packed as Q8_0 (kvf__q5_0_q8g_pack) */
         if (W->packed) {
             kvf__kern->q8_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->ld, nt, y, ldy, r0,
                                r1);
@@ -98,7 +99,6 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
         kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
                            r0, r1);
         return;
-    case KVF_GGML_Q5_0:
     case KVF_GGML_Q5_K:
         if (!W->packed) goto rows;
         kvf__kern->q5_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
@@ -128,9 +128,9 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
     switch (type) {
     case KVF_GGML_F32: return kvf__f32g_floats(rows, cols) * sizeof(float);
     case KVF_GGML_Q8_0: return groups * sizeof(struct kvf_q8g);
+    case KVF_GGML_Q5_0: return groups * sizeof(struct kvf_q8g); /* kvf__q5_0_q8g_pack */
     case KVF_GGML_Q4_0:
     case KVF_GGML_Q4_K: return groups * sizeof(struct kvf_q4g);
-    case KVF_GGML_Q5_0:
     case KVF_GGML_Q5_K: return groups * sizeof(struct kvf_q5g);
     case KVF_GGML_Q6_K: return groups * sizeof(struct kvf_q6g);
     default: return 0;
@@ -198,7 +198,7 @@ static void affine_pack(uint32_t type, const void *src, size_t row_bytes, uint32
                         uint32_t cols, uint8_t *dst, size_t block_bytes, bool five)
 {
     uint32_t nb = cols / KVF_QK;
-    memset(dst, 0, kvf__packed_bytes(type, rows, cols));
+    memset(dst, 0, kvf__q8g_blocks(rows, nb) * block_bytes);
     for (uint32_t r = 0; r < rows; r++) {
         const uint8_t *row = (const uint8_t *)src + (size_t)r * row_bytes;
         uint8_t *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb * block_bytes;
@@ -282,6 +282,24 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
                 g[b].qs[32 * p + 2 * lane] = blk->qs[2 * p];
                 g[b].qs[32 * p + 2 * lane + 1] = blk->qs[2 * p + 1];
             }
+        }
+    }
+}
+
+void kvf__q5_0_q8g_pack(const struct kvf_block_q5_0 *src, uint32_t rows, uint32_t nb,
+                        struct kvf_q8g *dst)
+{
+    memset(dst, 0, kvf__q8g_blocks(rows, nb) * sizeof(*dst));
+    for (uint32_t r = 0; r < rows; r++) {
+        struct kvf_q8g *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        uint32_t lane = r % KVF_Q8G_ROWS;
+        for (uint32_t b = 0; b < nb; b++) {
+            float a, off;
+            uint8_t q[KVF_QK];
+            affine_block(KVF_GGML_Q5_0, (const uint8_t *)(src + (size_t)r * nb), b, &a, &off, q);
+            g[b].d[lane] = src[(size_t)r * nb + b].d;
+            for (uint32_t c = 0; c < KVF_QK; c++)
+                g[b].qs[32 * (c / 2) + 2 * lane + c % 2] = (int8_t)(q[c] - 16);
         }
     }
 }

@@ -68,6 +68,15 @@ static inline size_t kvf__q8g_blocks(uint32_t rows, uint32_t nb)
 void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
                    struct kvf_q8g *dst);
 
+/* Repacks rows × nb Q5_0 blocks into the Q8_0 layout (kvf__q8g_blocks of them): a Q5_0 value
+ * is d · (q − 16) with q in 0..31, so its quant less 16 is an int8 weight and its fp16 d the
+ * block scale, and the Q8_0 kernels and recipe run it unchanged. 8.5 bits a weight where
+ * struct kvf_q5g takes 7, for the Q8_0 tiles' speed: Q5_0 is what llama.cpp's Q4_K_M puts in
+ * most matrices whose rows are not whole super-blocks (SmolLM2-135M's all but ffn_down), and
+ * the 5-bit tiles run 13% slower than Q8_0's in a batch (smol135m's shapes, 16 tokens). */
+void kvf__q5_0_q8g_pack(const struct kvf_block_q5_0 *src, uint32_t rows, uint32_t nb,
+                        struct kvf_q8g *dst);
+
 /*
  * 4-bit weights (Q4_0, Q4_K) as the kernels read them: repacked once at load (kvf__q4g_pack)
  * into groups of 16 rows like Q8_0's, each 32-column block of a group one struct kvf_q4g: every
@@ -78,7 +87,8 @@ void kvf__q8g_pack(const struct kvf_block_q8_0 *src, uint32_t rows, uint32_t nb,
  * masked is "pair p of all 16 rows", and shifted right by 4, pair p + 8. 384 bytes per 512
  * weights: 6 bits a weight, against Q8_0's 8.5.
  *
- * 5-bit weights (Q5_0: a = d, b = −16d; Q5_K: as Q4_K) likewise (struct kvf_q5g): the low four
+ * 5-bit weights (Q5_K: as Q4_K; Q5_0 too, a = d, b = −16d, though the model packs Q5_0 as
+ * Q8_0, kvf__q5_0_q8g_pack) likewise (struct kvf_q5g): the low four
  * bits of each quant exactly as kvf_q4g holds them, then the fifth bits as one 32-bit word per
  * widened operand: bit 2r + k of qh[2p + h] is the 16s bit of row r's column 16h + 2p + k, so
  * the word is the lane mask of the operand's 32 int16 lanes that take 16 more. 448 bytes per

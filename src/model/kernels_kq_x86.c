@@ -14,12 +14,12 @@
  * exact whatever their order; the float operations are the recipe's in block order for every
  * tile shape, so every tile gives each (row, token) pair the scalar variant's value.
  *
- * Tile shapes (AVX-512): a batch goes 1 group × up to 8 tokens at a time, so that each token's
- * activation pair is used by one vpdpwssd only and is broadcast from memory by that instruction
- * itself, rather than by a separate broadcast into a register shared by several groups (as
- * Q8_0's 2 × 6 tiles do); the nibbles of a pair are unpacked once per 8 tokens. A single token
- * goes 4 groups at a time, with even and odd pairs (S = 2) summed apart to halve the chain of
- * dependent vpdpwssd.
+ * Tile shapes (AVX-512): a batch goes 2 groups × 6 tokens at a time, as Q8_0's, each broadcast
+ * activation pair serving both groups and each unpacked pair all 6 tokens (1 group × 8 or 12
+ * tokens, with a broadcast per vpdpwssd, and 3 × 4 or 4 × 3 ran 7-30% slower on smol135m's
+ * shapes). A single token goes 4 groups at a time, with even and odd pairs (S = 2) summed apart
+ * to halve the chain of dependent vpdpwssd. The model packs Q5_0 as Q8_0 (kernels.h), so these
+ * 5-bit tiles run Q5_K.
  */
 #include <string.h>
 

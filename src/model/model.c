@@ -218,6 +218,8 @@ static int pack_weights(kvf_model_t *m)
                               (struct kvf_q4g *)at);
                 break;
             case KVF_GGML_Q5_0:
+                kvf__q5_0_q8g_pack(w->data, w->rows, w->cols / KVF_QK, (struct kvf_q8g *)at);
+                break;
             case KVF_GGML_Q5_K:
                 kvf__q5g_pack(w->type, w->data, w->row_bytes, w->rows, w->cols,
                               (struct kvf_q5g *)at);
@@ -347,8 +349,11 @@ void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_p
     geo->elem_bytes = has_quantized(m) ? 2 : 4;
 }
 
+/* What a product reads of w: its packed copy where it has one (Q4_K packs 4.5 bits a weight
+ * into 6, Q5_0 5.5 into 8.5), else the file's rows. */
 static uint64_t wbytes(const struct kvf_weight *w)
 {
+    if (w->packed) return kvf__packed_bytes(w->type, w->rows, w->cols);
     return (uint64_t)w->rows * w->row_bytes;
 }
 

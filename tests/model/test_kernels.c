@@ -356,7 +356,10 @@ static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], f
     }
 }
 
-static float ref_kq(uint32_t type, const uint8_t *row, uint32_t nb, const int16_t *x, float xd)
+/* as_q8: Q5_0 packed as Q8_0 (kvf__q5_0_q8g_pack), whose recipe is Q8_0's on the weights
+ * q − 16 and the scale d. */
+static float ref_kq(uint32_t type, bool as_q8, const uint8_t *row, uint32_t nb, const int16_t *x,
+                    float xd)
 {
     float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++) {
@@ -364,8 +367,13 @@ static float ref_kq(uint32_t type, const uint8_t *row, uint32_t nb, const int16_
         float a[2], off;
         kq_block(type, row, b, q, a, &off);
         int32_t s[2] = {0, 0}, sx = 0;
-        for (int i = 0; i < 32; i++) s[i / 16] += q[i] * x[b * 32 + i], sx += x[b * 32 + i];
-        if (type == KVF_GGML_Q6_K) {
+        for (int i = 0; i < 32; i++) {
+            int w = as_q8 ? q[i] - 16 : q[i];
+            s[i / 16] += w * x[b * 32 + i], sx += x[b * 32 + i];
+        }
+        if (as_q8) {
+            acc = fmaf((float)(s[0] + s[1]), a[0], acc);
+        } else if (type == KVF_GGML_Q6_K) {
             acc = fmaf((float)s[0], a[0], acc);
             acc = fmaf((float)s[1], a[1], acc);
         } else {
@@ -422,8 +430,10 @@ static void test_kq_variants_match_reference(void)
     kvf_rng_seed(&r, kvf_test_seed());
     const struct kvf_kern *vs[3];
     uint32_t nv = variants(vs);
+    /* The last Q5_0 is packed as the model packs it, as Q8_0 (q8_rows); the first as
+     * struct kvf_q5g (q5_rows), which Q5_K shares. */
     const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q5_0, KVF_GGML_Q4_K, KVF_GGML_Q5_K,
-                              KVF_GGML_Q6_K};
+                              KVF_GGML_Q6_K, KVF_GGML_Q5_0};
     /* rows, blocks of 32, raw bytes */
     const uint32_t shapes[][3] = {{1, 8, 0}, {17, 8, 0}, {47, 16, 1}, {100, 8, 0}, {64, 24, 1},
                                   {33, 8, 1}};
@@ -433,15 +443,20 @@ static void test_kq_variants_match_reference(void)
     for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
         for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
             uint32_t type = types[ti], rows = shapes[si][0], nb = shapes[si][1], cols = nb * 32;
-            bool raw = shapes[si][2] != 0;
+            bool raw = shapes[si][2] != 0, as_q8 = ti == sizeof(types) / sizeof(types[0]) - 1;
             uint64_t row_bytes;
             ASSERT_OK(kvf_quant_row_bytes(type, cols, &row_bytes));
             uint8_t *w = malloc(rows * row_bytes);
             float *wf = malloc((size_t)cols * sizeof(float)), *deq = malloc((size_t)cols * sizeof(float));
             for (uint32_t k = 0; k < rows; k++) kq_row(&r, type, w + k * row_bytes, row_bytes, cols, k, raw, wf);
-            size_t pb = (kvf__packed_bytes(type, rows, cols) + 63) / 64 * 64;
+            /* kvf__packed_bytes gives Q5_0's size as the model packs it, as Q8_0. */
+            size_t pb = type == KVF_GGML_Q5_0 && !as_q8
+                            ? kvf__q8g_blocks(rows, nb) * sizeof(struct kvf_q5g)
+                            : kvf__packed_bytes(type, rows, cols);
+            pb = (pb + 63) / 64 * 64;
             void *packed = aligned_alloc(64, pb);
-            if (type == KVF_GGML_Q6_K) kvf__q6g_pack(w, row_bytes, rows, cols, packed);
+            if (as_q8) kvf__q5_0_q8g_pack((const void *)w, rows, nb, packed);
+            else if (type == KVF_GGML_Q6_K) kvf__q6g_pack(w, row_bytes, rows, cols, packed);
             else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
                 kvf__q5g_pack(type, w, row_bytes, rows, cols, packed);
             else kvf__q4g_pack(type, w, row_bytes, rows, cols, packed);
@@ -462,7 +477,7 @@ static void test_kq_variants_match_reference(void)
             for (uint32_t t = 0; t < MAX_NT; t++)
                 for (uint32_t k = 0; k < rows; k++) {
                     const int16_t *xt = x + (size_t)t * cols;
-                    float v = ref_kq(type, w + k * row_bytes, nb, xt, xd[t]);
+                    float v = ref_kq(type, as_q8, w + k * row_bytes, nb, xt, xd[t]);
                     want[t * rows + k] = v;
                     ASSERT_OK(kvf_dequant_row(type, w + k * row_bytes, deq, cols));
                     double exact = 0.0, mag = 0.0;
@@ -480,15 +495,18 @@ static void test_kq_variants_match_reference(void)
                     const float *wt = want + (size_t)(MAX_NT - nt) * rows;
                     for (uint32_t v = 0; v < nv; v++) {
                         for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
-                        if (type == KVF_GGML_Q6_K)
+                        if (as_q8)
+                            vs[v]->q8_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
+                        else if (type == KVF_GGML_Q6_K)
                             vs[v]->q6_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
                         else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
                             vs[v]->q5_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0, r1);
                         else
                             vs[v]->q4_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0, r1);
                         char what[64];
-                        snprintf(what, sizeof(what), "%s %s, nb %u%s", vs[v]->name,
-                                 kvf_ggml_type_name(type), nb, raw ? ", raw" : "");
+                        snprintf(what, sizeof(what), "%s %s%s, nb %u%s", vs[v]->name,
+                                 kvf_ggml_type_name(type), as_q8 ? " as Q8_0" : "", nb,
+                                 raw ? ", raw" : "");
                         ASSERT_TRUE(rows_match(what, got, wt, rows, nt, r0, r1));
                         cases++;
                     }
@@ -496,8 +514,8 @@ static void test_kq_variants_match_reference(void)
             free(w), free(wf), free(deq), free(packed), free(x), free(xd), free(xs), free(want),
                 free(got);
         }
-    printf("# Q4_0, Q5_0, Q4_K, Q5_K, Q6_K kernels equal to the reference in %u cases (%u "
-           "variants)\n", cases, nv);
+    printf("# Q4_0, Q5_0 (as kvf_q5g and as Q8_0), Q4_K, Q5_K, Q6_K kernels equal to the "
+           "reference in %u cases (%u variants)\n", cases, nv);
 }
 
 /* Q5_0 dequantization: a block built by hand from the format's definition (quant.h), then
