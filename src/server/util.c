@@ -97,6 +97,15 @@ void kvf__srv_engine_error(int err, struct kvf__srv_err *e)
     case -ENOMEM:
         kvf__srv_fail(e, 503, NULL, "out_of_memory", "the server is out of memory");
         break;
+    case KVF_E_PROTO_COUNT:
+    case KVF_E_PROTO_TRAILER:
+    case KVF_E_PROTO_CHECKSUM:
+        /* The prompt's pages failed the handoff's check (H6, H9, H10): a writer's fault, not the
+         * client's, and none of those bytes was read. Retrying is safe. */
+        kvf__srv_fail(e, 502, NULL, "kv_verification_failed",
+                      "the prompt's KV pages failed verification (%s); none of them was used",
+                      kvf_strerror(err));
+        break;
     default:
         kvf__srv_fail(e, 500, NULL, "internal_error", "the request failed (%s)",
                       kvf_strerror(err));

@@ -715,6 +715,20 @@ static void test_engine_errors(void)
     ASSERT_EQ_INT(r.status, 503);
     http_resp_free(&r);
     srv_stop(&s);
+    /* A handoff that failed its check is the writer's fault, named as such: 502, never a 500. */
+    static const int verify_errs[] = {KVF_E_PROTO_COUNT, KVF_E_PROTO_TRAILER, KVF_E_PROTO_CHECKSUM};
+    for (size_t i = 0; i < sizeof verify_errs / sizeof verify_errs[0]; i++) {
+        srv_init(&s);
+        s.f.end_err = verify_errs[i];
+        s.f.end_after = 0;
+        srv_start(&s);
+        http_do(s.port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":5}", &r);
+        ASSERT_EQ_INT(r.status, 502);
+        ASSERT_TRUE(strstr(r.body, "\"kv_verification_failed\"") != NULL);
+        ASSERT_TRUE(strstr(r.body, kvf_strerror(verify_errs[i])) != NULL);
+        http_resp_free(&r);
+        srv_stop(&s);
+    }
 }
 
 /* --- Disconnects become cancels, within about one poll interval. ---------------------------- */
