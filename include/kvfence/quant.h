@@ -52,6 +52,10 @@
  * has only the others): the type of the matrices a Q4_K_M file keeps at 5 bits where a row is
  * not whole 256-value super-blocks. */
 #define KVF_GGML_Q5_0 6u
+/* Likewise Q4_1 and Q5_1, the affine 32-value blocks: Q5_1 is what llama.cpp's Q5_K_M puts
+ * where a row is not whole super-blocks, Q4_1 what older Q4_1 and some Q4_K_S files hold. */
+#define KVF_GGML_Q4_1 3u
+#define KVF_GGML_Q5_1 7u
 
 struct kvf_block_q8_0 {
     uint16_t d;        /* scale, IEEE half */
@@ -67,6 +71,17 @@ struct kvf_block_q5_0 {
     uint16_t d;             /* scale, IEEE half */
     uint8_t qh[4];          /* the fifth bits: bit j of the little-endian word is element j's */
     uint8_t qs[KVF_QK / 2]; /* the low 4 bits, placed as Q4_0's */
+};
+
+struct kvf_block_q4_1 {
+    uint16_t d, m;          /* scale and minimum, IEEE halves */
+    uint8_t qs[KVF_QK / 2]; /* placed as Q4_0's */
+};
+
+struct kvf_block_q5_1 {
+    uint16_t d, m;          /* scale and minimum, IEEE halves */
+    uint8_t qh[4];          /* the fifth bits, as Q5_0's */
+    uint8_t qs[KVF_QK / 2]; /* the low 4 bits, as Q5_0's */
 };
 
 struct kvf_block_q4_k {
@@ -100,7 +115,8 @@ uint16_t kvf_f32_to_bf16(float f);
  * such as "Q4_K"), or "unknown". Never NULL. */
 const char *kvf_ggml_type_name(uint32_t type);
 
-/* True for the types kvfence reads: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K. */
+/* True for the types kvfence reads: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+ * Q6_K. */
 int kvf_ggml_type_supported(uint32_t type);
 
 /* Bytes of a row of n elements of `type` into *bytes. Returns 0, KVF_E_MODEL_UNSUPPORTED for
@@ -117,6 +133,9 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n);
 void kvf_quantize_row_q8_0(const float *src, struct kvf_block_q8_0 *dst, uint64_t n);
 void kvf_quantize_row_q4_0(const float *src, struct kvf_block_q4_0 *dst, uint64_t n);
 void kvf_quantize_row_q5_0(const float *src, struct kvf_block_q5_0 *dst, uint64_t n);
+/* Affine: each block's [min, max] mapped onto 0..15 (0..31), m the minimum as a half. */
+void kvf_quantize_row_q4_1(const float *src, struct kvf_block_q4_1 *dst, uint64_t n);
+void kvf_quantize_row_q5_1(const float *src, struct kvf_block_q5_1 *dst, uint64_t n);
 
 /* Quantizes n values (n a multiple of 256) into n/256 super-blocks at dst. A plain min-max
  * quantizer per sub-block (not GGML's iterative search): good enough for test models, and its

@@ -316,7 +316,7 @@ static int parse_tensor(kvf_gguf_t *g, struct cur *c, struct kvf_gguf_tensor *t,
     if (!kvf_ggml_type_supported(t->type))
         return kvf__gguf_fail(c->err, c->err_len, KVF_E_MODEL_UNSUPPORTED,
                               "tensor '%s': type %s (%u) is not supported (F32, F16, BF16, "
-                              "Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K are)",
+                              "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are)",
                               t->name, kvf_ggml_type_name(t->type), t->type);
     uint64_t row_bytes;
     rc = kvf_quant_row_bytes(t->type, t->ne[0], &row_bytes);

@@ -93,7 +93,13 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
         }
         /* A weight built by hand without the packed form: the row-at-a-time path below. */
         goto rows;
+    case KVF_GGML_Q5_1:
+        if (!W->packed) goto rows;
+        kvf__kern->q8m_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y,
+                            ldy, r0, r1);
+        return;
     case KVF_GGML_Q4_0:
+    case KVF_GGML_Q4_1:
     case KVF_GGML_Q4_K:
         if (!W->packed) goto rows;
         kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
@@ -129,7 +135,9 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
     case KVF_GGML_F32: return kvf__f32g_floats(rows, cols) * sizeof(float);
     case KVF_GGML_Q8_0: return groups * sizeof(struct kvf_q8g);
     case KVF_GGML_Q5_0: return groups * sizeof(struct kvf_q8g); /* kvf__q5_0_q8g_pack */
+    case KVF_GGML_Q5_1: return groups * sizeof(struct kvf_q8mg);
     case KVF_GGML_Q4_0:
+    case KVF_GGML_Q4_1:
     case KVF_GGML_Q4_K: return groups * sizeof(struct kvf_q4g);
     case KVF_GGML_Q5_K: return groups * sizeof(struct kvf_q5g);
     case KVF_GGML_Q6_K: return groups * sizeof(struct kvf_q6g);
@@ -137,7 +145,7 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
     }
 }
 
-/* Block blk (32 values) of a Q4_0, Q5_0, Q4_K or Q5_K row: its scale a, offset b (value =
+/* Block blk (32 values) of a Q4_0, Q4_1, Q5_0, Q4_K or Q5_K row: its scale a, offset b (value =
  * a · q + b, both exact in float) and its quants q[32] (0..15, or 0..31 for the 5-bit types), read
  * from the layouts of quant.h. */
 static void affine_block(uint32_t type, const uint8_t *row, uint32_t blk, float *a, float *b,
@@ -147,6 +155,13 @@ static void affine_block(uint32_t type, const uint8_t *row, uint32_t blk, float 
         const struct kvf_block_q4_0 *x = (const struct kvf_block_q4_0 *)row + blk;
         *a = kvf_fp16_to_f32(x->d);
         *b = -8.0f * *a;
+        for (int j = 0; j < KVF_QK / 2; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+        return;
+    }
+    if (type == KVF_GGML_Q4_1) {
+        const struct kvf_block_q4_1 *x = (const struct kvf_block_q4_1 *)row + blk;
+        *a = kvf_fp16_to_f32(x->d);
+        *b = kvf_fp16_to_f32(x->m);
         for (int j = 0; j < KVF_QK / 2; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
         return;
     }
@@ -300,6 +315,29 @@ void kvf__q5_0_q8g_pack(const struct kvf_block_q5_0 *src, uint32_t rows, uint32_
             g[b].d[lane] = src[(size_t)r * nb + b].d;
             for (uint32_t c = 0; c < KVF_QK; c++)
                 g[b].qs[32 * (c / 2) + 2 * lane + c % 2] = (int8_t)(q[c] - 16);
+        }
+    }
+}
+
+_Static_assert(sizeof(struct kvf_q8mg) == 9 * 64, "a packed Q5_1 block is 9 cache lines");
+
+void kvf__q5_1_q8mg_pack(const struct kvf_block_q5_1 *src, uint32_t rows, uint32_t nb,
+                         struct kvf_q8mg *dst)
+{
+    memset(dst, 0, kvf__q8g_blocks(rows, nb) * sizeof(*dst));
+    for (uint32_t r = 0; r < rows; r++) {
+        struct kvf_q8mg *g = dst + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        uint32_t lane = r % KVF_Q8G_ROWS;
+        for (uint32_t b = 0; b < nb; b++) {
+            const struct kvf_block_q5_1 *x = &src[(size_t)r * nb + b];
+            uint32_t h = (uint32_t)x->qh[0] | (uint32_t)x->qh[1] << 8 |
+                         (uint32_t)x->qh[2] << 16 | (uint32_t)x->qh[3] << 24;
+            g[b].d[lane] = x->d;
+            g[b].m[lane] = x->m;
+            for (uint32_t c = 0; c < KVF_QK; c++) {
+                uint32_t nib = c < 16 ? x->qs[c] & 15u : x->qs[c - 16] >> 4;
+                g[b].qs[32 * (c / 2) + 2 * lane + c % 2] = (int8_t)(nib | (h >> c & 1u) << 4);
+            }
         }
     }
 }

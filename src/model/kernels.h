@@ -78,11 +78,30 @@ void kvf__q5_0_q8g_pack(const struct kvf_block_q5_0 *src, uint32_t rows, uint32_
                         struct kvf_q8g *dst);
 
 /*
- * 4-bit weights (Q4_0, Q4_K) as the kernels read them: repacked once at load (kvf__q4g_pack)
- * into groups of 16 rows like Q8_0's, each 32-column block of a group one struct kvf_q4g: every
- * value of row r there is a[r] · q + b[r], q the unsigned 4-bit quant (Q4_0: a = d, b = −8d;
- * Q4_K: a = d · sc, b = −(dmin · m); both exact in float). The quants go by column pairs as
- * Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds row r's column 2p + k in its
+ * Q5_1 weights as the kernels read them (kvf__q5_1_q8mg_pack): Q8_0's layout with a minimum. A
+ * Q5_1 value is d · q + m with q in 0..31, so the quant itself is an int8 weight, and a block's
+ * product is the Q8_0 tiles' exact integer Σ q·x times d, plus m times the activations' block
+ * sum (struct kvf_act16) — the Q4 recipe below with a = d, b = m, on Q8_0's pair order. Both
+ * halves are kept as the file's fp16 bits. 576 bytes (9 cache lines) per 512 weights: 9 bits a
+ * weight against the 7 of struct kvf_q5g, for the Q8_0 tiles' speed in a batch (Q5_1 is what
+ * llama.cpp's Q5_K_M puts in every matrix whose rows are not whole super-blocks).
+ */
+struct kvf_q8mg {
+    uint16_t d[KVF_Q8G_ROWS];          /* each row's fp16 block scale */
+    uint16_t m[KVF_Q8G_ROWS];          /* each row's fp16 block minimum */
+    int8_t qs[KVF_Q8G_ROWS * KVF_QK]; /* qs[32 p + 2 r + k] = row r, column 2p + k: q, 0..31 */
+};
+
+/* Repacks rows × nb Q5_1 blocks (row r at src + r · nb) into dst (kvf__q8g_blocks of them). */
+void kvf__q5_1_q8mg_pack(const struct kvf_block_q5_1 *src, uint32_t rows, uint32_t nb,
+                         struct kvf_q8mg *dst);
+
+/*
+ * 4-bit weights (Q4_0, Q4_1, Q4_K) as the kernels read them: repacked once at load
+ * (kvf__q4g_pack) into groups of 16 rows like Q8_0's, each 32-column block of a group one struct
+ * kvf_q4g: every value of row r there is a[r] · q + b[r], q the unsigned 4-bit quant (Q4_0:
+ * a = d, b = −8d; Q4_1: a = d, b = m; Q4_K: a = d · sc, b = −(dmin · m); all exact in float).
+ * The quants go by column pairs as Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds row r's column 2p + k in its
  * low nibble and column 16 + 2p + k in its high one, so one 32-byte load widened to int16 and
  * masked is "pair p of all 16 rows", and shifted right by 4, pair p + 8. 384 bytes per 512
  * weights: 6 bits a weight, against Q8_0's 8.5.
@@ -117,17 +136,18 @@ struct kvf_q6g {
 };
 
 /* Whether the kernels have a packed form of `type` read against 16-bit activations (Q8_0, Q4_0,
- * Q5_0, Q4_K, Q5_K, Q6_K). */
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K). */
 static inline int kvf__packed_act16(uint32_t type)
 {
-    return type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q5_0 ||
-           type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K || type == KVF_GGML_Q6_K;
+    return type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q4_1 ||
+           type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_1 || type == KVF_GGML_Q4_K ||
+           type == KVF_GGML_Q5_K || type == KVF_GGML_Q6_K;
 }
 
 /* Bytes the packed form of a rows × cols weight of `type` takes (0: none). */
 size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols);
 
-/* Repacks a Q4_0 or Q4_K weight (rows of row_bytes at src) into dst (kvf__packed_bytes). */
+/* Repacks a Q4_0, Q4_1 or Q4_K weight (rows of row_bytes at src) into dst (kvf__packed_bytes). */
 void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
                    uint32_t cols, struct kvf_q4g *dst);
 /* Repacks a Q5_0 or Q5_K weight into dst. */
@@ -172,7 +192,8 @@ void kvf__f32g_pack(const float *src, size_t ws, uint32_t rows, uint32_t n, floa
  * activations' block sum, struct kvf_act16), acc = fma((float)s, a, acc), then
  * acc = fma((float)sx, b, acc); y = acc · d_x. The Q6 recipe (struct kvf_q6g): per block,
  * s0 and s1 the exact sums over columns 0-15 and 16-31, acc = fma((float)s0, a0, acc), then
- * acc = fma((float)s1, a1, acc); y = acc · d_x.
+ * acc = fma((float)s1, a1, acc); y = acc · d_x. The Q8m recipe (struct kvf_q8mg) is the Q4
+ * recipe with a = d and b = m, on int8 weights in Q8_0's order.
  */
 struct kvf_kern {
     const char *name;
@@ -200,6 +221,10 @@ struct kvf_kern {
                     uint32_t r1);
     void (*q6_rows)(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                     size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    /* Packed Q5_1 (struct kvf_q8mg): q8_rows with the block sums at xs, as q4_rows. */
+    void (*q8m_rows)(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, const float *xd,
+                     const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                     uint32_t r1);
     /* h[i] = x[i] as an IEEE half, rounded to nearest-even (kvf_f32_to_fp16's bits, NaN
      * included; tested), for i < n: K/V rows stored as halves. */
     void (*f16_row)(const float *x, uint16_t *h, uint32_t n);

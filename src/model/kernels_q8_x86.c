@@ -1,6 +1,8 @@
 /*
  * kernels_q8_x86.c — Q8_0 tiles for the "avx2" and "avx2+vnni" variants, and the quantizer of
- * their 16-bit activations (struct kvf_act16 in kernels.h).
+ * their 16-bit activations (struct kvf_act16 in kernels.h). The same tiles run Q5_1 packed with
+ * its minima (struct kvf_q8mg, MIN): one more fma per block, the token's block sum times the
+ * rows' minima, after the scale's.
  *
  * Both read the packed weights of kernels.h (struct kvf_q8g: 16 rows per group, a column pair
  * of all 16 rows in 32 bytes) and keep its per-pair recipe: per block, the exact integer sum of
@@ -19,6 +21,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kernels_x86.h"
@@ -42,40 +45,61 @@ static inline uint32_t group_mask(uint32_t g, uint32_t r0, uint32_t r1)
     return ((1u << hi) - 1) & ~((1u << lo) - 1);
 }
 
+/* Block b of a group of blocks of BB bytes: struct kvf_q8g (Q8_0, Q5_0) or, when MIN,
+ * struct kvf_q8mg (Q5_1: a minimum per row after the scales, the weights after it). The two
+ * begin with the same 16 scales. */
+#define Q8_BLOCK(w, BB, b) ((const uint8_t *)(w) + (size_t)(b) * (BB))
+#define Q8_QS(MIN) ((MIN) ? offsetof(struct kvf_q8mg, qs) : offsetof(struct kvf_q8g, qs))
+_Static_assert(offsetof(struct kvf_q8g, d) == 0 && offsetof(struct kvf_q8mg, d) == 0,
+               "both packed Q8 layouts begin with the scales");
+
 /* One group × T tokens (T ≤ 3), AVX2: 16 registers hold 2 × T integer and 2 × T float
- * accumulators (rows 0-7 and 8-15), the two widened halves of a pair and a token's pair. */
-AVX2 INLINE void q8g_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
-                          const float *xd, size_t ldx, float *y, size_t ldy, const int T,
-                          uint32_t mask)
+ * accumulators (rows 0-7 and 8-15), the two widened halves of a pair and a token's pair. With
+ * MIN, each block ends with a second fma, the token's block sum (xs, stride ldx / 32) times the
+ * rows' minima. */
+AVX2 INLINE void q8g_tile(const void *w, const size_t BB, const int MIN, uint32_t nb,
+                          const int16_t *x, const float *xd, const float *xs, size_t ldx,
+                          float *y, size_t ldy, const int T, uint32_t mask)
 {
+    const size_t lds = ldx / KVF_QK;
     __m256 acc[3][2];
     for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
-        const struct kvf_q8g *wb = w + b;
+        const uint8_t *wb = Q8_BLOCK(w, BB, b);
+        const int8_t *qs = (const int8_t *)(wb + Q8_QS(MIN));
         __m256i s[3][2];
         for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
         for (int p = 0; p < KVF_QK / 2; p++) {
-            __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p)));
-            __m256i hi =
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p + 16)));
+            __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * p)));
+            __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * p + 16)));
             for (int t = 0; t < T; t++) {
                 __m256i xv = _mm256_set1_epi32(act_pair(x + t * ldx + (size_t)b * KVF_QK + 2 * p));
                 s[t][0] = _mm256_add_epi32(s[t][0], _mm256_madd_epi16(lo, xv));
                 s[t][1] = _mm256_add_epi32(s[t][1], _mm256_madd_epi16(hi, xv));
             }
         }
-        __m256 dlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb->d));
-        __m256 dhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb->d + 8)));
+        __m256 dlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wb));
+        __m256 dhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wb + 16)));
         for (int t = 0; t < T; t++) {
             acc[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][0]), dlo, acc[t][0]);
             acc[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t][1]), dhi, acc[t][1]);
         }
+        if (MIN) {
+            const uint8_t *m = wb + offsetof(struct kvf_q8mg, m);
+            __m256 mlo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m));
+            __m256 mhi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + 16)));
+            for (int t = 0; t < T; t++) {
+                __m256 sx = _mm256_set1_ps(xs[t * lds + b]);
+                acc[t][0] = _mm256_fmadd_ps(sx, mlo, acc[t][0]);
+                acc[t][1] = _mm256_fmadd_ps(sx, mhi, acc[t][1]);
+            }
+        }
     }
     for (int t = 0; t < T; t++) {
-        __m256 xs = _mm256_set1_ps(xd[t]);
+        __m256 xdv = _mm256_set1_ps(xd[t]);
         float v[KVF_Q8G_ROWS];
-        _mm256_storeu_ps(v, _mm256_mul_ps(acc[t][0], xs));
-        _mm256_storeu_ps(v + 8, _mm256_mul_ps(acc[t][1], xs));
+        _mm256_storeu_ps(v, _mm256_mul_ps(acc[t][0], xdv));
+        _mm256_storeu_ps(v + 8, _mm256_mul_ps(acc[t][1], xdv));
         float *yt = y + t * ldy;
         if (mask == 0xffffu) memcpy(yt, v, sizeof(v));
         else
@@ -84,19 +108,42 @@ AVX2 INLINE void q8g_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x
     }
 }
 
+/* Rows [r0, r1) of a packed Q8 weight against every token, 3 tokens at a time. */
+AVX2 INLINE void q8g_rows(const void *w, const size_t BB, const int MIN, uint32_t nb,
+                          const int16_t *x, const float *xd, const float *xs, size_t ldx,
+                          uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+{
+    const size_t lds = ldx / KVF_QK;
+    for (uint32_t g = r0 / KVF_Q8G_ROWS; g * KVF_Q8G_ROWS < r1; g++) {
+        const uint8_t *wg = Q8_BLOCK(w, BB, (size_t)g * nb);
+        float *yg = y + (size_t)g * KVF_Q8G_ROWS;
+        uint32_t mask = group_mask(g, r0, r1), t = 0;
+        /* Each tile's block sums from its first token on (Q8_0: xs is NULL and never read). */
+#define XS_AT(t) (MIN ? xs + (t) * lds : xs)
+        for (; t + 3 <= nt; t += 3)
+            q8g_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, XS_AT(t), ldx, yg + t * ldy, ldy, 3,
+                     mask);
+        if (nt - t == 2)
+            q8g_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, XS_AT(t), ldx, yg + t * ldy, ldy, 2,
+                     mask);
+        if (nt - t == 1)
+            q8g_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, XS_AT(t), 0, yg + t * ldy, 0, 1, mask);
+#undef XS_AT
+    }
+}
+
 AVX2 void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
                             const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
                             uint32_t r0, uint32_t r1)
 {
-    for (uint32_t g = r0 / KVF_Q8G_ROWS; g * KVF_Q8G_ROWS < r1; g++) {
-        const struct kvf_q8g *wg = w + (size_t)g * nb;
-        float *yg = y + (size_t)g * KVF_Q8G_ROWS;
-        uint32_t mask = group_mask(g, r0, r1), t = 0;
-        for (; t + 3 <= nt; t += 3)
-            q8g_tile(wg, nb, x + t * ldx, xd + t, ldx, yg + t * ldy, ldy, 3, mask);
-        if (nt - t == 2) q8g_tile(wg, nb, x + t * ldx, xd + t, ldx, yg + t * ldy, ldy, 2, mask);
-        if (nt - t == 1) q8g_tile(wg, nb, x + t * ldx, xd + t, 0, yg + t * ldy, 0, 1, mask);
-    }
+    q8g_rows(w, sizeof(*w), 0, nb, x, xd, NULL, ldx, nt, y, ldy, r0, r1);
+}
+
+AVX2 void kvf__q8m_rows_avx2(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x,
+                             const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
+                             size_t ldy, uint32_t r0, uint32_t r1)
+{
+    q8g_rows(w, sizeof(*w), 1, nb, x, xd, xs, ldx, nt, y, ldy, r0, r1);
 }
 
 /* kvf_f32_to_fp16 eight at a time with F16C: vcvtps2ph rounds to nearest-even, makes
@@ -171,10 +218,12 @@ AVX2 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, float *s, ui
  * pf, when set, is how many blocks ahead each group's loads are prefetched into L2: one tile's
  * worth (R groups further on), the next tile's weights, fetched while this one computes.
  */
-VNNI INLINE void q8z_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
-                          size_t ldx, float *y, size_t ldy, const int R, const int T,
-                          const int S, size_t pf, const uint32_t *mask)
+VNNI INLINE void q8z_tile(const void *w, const size_t BB, const int MIN, uint32_t nb,
+                          const int16_t *x, const float *xd, const float *xs, size_t ldx,
+                          float *y, size_t ldy, const int R, const int T, const int S, size_t pf,
+                          const uint32_t *mask)
 {
+    const size_t lds = ldx / KVF_QK;
     __m512 acc[4][6];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
@@ -191,11 +240,11 @@ VNNI INLINE void q8z_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x
             for (int h = 0; h < S; h++) {
                 __m512i wv[4];
                 for (int r = 0; r < R; r++) {
-                    const struct kvf_q8g *wb = w + (size_t)r * nb + b;
+                    const uint8_t *wb = Q8_BLOCK(w, BB, (size_t)r * nb + b);
                     if (pf && ((p + h) & 1) == 0)
-                        _mm_prefetch((const char *)(wb + pf) + 32 * (p + h), _MM_HINT_T1);
+                        _mm_prefetch((const char *)wb + pf * BB + 32 * (p + h), _MM_HINT_T1);
                     wv[r] = _mm512_cvtepi8_epi16(
-                        _mm256_loadu_si256((const __m256i *)(wb->qs + 32 * (p + h))));
+                        _mm256_loadu_si256((const __m256i *)(wb + Q8_QS(MIN) + 32 * (p + h))));
                 }
                 for (int t = 0; t < T; t++) {
                     const int16_t *xt = xb + t * ldx;
@@ -206,20 +255,26 @@ VNNI INLINE void q8z_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x
             }
         }
         for (int r = 0; r < R; r++) {
-            const struct kvf_q8g *wb = w + (size_t)r * nb + b;
-            if (pf) _mm_prefetch((const char *)(wb + pf) + 512, _MM_HINT_T1);
-            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb->d));
+            const uint8_t *wb = Q8_BLOCK(w, BB, (size_t)r * nb + b);
+            if (pf) _mm_prefetch((const char *)wb + pf * BB + 512, _MM_HINT_T1);
+            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
             for (int t = 0; t < T; t++) {
                 __m512i st = S == 2 ? _mm512_add_epi32(s[0][r][t], s[1][r][t]) : s[0][r][t];
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), dw, acc[r][t]);
             }
+            if (MIN) {
+                __m512 mw = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(wb + offsetof(struct kvf_q8mg, m))));
+                for (int t = 0; t < T; t++)
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(xs[t * lds + b]), mw, acc[r][t]);
+            }
         }
     }
     for (int t = 0; t < T; t++) {
-        __m512 xs = _mm512_set1_ps(xd[t]);
+        __m512 xdv = _mm512_set1_ps(xd[t]);
         for (int r = 0; r < R; r++)
             _mm512_mask_storeu_ps(y + t * ldy + r * KVF_Q8G_ROWS, (__mmask16)mask[r],
-                                  _mm512_mul_ps(acc[r][t], xs));
+                                  _mm512_mul_ps(acc[r][t], xdv));
     }
 }
 
@@ -228,45 +283,49 @@ VNNI INLINE void q8z_tile(const struct kvf_q8g *w, uint32_t nb, const int16_t *x
  * with a literal 0 so that their code holds no prefetch and no test for one. */
 #define Q8Z_TOKENS(R)                                                                            \
     do {                                                                                         \
-        const struct kvf_q8g *wg = w + (size_t)g * nb;                                           \
+        const uint8_t *wg = Q8_BLOCK(w, BB, (size_t)g * nb);                                     \
         float *yg = y + (size_t)g * KVF_Q8G_ROWS;                                                \
         size_t pf = (size_t)(R) * nb;                                                            \
         uint32_t t = 0;                                                                          \
         if (nt >= 6) {                                                                           \
-            q8z_tile(wg, nb, x, xd, ldx, yg, ldy, R, 6, 1, pf, m);                               \
+            q8z_tile(wg, BB, MIN, nb, x, xd, xs, ldx, yg, ldy, R, 6, 1, pf, m);                  \
             t = 6;                                                                               \
             pf = 0;                                                                              \
         }                                                                                        \
         for (; t + 6 <= nt; t += 6)                                                              \
-            q8z_tile(wg, nb, x + t * ldx, xd + t, ldx, yg + t * ldy, ldy, R, 6, 1, 0, m);        \
+            q8z_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, MIN ? xs + t * lds : xs, ldx,        \
+                     yg + t * ldy, ldy, R, 6, 1, 0, m);                                          \
         const int16_t *xt = x + t * ldx;                                                         \
+        const float *st = MIN ? xs + t * lds : xs; /* Q8_0: NULL, never read */              \
         float *yt = yg + t * ldy;                                                                \
         switch (nt - t) {                                                                        \
-        case 5: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 5, 1, pf, m); break;               \
-        case 4: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 4, 1, pf, m); break;               \
-        case 3: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 3, 2, pf, m); break;               \
-        case 2: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 2, 2, pf, m); break;               \
-        case 1: q8z_tile(wg, nb, xt, xd + t, ldx, yt, ldy, R, 1, 2, pf, m); break;               \
+        case 5: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 5, 1, pf, m); break;  \
+        case 4: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 4, 1, pf, m); break;  \
+        case 3: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 3, 2, pf, m); break;  \
+        case 2: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 2, 2, pf, m); break;  \
+        case 1: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 1, 2, pf, m); break;  \
         default: break;                                                                          \
         }                                                                                        \
     } while (0)
 
-VNNI void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                            uint32_t r0, uint32_t r1)
+/* Rows [r0, r1) of a packed Q8 weight (BB, MIN: as q8g_tile) against every token. */
+VNNI INLINE void q8z_rows(const void *w, const size_t BB, const int MIN, uint32_t nb,
+                          const int16_t *x, const float *xd, const float *xs, size_t ldx,
+                          uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
+    const size_t lds = ldx / KVF_QK;
     uint32_t g = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;
     uint32_t m[4];
     if (nt == 1) {
         for (; g + 4 <= g1; g += 4) {
             for (int r = 0; r < 4; r++) m[r] = group_mask(g + r, r0, r1);
-            q8z_tile(w + (size_t)g * nb, nb, x, xd, 0, y + (size_t)g * KVF_Q8G_ROWS, 0, 4, 1, 2,
-                     4 * (size_t)nb, m);
+            q8z_tile(Q8_BLOCK(w, BB, (size_t)g * nb), BB, MIN, nb, x, xd, xs, 0,
+                     y + (size_t)g * KVF_Q8G_ROWS, 0, 4, 1, 2, 4 * (size_t)nb, m);
         }
         for (; g < g1; g++) {
             m[0] = group_mask(g, r0, r1);
-            q8z_tile(w + (size_t)g * nb, nb, x, xd, 0, y + (size_t)g * KVF_Q8G_ROWS, 0, 1, 1, 2,
-                     nb, m);
+            q8z_tile(Q8_BLOCK(w, BB, (size_t)g * nb), BB, MIN, nb, x, xd, xs, 0,
+                     y + (size_t)g * KVF_Q8G_ROWS, 0, 1, 1, 2, nb, m);
         }
         return;
     }
@@ -279,6 +338,20 @@ VNNI void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t 
         m[0] = group_mask(g, r0, r1);
         Q8Z_TOKENS(1);
     }
+}
+
+VNNI void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
+                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
+{
+    q8z_rows(w, sizeof(*w), 0, nb, x, xd, NULL, ldx, nt, y, ldy, r0, r1);
+}
+
+VNNI void kvf__q8m_rows_vnni(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x,
+                             const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
+                             size_t ldy, uint32_t r0, uint32_t r1)
+{
+    q8z_rows(w, sizeof(*w), 1, nb, x, xd, xs, ldx, nt, y, ldy, r0, r1);
 }
 
 #endif

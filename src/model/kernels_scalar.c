@@ -63,6 +63,34 @@ static void q8_rows(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, cons
     }
 }
 
+/* The Q8m recipe of kernels.h (packed Q5_1): Q8_0's integer sum times d, then the block sum of
+ * the activations times m. */
+static float dot_q8m(const struct kvf_q8mg *g, uint32_t r, const int16_t *x, float xd,
+                     const float *xs, uint32_t nb)
+{
+    float acc = 0.0f;
+    for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
+        int32_t s = 0;
+        for (uint32_t p = 0; p < KVF_QK / 2; p++)
+            s += g[b].qs[32 * p + 2 * r] * x[2 * p] + g[b].qs[32 * p + 2 * r + 1] * x[2 * p + 1];
+        acc = fmaf((float)s, kvf_fp16_to_f32(g[b].d[r]), acc);
+        acc = fmaf(xs[b], kvf_fp16_to_f32(g[b].m[r]), acc);
+    }
+    return acc * xd;
+}
+
+static void q8m_rows(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, const float *xd,
+                     const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                     uint32_t r1)
+{
+    for (uint32_t r = r0; r < r1; r++) {
+        const struct kvf_q8mg *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
+        for (uint32_t t = 0; t < nt; t++)
+            y[t * ldy + r] = dot_q8m(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t],
+                                     xs + t * (ldx / KVF_QK), nb);
+    }
+}
+
 /* The Q4 recipe of kernels.h for row r (lane r of its group) and one token; five: the quants
  * have their fifth bits in the words at qh (struct kvf_q5g), block b at w + b · block_bytes. */
 static float dot_q45(const uint8_t *w, size_t block_bytes, bool five, uint32_t r,
@@ -178,7 +206,8 @@ static void quant_a16(const float *x, int16_t *q, float *d, float *s, uint32_t n
 
 const struct kvf_kern kvf__kern_scalar = {
     .name = "scalar", .f32_rows = f32_rows, .f32g_rows = f32g_rows, .q8_rows = q8_rows,
-    .q4_rows = q4_rows, .q5_rows = q5_rows, .q6_rows = q6_rows, .f16_row = f16_row,
+    .q4_rows = q4_rows, .q5_rows = q5_rows, .q6_rows = q6_rows, .q8m_rows = q8m_rows,
+    .f16_row = f16_row,
     .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
     .attn_tok = kvf__attn_tok_scalar, .attn_segs = kvf__attn_segs_scalar,
     .rmsnorm = kvf__rmsnorm_scalar, .swiglu = kvf__swiglu_scalar,

@@ -63,6 +63,12 @@ void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, c
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+void kvf__q8m_rows_avx2(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, const float *xd,
+                        const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                        uint32_t r0, uint32_t r1);
+void kvf__q8m_rows_vnni(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, const float *xd,
+                        const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                        uint32_t r0, uint32_t r1);
 void kvf__f16_row_avx2(const float *x, uint16_t *h, uint32_t n);
 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, float *s, uint32_t n);
 

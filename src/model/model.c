@@ -187,7 +187,7 @@ static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
     return ws;
 }
 
-/* Gives every F32, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K and Q6_K matmul weight its packed copy
+/* Gives every F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matmul weight its packed copy
  * (kernels.h), all in one allocation (on huge pages where the kernel gives them: decode streams
  * all of it every step). The file's own bytes stay mapped for the token embedding, looked up row by row. */
 static int pack_weights(kvf_model_t *m)
@@ -212,7 +212,11 @@ static int pack_weights(kvf_model_t *m)
             case KVF_GGML_Q8_0:
                 kvf__q8g_pack(w->data, w->rows, w->cols / KVF_QK, (struct kvf_q8g *)at);
                 break;
+            case KVF_GGML_Q5_1:
+                kvf__q5_1_q8mg_pack(w->data, w->rows, w->cols / KVF_QK, (struct kvf_q8mg *)at);
+                break;
             case KVF_GGML_Q4_0:
+            case KVF_GGML_Q4_1:
             case KVF_GGML_Q4_K:
                 kvf__q4g_pack(w->type, w->data, w->row_bytes, w->rows, w->cols,
                               (struct kvf_q4g *)at);
@@ -350,7 +354,7 @@ void kvf_model_geometry(const kvf_model_t *m, uint32_t page_tokens, struct kvf_p
 }
 
 /* What a product reads of w: its packed copy where it has one (Q4_K packs 4.5 bits a weight
- * into 6, Q5_0 5.5 into 8.5), else the file's rows. */
+ * into 6, Q5_0 5.5 into 8.5, Q5_1 6 into 9), else the file's rows. */
 static uint64_t wbytes(const struct kvf_weight *w)
 {
     if (w->packed) return kvf__packed_bytes(w->type, w->rows, w->cols);

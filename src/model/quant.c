@@ -10,6 +10,8 @@
 _Static_assert(sizeof(struct kvf_block_q8_0) == 34, "Q8_0 block must be 34 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q4_0) == 18, "Q4_0 block must be 18 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q5_0) == 22, "Q5_0 block must be 22 bytes, no padding");
+_Static_assert(sizeof(struct kvf_block_q4_1) == 20, "Q4_1 block must be 20 bytes, no padding");
+_Static_assert(sizeof(struct kvf_block_q5_1) == 24, "Q5_1 block must be 24 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q4_k) == 144, "Q4_K block must be 144 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q5_k) == 176, "Q5_K block must be 176 bytes, no padding");
 _Static_assert(sizeof(struct kvf_block_q6_k) == 210, "Q6_K block must be 210 bytes, no padding");
@@ -101,8 +103,8 @@ const char *kvf_ggml_type_name(uint32_t type)
 int kvf_ggml_type_supported(uint32_t type)
 {
     return type == KVF_GGML_F32 || type == KVF_GGML_F16 || type == KVF_GGML_BF16 ||
-           type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q5_0 ||
-           type == KVF_GGML_Q4_K ||
+           type == KVF_GGML_Q8_0 || type == KVF_GGML_Q4_0 || type == KVF_GGML_Q4_1 ||
+           type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_1 || type == KVF_GGML_Q4_K ||
            type == KVF_GGML_Q5_K || type == KVF_GGML_Q6_K;
 }
 
@@ -125,6 +127,12 @@ int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes)
         break;
     case KVF_GGML_Q5_0:
         block = KVF_QK, block_bytes = sizeof(struct kvf_block_q5_0);
+        break;
+    case KVF_GGML_Q4_1:
+        block = KVF_QK, block_bytes = sizeof(struct kvf_block_q4_1);
+        break;
+    case KVF_GGML_Q5_1:
+        block = KVF_QK, block_bytes = sizeof(struct kvf_block_q5_1);
         break;
     case KVF_GGML_Q4_K:
         block = KVF_QK_K, block_bytes = sizeof(struct kvf_block_q4_k);
@@ -155,12 +163,11 @@ void kvf_kquant_scale_min(const uint8_t scales[12], int j, uint8_t *sc, uint8_t 
     }
 }
 
-/* A Q5_0 block's fifth bits as one word, bit j element j's (the bytes are little-endian
- * whatever the host's order). */
-static uint32_t q5_0_high(const struct kvf_block_q5_0 *b)
+/* A Q5_0 or Q5_1 block's fifth bits as one word, bit j element j's (the bytes are
+ * little-endian whatever the host's order). */
+static uint32_t q5_high(const uint8_t qh[4])
 {
-    return (uint32_t)b->qh[0] | (uint32_t)b->qh[1] << 8 | (uint32_t)b->qh[2] << 16 |
-           (uint32_t)b->qh[3] << 24;
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
 }
 
 /* The K-quant dequantizers: GGML's float operations in GGML's order. For Q4_K and Q5_K,
@@ -265,12 +272,38 @@ int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n)
         const struct kvf_block_q5_0 *b = src;
         for (uint64_t k = 0; k < n / KVF_QK; k++) {
             float d = kvf_fp16_to_f32(b[k].d);
-            uint32_t h = q5_0_high(&b[k]);
+            uint32_t h = q5_high(b[k].qh);
             for (int j = 0; j < KVF_QK / 2; j++) {
                 int q0 = (int)((b[k].qs[j] & 15u) | (h >> j & 1u) << 4) - 16;
                 int q1 = (int)((b[k].qs[j] >> 4) | (h >> (j + 16) & 1u) << 4) - 16;
                 dst[k * KVF_QK + j] = (float)q0 * d;
                 dst[k * KVF_QK + j + KVF_QK / 2] = (float)q1 * d;
+            }
+        }
+        break;
+    }
+    case KVF_GGML_Q4_1: {
+        /* q · d is exact (4 × 11 bits); the add of m is the one rounding, as GGML's. */
+        const struct kvf_block_q4_1 *b = src;
+        for (uint64_t k = 0; k < n / KVF_QK; k++) {
+            float d = kvf_fp16_to_f32(b[k].d), m = kvf_fp16_to_f32(b[k].m);
+            for (int j = 0; j < KVF_QK / 2; j++) {
+                dst[k * KVF_QK + j] = (float)(b[k].qs[j] & 15u) * d + m;
+                dst[k * KVF_QK + j + KVF_QK / 2] = (float)(b[k].qs[j] >> 4) * d + m;
+            }
+        }
+        break;
+    }
+    case KVF_GGML_Q5_1: {
+        const struct kvf_block_q5_1 *b = src;
+        for (uint64_t k = 0; k < n / KVF_QK; k++) {
+            float d = kvf_fp16_to_f32(b[k].d), m = kvf_fp16_to_f32(b[k].m);
+            uint32_t h = q5_high(b[k].qh);
+            for (int j = 0; j < KVF_QK / 2; j++) {
+                uint32_t q0 = (b[k].qs[j] & 15u) | (h >> j & 1u) << 4;
+                uint32_t q1 = (b[k].qs[j] >> 4) | (h >> (j + 16) & 1u) << 4;
+                dst[k * KVF_QK + j] = (float)q0 * d + m;
+                dst[k * KVF_QK + j + KVF_QK / 2] = (float)q1 * d + m;
             }
         }
         break;
@@ -352,6 +385,50 @@ void kvf_quantize_row_q5_0(const float *src, struct kvf_block_q5_0 *dst, uint64_
             q1 = q1 < 0 ? 0 : q1 > 31 ? 31 : q1;
             dst[k].qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
             h |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        for (int i = 0; i < 4; i++) dst[k].qh[i] = (uint8_t)(h >> (8 * i));
+    }
+}
+
+/* One affine block of 32 values onto 0..levels: d = (max - min) / levels and m = min as halves,
+ * each value's quant rounded against the halves and clamped (the rounding of d and m can push
+ * an end one step out). q[32] receives the quants. */
+static void quantize_affine_block(const float *x, int levels, uint16_t *d_out, uint16_t *m_out,
+                                  uint8_t q[KVF_QK])
+{
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < KVF_QK; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    *d_out = kvf_f32_to_fp16((hi - lo) / (float)levels);
+    *m_out = kvf_f32_to_fp16(lo);
+    float d = kvf_fp16_to_f32(*d_out), m = kvf_fp16_to_f32(*m_out);
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < KVF_QK; j++) {
+        long v = lrintf((x[j] - m) * id);
+        q[j] = (uint8_t)(v < 0 ? 0 : v > levels ? levels : v);
+    }
+}
+
+void kvf_quantize_row_q4_1(const float *src, struct kvf_block_q4_1 *dst, uint64_t n)
+{
+    uint8_t q[KVF_QK];
+    for (uint64_t k = 0; k < n / KVF_QK; k++) {
+        quantize_affine_block(src + k * KVF_QK, 15, &dst[k].d, &dst[k].m, q);
+        for (int j = 0; j < KVF_QK / 2; j++) dst[k].qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+    }
+}
+
+void kvf_quantize_row_q5_1(const float *src, struct kvf_block_q5_1 *dst, uint64_t n)
+{
+    uint8_t q[KVF_QK];
+    for (uint64_t k = 0; k < n / KVF_QK; k++) {
+        quantize_affine_block(src + k * KVF_QK, 31, &dst[k].d, &dst[k].m, q);
+        uint32_t h = 0;
+        for (int j = 0; j < KVF_QK / 2; j++) {
+            dst[k].qs[j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
+            h |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + 16] >> 4) << (j + 16);
         }
         for (int i = 0; i < 4; i++) dst[k].qh[i] = (uint8_t)(h >> (8 * i));
     }

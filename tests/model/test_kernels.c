@@ -316,6 +316,21 @@ static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], f
         a[0] = a[1] = kvf_fp16_to_f32(x->d);
         *off = -8.0f * a[0];
         for (int j = 0; j < 16; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+    } else if (type == KVF_GGML_Q4_1) {
+        const struct kvf_block_q4_1 *x = (const struct kvf_block_q4_1 *)row + b;
+        a[0] = a[1] = kvf_fp16_to_f32(x->d);
+        *off = kvf_fp16_to_f32(x->m);
+        for (int j = 0; j < 16; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+    } else if (type == KVF_GGML_Q5_1) {
+        const struct kvf_block_q5_1 *x = (const struct kvf_block_q5_1 *)row + b;
+        uint32_t h = x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 |
+                     (uint32_t)x->qh[3] << 24;
+        a[0] = a[1] = kvf_fp16_to_f32(x->d);
+        *off = kvf_fp16_to_f32(x->m);
+        for (int j = 0; j < 16; j++) {
+            q[j] = (x->qs[j] & 15) + 16 * (int)(h >> j & 1);
+            q[j + 16] = (x->qs[j] >> 4) + 16 * (int)(h >> (16 + j) & 1);
+        }
     } else if (type == KVF_GGML_Q5_0) {
         const struct kvf_block_q5_0 *x = (const struct kvf_block_q5_0 *)row + b;
         uint32_t h = q5_0_word(x);
@@ -397,6 +412,8 @@ static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_
                                    (kvf_rng_below(r, 2) ? 1.0f : -1.0f));
         /* The halves' offsets: d at 0 (and dmin at 2) but for Q6_K, whose d ends the block. */
         size_t bb = type == KVF_GGML_Q4_0   ? sizeof(struct kvf_block_q4_0)
+                    : type == KVF_GGML_Q4_1 ? sizeof(struct kvf_block_q4_1)
+                    : type == KVF_GGML_Q5_1 ? sizeof(struct kvf_block_q5_1)
                     : type == KVF_GGML_Q5_0 ? sizeof(struct kvf_block_q5_0)
                     : type == KVF_GGML_Q4_K ? sizeof(struct kvf_block_q4_k)
                     : type == KVF_GGML_Q5_K ? sizeof(struct kvf_block_q5_k)
@@ -404,7 +421,9 @@ static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_
         for (uint8_t *blk = dst; blk < dst + row_bytes; blk += bb) {
             if (type == KVF_GGML_Q6_K) memcpy(blk + bb - 2, &h[0], 2);
             else memcpy(blk, &h[0], 2);
-            if (type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K) memcpy(blk + 2, &h[1], 2);
+            if (type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K || type == KVF_GGML_Q4_1 ||
+                type == KVF_GGML_Q5_1)
+                memcpy(blk + 2, &h[1], 2); /* dmin, or Q4_1's and Q5_1's m */
         }
         return;
     }
@@ -413,13 +432,16 @@ static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_
     switch (type) {
     case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(wf, (void *)dst, cols); break;
     case KVF_GGML_Q5_0: kvf_quantize_row_q5_0(wf, (void *)dst, cols); break;
+    case KVF_GGML_Q4_1: kvf_quantize_row_q4_1(wf, (void *)dst, cols); break;
+    case KVF_GGML_Q5_1: kvf_quantize_row_q5_1(wf, (void *)dst, cols); break;
     case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(wf, (void *)dst, cols); break;
     case KVF_GGML_Q5_K: kvf_quantize_row_q5_k(wf, (void *)dst, cols); break;
     default: kvf_quantize_row_q6_k(wf, (void *)dst, cols); break;
     }
 }
 
-/* Every variant's Q4_0, Q5_0, Q4_K, Q5_K and Q6_K products equal the reference bit for bit,
+/* Every variant's Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K products equal the reference bit
+ * for bit (Q5_1 packed as the model packs it, struct kvf_q8mg, on the Q8_0 tiles with minima),
  * over row ranges inside groups and token counts that take every tile shape (1 to 8 tokens and
  * a remainder, up to 19); and the reference itself is the dot product of the dequantized row
  * (to float rounding), so the packing and the recipes read the values the file holds. The
@@ -432,8 +454,8 @@ static void test_kq_variants_match_reference(void)
     uint32_t nv = variants(vs);
     /* The last Q5_0 is packed as the model packs it, as Q8_0 (q8_rows); the first as
      * struct kvf_q5g (q5_rows), which Q5_K shares. */
-    const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q5_0, KVF_GGML_Q4_K, KVF_GGML_Q5_K,
-                              KVF_GGML_Q6_K, KVF_GGML_Q5_0};
+    const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q4_1, KVF_GGML_Q5_1, KVF_GGML_Q5_0,
+                              KVF_GGML_Q4_K, KVF_GGML_Q5_K, KVF_GGML_Q6_K, KVF_GGML_Q5_0};
     /* rows, blocks of 32, raw bytes */
     const uint32_t shapes[][3] = {{1, 8, 0}, {17, 8, 0}, {47, 16, 1}, {100, 8, 0}, {64, 24, 1},
                                   {33, 8, 1}};
@@ -456,6 +478,7 @@ static void test_kq_variants_match_reference(void)
             pb = (pb + 63) / 64 * 64;
             void *packed = aligned_alloc(64, pb);
             if (as_q8) kvf__q5_0_q8g_pack((const void *)w, rows, nb, packed);
+            else if (type == KVF_GGML_Q5_1) kvf__q5_1_q8mg_pack((const void *)w, rows, nb, packed);
             else if (type == KVF_GGML_Q6_K) kvf__q6g_pack(w, row_bytes, rows, cols, packed);
             else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
                 kvf__q5g_pack(type, w, row_bytes, rows, cols, packed);
@@ -497,6 +520,9 @@ static void test_kq_variants_match_reference(void)
                         for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
                         if (as_q8)
                             vs[v]->q8_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
+                        else if (type == KVF_GGML_Q5_1)
+                            vs[v]->q8m_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0,
+                                            r1);
                         else if (type == KVF_GGML_Q6_K)
                             vs[v]->q6_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
                         else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
@@ -514,7 +540,8 @@ static void test_kq_variants_match_reference(void)
             free(w), free(wf), free(deq), free(packed), free(x), free(xd), free(xs), free(want),
                 free(got);
         }
-    printf("# Q4_0, Q5_0 (as kvf_q5g and as Q8_0), Q4_K, Q5_K, Q6_K kernels equal to the "
+    printf("# Q4_0, Q4_1, Q5_1 (as kvf_q8mg), Q5_0 (as kvf_q5g and as Q8_0), Q4_K, Q5_K, Q6_K "
+           "kernels equal to the "
            "reference in %u cases (%u variants)\n", cases, nv);
 }
 
@@ -580,9 +607,98 @@ static void test_q5_0_layout(void)
     printf("# Q5_0: the hand-built block, 1280 random blocks and the quantizer's error\n");
 }
 
+/* Q4_1 and Q5_1 as GGML's loops read them: a block's fifth bits as one word whose bit j (j < 16)
+ * moved to bit 4 by a shift left and bit j + 16 by a shift right of 12, each quant times d plus
+ * m. Written apart from quant.c, in those loop shapes. */
+static void ref_dequant_x1(bool five, const uint8_t *blk, float y[32])
+{
+    uint16_t dh, mh;
+    memcpy(&dh, blk, 2);
+    memcpy(&mh, blk + 2, 2);
+    const float d = kvf_fp16_to_f32(dh), m = kvf_fp16_to_f32(mh);
+    uint32_t qh = 0;
+    if (five) memcpy(&qh, blk + 4, 4); /* little-endian host: x86 */
+    const uint8_t *qs = blk + (five ? 8 : 4);
+    for (int j = 0; j < 16; j++) {
+        const int h0 = five ? (int)((qh >> j) << 4 & 0x10) : 0;
+        const int h1 = five ? (int)((qh >> (j + 12)) & 0x10) : 0;
+        y[j] = (float)((qs[j] & 0x0f) | h0) * d + m;
+        y[j + 16] = (float)((qs[j] >> 4) | h1) * d + m;
+    }
+}
+
+/* Q4_1 and Q5_1 dequantization: a hand-built Q5_1 block from the format's definition, then
+ * random blocks (every quant, fifth bit and sign of d and m; finite halves) against the loop
+ * above, bit for bit; row sizes; and the quantizers' error within a step of the block's range. */
+static void test_q4_1_q5_1_layout(void)
+{
+    struct kvf_block_q5_1 b;
+    memset(&b, 0, sizeof(b));
+    b.d = kvf_f32_to_fp16(0.5f);
+    b.m = kvf_f32_to_fp16(-3.0f);
+    b.qs[0] = 0x3f;  /* value 0: low nibble 15; value 16: high nibble 3 */
+    b.qh[0] = 0x01;  /* value 0 takes 16 */
+    b.qh[3] = 0x80;  /* value 31 takes 16 */
+    float out[32];
+    ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_1, &b, out, 32));
+    ASSERT_TRUE(out[0] == 31 * 0.5f - 3.0f && out[16] == 3 * 0.5f - 3.0f);
+    ASSERT_TRUE(out[31] == 16 * 0.5f - 3.0f && out[1] == -3.0f);
+    uint64_t n;
+    ASSERT_OK(kvf_quant_row_bytes(KVF_GGML_Q5_1, 64, &n));
+    ASSERT_EQ_U64(n, 48);
+    ASSERT_OK(kvf_quant_row_bytes(KVF_GGML_Q4_1, 64, &n));
+    ASSERT_EQ_U64(n, 40);
+    ASSERT_ERR(kvf_quant_row_bytes(KVF_GGML_Q5_1, 48, &n), -EINVAL);
+    ASSERT_TRUE(kvf_ggml_type_supported(KVF_GGML_Q5_1) && kvf_ggml_type_supported(KVF_GGML_Q4_1));
+    ASSERT_STREQ(kvf_ggml_type_name(KVF_GGML_Q5_1), "Q5_1");
+    ASSERT_STREQ(kvf_ggml_type_name(KVF_GGML_Q4_1), "Q4_1");
+
+    struct kvf_rng r;
+    kvf_rng_seed(&r, kvf_test_seed());
+    enum { NB = 64 };
+    uint8_t raw[NB * sizeof(struct kvf_block_q5_1)];
+    float y[NB * 32], want[32], x[NB * 32];
+    uint32_t blocks = 0;
+    for (int rep = 0; rep < 40; rep++) {
+        const bool five = rep % 2 == 0;
+        const uint32_t type = five ? KVF_GGML_Q5_1 : KVF_GGML_Q4_1;
+        const size_t bb = five ? sizeof(struct kvf_block_q5_1) : sizeof(struct kvf_block_q4_1);
+        for (size_t i = 0; i < NB * bb; i++) raw[i] = (uint8_t)kvf_rng_below(&r, 256);
+        for (int k = 0; k < NB; k++)
+            for (int h = 0; h < 2; h++) { /* no Inf or NaN d or m */
+                uint16_t v;
+                memcpy(&v, raw + k * bb + 2 * h, 2);
+                if (v >> 10 == 31 || v >> 10 == 63) v &= 0x83ff;
+                memcpy(raw + k * bb + 2 * h, &v, 2);
+            }
+        ASSERT_OK(kvf_dequant_row(type, raw, y, NB * 32));
+        for (int k = 0; k < NB; k++, blocks++) {
+            ref_dequant_x1(five, raw + k * bb, want);
+            if (memcmp(want, y + 32 * k, sizeof(want)) != 0)
+                KVF_FAIL("%s block %d differs from the reference", five ? "Q5_1" : "Q4_1", k);
+        }
+        /* The quantizer: within a step of the block's range, plus the halves' rounding. */
+        for (int i = 0; i < NB * 32; i++) x[i] = (rand_unit(&r) + 0.5f) * (float)(1 + rep);
+        if (five) kvf_quantize_row_q5_1(x, (void *)raw, NB * 32);
+        else kvf_quantize_row_q4_1(x, (void *)raw, NB * 32);
+        ASSERT_OK(kvf_dequant_row(type, raw, y, NB * 32));
+        for (int k = 0; k < NB; k++) {
+            float lo = x[32 * k], hi = x[32 * k];
+            for (int j = 1; j < 32; j++)
+                lo = fminf(lo, x[32 * k + j]), hi = fmaxf(hi, x[32 * k + j]);
+            float step = (hi - lo) / (five ? 31.0f : 15.0f), amax = fmaxf(fabsf(lo), fabsf(hi));
+            for (int j = 0; j < 32; j++)
+                ASSERT_TRUE(fabsf(y[32 * k + j] - x[32 * k + j]) <= step + amax * 0x1p-9f);
+        }
+    }
+    printf("# Q4_1, Q5_1: the hand-built block, %u random blocks and the quantizers' error\n",
+           blocks);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_kq_variants_match_reference),
     KVF_CASE(test_q5_0_layout),
+    KVF_CASE(test_q4_1_q5_1_layout),
     KVF_CASE(test_rmsnorm_matches_scalar),
     KVF_CASE(test_f16_rows_match_scalar),
     KVF_CASE(test_f32_variants_match_reference),
