@@ -206,9 +206,13 @@ const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
  * are not whole 256-value super-blocks falls back to Q5_0 (for Q4_K) or Q8_0 (for Q6_K), and to
  * F16 where they are not whole 32-value blocks either, as llama.cpp's do. */
 #define KVF_MKMODEL_Q4_K_M 0x10000u
+/* The file type "Q5_K_M": the same choice with Q5_K in place of Q4_K, as llama.cpp's Q5_K_M; its
+ * fallback for Q5_K is Q5_1 (Q8_0 for Q6_K, F16 as above). */
+#define KVF_MKMODEL_Q5_K_M 0x10001u
 
 /* Writes a model of `shape` to `path`. type: KVF_GGML_F32, KVF_GGML_Q8_0 (a weight whose row
- * length is not a multiple of 32 stays F32) or KVF_MKMODEL_Q4_K_M for the 2-D weights. Norms
+ * length is not a multiple of 32 stays F32), KVF_MKMODEL_Q4_K_M or KVF_MKMODEL_Q5_K_M for the
+ * 2-D weights. Norms
  * and biases are F32. Memory use is a few rows, not the model. On failure no file is left at
  * `path` and `err` explains. */
 int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *shape, uint32_t type,

@@ -1,4 +1,4 @@
-/* `kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m] [--seed N]`:
+/* `kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m|q5_k_m] [--seed N]`:
  * writes a llama, qwen2 or qwen3 GGUF test model with seeded random weights and a byte-level SentencePiece vocab,
  * or the constructed "hist" model (src/model/mkmodel_hist.c). */
 #include <errno.h>
@@ -14,7 +14,7 @@
 
 static void mkmodel_usage(FILE *f)
 {
-    fprintf(f, "usage: kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m] "
+    fprintf(f, "usage: kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m|q5_k_m] "
                "[--seed N]\n\n"
                "Writes a standard GGUF with seeded random weights (scaled so activations\n"
                "stay near unit size) and a byte-level SentencePiece vocab: <unk>, <s>, </s>,\n"
@@ -36,8 +36,10 @@ static void mkmodel_usage(FILE *f)
                "the others and all norms stay f32. --type q4_k_m mixes as llama.cpp's Q4_K_M:\n"
                "Q6_K for the output projection (the embedding when tied) and for attn_v and\n"
                "ffn_down of the first and last eighth of the layers and every third between,\n"
-               "Q4_K elsewhere; rows not whole 256-value super-blocks take Q4_0 for Q4_K and\n"
-               "Q8_0 for Q6_K. Default type f32, seed 1.\n");
+               "Q4_K elsewhere; rows not whole 256-value super-blocks take Q5_0 for Q4_K and\n"
+               "Q8_0 for Q6_K (F16 where not whole 32-value blocks). --type q5_k_m is\n"
+               "llama.cpp's Q5_K_M: the same with Q5_K for Q4_K, and Q5_1 its fallback.\n"
+               "Default type f32, seed 1.\n");
 }
 
 int kvf_cmd_mkmodel(int argc, char **argv)
@@ -90,8 +92,11 @@ int kvf_cmd_mkmodel(int argc, char **argv)
         type = KVF_GGML_Q8_0;
     } else if (strcmp(type_name, "q4_k_m") == 0) {
         type = KVF_MKMODEL_Q4_K_M;
+    } else if (strcmp(type_name, "q5_k_m") == 0) {
+        type = KVF_MKMODEL_Q5_K_M;
     } else {
-        fprintf(stderr, "kvfence mkmodel: unknown type '%s' (f32, q8_0, q4_k_m)\n", type_name);
+        fprintf(stderr, "kvfence mkmodel: unknown type '%s' (f32, q8_0, q4_k_m, q5_k_m)\n",
+                type_name);
         return 2;
     }
     struct timespec t0, t1;

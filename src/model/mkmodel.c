@@ -20,7 +20,9 @@
  * use_more_bits() picks, Q4_K for every other 2-D weight. A weight whose rows are not whole
  * 256-value super-blocks takes llama.cpp's fallback: Q5_0 in place of Q4_K, Q8_0 in place of
  * Q6_K, and F16 where the rows are not whole 32-value blocks either. So smol135m's rows of 576
- * give a file of mostly Q5_0, as a downloaded SmolLM2-135M Q4_K_M is. */
+ * give a file of mostly Q5_0, as a downloaded SmolLM2-135M Q4_K_M is. --type q5_k_m is llama.cpp's
+ * Q5_K_M, the same choice with Q5_K in place of Q4_K, and Q5_1 its fallback (a SmolLM2-135M
+ * Q5_K_M is mostly Q5_1). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,7 +107,9 @@ static int gen_row(void *ctx, uint64_t row, void *dst, size_t row_bytes)
     case KVF_GGML_Q8_0: kvf_quantize_row_q8_0(x, dst, g->n); break;
     case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(x, dst, g->n); break;
     case KVF_GGML_Q5_0: kvf_quantize_row_q5_0(x, dst, g->n); break;
+    case KVF_GGML_Q5_1: kvf_quantize_row_q5_1(x, dst, g->n); break;
     case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(x, dst, g->n); break;
+    case KVF_GGML_Q5_K: kvf_quantize_row_q5_k(x, dst, g->n); break;
     case KVF_GGML_Q6_K: kvf_quantize_row_q6_k(x, dst, g->n); break;
     case KVF_GGML_F16:
         for (uint64_t i = 0; i < g->n; i++)
@@ -131,23 +135,24 @@ struct build {
     int rc;
 };
 
-/* llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in Q4_K_M: the
- * first and last eighth, and every third layer between. */
+/* llama.cpp's choice of the layers whose attn_v and ffn_down get more bits in Q4_K_M and
+ * Q5_K_M: the first and last eighth, and every third layer between. */
 static bool use_more_bits(uint32_t layer, uint32_t n_layers)
 {
     return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
 }
 
 /* The tensor type of a 2-D weight with rows of ne0 under the file type b->type: `more` asks
- * for Q6_K rather than Q4_K in a Q4_K_M file. Rows that are not whole super-blocks take
- * llama.cpp's fallback for the K-quant type (Q4_K: Q5_0, Q6_K: Q8_0), and F16 when they are
- * not whole 32-value blocks either. */
+ * for Q6_K rather than the file's K-quant (Q4_K in a Q4_K_M file, Q5_K in a Q5_K_M one). Rows
+ * that are not whole super-blocks take llama.cpp's fallback for the K-quant type (Q4_K: Q5_0,
+ * Q5_K: Q5_1, Q6_K: Q8_0), and F16 when they are not whole 32-value blocks either. */
 static uint32_t mat_type(const struct build *b, uint64_t ne0, bool more)
 {
     if (b->type == KVF_GGML_Q8_0) return ne0 % KVF_QK == 0 ? KVF_GGML_Q8_0 : KVF_GGML_F32;
-    if (b->type != KVF_MKMODEL_Q4_K_M) return KVF_GGML_F32;
-    if (ne0 % KVF_QK_K == 0) return more ? KVF_GGML_Q6_K : KVF_GGML_Q4_K;
-    if (ne0 % KVF_QK == 0) return more ? KVF_GGML_Q8_0 : KVF_GGML_Q5_0;
+    if (b->type != KVF_MKMODEL_Q4_K_M && b->type != KVF_MKMODEL_Q5_K_M) return KVF_GGML_F32;
+    const bool q5 = b->type == KVF_MKMODEL_Q5_K_M;
+    if (ne0 % KVF_QK_K == 0) return more ? KVF_GGML_Q6_K : q5 ? KVF_GGML_Q5_K : KVF_GGML_Q4_K;
+    if (ne0 % KVF_QK == 0) return more ? KVF_GGML_Q8_0 : q5 ? KVF_GGML_Q5_1 : KVF_GGML_Q5_0;
     return KVF_GGML_F16;
 }
 
@@ -228,8 +233,12 @@ static int add_hparams(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, 
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
     int rc = kvf_gguf_writer_add_str(w, "general.architecture", arch, strlen(arch));
     if (rc == 0) rc = kvf_gguf_writer_add_str(w, "general.name", s->name, strlen(s->name));
-    /* general.file_type: 0 is all F32, 7 mostly Q8_0, 15 Q4_K_M (llama.cpp's numbering). */
-    uint32_t ftype = type == KVF_GGML_F32 ? 0 : type == KVF_MKMODEL_Q4_K_M ? 15 : 7;
+    /* general.file_type: 0 is all F32, 7 mostly Q8_0, 15 Q4_K_M, 17 Q5_K_M (llama.cpp's
+     * numbering). */
+    uint32_t ftype = type == KVF_GGML_F32         ? 0
+                     : type == KVF_MKMODEL_Q4_K_M ? 15
+                     : type == KVF_MKMODEL_Q5_K_M ? 17
+                                                  : 7;
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "general.file_type", ftype);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("vocab_size"), s->n_vocab);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("context_length"), s->n_ctx);
@@ -258,7 +267,8 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
     if (s && s->name && strcmp(s->name, kvf__mkmodel_hist_shape.name) == 0)
         return kvf__mkmodel_hist_write(path, type, err, err_len);
     if (!path || !s ||
-        (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0 && type != KVF_MKMODEL_Q4_K_M) ||
+        (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0 && type != KVF_MKMODEL_Q4_K_M &&
+         type != KVF_MKMODEL_Q5_K_M) ||
         s->n_heads == 0 || s->n_kv_heads == 0 || (!s->head_dim && s->dim % s->n_heads != 0) ||
         s->n_heads % s->n_kv_heads != 0 ||
         (s->arch && strcmp(s->arch, "qwen2") != 0 && strcmp(s->arch, "qwen3") != 0) ||

@@ -97,6 +97,16 @@ static void test_reference_q4_k_m_fallbacks(void)
     check_reference("tiny", KVF_MKMODEL_Q4_K_M, 20, 40, 1e-2);
 }
 
+/* The Q5_K_M mix: ktiny's rows are whole super-blocks (Q5_K and Q6_K); s15m's rows of 288 take
+ * Q5_1 for Q5_K (and Q8_0 for the more-bits attn_v and the tied embedding) with Q5_K and Q6_K in
+ * ffn_down; tiny's take Q5_1 and Q8_0, with F16 in ffn_down. */
+static void test_reference_q5_k_m(void)
+{
+    check_reference("ktiny", KVF_MKMODEL_Q5_K_M, 20, 40, 1e-2);
+    check_reference("s15m", KVF_MKMODEL_Q5_K_M, 5, 8, 1e-2);
+    check_reference("tiny", KVF_MKMODEL_Q5_K_M, 20, 40, 1e-2);
+}
+
 static void test_reference_qwen2(void)
 {
     check_reference("qwen2-tiny", KVF_GGML_F32, 20, 40, 1e-4);
@@ -164,6 +174,30 @@ static void test_arch_and_mix_loaded(void)
     ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_F16);
     ASSERT_EQ_INT(tm.m->layers[1].w_down.type, KVF_GGML_F16);
     ASSERT_EQ_INT(tm.m->output.type, KVF_GGML_Q8_0);
+    tmodel_close(&tm);
+    /* Q5_K_M: smol135m mostly Q5_1, as a downloaded SmolLM2-135M Q5_K_M is; ffn_down Q5_K or
+     * Q6_K; ktiny Q5_K and Q6_K. */
+    tmodel_open(&tm, "smol135m", KVF_MKMODEL_Q5_K_M, 7);
+    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[0].wk.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[0].wo.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[0].w_gate.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[0].w_up.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[3].wv.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[0].wv.type, KVF_GGML_Q8_0);
+    ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_Q6_K);
+    ASSERT_EQ_INT(tm.m->layers[3].w_down.type, KVF_GGML_Q5_K);
+    ASSERT_EQ_INT(tm.m->tok_embd.type, KVF_GGML_Q8_0);
+    tmodel_close(&tm);
+    tmodel_open(&tm, "ktiny", KVF_MKMODEL_Q5_K_M, 7);
+    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q5_K);
+    ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_Q5_K);
+    ASSERT_EQ_INT(tm.m->layers[1].w_down.type, KVF_GGML_Q6_K);
+    ASSERT_EQ_INT(tm.m->output.type, KVF_GGML_Q6_K);
+    tmodel_close(&tm);
+    tmodel_open(&tm, "tiny", KVF_MKMODEL_Q5_K_M, 7);
+    ASSERT_EQ_INT(tm.m->layers[0].wq.type, KVF_GGML_Q5_1);
+    ASSERT_EQ_INT(tm.m->layers[0].w_down.type, KVF_GGML_F16);
     tmodel_close(&tm);
 }
 
@@ -370,8 +404,11 @@ static void test_invariance_qwen_kquant(void)
     check_invariance_shape("qwen2-tiny", KVF_MKMODEL_Q4_K_M);
     check_invariance_shape("qwen3-tiny", KVF_MKMODEL_Q4_K_M);
     tpool_kv_bytes = 4;
-    /* And the fallbacks (Q5_0, Q8_0, F16 rows) of tiny's Q4_K_M file. */
+    /* And the fallbacks (Q5_0, Q8_0, F16 rows) of tiny's Q4_K_M file, and (Q5_1, Q8_0, F16) of
+     * its Q5_K_M file; ktiny's Q5_K_M (Q5_K, Q6_K). */
     check_invariance_shape("tiny", KVF_MKMODEL_Q4_K_M);
+    check_invariance_shape("tiny", KVF_MKMODEL_Q5_K_M);
+    check_invariance_shape("ktiny", KVF_MKMODEL_Q5_K_M);
 }
 
 static void test_invariance_f32(void)
@@ -826,6 +863,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
     KVF_CASE(test_variants_agree_f32),  KVF_CASE(test_quant_matches),
     KVF_CASE(test_reference_ktiny_q4_k_m), KVF_CASE(test_reference_q4_k_m_fallbacks),
+    KVF_CASE(test_reference_q5_k_m),
     KVF_CASE(test_reference_qwen2),
     KVF_CASE(test_reference_qwen3),     KVF_CASE(test_arch_and_mix_loaded),
     KVF_CASE(test_arch_refused),        KVF_CASE(test_invariance_qwen_kquant),
