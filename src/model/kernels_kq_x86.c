@@ -222,24 +222,6 @@ AVX2 void kvf__q6_rows_avx2(const struct kvf_q6g *w, uint32_t nb, const int16_t 
 
 /* ---- AVX-512 VNNI ----------------------------------------------------------------------- */
 
-/* Block b of the T tokens' activations, for a tile to read at fixed offsets: copied into
- * stage (and their block sums into sx, if given), or for one token read in place. Left to
- * address each token's row itself, a tile of 8 tokens kept a pointer per token and pair and
- * spilled them all (hundreds of stack moves per block); the copy is one load and one store per
- * token and block. */
-VNNI INLINE const int16_t *stage_block(int16_t (*stage)[KVF_QK], float *sx, const int16_t *x,
-                                       const float *xs, size_t ldx, uint32_t b, const int T)
-{
-    if (T == 1) return x + (size_t)b * KVF_QK;
-    const int16_t *xp = x + (size_t)b * KVF_QK;
-    const float *sp = sx ? xs + b : NULL;
-    _Pragma("GCC unroll 1") for (int t = 0; t < T; t++, xp += ldx) {
-        _mm512_store_si512((void *)stage[t], _mm512_loadu_si512((const void *)xp));
-        if (sx) sx[t] = *sp, sp += ldx / KVF_QK;
-    }
-    return stage[0];
-}
-
 /* R groups × T tokens of 4- or 5-bit weights (BB: the block's bytes, FIVE: whether it holds
  * fifth bits). S = 2 sums each pair p and p + 8 apart. pf: blocks ahead to prefetch each group's
  * data into L2 (0: none). */
@@ -253,15 +235,14 @@ VNNI INLINE void q45z_tile(const void *w, const size_t BB, const int FIVE, uint3
     __m512 acc[4][8];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    _Alignas(64) int16_t stage[8][KVF_QK];
-    float sx[8];
+    const size_t lds = ldx / KVF_QK;
     for (uint32_t b = 0; b < nb; b++) {
         __m512i s[2][4][8];
         for (int h = 0; h < S; h++)
             for (int r = 0; r < R; r++)
                 for (int t = 0; t < T; t++) s[h][r][t] = _mm512_setzero_si512();
-        const int16_t *xb = stage_block(stage, sx, x, xs, ldx, b, T);
-        const size_t ldb = T == 1 ? 0 : KVF_QK;
+        const int16_t *xb = x + (size_t)b * KVF_QK;
+        const size_t ldb = T == 1 ? 0 : ldx;
         _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {
             __m512i v[4], u[4];
             for (int r = 0; r < R; r++) {
@@ -297,7 +278,7 @@ VNNI INLINE void q45z_tile(const void *w, const size_t BB, const int FIVE, uint3
             for (int t = 0; t < T; t++) {
                 __m512i st = S == 2 ? _mm512_add_epi32(s[0][r][t], s[1][r][t]) : s[0][r][t];
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), a, acc[r][t]);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(T == 1 ? xs[b] : sx[t]), off, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(_mm512_set1_ps(xs[t * lds + b]), off, acc[r][t]);
             }
         }
     }
@@ -318,10 +299,9 @@ VNNI INLINE void q6z_tile(const struct kvf_q6g *w, uint32_t nb, const int16_t *x
     __m512 acc[4][8];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    _Alignas(64) int16_t stage[8][KVF_QK];
     for (uint32_t b = 0; b < nb; b++) {
-        const int16_t *xb = stage_block(stage, NULL, x, NULL, ldx, b, T);
-        const size_t ldb = T == 1 ? 0 : KVF_QK;
+        const int16_t *xb = x + (size_t)b * KVF_QK;
+        const size_t ldb = T == 1 ? 0 : ldx;
         for (int half = 0; half < 2; half++) {
             __m512i s[2][4][8];
             for (int h = 0; h < S; h++)
