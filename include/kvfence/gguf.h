@@ -190,6 +190,9 @@ struct kvf_mkmodel_shape {
     bool tied_output; /* no output.weight: the output projection is token_embd.weight */
     const char *arch; /* general.architecture: "llama" (NULL), "qwen2" or "qwen3" */
     uint32_t head_dim; /* written as <arch>.attention.key_length; 0: dim / n_heads */
+    bool rope_scaled;  /* RoPE base 500000, Llama 3's per-pair factors (rope_freqs.weight: 8, low
+                          1, high 4) over an original context of 64 tokens, and a linear scaling
+                          of 2 (<arch>.rope.scaling.type) */
 };
 
 /* tiny (64/2/4/2/172/512/2048, untied output), s15m (288/6/6/6/768/32000/2048, tied),
@@ -197,7 +200,8 @@ struct kvf_mkmodel_shape {
  * weights and a word vocabulary, see docs/TEST_MODELS.md; the seed is unused), and three whose
  * widths are whole K-quant super-blocks: ktiny (llama 256/2/4/2/512/512/2048, untied),
  * qwen2-tiny (256/2/4/2/512/512/2048, tied, Q/K/V biases), qwen3-tiny (256/2/4/2/768/512/2048,
- * untied, heads of 128 so q_dim 512 ≠ dim, Q/K norms); or NULL for an unknown name. */
+ * untied, heads of 128 so q_dim 512 ≠ dim, Q/K norms), rope-tiny (ktiny's widths with every RoPE
+ * scaling kvfence reads: rope_scaled); or NULL for an unknown name. */
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
 
 /* The file type "Q4_K_M" for kvf_mkmodel_write (not a tensor type): the 2-D weights mostly

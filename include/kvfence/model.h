@@ -75,6 +75,10 @@ struct kvf_model_hparams {
     uint32_t n_ctx;      /* trained context length */
     float rms_eps;       /* RMSNorm epsilon */
     float rope_base;     /* RoPE frequency base */
+    float rope_pos_scale; /* positions are multiplied by this before RoPE: 1, or 1 / the factor
+                             of <arch>.rope.scaling.type "linear" */
+    bool rope_freq_factors; /* the file's rope_freqs.weight divides each pair's angle (llama 3.1
+                               and 3.2's long-context factors) */
     uint32_t arch;       /* enum kvf_model_arch */
     bool rope_halves;    /* RoPE rotates pairs (i, i + head_dim/2) (GGML's "neox" mode: qwen2,
                             qwen3) rather than adjacent pairs (2i, 2i+1) (llama) */

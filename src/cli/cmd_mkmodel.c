@@ -32,6 +32,8 @@ static void mkmodel_usage(FILE *f)
                "  qwen2-tiny  256/2/4/2/512/512/2048, qwen2: Q/K/V biases (output tied)\n"
                "  qwen3-tiny  256/2/4/2/768/512/2048, qwen3: heads of 128 (q_dim 512), Q/K\n"
                "              norms (separate output.weight)\n"
+               "  rope-tiny   256/2/4/2/512/512/2048, llama with scaled RoPE: base 500000,\n"
+               "              Llama 3's per-pair factors (rope_freqs.weight) and linear 2\n"
                "--type q8_0 quantizes every 2-D weight whose rows are whole 32-value blocks;\n"
                "the others and all norms stay f32. --type q4_k_m mixes as llama.cpp's Q4_K_M:\n"
                "Q6_K for the output projection (the embedding when tied) and for attn_v and\n"
@@ -81,7 +83,7 @@ int kvf_cmd_mkmodel(int argc, char **argv)
     if (!shape) {
         fprintf(stderr,
                 "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m, hist, ktiny, "
-                "qwen2-tiny, qwen3-tiny)\n",
+                "qwen2-tiny, qwen3-tiny, rope-tiny)\n",
                 shape_name);
         return 2;
     }

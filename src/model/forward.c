@@ -466,11 +466,15 @@ static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
 
 /* --- The pass. ----------------------------------------------------------------------------- */
 
-/* cos and sin of pos × base^(-2i/hd) for each pair i, computed in double from (pos, i) alone. */
-static void rope_table(float *dst, uint32_t pos, uint32_t hd, float base)
+/* cos and sin of pos × scale × base^(-2i/hd) / factor_i for each pair i (scale 1 and factors 1
+ * unless the file scales its RoPE), computed in double from (pos, i) alone. */
+static void rope_table(float *dst, uint32_t pos, const kvf_model_t *m)
 {
+    uint32_t hd = m->hp.head_dim;
+    double base = m->hp.rope_base, p = (double)pos * m->hp.rope_pos_scale;
     for (uint32_t i = 0; i < hd / 2; i++) {
-        double ang = (double)pos * pow((double)base, -2.0 * i / hd);
+        double ang = p * pow(base, -2.0 * i / hd);
+        if (m->rope_factors) ang /= m->rope_factors[i];
         dst[2 * i] = (float)cos(ang);
         dst[2 * i + 1] = (float)sin(ang);
     }
@@ -521,7 +525,7 @@ static void embed_rows(struct job *j, uint32_t lo, uint32_t hi)
         const uint8_t *row =
             (const uint8_t *)m->tok_embd.data + (size_t)f->tok_id[t] * m->tok_embd.row_bytes;
         kvf_dequant_row(m->tok_embd.type, row, f->x + (size_t)t * dim, dim);
-        rope_table(f->rope + (size_t)t * hd, f->tok_pos[t], hd, m->hp.rope_base);
+        rope_table(f->rope + (size_t)t * hd, f->tok_pos[t], m);
     }
 }
 

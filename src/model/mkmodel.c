@@ -34,12 +34,13 @@
 #include "kvfence/quant.h"
 
 static const struct kvf_mkmodel_shape shapes[] = {
-    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false, NULL, 0},
-    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true, NULL, 0},
-    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true, NULL, 0},
-    {"ktiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0},
-    {"qwen2-tiny", 256, 2, 4, 2, 512, 512, 2048, true, "qwen2", 0},
-    {"qwen3-tiny", 256, 2, 4, 2, 768, 512, 2048, false, "qwen3", 128},
+    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false, NULL, 0, false},
+    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true, NULL, 0, false},
+    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true, NULL, 0, false},
+    {"ktiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0, false},
+    {"qwen2-tiny", 256, 2, 4, 2, 512, 512, 2048, true, "qwen2", 0, false},
+    {"qwen3-tiny", 256, 2, 4, 2, 768, 512, 2048, false, "qwen3", 128, false},
+    {"rope-tiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0, true},
 };
 
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name)
@@ -251,12 +252,33 @@ static int add_hparams(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, 
     if (rc == 0 && s->head_dim) rc = kvf_gguf_writer_add_u32(w, KEY("attention.value_length"), hd);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("rope.dimension_count"), hd);
     /* Qwen's own base, so that the halves RoPE is tested at the base those models use. */
-    float base = s->arch ? 1000000.0f : 10000.0f;
+    float base = s->arch ? 1000000.0f : s->rope_scaled ? 500000.0f : 10000.0f;
     if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("rope.freq_base"), base);
+    if (rc == 0 && s->rope_scaled) rc = kvf_gguf_writer_add_str(w, KEY("rope.scaling.type"), "linear", 6);
+    if (rc == 0 && s->rope_scaled) rc = kvf_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), 2.0f);
     float eps = s->arch ? 1e-6f : 1e-5f;
     if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps);
 #undef KEY
     return rc;
+}
+
+/* Llama 3's RoPE factors as its converters compute them from rope_scaling (factor, low and high
+ * frequency factors, original context): 1 for pairs whose wavelength is under orig / high,
+ * `factor` for those over orig / low, and a smooth blend between. */
+static void llama3_rope_factors(float *out, uint32_t hd, double base, double factor, double low,
+                                double high, double orig)
+{
+    for (uint32_t i = 0; i < hd / 2; i++) {
+        double wavelen = 6.283185307179586 / pow(base, -2.0 * i / hd);
+        if (wavelen < orig / high) {
+            out[i] = 1.0f;
+        } else if (wavelen > orig / low) {
+            out[i] = (float)factor;
+        } else {
+            double smooth = (orig / wavelen - low) / (high - low);
+            out[i] = (float)(1.0 / ((1.0 - smooth) / factor + smooth));
+        }
+    }
 }
 
 int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint32_t type,
@@ -291,6 +313,17 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
     add(&b, "token_embd.weight", dim, s->n_vocab, 0.0f, emb_amp,
         mat_type(&b, dim, s->tied_output));
     add(&b, "output_norm.weight", dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
+    float rope_factors[512];
+    if (s->rope_scaled && b.rc == 0) {
+        const uint64_t ne[1] = {hd / 2};
+        if (hd / 2 > KVF_ARRAY_LEN(rope_factors))
+            b.rc = -EINVAL;
+        else
+            llama3_rope_factors(rope_factors, (uint32_t)hd, 500000.0, 8.0, 1.0, 4.0, 64.0);
+        if (b.rc == 0)
+            b.rc = kvf_gguf_writer_add_tensor(b.w, "rope_freqs.weight", KVF_GGML_F32, 1, ne,
+                                              rope_factors, NULL, NULL);
+    }
     if (!s->tied_output)
         add(&b, "output.weight", dim, s->n_vocab, 0.0f, emb_amp, mat_type(&b, dim, true));
     for (uint32_t l = 0; l < s->n_layers && b.rc == 0; l++) {

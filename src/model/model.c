@@ -141,6 +141,29 @@ static int read_hparams(const kvf_gguf_t *g, struct kvf_model_hparams *hp, char 
     /* RoPE over part of a head only (rope.dimension_count below head_dim) is not supported. */
     uint32_t rope_dims = 0;
     bool has_rope_dims = kvf_gguf_get_u32(g, KEY("rope.dimension_count"), &rope_dims) == 0;
+    /* RoPE scaling: none, or linear (positions divided by the factor); YaRN, LongRoPE and the
+     * rest change the angles and the attention's scale in ways not implemented: refused by name
+     * rather than run wrong. The older key rope.scale_linear is the linear factor. */
+    hp->rope_pos_scale = 1.0f;
+    const char *scaling = NULL;
+    size_t scaling_len = 0;
+    float factor = 0.0f;
+    if (kvf_gguf_get_str(g, KEY("rope.scaling.type"), &scaling, &scaling_len) == 0 &&
+        !(scaling_len == 4 && memcmp(scaling, "none", 4) == 0)) {
+        if (!(scaling_len == 6 && memcmp(scaling, "linear", 6) == 0))
+            return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
+                        "RoPE scaling '%.*s' is not supported (none and linear are)",
+                        (int)(scaling_len > 32 ? 32 : scaling_len), scaling);
+        if (kvf_gguf_get_f32(g, KEY("rope.scaling.factor"), &factor) < 0)
+            return fail(err, err_len, KVF_E_MODEL_MISSING,
+                        "linear RoPE scaling without rope.scaling.factor");
+    } else if (kvf_gguf_get_f32(g, KEY("rope.scale_linear"), &factor) < 0) {
+        factor = 1.0f;
+    }
+    if (!(factor >= 1.0f && factor <= 1024.0f))
+        return fail(err, err_len, KVF_E_MODEL_SHAPE, "RoPE scaling factor %g is outside [1, 1024]",
+                    (double)factor);
+    hp->rope_pos_scale = 1.0f / factor;
 #undef KEY
     const struct kvf_gguf_tensor *emb = kvf_gguf_find_tensor(g, "token_embd.weight");
     if (!emb) return fail(err, err_len, KVF_E_MODEL_MISSING, "tensor token_embd.weight is missing");
@@ -245,12 +268,48 @@ static int pack_weights(kvf_model_t *m)
     return 0;
 }
 
+/* Whether the forward pass reads the tensor `name` for a model of hp: a file carrying anything
+ * else (a bias, a norm or a RoPE table of another variant) would otherwise run without it, wrong
+ * and without a word, so it is refused by name at load. */
+static bool tensor_read(const struct kvf_model_hparams *hp, const char *name)
+{
+    static const char *const top[] = {"token_embd.weight", "output_norm.weight", "output.weight",
+                                      "rope_freqs.weight"};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(top); i++)
+        if (strcmp(name, top[i]) == 0) return true;
+    static const struct {
+        const char *suffix;
+        int needs; /* 0: always; 1: Q/K/V biases (qwen2); 2: Q/K head norms (qwen3) */
+    } blk[] = {
+        {"attn_norm.weight", 0},   {"attn_q.weight", 0},     {"attn_k.weight", 0},
+        {"attn_v.weight", 0},      {"attn_output.weight", 0}, {"ffn_norm.weight", 0},
+        {"ffn_gate.weight", 0},    {"ffn_up.weight", 0},      {"ffn_down.weight", 0},
+        {"attn_q.bias", 1},        {"attn_k.bias", 1},        {"attn_v.bias", 1},
+        {"attn_q_norm.weight", 2}, {"attn_k_norm.weight", 2},
+    };
+    if (strncmp(name, "blk.", 4) != 0 || name[4] < '0' || name[4] > '9') return false;
+    char *end = NULL;
+    unsigned long l = strtoul(name + 4, &end, 10);
+    if (l >= hp->n_layers || *end != '.') return false;
+    for (size_t i = 0; i < KVF_ARRAY_LEN(blk); i++)
+        if (strcmp(end + 1, blk[i].suffix) == 0)
+            return blk[i].needs == 0 || (blk[i].needs == 1 && hp->qkv_bias) ||
+                   (blk[i].needs == 2 && hp->qk_norm);
+    return false;
+}
+
 int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err_len)
 {
     if (!g || !out) return -EINVAL;
     struct kvf_model_hparams hp;
     int rc = read_hparams(g, &hp, err, err_len);
     if (rc < 0) return rc;
+    for (uint64_t i = 0; i < kvf_gguf_n_tensors(g); i++) {
+        const char *name = kvf_gguf_tensor_at(g, i)->name;
+        if (!tensor_read(&hp, name))
+            return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
+                        "tensor %.64s is not one kvfence reads for this architecture and depth", name);
+    }
     kvf_model_t *m = calloc(1, sizeof(*m));
     struct kvf_layer *layers = calloc(hp.n_layers, sizeof(*layers));
     if (!m || !layers) {
@@ -267,6 +326,28 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
                          err_len)) < 0)
         goto free_m;
     if (!m->output.data) m->output = m->tok_embd; /* tied output projection */
+    /* Llama 3.1 and 3.2 files carry their long-context RoPE as per-pair factors, computed at
+     * conversion from the model's rope_scaling; each pair's angle is divided by its factor. */
+    const struct kvf_gguf_tensor *rf = kvf_gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf) {
+        if (rf->type != KVF_GGML_F32 || rf->ne[0] != hp.head_dim / 2 ||
+            rf->ne[1] * rf->ne[2] * rf->ne[3] != 1 || rf->n_bytes != hp.head_dim / 2 * sizeof(float)) {
+            rc = fail(err, err_len, KVF_E_MODEL_SHAPE,
+                      "rope_freqs.weight must be F32 [%u] (head_dim / 2), is %s [%llu, %llu]",
+                      hp.head_dim / 2, kvf_ggml_type_name(rf->type), (unsigned long long)rf->ne[0],
+                      (unsigned long long)(rf->ne[1] * rf->ne[2] * rf->ne[3]));
+            goto free_m;
+        }
+        const float *f = rf->data;
+        for (uint32_t i = 0; i < hp.head_dim / 2; i++)
+            if (!(f[i] > 0.0f && f[i] < 1e6f)) {
+                rc = fail(err, err_len, KVF_E_MODEL_SHAPE, "rope_freqs.weight[%u] is %g", i,
+                          (double)f[i]);
+                goto free_m;
+            }
+        m->rope_factors = f;
+        m->hp.rope_freq_factors = true;
+    }
     for (uint32_t l = 0; l < hp.n_layers; l++) {
         struct kvf_layer *L = &layers[l];
         char name[64];

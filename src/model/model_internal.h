@@ -31,6 +31,7 @@ struct kvf_model {
     const float *out_norm;      /* (dim) */
     struct kvf_weight output;   /* (n_vocab, dim); == tok_embd when the file ties them */
     void *packed_mem;           /* owned: every packed Q8_0 weight (kernels.h), one allocation */
+    const float *rope_factors;  /* (head_dim / 2) from rope_freqs.weight, or NULL */
 };
 
 #endif

@@ -892,7 +892,7 @@ static void test_random_mutations(void)
     uint8_t *buf = read_all(path, &len);
     mutate_and_open(buf, len, len, &r, iters);
     free(buf);
-    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true, NULL, 0};
+    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true, NULL, 0, false};
     ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_Q8_0, 1, err, sizeof err));
     buf = read_all(path, &len);
     kvf_gguf_t *g;
@@ -925,8 +925,8 @@ static void test_fuzz_seeds(void)
     if (!dir) dir = scratch_dir();
     char path[600], err[256];
     /* A micro Llama (dim 32, one layer, 259-token byte vocab) in both weight types. */
-    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true, NULL, 0};
-    const struct kvf_mkmodel_shape micro2 = {"micro2", 32, 1, 2, 2, 32, 259, 64, false, NULL, 0};
+    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true, NULL, 0, false};
+    const struct kvf_mkmodel_shape micro2 = {"micro2", 32, 1, 2, 2, 32, 259, 64, false, NULL, 0, false};
     static const char *const names[] = {"micro_f32", "micro_q8_0", "micro2_q8_0", "all_types"};
     snprintf(path, sizeof path, "%s/%s", dir, names[0]);
     ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_F32, 1, err, sizeof err));

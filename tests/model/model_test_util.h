@@ -67,6 +67,25 @@ static inline void tmodel_close(struct tmodel *t)
     rmdir(t->dir);
 }
 
+/* Replaces every occurrence of `from` in the file at path by `to` (the same length). */
+static inline void patch_file(const char *path, const char *from, const char *to)
+{
+    FILE *fp = fopen(path, "r+b");
+    ASSERT_NOT_NULL(fp);
+    fseek(fp, 0, SEEK_END);
+    long len = ftell(fp);
+    char *buf = malloc((size_t)len);
+    rewind(fp);
+    ASSERT_EQ_U64(fread(buf, 1, (size_t)len, fp), (uint64_t)len);
+    size_t n = strlen(from);
+    for (long i = 0; i + (long)n <= len; i++)
+        if (memcmp(buf + i, from, n) == 0) memcpy(buf + i, to, n);
+    rewind(fp);
+    ASSERT_EQ_U64(fwrite(buf, 1, (size_t)len, fp), (uint64_t)len);
+    fclose(fp);
+    free(buf);
+}
+
 /* Bytes per K/V element of the pools tpool_create makes: 4 (floats) unless a test sets 2
  * (IEEE halves). */
 static uint32_t tpool_kv_bytes = 4;
@@ -182,13 +201,19 @@ static inline void ref_rmsnorm(double *out, const double *x, const float *w, uin
 }
 
 /* RoPE on each head: pair i is elements (2i, 2i+1) (llama), or (i, i + hd/2) with halves
- * (qwen2, qwen3: GGML's "neox" mode), rotated by pos × base^(-2i/hd). */
-static inline void ref_rope(double *v, uint32_t pos, uint32_t n_heads, uint32_t hd, double base,
-                            bool halves)
+ * (qwen2, qwen3: GGML's "neox" mode), rotated by pos × scale × base^(-2i/hd) / factor_i, where
+ * scale is 1 / the linear scaling factor and factor_i the file's rope_freqs.weight (both 1 when
+ * the file has none), as llama.cpp applies them. */
+static inline void ref_rope(double *v, uint32_t pos, uint32_t n_heads, const kvf_model_t *m)
 {
+    const struct kvf_model_hparams *hp = &m->hp;
+    uint32_t hd = hp->head_dim;
+    bool halves = hp->rope_halves;
     for (uint32_t h = 0; h < n_heads; h++)
         for (uint32_t i = 0; i < hd / 2; i++) {
-            double ang = pos * pow(base, -2.0 * i / hd), c = cos(ang), s = sin(ang);
+            double ang = pos * (double)hp->rope_pos_scale * pow((double)hp->rope_base, -2.0 * i / hd);
+            if (m->rope_factors) ang /= m->rope_factors[i];
+            double c = cos(ang), s = sin(ang);
             double *p0 = v + (size_t)h * hd + (halves ? i : 2 * i);
             double *p1 = halves ? p0 + hd / 2 : p0 + 1, a = *p0, b = *p1;
             *p0 = a * c - b * s;
@@ -241,8 +266,8 @@ static inline void ref_forward(const kvf_model_t *m, const int32_t *toks, uint32
         for (uint32_t t = 0; t < n; t++) {
             ref_head_norm(q + (size_t)t * QD, L->q_norm, H, hd, hp->rms_eps);
             ref_head_norm(k + (size_t)t * KD, L->k_norm, KV, hd, hp->rms_eps);
-            ref_rope(q + (size_t)t * QD, t, H, hd, hp->rope_base, hp->rope_halves);
-            ref_rope(k + (size_t)t * KD, t, KV, hd, hp->rope_base, hp->rope_halves);
+            ref_rope(q + (size_t)t * QD, t, H, m);
+            ref_rope(k + (size_t)t * KD, t, KV, m);
         }
         for (uint32_t t = 0; t < n; t++)
             for (uint32_t h = 0; h < H; h++) {

@@ -201,25 +201,6 @@ static void test_arch_and_mix_loaded(void)
     tmodel_close(&tm);
 }
 
-/* Replaces every occurrence of `from` in the file at path by `to` (the same length). */
-static void patch_file(const char *path, const char *from, const char *to)
-{
-    FILE *fp = fopen(path, "r+b");
-    ASSERT_NOT_NULL(fp);
-    fseek(fp, 0, SEEK_END);
-    long len = ftell(fp);
-    char *buf = malloc((size_t)len);
-    rewind(fp);
-    ASSERT_EQ_U64(fread(buf, 1, (size_t)len, fp), (uint64_t)len);
-    size_t n = strlen(from);
-    for (long i = 0; i + (long)n <= len; i++)
-        if (memcmp(buf + i, from, n) == 0) memcpy(buf + i, to, n);
-    rewind(fp);
-    ASSERT_EQ_U64(fwrite(buf, 1, (size_t)len, fp), (uint64_t)len);
-    fclose(fp);
-    free(buf);
-}
-
 /* An architecture kvfence does not read is refused by name; a qwen2 file without its biases
  * is refused naming the first missing one; nothing is loaded either way. */
 static void test_arch_refused(void)
