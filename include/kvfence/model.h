@@ -8,9 +8,10 @@
  * output.weight or, without one, the token embedding (tied).
  *
  * A kvf_model_t is a set of hyper-parameters and per-layer weight views into a GGUF file
- * (F32, Q8_0, Q4_0, Q4_K and Q6_K weights are also repacked once for the kernels; F16, BF16
- * and Q5_K are dequantized one row at a time as they are used). A kvf_fwd_t is the compute context that runs it: a small
- * pthread pool and scratch buffers sized for a maximum batch.
+ * (F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights are also repacked once for
+ * the kernels; F16 and BF16 are dequantized one row at a time as they are used). A kvf_fwd_t is
+ * the compute context that runs it: a small pthread pool and scratch buffers sized for a maximum
+ * batch.
  *
  *   kvf_model_load ──▶ kvf_fwd_create ──▶ kvf_fwd_run (any number of times) ──▶ kvf_fwd_destroy
  *                                                                               ──▶ kvf_model_free
@@ -87,10 +88,9 @@ struct kvf_model_hparams {
 };
 
 /* A 2-D weight: `rows` rows of `cols` elements of `type`, row r at data + r * row_bytes.
- * A view into the GGUF mapping (or a caller's buffer). A loaded model's F32, Q8_0, Q4_0, Q4_K
- * and Q6_K weights
- * also have `packed`, the same values regrouped for the kernels (owned by the model); without
- * it they are read row by row, more slowly. */
+ * A view into the GGUF mapping (or a caller's buffer). A loaded model's F32, Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights also have `packed`, the same values regrouped for the
+ * kernels (owned by the model); without it they are read row by row, more slowly. */
 struct kvf_weight {
     const void *data;
     const void *packed;

@@ -300,8 +300,8 @@ static void job_norm_quant(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     norm_quant_rows(j, lo, hi, thread);
 }
 
-/* Whether a product with W reads its input quantized to 16 bits (a packed Q8_0, Q4_0, Q5_0,
- * Q4_K, Q5_K or Q6_K weight: kvf__matmul) rather than as floats (every other). */
+/* Whether a product with W reads its input quantized to 16 bits (a packed Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K or Q6_K weight: kvf__matmul) rather than as floats (every other). */
 static bool reads_act16(const struct kvf_weight *W)
 {
     return W->packed && kvf__packed_act16(W->type);
