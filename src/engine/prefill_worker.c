@@ -62,6 +62,9 @@ struct pjob {
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     bool placeholder; /* mutant: recomputed as one token after the engine refused it */
 #endif
+#if defined(KVF_TEST_BUILD)
+    bool forged_short; /* KVF_TEST_FORGE short: only page 0 is put, the DONE counts its tokens */
+#endif
     float first_logprob;
     uint32_t n_top;
     int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
@@ -192,11 +195,14 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
  * every=0 turns those two off. With ",refuse=R" (R >= 2) the engine also refuses every Rth
  * granted prompt of two pages or more before computing it, as when it cannot get memory: the
  * machine must answer REJECT and the request fail with an error (the path of the 2026
- * placeholder bug, H6).
+ * placeholder bug, H6). With ",short=S" (S >= 2) every Sth granted prompt of two pages or more
+ * that fills its last page is computed whole but handed off short: only its first page is put, and its DONE says it wrote
+ * that page's tokens — a writer that stopped early and says so. Decode must compare the count
+ * with the prompt and fail the request; a decode that does not reads the pages nobody wrote.
  * Each forgery prints one "test forge:" line on stderr, which the suite counts. */
 struct pforge {
-    uint32_t every, token, refuse;
-    uint64_t dones, flushes, computes;
+    uint32_t every, token, refuse, shorts;
+    uint64_t dones, flushes, computes, short_computes;
     struct {
         uint8_t *bytes;   /* [data_bytes]: a copy of a first page written for an earlier request */
         uint32_t tenant;  /* whose request it was */
@@ -210,9 +216,9 @@ static void forge_init(struct kvf_prefill_worker *w)
 {
     const char *e = getenv("KVF_TEST_FORGE");
     unsigned every = 0, token = 0;
-    unsigned refuse = 0;
+    unsigned refuse = 0, shorts = 0;
     if (!e) return;
-    /* every=N,token=T[,refuse=R]; every=0 leaves the DONEs and writes alone. */
+    /* every=N,token=T[,refuse=R][,short=S]; every=0 leaves the DONEs and writes alone. */
     char buf[128];
     snprintf(buf, sizeof buf, "%s", e);
     bool bad = false;
@@ -221,10 +227,11 @@ static void forge_init(struct kvf_prefill_worker *w)
         if (sscanf(t, "every=%u", &v) == 1) every = v;
         else if (sscanf(t, "token=%u", &v) == 1) token = v;
         else if (sscanf(t, "refuse=%u", &v) == 1) refuse = v;
+        else if (sscanf(t, "short=%u", &v) == 1) shorts = v;
         else bad = true;
     }
-    if (bad || every == 1 || refuse == 1 || (!every && !refuse)) {
-        fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R; N, R >= 2)\n", e);
+    if (bad || every == 1 || refuse == 1 || shorts == 1 || (!every && !refuse && !shorts)) {
+        fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S; N, R, S >= 2)\n", e);
         return;
     }
     struct pforge *f = calloc(1, sizeof(*f));
@@ -236,9 +243,10 @@ static void forge_init(struct kvf_prefill_worker *w)
     f->every = every;
     f->token = token;
     f->refuse = refuse;
+    f->shorts = shorts;
     w->forge = f;
-    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u\n", every,
-            token, f->refuse);
+    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u\n",
+            every, token, f->refuse, f->shorts);
 }
 
 /* Before computing a job: whether the engine refuses it (every Rth of two pages or more). */
@@ -252,6 +260,24 @@ static bool forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
     if (++f->computes % f->refuse != 0) return false;
     fprintf(stderr, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
     return true;
+}
+
+/* Before computing a job the engine took: whether it is handed off short (every Sth of two pages
+ * or more that fills its last page). */
+static void forge_short(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    struct pforge *f = w->forge;
+    /* Prompts that fill their last page only: with a partial last page, decode's check that the
+     * unwritten slots arrived zero (decode_worker.c, tail_is_clean) fails the request before
+     * anything reads it, so there the count check is not the only guard. */
+    if (!f || !f->shorts || j->n_pages < 2 || j->n_tokens % w->geo.page_tokens != 0) return;
+#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+    if (j->placeholder) return;
+#endif
+    if (++f->short_computes % f->shorts != 0) return;
+    j->forged_short = true;
+    fprintf(stderr, "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages put)\n",
+            j->n_tokens, 1u, j->n_pages);
 }
 
 static void forge_put_done(void *arg, int status)
@@ -412,6 +438,13 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
     p->left = 2;
     kvf_pool_hold(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC);
     j->puts_out++;
+#if defined(KVF_TEST_BUILD)
+    if (j->forged_short && a->index > 0) { /* never put: completes locally at once */
+        p->left = 1;
+        on_put_done(p, 0);
+        return;
+    }
+#endif
     const uint8_t *src = kvf_pool_page_data(w->pool, j->src[a->index].page);
     uint64_t off = (uint64_t)a->dst.page * w->page_bytes;
 #if defined(KVF_TEST_BUILD)
@@ -461,6 +494,8 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
                 }
             }
 #if defined(KVF_TEST_BUILD)
+            if (a->msg.type == KVF_MSG_DONE && j && j->forged_short)
+                a->msg.u.done.tokens_written = j->n_tokens < w->geo.page_tokens ? j->n_tokens : w->geo.page_tokens;
             if (a->msg.type == KVF_MSG_DONE && j) forge_done(w, s, &a->msg);
 #endif
             if (s->conn && !s->failed) kvf__send_msg(s->conn, &a->msg, w->frame, PF_FRAME_CAP);
@@ -649,6 +684,7 @@ static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
         compute_failed(w, j, KVF_E_ENGINE);
         return;
     }
+    forge_short(w, j);
 #endif
     for (uint32_t pos = 0; pos < j->n_tokens;) {
         uint32_t len = j->n_tokens - pos < PF_CHUNK ? j->n_tokens - pos : PF_CHUNK;

@@ -439,9 +439,10 @@ static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_
     /* Compiled out only in `make bench-overhead`'s comparison binary, which measures what these
      * checks cost and is never installed (CMakeLists.txt refuses it with tests and mutants). */
     for (uint32_t i = 0; i < r->n_pages; i++) {
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-        /* Mutant, as in the model: no count check, and only the pages the writer says it wrote
-         * are verified; the rest are committed unread with the reserved fill. */
+#if defined(KVF_MUTANT_NO_COUNT_CHECK) || defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
+        /* Mutant, as in the model (COUNT_OK): the count is not compared, and only the pages the
+         * writer says it wrote are verified; the rest are committed unread with the reserved
+         * fill. */
         if (i >= div_up(dn->tokens_written, d->page_tokens)) break;
 #endif
         const uint8_t *page = kvf_pool_page_data(d->cfg.pool, r->pages[i].page);
@@ -471,13 +472,6 @@ static void commit(kvf_decode_t *d, struct dreq *r, const struct kvf_msg_done *d
 {
     for (uint32_t i = 0; i < r->n_pages; i++) {
         uint32_t fill = page_slots(r->prompt_len, i, d->page_tokens);
-#if defined(KVF_MUTANT_NO_COUNT_CHECK)
-        /* Mutant: the writer's word on the fill is taken as is. */
-        struct kvf_page_trailer t;
-        memcpy(&t, (const uint8_t *)kvf_pool_page_data(d->cfg.pool, r->pages[i].page) + d->trailer_off,
-               sizeof(t));
-        fill = t.slots;
-#endif
 #if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
         /* Mutant: a grant the fence revoked (the page is OWNED with fill 0) is not noticed; the
          * fill is set as if the grant had ended by proof. */

@@ -27,7 +27,8 @@
 // transport (put and frame delays, duplicated and (soak, split) dropped control frames, a flush
 // that never completes: H17); forged DONEs for a stale epoch and an unknown grant, and a stale
 // page's bytes written into a page granted to another request (H18, KVF_TEST_FORGE, a test-build
-// hook of the prefill worker); in split: prefill SIGKILLed mid-transfer and restarted, prefill
+// hook of the prefill worker); granted prompts the prefill engine refuses, and prompts handed
+// off short (only page 0 put, the DONE counting its tokens: H6); in split: prefill SIGKILLed mid-transfer and restarted, prefill
 // SIGSTOPped past the hold timeout then SIGCONTed, decode restarted.
 //
 // Checks: every completed response equal to `kvfence run` of the same prompt and sampling (token
@@ -35,8 +36,8 @@
 // not complete got a clear error (an HTTP error or an SSE error event with a JSON error object;
 // what it streamed before was a prefix of the reference), never a 200 with other content; after
 // each phase every pool returns to all free with nothing held or quarantined, and the counters
-// agree with the faults injected (foreign tails and undecodable frames 0, verify failures equal to
-// the forged writes, stale messages at least the forged DONEs, quarantines and fences only where
+// agree with the faults injected (foreign tails and undecodable frames 0, verify failures at most the
+// forged writes and short handoffs, stale messages at least the forged DONEs, quarantines and fences only where
 // a fault can cause them); every process exits as expected (0 on SIGTERM), with no sanitizer
 // report in its stderr. Every process started is killed on any exit. Exits 1 on any failure; the
 // report (also written as JSON to --report) names the first thing that caught it.
@@ -250,7 +251,8 @@ function histCases(t) {
 const LATE_MS = Number(process.env.KVF_ISO_LATE_MS ?? 2500);
 function lateCases(t) {
   const cases = [];
-  for (const n of [18, 30, 45, 60]) {
+  // 28 and 60 words are 32 and 64 tokens: prompts that fill their last page (16 tokens).
+  for (const n of [18, 28, 45, 60]) {
     cases.push({ t, model: HIST, prompt: histPrompt(t, n), s: GREEDY(randInt(40, 96)) });
     cases.push({ t, model: HIST, prompt: histPrompt(t, n + 3), s: SEEDED_HIST(randInt(40, 96), randInt(1, 1e6)) });
   }
@@ -411,12 +413,14 @@ function checkCounters(ph, h) {
   const bad = (what) => { report.counter_violations++; fail('counters', `${ph.name}: ${what}; counters ${JSON.stringify(c)}, faults ${JSON.stringify(f)}`); };
   if ((c.foreign_tails ?? 0) !== 0) bad(`foreign_tails ${c.foreign_tails}: a prompt's last page carried bytes it did not write`);
   if ((c.bad_frames ?? 0) !== 0) bad(`bad_frames ${c.bad_frames} with no corrupt frame injected`);
-  const forgedWrites = ph.forged?.writes ?? 0, forgedDones = ph.forged?.dones ?? 0;
-  // Every verify failure is a forged write's; a forged write goes unverified only when its request
-  // ended first (a client disconnect, or its connection fenced by a process fault).
+  const forgedWrites = ph.forged?.writes ?? 0, forgedDones = ph.forged?.dones ?? 0, forgedShorts = ph.forged?.shorts ?? 0;
+  // Every verify failure is a forged write's or a short handoff's; either goes unverified only
+  // when its request ended first (a client disconnect, a timeout, or its connection fenced).
   const procFaults = f.prefill_kill || f.prefill_stop || f.decode_restart;
-  if ((c.verify_failed ?? 0) > forgedWrites) bad(`verify_failed ${c.verify_failed} > the ${forgedWrites} forged writes`);
+  const forgedVerify = forgedWrites + forgedShorts;
+  if ((c.verify_failed ?? 0) > forgedVerify) bad(`verify_failed ${c.verify_failed} > the ${forgedWrites} forged writes and ${forgedShorts} short handoffs`);
   if (forgedWrites >= 2 && (c.verify_failed ?? 0) < 1) bad(`${forgedWrites} forged writes of stale bytes, and no verify failure`);
+  if (forgedShorts >= 2 && (c.verify_failed ?? 0) < 1) bad(`${forgedShorts} short handoffs (a DONE counting fewer tokens than the prompt), and no verify failure`);
   // Each forged DONE is two stale messages, unless a fence dropped them with their connection.
   if (!procFaults && (c.stale_msgs ?? 0) < 2 * forgedDones) bad(`stale_msgs ${c.stale_msgs} < the ${2 * forgedDones} forged DONEs`);
   if (procFaults && forgedDones >= 2 && (c.stale_msgs ?? 0) < 1) bad(`stale_msgs ${c.stale_msgs} with ${forgedDones} forged DONE pairs`);
@@ -557,10 +561,12 @@ function countForged(topo) {
     dones += (p.out.match(/test forge: DONE replayed/g) ?? []).length;
   }
   const refused = topo.all.reduce((a, p) => a + (p.out.match(/test forge: a granted prompt of \d+ pages refused/g) ?? []).length, 0);
+  const shorts = topo.all.reduce((a, p) => a + (p.out.match(/test forge: a prompt of \d+ tokens handed off short/g) ?? []).length, 0);
   if (refused) bump(report.faults, 'granted prompt refused by the prefill engine (H6)', refused);
+  if (shorts) bump(report.faults, 'prompt handed off short: page 0 put, DONE counting its tokens (H6)', shorts);
   if (writes) bump(report.faults, 'forged stale write (H18)', writes);
   if (dones) bump(report.faults, 'forged DONEs, stale epoch + unknown nonce (H18)', dones);
-  return { writes, dones, refused };
+  return { writes, dones, refused, shorts };
 }
 
 // ---- workloads ----
@@ -670,14 +676,15 @@ for (const topo of ['serve', 'split']) {
   // the late bytes land under a request of another tenant that is running on them (the H1/H2
   // leaks: freeing at a cancel or a timeout, acknowledging before the writes drained, a fence
   // that leaves the endpoint open). Both prefills' engines also refuse every 5th prompt of two
-  // pages or more (H6): the request must fail, never run on the pages nobody wrote.
+  // pages or more, and hand every 3rd that fills its last page off short (page 0 put, the DONE counting its tokens) (H6):
+  // the request must fail, never run on the pages nobody wrote.
   // Then the same with the random-weight model, whose logprobs never saturate: a late page
   // under a running request changes its next logprob whatever the request's age (on hist a
   // foreign page shows only where it outweighs what the request has read of its own).
   if (topo === 'split') {
     const late = (model, cases, pages, n) => ({
       name: `${topo}-late-writes${model === TINY ? '-tiny' : ''}`, topology: topo, model, pages, maxQueue: 24, admitMs: 1500,
-      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: 'every=0,refuse=5',
+      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: 'every=0,refuse=5,short=3',
       envOf: (role, i) => (role === 'prefill' && i === 0 ? { KVF_FAULTS: `put_delay_ms=${LATE_MS},seed=${seed + 3}` }
         : role === 'decode' ? { KVF_TEST_STEP_MS: '15', KVF_POISON: '0' } : {}),
       allowErrors: true, quiesceMs: 60000,
