@@ -65,6 +65,9 @@ struct pjob {
 #if defined(KVF_TEST_BUILD)
     bool forged_short; /* KVF_TEST_FORGE short: only page 0 is put, the DONE counts its tokens */
 #endif
+#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
+    bool src_let_go; /* mutant: the job's own hold on its source pages ended at the last post */
+#endif
     float first_logprob;
     uint32_t n_top;
     int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
@@ -347,8 +350,11 @@ static struct pjob *job_find(struct kvf_prefill_worker *w, struct psess *s, kvf_
 static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
 {
     uint64_t now = kvf__now_ms();
-    for (uint32_t i = 0; i < j->n_pages; i++)
-        if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now);
+#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
+    if (!j->src_let_go)
+#endif
+        for (uint32_t i = 0; i < j->n_pages; i++)
+            if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now);
     free(j->tokens);
     free(j->dst);
     free(j->src);
@@ -393,7 +399,9 @@ static void on_put_done(void *arg, int status)
         run_actions(w, j->s, NULL);
     } else {
         /* The session is gone: release the put's hold here, as RELEASE_SRC would. */
+#if !defined(KVF_MUTANT_SRC_FREED_AT_POST) /* the mutant's RELEASE_SRC came at the post */
         kvf_pool_release(w->pool, j->src[p->index], KVF_HOLDER_XFER_SRC, kvf__now_ms());
+#endif
     }
     job_maybe_free(w, j);
 }
@@ -455,6 +463,17 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
     kvf_conn_order(s->conn);
     rc = kvf_conn_put(s->conn, t, sizeof(*t), off + w->trailer_off, on_put_done, p);
     if (rc < 0) on_put_done(p, rc);
+#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
+    /* Mutant, the engine's half (the model's P_LAST_POST): once the last page's put is posted
+     * the job lets its source pages go, while those puts may still read them. With the
+     * machine's half (RELEASE_SRC at each post) nothing holds them: they are freed (poisoned in
+     * test builds) and taken by the next job. */
+    if (a->index == j->n_pages - 1 && !j->src_let_go) {
+        for (uint32_t i = 0; i < j->n_pages; i++)
+            if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, kvf__now_ms());
+        j->src_let_go = true;
+    }
+#endif
 }
 
 /* The session an action belongs to: SENDs name it (the machine's decode_peer is the session's
