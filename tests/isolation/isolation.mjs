@@ -3,7 +3,7 @@
 //
 //   node isolation.mjs --kvfence EXE --node-modules DIR --work DIR
 //                      [--mode smoke|soak] [--topologies serve,split] [--seed N] [--report FILE]
-//                      [--fail-fast 1] [--phases NAME,...]
+//                      [--fail-fast 1|content] [--phases NAME,...]
 //
 // The mode defaults to soak when KVF_SOAK=1 (make soak, make isolation), the seed to KVF_ISO_SEED
 // or 1; a failure prints the seed, and the same seed replays the same schedule of requests and
@@ -61,22 +61,32 @@ const W = path.resolve(args.work);
 fs.rmSync(W, { recursive: true, force: true });
 fs.mkdirSync(W, { recursive: true });
 const T0 = Date.now();
-const BUDGET_S = SOAK ? 600 : 240;
+// --fail-fast content goes on past hangs (30 s each) in search of a read on content: more time.
+const BUDGET_S = SOAK ? 600 : args['fail-fast'] === 'content' ? 420 : 240;
 
 // ---- the report, and what caught the first failure ----
 const report = {
   mode: args.mode, seed: Number(args.seed), binary: KVF, topologies: {}, tenants: {}, outcomes: {},
   errors_by_code: {}, faults: {}, mismatches: 0, foreign_canaries: 0, unclear_errors: 0,
   leaked_pages: 0, crashes: 0, counter_violations: 0, checks_failed: [], first_failure: null,
+  first_content_failure: null,
 };
+// Failures on content: a completed response that read what was not written for it.
+const CONTENT_KINDS = new Set(['mismatched response', 'foreign canary']);
 const bump = (o, k, n = 1) => { o[k] = (o[k] ?? 0) + n; };
 function fail(kind, detail) {
   const line = `${kind}: ${detail}`;
   if (report.checks_failed.length < 40) report.checks_failed.push(line);
   if (!report.first_failure) report.first_failure = { kind, detail: String(detail).slice(0, 600) };
+  const content = CONTENT_KINDS.has(kind);
+  if (content && !report.first_content_failure) report.first_content_failure = { kind, detail: String(detail).slice(0, 600) };
   console.log(`not ok - ${line.slice(0, 2000)}`);
-  // --fail-fast 1 (the mutants' runs): the first failure is the answer; stop everything.
-  if (args['fail-fast'] === '1') setImmediate(finish);
+  // --fail-fast 1: the first failure is the answer; stop everything. --fail-fast content (the
+  // mutants' runs): stop at the first failure on content; after any other failure (a counter, a
+  // leaked page, a hang) go on through the phases in search of one, so that the answer is the
+  // stale or foreign read itself wherever a phase shows it.
+  const ff = args['fail-fast'];
+  if (ff === '1' || (ff === 'content' && (content || kind === 'harness' || kind === 'setup'))) setImmediate(finish);
 }
 const ok = (what) => console.log(`ok - ${what}`);
 
@@ -806,6 +816,7 @@ function printReport() {
   console.log(`# tenants: ${Object.entries(r.tenants).map(([k, v]) => `${k} (canary '${v.canary}') ${v.requests} requests, ${v.ok} equal to the solo run`).join('; ')}`);
   console.log(`# faults: ${Object.entries(r.faults).map(([k, v]) => `${k} ×${v}`).join('; ')}`);
   console.log(`# mismatches = ${r.mismatches}, foreign canaries = ${r.foreign_canaries}, leaked pages = ${r.leaked_pages}, unclear errors = ${r.unclear_errors}, crashes = ${r.crashes}, counter violations = ${r.counter_violations}`);
+  if (r.first_content_failure && r.first_content_failure !== r.first_failure) console.log(`# first on content: ${r.first_content_failure.kind}: ${r.first_content_failure.detail.slice(0, 300)}`);
   console.log(r.first_failure ? `# FAILED; first: ${r.first_failure.kind}: ${r.first_failure.detail.slice(0, 300)}` : '# PASSED');
 }
 
