@@ -116,7 +116,13 @@ isolation() { # name (empty = clean) -> "caught on content: <what>" / "caught no
   # On content (a mismatched response or a foreign canary) wherever a phase showed one; else the
   # first failure, marked as not on content.
   what=$("$node_bin" -e 'const r=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); const c=r.first_content_failure, f=r.first_failure; const s=(x)=>`${x.kind}: ${x.detail.replace(/\s+/g," ").slice(0,150)}`; console.log(c ? `on content: ${s(c)}` : f ? (f.kind === "harness" || f.kind === "setup" ? s(f) : `not on content: ${s(f)}`) : "?")' "$dir.iso.json")
-  case $what in harness*|setup*) echo "error: $what ($dir.iso.log)" ;; *) echo "caught $what" ;; esac
+  # Only an explicit verdict counts: an unreadable report, or one naming no failure while the
+  # suite exited non-zero, is an error (never "caught").
+  case $what in
+    "on content: "*|"not on content: "*) echo "caught $what" ;;
+    harness*|setup*) echo "error: $what ($dir.iso.log)" ;;
+    *) echo "error: the report names no failure (rc=$rc, $dir.iso.json)" ;;
+  esac
 }
 
 spin() { # name -> "caught <trail>" / "survived" / "error" / "-"
