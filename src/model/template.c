@@ -42,6 +42,33 @@ struct ctx {
     size_t out_n, out_cap;
 };
 
+/* An explanation quotes template text and, through raise_exception, message content, and may
+ * be cut anywhere by the caller's buffer: make it one line of valid UTF-8 (control characters,
+ * bytes of an invalid or cut sequence: '?'), so that it travels as a JSON string as it is. */
+static void one_line(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        unsigned b = *p;
+        size_t len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
+                                 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
+        bool ok = len != 0;
+        for (size_t k = 1; ok && k < len; k++)
+            ok = (p[k] & 0xc0) == 0x80; /* also false at the NUL ending a cut sequence */
+        if (ok && len >= 3) { /* overlong forms, surrogates, past U+10FFFF */
+            unsigned b1 = p[1];
+            ok = !(b == 0xe0 && b1 < 0xa0) && !(b == 0xed && b1 >= 0xa0) &&
+                 !(b == 0xf0 && b1 < 0x90) && !(b == 0xf4 && b1 >= 0x90);
+        }
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        if (len == 1 && (b < 0x20 || b == 0x7f)) *p = '?';
+        p += len;
+    }
+}
+
 __attribute__((noreturn, format(printf, 3, 4))) static void die(struct ctx *c, int rc,
                                                                 const char *fmt, ...)
 {
@@ -50,6 +77,7 @@ __attribute__((noreturn, format(printf, 3, 4))) static void die(struct ctx *c, i
         va_start(ap, fmt);
         vsnprintf(c->err, c->err_len, fmt, ap);
         va_end(ap);
+        one_line(c->err);
     }
     c->rc = rc;
     longjmp(c->fail, 1);
@@ -181,6 +209,7 @@ struct sb {
 
 static void sb_put(struct ctx *c, struct sb *b, const char *s, size_t n)
 {
+    if (n == 0) return; /* b->p may still be NULL: no offset may be applied to it */
     if (b->cap - b->n < n) {
         size_t cap = b->cap ? b->cap : 64;
         while (cap - b->n < n)
