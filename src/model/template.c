@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kvfence/template.h"
+#include "unicode.h"
 
 /* ---- arena and errors ---- */
 
@@ -47,25 +48,16 @@ struct ctx {
  * bytes of an invalid or cut sequence: '?'), so that it travels as a JSON string as it is. */
 static void one_line(char *s)
 {
-    unsigned char *p = (unsigned char *)s;
-    while (*p) {
-        unsigned b = *p;
-        size_t len = b < 0x80 ? 1 : b >= 0xc2 && b <= 0xdf ? 2 : b >= 0xe0 && b <= 0xef ? 3
-                                 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
-        bool ok = len != 0;
-        for (size_t k = 1; ok && k < len; k++)
-            ok = (p[k] & 0xc0) == 0x80; /* also false at the NUL ending a cut sequence */
-        if (ok && len >= 3) { /* overlong forms, surrogates, past U+10FFFF */
-            unsigned b1 = p[1];
-            ok = !(b == 0xe0 && b1 < 0xa0) && !(b == 0xed && b1 >= 0xa0) &&
-                 !(b == 0xf0 && b1 < 0x90) && !(b == 0xf4 && b1 >= 0x90);
-        }
-        if (!ok) {
-            *p++ = '?';
+    uint8_t *p = (uint8_t *)s;
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = kvf__utf8_decode(p + i, n - i, &cp);
+        if (k == 0 || cp < 0x20 || cp == 0x7f) {
+            p[i++] = '?';
             continue;
         }
-        if (len == 1 && (b < 0x20 || b == 0x7f)) *p = '?';
-        p += len;
+        i += k;
     }
 }
 

@@ -17,37 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz/fuzz_utf8.h"
 #include "kvfence/template.h"
 
 #define MAX_MSGS 16
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-/* Whether s is one line of valid UTF-8 (no control character), as the server sends it. */
-static bool one_line_utf8(const char *s)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p) {
-        uint32_t b = *p, cp, min;
-        size_t len;
-        if (b < 0x80) {
-            if (b < 0x20 || b == 0x7f) return false;
-            p++;
-            continue;
-        }
-        if ((b & 0xe0) == 0xc0) len = 2, cp = b & 0x1f, min = 0x80;
-        else if ((b & 0xf0) == 0xe0) len = 3, cp = b & 0x0f, min = 0x800;
-        else if ((b & 0xf8) == 0xf0) len = 4, cp = b & 0x07, min = 0x10000;
-        else return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((p[k] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (p[k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-        p += len;
-    }
-    return true;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -84,7 +59,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(out);
     } else {
         if (out || (rc != -EINVAL && rc != -E2BIG && rc != -ENOMEM)) abort();
-        if (!memchr(err, '\0', sizeof err) || err[0] == '\0' || !one_line_utf8(err)) abort();
+        if (!memchr(err, '\0', sizeof err) || err[0] == '\0' ||
+            !fuzz_utf8_valid((const uint8_t *)err, strlen(err), false))
+            abort();
     }
     free(buf);
     return 0;

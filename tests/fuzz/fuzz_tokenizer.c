@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuzz/fuzz_utf8.h"
 #include "kvfence/gguf.h"
 #include "kvfence/tokenizer.h"
 
@@ -30,31 +31,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 enum { V_SPM, V_GPT2, V_LLAMA3, V_QWEN2, V_SMOLLM, N_VOCABS };
 static kvf_tokenizer_t *toks[N_VOCABS];
-
-/* Whether s[0..n) is valid UTF-8 (shortest forms, no surrogates, at most U+10FFFF). */
-static bool valid_utf8(const uint8_t *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint32_t b = s[i], cp, min;
-        size_t len;
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        if ((b & 0xe0) == 0xc0) len = 2, cp = b & 0x1f, min = 0x80;
-        else if ((b & 0xf0) == 0xe0) len = 3, cp = b & 0x0f, min = 0x800;
-        else if ((b & 0xf8) == 0xf0) len = 4, cp = b & 0x07, min = 0x10000;
-        else return false;
-        if (n - i < len) return false;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return false;
-            cp = cp << 6 | (s[i + k] & 0x3f);
-        }
-        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-        i += len;
-    }
-    return true;
-}
 
 /* GPT-2's byte alphabet: byte b as the UTF-8 of its code point. */
 static size_t byte_char(unsigned b, char *out)
@@ -105,12 +81,18 @@ static kvf_tokenizer_t *build(struct vocab *v, const char *pre, const char *cons
     char err[256] = "";
     int rc = kvf_gguf_writer_create(0, &w);
     bool spm = pre == NULL;
-    if (rc == 0) rc = kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2", spm ? 5 : 4);
+    if (rc == 0)
+        rc =
+            kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2", spm ? 5 : 4);
     if (rc == 0 && !spm) rc = kvf_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre, strlen(pre));
-    if (rc == 0) rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->text, NULL, v->n);
+    if (rc == 0)
+        rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v->text,
+                                         NULL, v->n);
     if (rc == 0) rc = kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", v->type, v->n);
-    if (rc == 0 && spm) rc = kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", v->score, v->n);
-    if (rc == 0 && !spm) rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merges, NULL, n_merges);
+    if (rc == 0 && spm)
+        rc = kvf_gguf_writer_add_arr_f32(w, "tokenizer.ggml.scores", v->score, v->n);
+    if (rc == 0 && !spm)
+        rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merges, NULL, n_merges);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", spm ? 1 : 0);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", spm ? 2 : 1);
     if (rc == 0 && spm) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
@@ -123,7 +105,8 @@ static kvf_tokenizer_t *build(struct vocab *v, const char *pre, const char *cons
     if (g) kvf_gguf_close(g);
     unlink(path);
     if (rc != 0) {
-        fprintf(stderr, "fuzz_tokenizer: building the %s vocabulary: %s\n", spm ? "SentencePiece" : pre, err);
+        fprintf(stderr, "fuzz_tokenizer: building the %s vocabulary: %s\n",
+                spm ? "SentencePiece" : pre, err);
         abort();
     }
     for (size_t i = 0; i < v->n; i++)
@@ -144,21 +127,68 @@ static void init(void)
         snprintf(s, sizeof s, "<0x%02X>", b);
         push(&v, s, KVF_TOKEN_BYTE, 0);
     }
-    static const char *const spm_pieces[] = {
-        "\xe2\x96\x81", "\xe2\x96\x81t", "\xe2\x96\x81the", "he", "th", "e", "t", "h", "a", "n",
-        "an", "\xe2\x96\x81\x61", "1", "2", "12", "\xe2\x96\x81\xe2\x96\x81", "\xc3\xa9", "\xe6\xbc\xa2",
-        "in", "ing", "\xe2\x96\x81in", "r", "er", "o", "on", "\n", "\xf0\x9f\x98\x80"};
+    static const char *const spm_pieces[] = {"\xe2\x96\x81",
+                                             "\xe2\x96\x81t",
+                                             "\xe2\x96\x81the",
+                                             "he",
+                                             "th",
+                                             "e",
+                                             "t",
+                                             "h",
+                                             "a",
+                                             "n",
+                                             "an",
+                                             "\xe2\x96\x81\x61",
+                                             "1",
+                                             "2",
+                                             "12",
+                                             "\xe2\x96\x81\xe2\x96\x81",
+                                             "\xc3\xa9",
+                                             "\xe6\xbc\xa2",
+                                             "in",
+                                             "ing",
+                                             "\xe2\x96\x81in",
+                                             "r",
+                                             "er",
+                                             "o",
+                                             "on",
+                                             "\n",
+                                             "\xf0\x9f\x98\x80"};
     for (size_t i = 0; i < sizeof spm_pieces / sizeof *spm_pieces; i++)
         push(&v, spm_pieces[i], KVF_TOKEN_NORMAL, -(float)i);
     toks[V_SPM] = build(&v, NULL, NULL, 0);
 
     /* Byte-level BPE: control tokens, the 256 byte characters, merged pieces, added tokens. */
-    static const char *const merges[] = {
-        "\xc4\xa0 t", "h e", "\xc4\xa0t he", "i n", "in g", "e r", "1 2", "\xc4\xa0 \xc4\xa0",
-        "\xc4\xa0 a", "a n", "\xc4\x8a \xc4\x8a", "\xc3\x83 \xc2\xa9", "' s", "o n", "\xc4\xa0 1"};
-    static const char *const merged[] = {
-        "\xc4\xa0t", "he", "\xc4\xa0the", "in", "ing", "er", "12", "\xc4\xa0\xc4\xa0", "\xc4\xa0\x61",
-        "an", "\xc4\x8a\xc4\x8a", "\xc3\x83\xc2\xa9", "'s", "on", "\xc4\xa0\x31"};
+    static const char *const merges[] = {"\xc4\xa0 t",
+                                         "h e",
+                                         "\xc4\xa0t he",
+                                         "i n",
+                                         "in g",
+                                         "e r",
+                                         "1 2",
+                                         "\xc4\xa0 \xc4\xa0",
+                                         "\xc4\xa0 a",
+                                         "a n",
+                                         "\xc4\x8a \xc4\x8a",
+                                         "\xc3\x83 \xc2\xa9",
+                                         "' s",
+                                         "o n",
+                                         "\xc4\xa0 1"};
+    static const char *const merged[] = {"\xc4\xa0t",
+                                         "he",
+                                         "\xc4\xa0the",
+                                         "in",
+                                         "ing",
+                                         "er",
+                                         "12",
+                                         "\xc4\xa0\xc4\xa0",
+                                         "\xc4\xa0\x61",
+                                         "an",
+                                         "\xc4\x8a\xc4\x8a",
+                                         "\xc3\x83\xc2\xa9",
+                                         "'s",
+                                         "on",
+                                         "\xc4\xa0\x31"};
     static const char *const pres[] = {"gpt2", "llama-bpe", "qwen2", "smollm"};
     for (int k = 0; k < 4; k++) {
         push(&v, "<|endoftext|>", KVF_TOKEN_CONTROL, 0);
@@ -186,7 +216,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t len = size - 1;
     unsigned flags = special ? KVF_TOKENIZE_PARSE_SPECIAL : 0;
     int n = kvf_tokenizer_encode_ex(t, text, len, flags, NULL, 0);
-    if (!valid_utf8(data + 1, len)) {
+    if (!fuzz_utf8_valid(data + 1, len, true)) {
         if (n != -EILSEQ) abort();
         return 0;
     }
@@ -225,9 +255,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (int i = 0; i < n; i++)
         o += kvf_detok_push(&d, t, ids[i], out + o, KVF_DETOK_MAX_OUT);
     o += kvf_detok_finish(&d, out + o, 3);
-    if (!valid_utf8((const uint8_t *)out, o)) abort();
-    bool lossless = !control && which != V_QWEN2 &&
-                    !(which == V_SPM && memmem(text, len, "\xe2\x96\x81", 3));
+    if (!fuzz_utf8_valid((const uint8_t *)out, o, true)) abort();
+    bool lossless =
+        !control && which != V_QWEN2 && !(which == V_SPM && memmem(text, len, "\xe2\x96\x81", 3));
     if (lossless && (o != len || memcmp(out, text, len) != 0)) abort();
     free(out);
     free(ids);
