@@ -9,6 +9,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PACKAGES=(
   build-essential   # gcc, make
   cmake             # >= 3.25 (Debian 12 ships 3.25.1)
+  ninja-build       # scripts/mutants.sh: one tree for every mutant, only the switched files rebuilt
   pkg-config
   clang             # libFuzzer targets
   libclang-rt-14-dev # ASan/UBSan/libFuzzer runtimes for clang

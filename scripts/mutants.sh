@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Puts every known bug back, one at a time, and checks that each suite catches it.
 #
-# For each mutant (see docs/MUTANTS.md): configure and build an optimised test build with
-# -DKVF_MUTANT=<name> in build-mutants/<name> (only the simulator target), then
+# For each mutant (see docs/MUTANTS.md): configure an optimised test build with -DKVF_MUTANT=<name>
+# in the one tree build-mutants/tree and build its simulator (and, for the isolation column, the
+# kvfence binary), copied to build-mutants/<name>/, then
 #   - sim: the simulator with every check (standard configuration); it must FAIL, and the first
 #     failing seed and the check that failed are reported;
 #   - sim content-only: the pressured configuration with I1 alone (`--config pressured --checks
@@ -27,8 +28,8 @@
 # failure), KVF_CLEAN_SEEDS (seeds for the clean runs and for the content-only run of a mutant
 # content need not catch, default 20000), JOBS (build parallelism,
 # default 1), KVF_MUTANTS (a space-separated subset to run), KVF_MUTANT_ISOLATION=1 (the
-# isolation column; each mutant then also builds the kvfence binary, about 2 minutes on two
-# cores, and runs the smoke, 1 to 3 minutes; =only runs that column alone), KVF_ISO_MUTANTS
+# isolation column; each mutant then also builds the kvfence binary, seconds once the tree is
+# built, and runs the smoke, seconds to a minute; =only runs that column alone), KVF_ISO_MUTANTS
 # (the mutants that column runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,14 +79,31 @@ have_model=0
 [ -f model/check.sh ] && have_model=1
 status=0
 
-build() { # name (empty = clean) -> path of test_sim, or nothing on a build failure
-  local name=$1 dir=build-mutants/${1:-clean}
-  if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVF_TEST_BUILD=ON -DKVF_SANITIZE=OFF \
-        -DKVF_BUILD_TESTS=ON -DKVF_MUTANT="$name" > "$dir.log" 2>&1 ||
-     ! cmake --build "$dir" --target test_sim -j "$jobs" >> "$dir.log" 2>&1; then
+# One build tree serves every mutant in turn: a mutant's switch is defined only for the files that
+# test it (CMakeLists.txt), so with Ninja, which rebuilds exactly the objects whose command line
+# changed, moving from one mutant to the next recompiles two or three files. Each mutant's
+# binaries are copied out to build-mutants/<name>/.
+tree=build-mutants/tree
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+if [ -f "$tree/CMakeCache.txt" ] &&
+   ! grep -q "^CMAKE_GENERATOR:INTERNAL=${generator[1]:-Unix Makefiles}\$" "$tree/CMakeCache.txt"; then
+  rm -rf "$tree"
+fi
+
+build() { # name (empty = clean) [with_kvfence] -> path of test_sim, or nothing on a build failure
+  local name=$1 out=build-mutants/${1:-clean} targets=(test_sim)
+  [ "${2:-0}" = 1 ] && targets+=(kvfence)
+  mkdir -p "$out"
+  rm -f "$out/test_sim" "$out/kvfence"
+  if ! cmake "${generator[@]}" -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DKVF_TEST_BUILD=ON \
+        -DKVF_SANITIZE=OFF -DKVF_BUILD_TESTS=ON -DKVF_MUTANT="$name" > "$out.log" 2>&1 ||
+     ! cmake --build "$tree" --target "${targets[@]}" -j "$jobs" >> "$out.log" 2>&1; then
     return 1
   fi
-  echo "$dir/tests/sim/test_sim"
+  cp "$tree/tests/sim/test_sim" "$out/test_sim" || return 1
+  if [ "${2:-0}" = 1 ]; then cp "$tree/kvfence" "$out/kvfence" || return 1; fi
+  echo "$out/test_sim"
 }
 
 sim() { # binary count log [options] -> "caught seed N (check)" / "survived" / "error"; log kept
@@ -100,11 +118,8 @@ sim() { # binary count log [options] -> "caught seed N (check)" / "survived" / "
   if [ -n "$seed" ]; then echo "caught seed $seed ($check)"; elif [ $rc -eq 0 ]; then echo "survived"; else echo "error rc=$rc"; fi
 }
 
-isolation() { # name (empty = clean) -> "caught on content: <what>" / "caught not on content: <what>" / "survived" / "build failed" / "error"
+isolation() { # name (empty = clean) -> "caught on content: <what>" / "caught not on content: <what>" / "survived" / "error"
   local dir=build-mutants/${1:-clean}
-  if ! cmake --build "$dir" --target kvfence -j "$jobs" >> "$dir.log" 2>&1; then
-    echo "build failed ($dir.log)"; return
-  fi
   rm -f "$dir.iso.json"
   "$node_bin" tests/isolation/isolation.mjs --kvfence "$dir/kvfence" --node-modules build-node/node_modules \
     --work "$dir.iso" --report "$dir.iso.json" --fail-fast content > "$dir.iso.log" 2>&1
@@ -143,7 +158,7 @@ mkdir -p build-mutants
 rows=()
 t0=$(date +%s)
 
-bin=$(build "") || { echo "mutants: the clean build failed; see build-mutants/clean.log"; exit 2; }
+bin=$(build "" "$iso") || { echo "mutants: the clean build failed; see build-mutants/clean.log"; exit 2; }
 if [ $only_iso -eq 0 ]; then
   clean_sim=$(sim "$bin" "$clean_seeds" build-mutants/clean.sim.log)
   clean_press=$(sim "$bin" "$clean_seeds" build-mutants/clean.pressured.log --config pressured)
@@ -167,13 +182,15 @@ fi
 rows+=("(none: clean) | ${clean_sim/survived/passed} | ${clean_content/survived/passed} | ${clean_spin/survived/passed} | ${clean_iso/survived/passed}")
 
 for m in "${mutants[@]}"; do
-  if ! bin=$(build "$m"); then
-    rows+=("$m | build failed (build-mutants/$m.log) | - | -")
+  want_iso=0
+  [ "$iso" = 1 ] && [[ $iso_wanted == *" $m "* ]] && want_iso=1
+  if ! bin=$(build "$m" $want_iso); then
+    rows+=("$m | build failed (build-mutants/$m.log) | - | - | -")
     status=1
     continue
   fi
   i="-"
-  if [ "$iso" = 1 ] && [[ $iso_wanted == *" $m "* ]]; then
+  if [ $want_iso = 1 ]; then
     i=$(isolation "$m")
     if [[ $i == survived ]] && [[ -n ${iso_unreachable[$m]:-} ]]; then
       i="not caught: ${iso_unreachable[$m]}"
