@@ -278,6 +278,10 @@ struct kvf_decode_config {
     uint64_t hold_timeout_ms;    /* the pool's hold timeout (only mutants read it; 0 = 30000) */
     uint64_t nonce_seed;         /* nonces are nonce_seed + 1, + 2, ... */
     const struct kvf_alloc_ops *alloc; /* NULL = kvf_default_alloc */
+    /* Test builds only (ignored elsewhere): commit what a DONE covers without reading its pages —
+     * no trailer, no checksum; the counts are still compared. The isolation suite's unverified
+     * runs switch it on to see what the page lifetime rules alone let through (docs/ISOLATION.md). */
+    bool test_unverified;
 };
 
 struct kvf_decode_stats {

@@ -152,6 +152,7 @@ struct kvf_decode_worker {
      * machine, so that requests keep running while the isolation suite's late writes land. */
     uint32_t test_step_ms;
 #endif
+    bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only) */
 };
 
 /* --- Handles (any thread). ------------------------------------------------------------------ */
@@ -376,7 +377,7 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
             int li = live_index(w, a.req);
             if (li < 0) break;
             struct kvf_gen *g = w->live[li];
-            if (!tail_is_clean(w, g)) {
+            if (!w->test_unverified && !tail_is_clean(w, g)) {
                 /* Bytes beyond what the prompt wrote travelled with it: they belong to no one
                  * this request may see. Fail it (its pages are freed, scrubbed or poisoned). */
                 w->foreign_tails++;
@@ -1071,7 +1072,17 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
         snprintf(err, err_len, "cannot create the decode pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
     struct kvf_decode_config dc = {w->pool, w->cfg.max_reqs, cfg->max_context, w->seq_pages, KVF_DECODE_MAX_PREFILLS,
-                                   cfg->grant_timeout_ms, cfg->hold_timeout_ms, seed, NULL};
+                                   cfg->grant_timeout_ms, cfg->hold_timeout_ms, seed, NULL, false};
+#if defined(KVF_TEST_BUILD)
+    /* The isolation suite's unverified runs: what arrives is committed unread (no trailer,
+     * checksum or tail check), so that what the page lifetime rules alone let through reaches
+     * the replies (docs/ISOLATION.md). Test builds only. */
+    if (getenv("KVF_TEST_UNVERIFIED") && atoi(getenv("KVF_TEST_UNVERIFIED"))) {
+        dc.test_unverified = true;
+        w->test_unverified = true;
+        fprintf(stderr, "kvfence decode: test build: KVF_TEST_UNVERIFIED: arriving pages are committed unread\n");
+    }
+#endif
     if (rc == 0 && (rc = kvf_decode_create(&dc, &w->d)) < 0)
         snprintf(err, err_len, "cannot create the decode machine: %s", kvf_strerror(rc));
     struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->cfg.max_batch, w->cfg.max_batch, NULL};

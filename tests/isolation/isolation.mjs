@@ -3,7 +3,7 @@
 //
 //   node isolation.mjs --kvfence EXE --node-modules DIR --work DIR
 //                      [--mode smoke|soak] [--topologies serve,split] [--seed N] [--report FILE]
-//                      [--fail-fast 1|content] [--phases NAME,...]
+//                      [--fail-fast 1|content] [--phases NAME,...] [--unverified 1]
 //
 // The mode defaults to soak when KVF_SOAK=1 (make soak, make isolation), the seed to KVF_ISO_SEED
 // or 1; a failure prints the seed, and the same seed replays the same schedule of requests and
@@ -54,6 +54,11 @@ for (const k of ['kvfence', 'node-modules', 'work']) {
 }
 const KVF = path.resolve(args.kvfence);
 const SOAK = args.mode === 'soak';
+// --unverified 1: decode commits what arrives unread (KVF_TEST_UNVERIFIED, a test-build switch:
+// no trailer, checksum or tail check), and the forgeries only those checks refuse are not made.
+// What then reaches a reply is what the page lifetime rules alone let through: the mutants' runs
+// use it for the bugs those checks would otherwise stop before any reply (docs/ISOLATION.md).
+const UNVERIFIED = args.unverified === '1';
 const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
 if (!fs.existsSync(entry)) { console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`); process.exit(1); }
 const { default: OpenAI } = await import(pathToFileURL(entry).href);
@@ -66,7 +71,7 @@ const BUDGET_S = SOAK ? 600 : args['fail-fast'] === 'content' ? 420 : 240;
 
 // ---- the report, and what caught the first failure ----
 const report = {
-  mode: args.mode, seed: Number(args.seed), binary: KVF, topologies: {}, tenants: {}, outcomes: {},
+  mode: args.mode, unverified: UNVERIFIED, seed: Number(args.seed), binary: KVF, topologies: {}, tenants: {}, outcomes: {},
   errors_by_code: {}, faults: {}, mismatches: 0, foreign_canaries: 0, unclear_errors: 0,
   leaked_pages: 0, crashes: 0, counter_violations: 0, checks_failed: [], first_failure: null,
   first_content_failure: null,
@@ -535,7 +540,16 @@ const TOPOLOGIES = {
 async function runPhase(ph) {
   ph.outcomes = {};
   ph.faults = {};
-  ph.env = { ...(ph.kvfFaults ? { KVF_FAULTS: ph.kvfFaults } : {}), ...(ph.forge ? { KVF_TEST_FORGE: ph.forge } : {}) };
+  if (UNVERIFIED && ph.forge) {
+    // Forged writes and DONEs, and short handoffs, are refused by the checks this run switches
+    // off: they would show those checks missing, not a lifetime rule broken. Refusals stay.
+    const kept = ph.forge.split(',').filter((k) => k.startsWith('refuse='));
+    ph.forge = kept.length ? ['every=0', ...kept].join(',') : undefined;
+  }
+  ph.env = {
+    ...(ph.kvfFaults ? { KVF_FAULTS: ph.kvfFaults } : {}), ...(ph.forge ? { KVF_TEST_FORGE: ph.forge } : {}),
+    ...(UNVERIFIED ? { KVF_TEST_UNVERIFIED: '1' } : {}),
+  };
   const t0 = Date.now();
   console.log(`# phase ${ph.name}: ${ph.topology}, ${path.basename(ph.model)}, pool ${ph.pages} pages, KVF_FAULTS=${ph.kvfFaults ?? ''} KVF_TEST_FORGE=${ph.forge ?? ''}`);
   for (const k of (ph.kvfFaults ?? '').split(',').filter(Boolean)) {
@@ -817,7 +831,7 @@ console.log(`# ${phases.length} phases, ${refCache.size} solo references (kvfenc
 function printReport() {
   const r = report;
   console.log('# ---- isolation report ----');
-  console.log(`# mode ${r.mode}, seed ${r.seed}, ${r.seconds ?? '?'} s, binary ${r.binary}`);
+  console.log(`# mode ${r.mode}${r.unverified ? " (unverified: decode commits pages unread)" : ""}, seed ${r.seed}, ${r.seconds ?? '?'} s, binary ${r.binary}`);
   for (const [k, v] of Object.entries(r.topologies)) console.log(`# topology ${k}: ${v.not_run ? `not run: ${v.not_run}` : v.phases.map((p) => `${p.name} (${p.seconds} s)`).join(', ')}`);
   console.log(`# requests by outcome: ${Object.entries(r.outcomes).map(([k, v]) => `${k} ${v}`).join(', ')} (total ${Object.values(r.outcomes).reduce((a, b) => a + b, 0)})`);
   console.log(`# errors by status and code: ${Object.entries(r.errors_by_code).map(([k, v]) => `${k}: ${v}`).join(', ') || 'none'}`);
