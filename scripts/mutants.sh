@@ -56,9 +56,15 @@ declare -A iso_unreachable=()
 # "The isolation column"); every other mutant must be caught there on content.
 declare -A iso_not_content=(
   [stale_tail_sent]="the foreign tail is never read (a prompt's unwritten slots are overwritten by its own next tokens before attention reaches them); decode's check on arrival counts it"
-  [src_freed_at_post]="the checksum was taken before the put was posted, so the freed source's bytes fail it: decode refuses them, counted as verify failures no forgery explains"
-  [fence_keeps_other_grants]="a fenced epoch's writes and DONEs never arrive after the fence closed its endpoint: the kept requests wait forever, and decode cannot drain"
 )
+# Mutants whose stale or foreign bytes decode's checks of what arrives (trailer, checksum, tail)
+# refuse before any reply: caught otherwise in the ordinary run, each must also be caught on
+# content by the unverified run (isolation.mjs --unverified 1: decode commits pages unread, the
+# forgeries only those checks refuse left out), which the clean binary must pass.
+# src_freed_at_post: the puts read freed source pages, and the checksum taken before the post
+# refuses them; fence_keeps_other_grants: a fenced epoch's replayed DONE (KVF_TEST_FORGE fenced=1)
+# commits a kept grant whose writes the fence cut off, and the zero checksums refuse it.
+iso_unverified=" src_freed_at_post fence_keeps_other_grants "
 read -r -a iso_mutants <<< "$(echo ${KVF_ISO_MUTANTS:-$iso_all})"
 iso_wanted=" ${iso_mutants[*]} "
 node_bin=$(command -v node || echo node)
@@ -118,25 +124,27 @@ sim() { # binary count log [options] -> "caught seed N (check)" / "survived" / "
   if [ -n "$seed" ]; then echo "caught seed $seed ($check)"; elif [ $rc -eq 0 ]; then echo "survived"; else echo "error rc=$rc"; fi
 }
 
-isolation() { # name (empty = clean) -> "caught on content: <what>" / "caught not on content: <what>" / "survived" / "error"
-  local dir=build-mutants/${1:-clean}
-  rm -f "$dir.iso.json"
+isolation() { # name (empty = clean) [unverified] -> "caught on content: <what>" / "caught not on content: <what>" / "survived" / "error"
+  local dir=build-mutants/${1:-clean} tag=iso extra=()
+  [ "${2:-0}" = 1 ] && { tag=iso-unverified; extra=(--unverified 1); }
+  local out=build-mutants/${1:-clean}.$tag
+  rm -f "$out.json"
   "$node_bin" tests/isolation/isolation.mjs --kvfence "$dir/kvfence" --node-modules build-node/node_modules \
-    --work "$dir.iso" --report "$dir.iso.json" --fail-fast content > "$dir.iso.log" 2>&1
+    --work "$out" --report "$out.json" --fail-fast content "${extra[@]}" > "$out.log" 2>&1
   local rc=$?
   if [ $rc -eq 0 ]; then echo "survived"; return; fi
-  if [ ! -f "$dir.iso.json" ]; then echo "error rc=$rc ($dir.iso.log)"; return; fi
+  if [ ! -f "$out.json" ]; then echo "error rc=$rc ($out.log)"; return; fi
   # What caught it: the first failed check, shortened.
   local what
   # On content (a mismatched response or a foreign canary) wherever a phase showed one; else the
   # first failure, marked as not on content.
-  what=$("$node_bin" -e 'const r=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); const c=r.first_content_failure, f=r.first_failure; const s=(x)=>`${x.kind}: ${x.detail.replace(/\s+/g," ").slice(0,150)}`; console.log(c ? `on content: ${s(c)}` : f ? (f.kind === "harness" || f.kind === "setup" ? s(f) : `not on content: ${s(f)}`) : "?")' "$dir.iso.json")
+  what=$("$node_bin" -e 'const r=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); const c=r.first_content_failure, f=r.first_failure; const s=(x)=>`${x.kind}: ${x.detail.replace(/\s+/g," ").slice(0,150)}`; console.log(c ? `on content: ${s(c)}` : f ? (f.kind === "harness" || f.kind === "setup" ? s(f) : `not on content: ${s(f)}`) : "?")' "$out.json")
   # Only an explicit verdict counts: an unreadable report, or one naming no failure while the
   # suite exited non-zero, is an error (never "caught").
   case $what in
     "on content: "*|"not on content: "*) echo "caught $what" ;;
-    harness*|setup*) echo "error: $what ($dir.iso.log)" ;;
-    *) echo "error: the report names no failure (rc=$rc, $dir.iso.json)" ;;
+    harness*|setup*) echo "error: $what ($out.log)" ;;
+    *) echo "error: the report names no failure (rc=$rc, $out.json)" ;;
   esac
 }
 
@@ -178,6 +186,13 @@ clean_iso="-"
 if [ "$iso" = 1 ]; then
   clean_iso=$(isolation "")
   [ "$clean_iso" = survived ] || status=1
+  need_unverified=0
+  for m in "${iso_mutants[@]}"; do [[ $iso_unverified == *" $m "* ]] && need_unverified=1; done
+  if [ $need_unverified = 1 ]; then
+    clean_unv=$(isolation "" 1)
+    [ "$clean_unv" = survived ] || status=1
+    clean_iso="$clean_iso; unverified: $clean_unv"
+  fi
 fi
 rows+=("(none: clean) | ${clean_sim/survived/passed} | ${clean_content/survived/passed} | ${clean_spin/survived/passed} | ${clean_iso/survived/passed}")
 
@@ -197,7 +212,11 @@ for m in "${mutants[@]}"; do
     elif [[ $i != caught* ]]; then
       status=1
     elif [[ $i == "caught not on content"* ]]; then
-      if [[ -n ${iso_not_content[$m]:-} ]]; then
+      if [[ $iso_unverified == *" $m "* ]]; then
+        u=$(isolation "$m" 1)
+        i="$i; unverified: $u"
+        [[ $u == "caught on content"* ]] || status=1
+      elif [[ -n ${iso_not_content[$m]:-} ]]; then
         i="$i (cannot show on content: ${iso_not_content[$m]})"
       else
         status=1

@@ -202,9 +202,22 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
  * that fills its last page is computed whole but handed off short: only its first page is put, and its DONE says it wrote
  * that page's tokens — a writer that stopped early and says so. Decode must compare the count
  * with the prompt and fail the request; a decode that does not reads the pages nobody wrote.
+ * With ",fenced=1", the grants of a session that failed (its endpoint closed: decode fenced this
+ * writer, or the connection broke) get DONEs on the next session that says HELLO: each at the
+ * failed session's epoch, with the grant's own request and nonce and page count, first token T
+ * and zero checksums — a writer replaying its fenced epoch's answers. Decode must ignore them
+ * (counted as stale): the fence ended those grants; accepted, T would head the reply.
  * Each forgery prints one "test forge:" line on stderr, which the suite counts. */
+#define PF_FORGE_REPLAYS 32
 struct pforge {
-    uint32_t every, token, refuse, shorts;
+    uint32_t every, token, refuse, shorts, fenced;
+    struct {
+        kvf_req_id_t req;
+        uint64_t nonce;
+        uint32_t epoch, n_pages, n_tokens;
+    } replay[PF_FORGE_REPLAYS]; /* fenced=1: the failed session's grants, replayed next session */
+    uint32_t n_replay;
+    uint64_t *zero_sums;        /* [seq pages]: the replayed DONEs' checksums */
     uint64_t dones, flushes, computes, short_computes;
     struct {
         uint8_t *bytes;   /* [data_bytes]: a copy of a first page written for an earlier request */
@@ -219,7 +232,7 @@ static void forge_init(struct kvf_prefill_worker *w)
 {
     const char *e = getenv("KVF_TEST_FORGE");
     unsigned every = 0, token = 0;
-    unsigned refuse = 0, shorts = 0;
+    unsigned refuse = 0, shorts = 0, fenced = 0;
     if (!e) return;
     /* every=N,token=T[,refuse=R][,short=S]; every=0 leaves the DONEs and writes alone. */
     char buf[128];
@@ -231,25 +244,30 @@ static void forge_init(struct kvf_prefill_worker *w)
         else if (sscanf(t, "token=%u", &v) == 1) token = v;
         else if (sscanf(t, "refuse=%u", &v) == 1) refuse = v;
         else if (sscanf(t, "short=%u", &v) == 1) shorts = v;
+        else if (sscanf(t, "fenced=%u", &v) == 1) fenced = v;
         else bad = true;
     }
-    if (bad || every == 1 || refuse == 1 || shorts == 1 || (!every && !refuse && !shorts)) {
-        fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S; N, R, S >= 2)\n", e);
+    if (bad || every == 1 || refuse == 1 || shorts == 1 || fenced > 1 || (!every && !refuse && !shorts && !fenced)) {
+        fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S,fenced=0|1; N, R, S >= 2)\n", e);
         return;
     }
+    uint32_t seq_pages = (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens);
     struct pforge *f = calloc(1, sizeof(*f));
-    if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) || !(f->stale[1].bytes = malloc(w->data_bytes))) {
+    if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) || !(f->stale[1].bytes = malloc(w->data_bytes)) ||
+        !(f->zero_sums = calloc(seq_pages, sizeof(uint64_t)))) {
         if (f) free(f->stale[0].bytes);
+        if (f) free(f->stale[1].bytes);
         free(f);
         return;
     }
+    f->fenced = fenced;
     f->every = every;
     f->token = token;
     f->refuse = refuse;
     f->shorts = shorts;
     w->forge = f;
-    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u\n",
-            every, token, f->refuse, f->shorts);
+    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, fenced %u\n",
+            every, token, f->refuse, f->shorts, f->fenced);
 }
 
 /* Before computing a job: whether the engine refuses it (every Rth of two pages or more). */
@@ -332,6 +350,42 @@ static void forge_done(struct kvf_prefill_worker *w, struct psess *s, const stru
     m.nonce = done->nonce ^ 0x8000000000000000ull;
     kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
     fprintf(stderr, "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
+}
+
+/* A session failed (before its machine forgets its grants): keep what its DONEs would name. */
+static void forge_keep_fenced(struct kvf_prefill_worker *w, struct psess *s)
+{
+    struct pforge *f = w->forge;
+    if (!f || !f->fenced || !s->hello_ok) return;
+    for (uint32_t i = 0; i < w->cfg.max_reqs && f->n_replay < PF_FORGE_REPLAYS; i++) {
+        const struct pjob *j = &w->jobs[i];
+        if (!j->used || j->s != s) continue;
+        f->replay[f->n_replay].req = j->req;
+        f->replay[f->n_replay].nonce = j->nonce;
+        f->replay[f->n_replay].epoch = s->epoch;
+        f->replay[f->n_replay].n_pages = j->n_pages;
+        f->replay[f->n_replay].n_tokens = j->n_tokens;
+        f->n_replay++;
+    }
+}
+
+/* A new session said HELLO: the failed session's grants get their DONEs on it, at their epoch. */
+static void forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s)
+{
+    struct pforge *f = w->forge;
+    if (!f || !f->n_replay || !s->conn || s->failed) return;
+    for (uint32_t i = 0; i < f->n_replay; i++) {
+        if (f->replay[i].epoch == s->epoch) continue;
+        struct kvf_msg m = {.type = KVF_MSG_DONE, .req = f->replay[i].req, .nonce = f->replay[i].nonce,
+                            .epoch = f->replay[i].epoch};
+        m.u.done.tokens_written = f->replay[i].n_tokens;
+        m.u.done.first_token = f->token;
+        m.u.done.n_pages = f->replay[i].n_pages;
+        m.u.done.checksums = f->zero_sums;
+        kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
+        fprintf(stderr, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the next connection\n");
+    }
+    f->n_replay = 0;
 }
 #endif
 
@@ -775,6 +829,9 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
         s->epoch = m.epoch;
         kvf_prefill_connect(s->m, m.epoch, &w->acts);
         run_actions(w, s, NULL);
+#if defined(KVF_TEST_BUILD)
+        forge_replay_fenced(w, s);
+#endif
         return;
     }
     if (!s->hello_ok) return;
@@ -828,6 +885,9 @@ static void sess_reap(struct kvf_prefill_worker *w)
         struct psess *s = &w->sess[i];
         if (!s->used || !s->failed) continue;
         if (s->conn) {
+#if defined(KVF_TEST_BUILD)
+            forge_keep_fenced(w, s);
+#endif
             kvf_prefill_peer_down(s->m, &w->acts);
             run_actions(w, s, NULL);
             kvf_conn_t *c = s->conn;
@@ -940,6 +1000,7 @@ static void destroy(struct kvf_prefill_worker *w)
     if (w->forge) { /* after the transport: no forged put reads them now */
         free(w->forge->stale[0].bytes);
         free(w->forge->stale[1].bytes);
+        free(w->forge->zero_sums);
     }
     free(w->forge);
 #endif

@@ -442,7 +442,7 @@ function checkCounters(ph, h) {
   // Each forged DONE is two stale messages, unless a fence dropped them with their connection.
   if (!procFaults && (c.stale_msgs ?? 0) < 2 * forgedDones) bad(`stale_msgs ${c.stale_msgs} < the ${2 * forgedDones} forged DONEs`);
   if (procFaults && forgedDones >= 2 && (c.stale_msgs ?? 0) < 1) bad(`stale_msgs ${c.stale_msgs} with ${forgedDones} forged DONE pairs`);
-  const noisy = f.frame_dup || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart || f.late_writer || forgedDones;
+  const noisy = f.frame_dup || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart || f.late_writer || forgedDones || ph.forged?.fenced;
   const cancels = Object.entries(ph.outcomes).filter(([k]) => k === 'cancelled').reduce((a, [, v]) => a + v, 0);
   if (!noisy && (c.stale_msgs ?? 0) > cancels) bad(`stale_msgs ${c.stale_msgs} with no duplicated, dropped or forged message and ${cancels} cancels`);
   const canFence = f.flush_never || f.frame_drop || f.prefill_kill || f.prefill_stop || f.decode_restart || f.late_writer;
@@ -543,7 +543,7 @@ async function runPhase(ph) {
   if (UNVERIFIED && ph.forge) {
     // Forged writes and DONEs, and short handoffs, are refused by the checks this run switches
     // off: they would show those checks missing, not a lifetime rule broken. Refusals stay.
-    const kept = ph.forge.split(',').filter((k) => k.startsWith('refuse='));
+    const kept = ph.forge.split(',').filter((k) => /^(refuse|fenced|token)=/.test(k));
     ph.forge = kept.length ? ['every=0', ...kept].join(',') : undefined;
   }
   ph.env = {
@@ -582,10 +582,11 @@ async function runPhase(ph) {
 }
 // The forgeries the prefill hook made, as it announced them on stderr.
 function countForged(topo) {
-  let writes = 0, dones = 0;
+  let writes = 0, dones = 0, fenced = 0;
   for (const p of topo.all) {
     writes += (p.out.match(/test forge: stale bytes written/g) ?? []).length;
     dones += (p.out.match(/test forge: DONE replayed/g) ?? []).length;
+    fenced += (p.out.match(/test forge: DONE of a fenced epoch replayed/g) ?? []).length;
   }
   const refused = topo.all.reduce((a, p) => a + (p.out.match(/test forge: a granted prompt of \d+ pages refused/g) ?? []).length, 0);
   const shortsOf = (p) => (p.out.match(/test forge: a prompt of \d+ tokens handed off short/g) ?? []).length;
@@ -598,7 +599,8 @@ function countForged(topo) {
   if (shorts) bump(report.faults, 'prompt handed off short: page 0 put, DONE counting its tokens (H6)', shorts);
   if (writes) bump(report.faults, 'forged stale write (H18)', writes);
   if (dones) bump(report.faults, 'forged DONEs, stale epoch + unknown nonce (H18)', dones);
-  return { writes, dones, refused, shorts, shorts_timely: shortsTimely };
+  if (fenced) bump(report.faults, 'forged DONEs of a fenced epoch, replayed on the next connection (H18)', fenced);
+  return { writes, dones, refused, shorts, shorts_timely: shortsTimely, fenced };
 }
 
 // ---- workloads ----
@@ -678,7 +680,7 @@ for (const topo of ['serve', 'split']) {
     // timeouts are fixed): the smoke injects it in split only, where the stopped prefill's wait
     // covers it.
     kvfFaults: `put_delay_ms=40,frame_delay_ms=1,frame_dup_pct=${SOAK ? 10 : 5},${SOAK || topo === 'split' || SERVE_TIMEOUTS ? 'flush_never=1,' : ''}seed=${seed}`,
-    forge: `every=${SOAK ? 7 : 9},token=${TENANTS[0].canaryId}`,
+    forge: `every=${SOAK ? 7 : 9},token=${TENANTS[0].canaryId},fenced=1`,
     allowErrors: true, quiesceMs: 70000,
     async workload(ph) {
       // The first request meets the flush that never completes: an error within the grant
@@ -716,7 +718,7 @@ for (const topo of ['serve', 'split']) {
   if (topo === 'split') {
     const late = (model, cases, pages, n) => ({
       name: `${topo}-late-writes${model === TINY ? '-tiny' : ''}`, topology: topo, model, pages, maxQueue: 24, admitMs: 1500,
-      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: 'every=0,refuse=5,short=3',
+      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: `every=0,refuse=5,short=3,fenced=1,token=${TENANTS[0].canaryId}`,
       envOf: (role, i) => (role === 'prefill' && i === 0 ? { KVF_FAULTS: `put_delay_ms=${LATE_MS},seed=${seed + 3}` }
         : role === 'decode' ? { KVF_TEST_STEP_MS: '15', KVF_POISON: '0' } : {}),
       allowErrors: true, quiesceMs: 60000,
