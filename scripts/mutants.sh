@@ -54,9 +54,10 @@ declare -A iso_unreachable=()
 # Mutants whose bug puts no stale or foreign byte under a completed response while the binary's
 # other checks stand, so that the isolation suite can only catch them otherwise (docs/MUTANTS.md,
 # "The isolation column"); every other mutant must be caught there on content.
-declare -A iso_not_content=(
-  [stale_tail_sent]="the foreign tail is never read (a prompt's unwritten slots are overwritten by its own next tokens before attention reaches them); decode's check on arrival counts it"
-)
+# None at present: stale_tail_sent's foreign tail, never attended, is read by decode's test audit
+# (the words of another request in a prompt's unwritten slots); src_freed_at_post and
+# fence_keeps_other_grants are caught on content by the unverified run below.
+declare -A iso_not_content=()
 # Mutants whose stale or foreign bytes decode's checks of what arrives (trailer, checksum, tail)
 # refuse before any reply: caught otherwise in the ordinary run, each must also be caught on
 # content by the unverified run (isolation.mjs --unverified 1: decode commits pages unread, the

@@ -31,6 +31,7 @@
 #include <xxhash.h>
 
 #include "engine_internal.h"
+#include "kvfence/quant.h"
 
 #define DW_TICK_MS 20u    /* machine timers */
 #define DW_RECONNECT_MS 100u
@@ -151,6 +152,7 @@ struct kvf_decode_worker {
     /* KVF_TEST_STEP_MS=N (test builds): each decode step lasts at least N ms more, as on a busy
      * machine, so that requests keep running while the isolation suite's late writes land. */
     uint32_t test_step_ms;
+    bool test_audit_tail; /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
 #endif
     bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only) */
 };
@@ -360,6 +362,51 @@ static bool tail_is_clean(struct kvf_decode_worker *w, const struct kvf_gen *g)
     return true;
 }
 
+#if defined(KVF_TEST_BUILD)
+/*
+ * KVF_TEST_AUDIT_TAIL=1 (test builds): what the unwritten slots of a committed prompt's last page
+ * hold, read before the tail check as layer 0's V rows — for each slot whose largest V coordinate
+ * is above 1/4, that coordinate — printed as one "test audit:" line on stderr. The readable
+ * 'hist' model keeps word j's value at coordinate 256 + j and nothing elsewhere, so the isolation
+ * suite reads there the words of whatever request's bytes travelled with the prompt
+ * (docs/ISOLATION.md). Zeroed slots, and poison (negative halves), print nothing.
+ * O(unfilled slots × K/V width).
+ */
+static void audit_tail(struct kvf_decode_worker *w, const struct kvf_gen *g)
+{
+    uint32_t pt = w->geo.page_tokens, last = (g->p.n_prompt - 1) / pt;
+    uint32_t fill = g->p.n_prompt - last * pt;
+    const struct kvf_page_ref *pages;
+    uint32_t n_pages;
+    if (fill == pt || kvf_decode_pages(w->d, g->req, &pages, &n_pages) < 0 || last >= n_pages) return;
+    const uint8_t *v0 = kvf_pool_page_data(w->pool, pages[last].page) + kvf_geo_kv_offset(&w->geo, 0, 1);
+    size_t row = kvf_geo_block_bytes(&w->geo) / pt;
+    uint32_t width = w->geo.n_kv_heads * w->geo.head_dim, found = 0;
+    char at[256] = "";
+    size_t len = 0;
+    for (uint32_t slot = fill; slot < pt; slot++) {
+        const uint8_t *r = v0 + (size_t)slot * row;
+        float best = 0.25f;
+        int64_t where = -1;
+        for (uint32_t e = 0; e < width; e++) {
+            float x = w->geo.elem_bytes == 2 ? kvf_fp16_to_f32(((const uint16_t *)(const void *)r)[e])
+                                             : ((const float *)(const void *)r)[e];
+            if (x > best) { /* NaN never is */
+                best = x;
+                where = e;
+            }
+        }
+        if (where < 0) continue;
+        found++;
+        int k = len < sizeof at ? snprintf(at + len, sizeof at - len, " %lld", (long long)where) : 0;
+        if (k > 0) len += (size_t)k;
+    }
+    if (found)
+        fprintf(stderr, "kvfence decode: test audit: %u of %u unwritten slots of a committed prompt's last page hold values, largest at coordinates%s\n",
+                found, pt - fill, at);
+}
+#endif
+
 static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
 {
     if (w->in_actions) return; /* the running loop below picks up what a nested call appended */
@@ -377,6 +424,9 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
             int li = live_index(w, a.req);
             if (li < 0) break;
             struct kvf_gen *g = w->live[li];
+#if defined(KVF_TEST_BUILD)
+            if (w->test_audit_tail) audit_tail(w, g);
+#endif
             if (!w->test_unverified && !tail_is_clean(w, g)) {
                 /* Bytes beyond what the prompt wrote travelled with it: they belong to no one
                  * this request may see. Fail it (its pages are freed, scrubbed or poisoned). */
@@ -1121,6 +1171,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     if (rc == 0) {
         struct kvf_xport_faults f;
         if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
+        w->test_audit_tail = getenv("KVF_TEST_AUDIT_TAIL") && atoi(getenv("KVF_TEST_AUDIT_TAIL"));
         const char *e = getenv("KVF_TEST_STEP_MS");
         if (e && atoi(e) > 0 && atoi(e) <= 10000) {
             w->test_step_ms = (uint32_t)atoi(e);

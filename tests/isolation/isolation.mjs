@@ -77,7 +77,7 @@ const report = {
   first_content_failure: null,
 };
 // Failures on content: a completed response that read what was not written for it.
-const CONTENT_KINDS = new Set(['mismatched response', 'foreign canary']);
+const CONTENT_KINDS = new Set(['mismatched response', 'foreign canary', 'foreign words in a page']);
 const bump = (o, k, n = 1) => { o[k] = (o[k] ?? 0) + n; };
 function fail(kind, detail) {
   const line = `${kind}: ${detail}`;
@@ -122,7 +122,7 @@ const SANITIZER = /AddressSanitizer|LeakSanitizer|runtime error:|Segmentation fa
 function startProc(name, argv, env = {}) {
   const child = spawn(KVF, argv, {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1:abort_on_error=0', KVF_POISON: '1', ...env },
+    env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1:abort_on_error=0', KVF_POISON: '1', KVF_TEST_AUDIT_TAIL: '1', ...env },
   });
   const p = { name, argv, env, child, out: '', log: path.join(W, `${name}.log`), exited: null, expectKill: false };
   children.add(p);
@@ -564,6 +564,7 @@ async function runPhase(ph) {
     if (h0.served_limit !== CTX) fail('setup', `${ph.name}: served limit ${h0.served_limit}, not ${CTX}`);
     await ph.workload(ph);
     const h = await quiesce(ph, ph.quiesceMs ?? 60000);
+    checkAudit(ph, topo);
     if (h.decode) {
       ph.forged = countForged(topo);
       checkCounters(ph, h);
@@ -580,6 +581,34 @@ async function runPhase(ph) {
   report.topologies[ph.topology].phases.push({ name: ph.name, model: path.basename(ph.model), seconds: Math.round((Date.now() - t0) / 1000), outcomes: ph.outcomes, faults: ph.faults, forged: ph.forged });
   console.log(`# phase ${ph.name}: ${Math.round((Date.now() - t0) / 1000)} s, outcomes ${JSON.stringify(ph.outcomes)}`);
 }
+// What decode's test audit (KVF_TEST_AUDIT_TAIL, every process) found in the slots a committed
+// prompt did not write on its last page: those must be zero, bytes of no request. With the hist
+// model a value there is a word (word j's value sits at coordinate 256 + j of a V row, and word j
+// is token 259 + j: docs/TEST_MODELS.md), so the suite reads the words of another request's bytes
+// that travelled with the prompt — a read on content. With the random-weight model the values
+// name nothing: stale bytes, reported as such.
+function checkAudit(ph, topo) {
+  const coords = [];
+  for (const p of topo.all) {
+    for (const m of p.out.matchAll(/test audit: \d+ of \d+ unwritten slots .* coordinates((?: \d+)*)/g)) {
+      coords.push(...m[1].trim().split(' ').filter(Boolean).map(Number));
+    }
+  }
+  if (!coords.length) return;
+  if (ph.model !== HIST) {
+    fail('stale bytes in a page', `${ph.name}: ${coords.length} unwritten slots of committed prompts' last pages hold values (decode's test audit)`);
+    return;
+  }
+  const words = new Map();
+  for (const c of coords) {
+    const id = c - 256 + 259;
+    const t = TENANTS.find((x) => x.canaryId === id);
+    const w = c >= 256 ? (t ? `'${t.canary}' (tenant ${t.name}'s canary)` : `token ${id}`) : `coordinate ${c}`;
+    words.set(w, (words.get(w) ?? 0) + 1);
+  }
+  fail('foreign words in a page', `${ph.name}: ${coords.length} unwritten slots of committed prompts' last pages hold another request's words: ${[...words].map(([w, n]) => `${w} ×${n}`).join(', ')} (decode's test audit)`);
+}
+
 // The forgeries the prefill hook made, as it announced them on stderr.
 function countForged(topo) {
   let writes = 0, dones = 0, fenced = 0;
@@ -705,7 +734,8 @@ for (const topo of ['serve', 'split']) {
   // Split only: a prefill whose writes land 1.5 s after they are posted, past the grant and hold
   // timeouts (500 ms each), beside an honest one, with a decode whose steps take 15 ms more (so
   // that requests keep running while late writes land) and whose pool is small, reused at once
-  // and not poisoned (stale pages keep their earlier tenant's K/V, as in production). Every
+  // and not poisoned (stale pages keep their earlier tenant's K/V, as in production; the
+  // prefills' pools too, so that bytes which travel from an earlier prompt are words). Every
   // request granted to the late prefill fails; its pages must wait for a proof or the fence, or
   // the late bytes land under a request of another tenant that is running on them (the H1/H2
   // leaks: freeing at a cancel or a timeout, acknowledging before the writes drained, a fence
@@ -719,7 +749,7 @@ for (const topo of ['serve', 'split']) {
     const late = (model, cases, pages, n) => ({
       name: `${topo}-late-writes${model === TINY ? '-tiny' : ''}`, topology: topo, model, pages, maxQueue: 24, admitMs: 1500,
       cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: `every=0,refuse=5,short=3,fenced=1,token=${TENANTS[0].canaryId}`,
-      envOf: (role, i) => (role === 'prefill' && i === 0 ? { KVF_FAULTS: `put_delay_ms=${LATE_MS},seed=${seed + 3}` }
+      envOf: (role, i) => (role === 'prefill' ? { KVF_POISON: '0', ...(i === 0 ? { KVF_FAULTS: `put_delay_ms=${LATE_MS},seed=${seed + 3}` } : {}) }
         : role === 'decode' ? { KVF_TEST_STEP_MS: '15', KVF_POISON: '0' } : {}),
       allowErrors: true, quiesceMs: 60000,
       async workload(ph) {
