@@ -300,7 +300,7 @@ void setup(struct world *W, uint64_t seed)
     struct kvf_decode_config dc = {.pool = W->pool, .max_reqs = MAX_REQS, .max_context = MAX_CONTEXT,
                                    .max_grant_pages = MAX_GRANT, .max_peers = N_PEERS,
                                    .grant_timeout_ms = GRANT_TIMEOUT_MS, .hold_timeout_ms = HOLD_TIMEOUT_MS,
-                                   .nonce_seed = seed * 1000};
+                                   .nonce_seed = seed * 1000, .test_unverified = W->cfg->unverified};
     if (kvf_decode_create(&dc, &W->dec) < 0) abort();
     W->acts = (struct kvf_actions){W->abuf, 0, KVF_ARRAY_LEN(W->abuf)};
 
@@ -351,7 +351,7 @@ void setup(struct world *W, uint64_t seed)
         r->fail_at = chance(W, 0.05) ? (int)rnd(W, 1, 4) : -1;
         r->refuse = chance(W, 0.05);
         r->forge = chance(W, 0.04);
-        r->corrupt = chance(W, 0.04);
+        r->corrupt = chance(W, 0.04) && !W->cfg->unverified; /* drawn either way: the same schedule */
         r->early_clear = chance(W, 0.05);
         if (r->forge || r->corrupt) r->faulted = true;
         if (chance(W, 0.03)) r->prompt = MAX_CONTEXT + 1; /* over the limit: refused at once */

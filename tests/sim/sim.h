@@ -48,6 +48,12 @@ struct sim_config {
     double p_late_put;         /* chance a put lands 100..late_put_max_ms after it is posted */
     uint32_t late_put_max_ms;
     enum sim_checks checks;
+    /* Decode commits what arrives unread (the decode machine's test_unverified: no trailer or
+     * checksum check; the counts are still compared) and no landed byte is flipped (only the
+     * checksum would see it): what then reaches a committed request is what the page lifetime
+     * rules alone let through. The mutants' content column runs the mutants those checks would
+     * otherwise stop (scripts/mutants.sh). Test builds only. */
+    bool unverified;
 };
 extern const struct sim_config sim_standard, sim_pressured;
 

@@ -7,6 +7,7 @@
  *   --config standard|pressured   the world's shape (sim.h; default standard)
  *   --checks all|invariants|content  every check (default); I1..I8 without the pool's and the
  *                                 machines' own checkers; or I1 alone (sim.h, checks)
+ *   --unverified 1                decode commits pages unread, no byte flipped (sim.h, unverified)
  *
  * The run stops at the first seed that breaks an invariant, prints "FAIL seed S: why" and then
  * replays that seed with its trace, so the failure reads as a sequence of events. It prints the
@@ -39,6 +40,15 @@ static struct sim_config config(void)
         cfg.checks = SIM_CHECK_INVARIANTS;
     else if (checks && strcmp(checks, "all") != 0)
         KVF_FAIL("unknown --checks %s (all, invariants, content)", checks);
+    const char *unv = kvf_test_arg("--unverified");
+    if (unv && strcmp(unv, "1") == 0) {
+#if !defined(KVF_TEST_BUILD)
+        KVF_FAIL("--unverified 1 needs a test build (KVF_TEST_BUILD): here it would change nothing");
+#endif
+        cfg.unverified = true;
+    } else if (unv && strcmp(unv, "0") != 0) {
+        KVF_FAIL("unknown --unverified %s (0, 1)", unv);
+    }
     return cfg;
 }
 
@@ -47,7 +57,7 @@ static void test_sim_seeds(void)
     struct sim_result r;
     struct sim_config cfg = config();
     static const char *const check_names[] = {"all", "invariants", "content"};
-    printf("# configuration %s, checks %s\n", cfg.name, check_names[cfg.checks]);
+    printf("# configuration %s, checks %s%s\n", cfg.name, check_names[cfg.checks], cfg.unverified ? ", unverified" : "");
     if (kvf_test_seed_given()) {
         uint64_t seed = kvf_test_seed();
         sim_run(&cfg, seed, stdout, &r);
@@ -71,8 +81,8 @@ static void test_sim_seeds(void)
         quarantines += r.quarantines;
         stale += r.stale;
         if (!r.ok) {
-            printf("FAIL seed %" PRIu64 ": %s\n# replay: test_sim --config %s --checks %s --seed %" PRIu64
-                   "\n# trace:\n", s, r.why, cfg.name, check_names[cfg.checks], s);
+            printf("FAIL seed %" PRIu64 ": %s\n# replay: test_sim --config %s --checks %s%s --seed %" PRIu64
+                   "\n# trace:\n", s, r.why, cfg.name, check_names[cfg.checks], cfg.unverified ? " --unverified 1" : "", s);
             fflush(stdout);
             sim_run(&cfg, s, stdout, &r);
             fflush(stdout);
