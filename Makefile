@@ -1,7 +1,8 @@
 # kvfence — a thin wrapper over CMake presets (CMakePresets.json).
 #   make          dependencies + release build (binary at build/kvfence)
 #   make serve    the release build, then `build/kvfence serve` (the README's curl examples)
-#   make test     dependencies + ASan/UBSan test build + every CTest test
+#   make test     dependencies + ASan/UBSan test build + every CTest test (among them `mutants`:
+#                 the whole mutant table, the isolation column included)
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
 #                 (the isolation column builds each mutant's kvfence binary: KVF_ISO_MUTANTS
 #                 narrows it, KVF_MUTANT_ISOLATION=0 leaves it out)

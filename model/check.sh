@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# model/check.sh [MUTANT] — exhaustive spin verification of model/handoff.pml.
+# model/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT] — exhaustive spin
+# verification of model/handoff.pml.
 #
 # With no argument the clean model is checked; with a mutant name (e.g. free_at_cancel, in any
-# case) the model is built with -DMUTANT_<NAME>. The search is exhaustive: safety only, exact
+# case) the model is built with -DMUTANT_<NAME>. --content asserts P2 alone (-DCONTENT_ONLY: a
+# committed request reads only bytes written for it); --unverified has decode commit the pages
+# unread and no put lost after it reported complete (-DUNVERIFIED; handoff.pml says what each
+# means); --forge-fenced lets forged DONEs of the fenced epoch arrive (-DFORGE_FENCED). The
+# search is exhaustive: safety only, exact
 # state compression (COLLAPSE), no bitstate and no hash-compact, so "0 errors" is a proof for the
 # configuration in the model.
 #
@@ -22,12 +27,22 @@ ack_lost_when_cleared no_count_check no_checksum_check stale_epoch_accepted src_
 fence_keeps_other_grants"
 
 usage() {
-    echo "usage: model/check.sh [MUTANT]" >&2
+    echo "usage: model/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT]" >&2
     echo "mutants: $(echo $mutants)" >&2
 }
 
 mutant=""
 define=""
+modes=""
+suffix=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --content) modes="$modes -DCONTENT_ONLY"; suffix="$suffix-content"; shift ;;
+        --unverified) modes="$modes -DUNVERIFIED"; suffix="$suffix-unverified"; shift ;;
+        --forge-fenced) modes="$modes -DFORGE_FENCED"; suffix="$suffix-forged"; shift ;;
+        *) break ;;
+    esac
+done
 if [ $# -gt 1 ]; then usage; exit 2; fi
 if [ $# -eq 1 ]; then
     case "$1" in
@@ -43,7 +58,8 @@ if [ $# -eq 1 ]; then
     fi
     define="-DMUTANT_$(echo "$mutant" | tr 'a-z' 'A-Z')"
 fi
-label="${mutant:-clean}"
+label="${mutant:-clean}$suffix"
+define="$define$modes"
 
 for tool in spin gcc; do
     if ! command -v "$tool" >/dev/null 2>&1; then
@@ -83,7 +99,7 @@ mem=$(sed -n 's/^ *\([0-9.]*\).total actual memory usage.*/\1/p' pan.out | tail 
 panel=$(sed -n 's/^pan: elapsed time \([0-9.e+]*\) seconds.*/\1/p' pan.out | tail -1)
 wall=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
 
-echo "model: $label (handoff.pml, 2 requests x 3 pages x 1 prefill x 1 decode, 1 fence)"
+echo "model: $label (handoff.pml, 2 requests x 3 pages x 1 prefill x 1 decode, 1 fence${modes:+;$modes})"
 echo "  states stored: ${stored:-?}  matched: ${matched:-?}  transitions: ${trans:-?}"
 echo "  depth reached: ${reached:-?} (bound $depth)  memory: ${mem:-?} MB"
 echo "  time: pan ${panel:-?} s, total ${wall} s (spin + gcc + pan)"

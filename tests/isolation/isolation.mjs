@@ -748,7 +748,7 @@ for (const topo of ['serve', 'split']) {
   if (topo === 'split') {
     const late = (model, cases, pages, n) => ({
       name: `${topo}-late-writes${model === TINY ? '-tiny' : ''}`, topology: topo, model, pages, maxQueue: 24, admitMs: 1500,
-      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: `every=0,refuse=5,short=3,fenced=1,token=${TENANTS[0].canaryId}`,
+      cases, grantMs: 500, holdTimeoutMs: 500, needTimeouts: true, forge: `every=0,refuse=5,short=2,fenced=1,token=${TENANTS[0].canaryId}`,
       envOf: (role, i) => (role === 'prefill' ? { KVF_POISON: '0', ...(i === 0 ? { KVF_FAULTS: `put_delay_ms=${LATE_MS},seed=${seed + 3}` } : {}) }
         : role === 'decode' ? { KVF_TEST_STEP_MS: '15', KVF_POISON: '0' } : {}),
       allowErrors: true, quiesceMs: 60000,
