@@ -46,7 +46,7 @@ asan:
 
 # The test suite: every CTest test of the ASan/UBSan build (unit, sim, model, mutants, fuzz corpus
 # replays, ...), then each libFuzzer target for TEST_FUZZ_SECONDS.
-TEST_FUZZ_SECONDS ?= 30
+TEST_FUZZ_SECONDS ?= 20
 test: deps asan
 	ctest --preset asan -j $(JOBS)
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
