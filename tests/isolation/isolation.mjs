@@ -72,7 +72,7 @@ const BUDGET_S = SOAK ? 600 : args['fail-fast'] === 'content' ? 420 : 240;
 // ---- the report, and what caught the first failure ----
 const report = {
   mode: args.mode, unverified: UNVERIFIED, seed: Number(args.seed), binary: KVF, topologies: {}, tenants: {}, outcomes: {},
-  errors_by_code: {}, faults: {}, mismatches: 0, foreign_canaries: 0, unclear_errors: 0,
+  errors_by_code: {}, faults: {}, mismatches: 0, foreign_canaries: 0, foreign_words_in_pages: 0, unclear_errors: 0,
   leaked_pages: 0, crashes: 0, counter_violations: 0, checks_failed: [], first_failure: null,
   first_content_failure: null,
 };
@@ -606,6 +606,7 @@ function checkAudit(ph, topo) {
     const w = c >= 256 ? (t ? `'${t.canary}' (tenant ${t.name}'s canary)` : `token ${id}`) : `coordinate ${c}`;
     words.set(w, (words.get(w) ?? 0) + 1);
   }
+  report.foreign_words_in_pages += coords.length;
   fail('foreign words in a page', `${ph.name}: ${coords.length} unwritten slots of committed prompts' last pages hold another request's words: ${[...words].map(([w, n]) => `${w} ×${n}`).join(', ')} (decode's test audit)`);
 }
 
@@ -869,7 +870,7 @@ function printReport() {
   console.log(`# errors by status and code: ${Object.entries(r.errors_by_code).map(([k, v]) => `${k}: ${v}`).join(', ') || 'none'}`);
   console.log(`# tenants: ${Object.entries(r.tenants).map(([k, v]) => `${k} (canary '${v.canary}') ${v.requests} requests, ${v.ok} equal to the solo run`).join('; ')}`);
   console.log(`# faults: ${Object.entries(r.faults).map(([k, v]) => `${k} ×${v}`).join('; ')}`);
-  console.log(`# mismatches = ${r.mismatches}, foreign canaries = ${r.foreign_canaries}, leaked pages = ${r.leaked_pages}, unclear errors = ${r.unclear_errors}, crashes = ${r.crashes}, counter violations = ${r.counter_violations}`);
+  console.log(`# mismatches = ${r.mismatches}, foreign canaries = ${r.foreign_canaries}, other requests' words in pages = ${r.foreign_words_in_pages}, leaked pages = ${r.leaked_pages}, unclear errors = ${r.unclear_errors}, crashes = ${r.crashes}, counter violations = ${r.counter_violations}`);
   if (r.first_content_failure && (r.first_content_failure.kind !== r.first_failure?.kind || r.first_content_failure.detail !== r.first_failure?.detail)) console.log(`# first on content: ${r.first_content_failure.kind}: ${r.first_content_failure.detail.slice(0, 300)}`);
   console.log(r.first_failure ? `# FAILED; first: ${r.first_failure.kind}: ${r.first_failure.detail.slice(0, 300)}` : '# PASSED');
 }
