@@ -13,7 +13,7 @@ PACKAGES=(
   pkg-config
   clang             # libFuzzer targets
   libclang-rt-14-dev # ASan/UBSan/libFuzzer runtimes for clang
-  libucx-dev        # transport: UCX active messages and one-sided puts
+  libsodium-dev     # the fabric: HMAC-SHA-256 handshake, ChaCha20-Poly1305 sealed messages
   ucx-utils         # ucx_info, ucx_perftest
   libmicrohttpd-dev # HTTP server
   libjansson-dev    # JSON

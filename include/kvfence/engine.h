@@ -160,6 +160,8 @@ struct kvf_worker_config {
                                      processes take turns as the workers of one process do */
     bool use_compute_flock;
     bool poison_free;             /* test builds: poison freed pages */
+    const uint8_t *fabric_key;    /* the cluster key (KVF_FABRIC_KEY_BYTES, borrowed until start
+                                     returns); NULL: none (kvfence/transport.h) */
 };
 
 typedef struct kvf_prefill_worker kvf_prefill_worker_t;
@@ -220,6 +222,7 @@ struct kvf_decode_service_config {
     uint64_t model_fp;
     uint32_t max_context, page_tokens, n_vocab;
     uint32_t keepalive_ms; /* 0 = 100 */
+    const uint8_t *fabric_key; /* as in kvf_worker_config */
 };
 int kvf_decode_service_start(kvf_decode_worker_t *dw, const struct kvf_decode_service_config *cfg,
                              kvf_decode_service_t **out, char *err, size_t err_len);
@@ -244,6 +247,7 @@ struct kvf_router_config {
     uint64_t admit_timeout_ms;        /* a request waiting for a live decode worker longer than
                                          this ends with KVF_E_PROTO_PEER_DOWN (0 = 30000) */
     uint32_t keepalive_ms;            /* 0 = 100 */
+    const uint8_t *fabric_key;        /* as in kvf_worker_config */
 };
 #define KVF_ROUTER_MAX_DECODES 16
 int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err, size_t err_len);

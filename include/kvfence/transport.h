@@ -1,39 +1,42 @@
 /*
- * kvfence/transport.h — the handoff's wire: control frames as UCX active messages, page data as
- * one-sided puts into the decode pool, and fencing by forced endpoint close.
+ * kvfence/transport.h — the fabric between kvfence's processes: authenticated, encrypted
+ * control frames, page writes into the decode pool, and fencing by closing the connection.
  *
- * One kvf_xport_t is one UCX context and worker, owned by one event-loop thread (an engine
- * loop). Every function here is called from that thread, and every callback runs on it, inside
- * kvf_xport_progress. The loop sleeps on kvf_xport_fd() after kvf_xport_arm() returned 0, so an
- * idle worker does not spin.
+ * One kvf_xport_t is one epoll set, an optional listener and its connections, owned by one
+ * event-loop thread (an engine loop). Every function here is called from that thread, and every
+ * callback runs on it, inside kvf_xport_progress. The loop sleeps on kvf_xport_fd() after
+ * kvf_xport_arm() returned 0, so an idle worker does not spin.
  *
- * Connections (kvf_conn_t, one UCX endpoint each, in peer-error mode so that a forced close is
- * a fence):
+ * Trust: every connection starts with a mutual challenge-response over the cluster key
+ * (fabric_key); a peer that cannot prove it never becomes a connection (the listener side never
+ * calls on_accept for it, the connecting side gets on_error "fabric authentication failed"), and
+ * learns nothing but a random nonce. After it, every message is sealed (ChaCha20-Poly1305 under
+ * a per-session, per-direction key, numbered): a forged, altered, replayed, reordered or dropped
+ * message fails the connection. docs/SECURITY.md has the threat model; src/transport/tcp.c the
+ * wire format.
  *
- *   connect / accept ──▶ OPEN ──(peer reset, keepalive timeout, ...)──▶ FAILED (on_error once)
- *                          │                                              │
- *                          └────────── kvf_conn_close (forced) ◀─────────┘  ──▶ gone
+ * Connections (kvf_conn_t, one TCP socket each):
  *
- * Memory a peer may write (the decode pool) is registered once at create (rma_base/rma_bytes)
- * and its remote key is sent automatically as the first message on every connection; the other
- * side unpacks it per endpoint, after which kvf_conn_put may write into it. A put names an
- * offset into the peer's registered region; the transport refuses one that would leave it.
+ *   connect / accept ──(handshake)──▶ OPEN ──(peer reset or closed, keepalive, bad tag)──▶ FAILED
+ *        │ (wrong key, timeout)           │                                 (on_error once)  │
+ *        └──────────▶ FAILED              └────── kvf_conn_close (the fence) ◀──────────────────┘ ──▶ gone
+ *
+ * Memory a peer may write (the decode pool) is given at create (rma_base/rma_bytes); its size is
+ * sent as the first message on every connection, after which the peer may kvf_conn_put into it.
+ * A put names an offset into the peer's region; the sender refuses one that would leave it and
+ * the receiver drops the connection of a peer that sends one.
  *
  * What a completion proves (see docs/PROTOCOL.md, "Fences"):
- *   - a put's callback: local completion only — the source may be reused; nothing about the
- *     remote side;
- *   - a flush's callback with status 0: every put posted on the connection before the flush
- *     completed remotely (the drain proof);
- *   - kvf_conn_close(c): after it returns, the peer can no longer write local memory through c
- *     (measured for tcp in peer-error mode; also what RDMA verbs promise). Outstanding operations
- *     on c complete with an error before it returns.
+ *   - a put's callback: local completion only — its bytes are sealed and in the kernel, the
+ *     source may be reused; nothing about the remote side;
+ *   - a flush's callback with status 0: every put posted on the connection before the flush was
+ *     applied by the peer (the drain proof);
+ *   - kvf_conn_close(c): after it returns, nothing more is read from c's socket, so the peer can
+ *     no longer write local memory through c. Outstanding operations on c complete with an
+ *     error before it returns.
  *
- * Transports: tcp is the supported, fenceable one; RDMA verbs (rc, dc, ud) take the same code.
- * Shared memory (posix, sysv, cma, xpmem, knem) cannot be fenced per peer with this UCX, so
- * create refuses a UCX_TLS setting that names one, and names the setting in the error.
- *
- * Errors: 0 or a negative code (-EINVAL, -ENOMEM, KVF_E_TRANSPORT with the UCX status in the
- * err text, -ENOTCONN on a failed or closed connection, -ERANGE for a put outside the remote
+ * Errors: 0 or a negative code (-EINVAL, -ENOMEM, KVF_E_TRANSPORT with the cause in the err
+ * text, -ENOTCONN on a failed or closed connection, -ERANGE for a put outside the remote
  * region).
  */
 #ifndef KVFENCE_TRANSPORT_H
@@ -72,10 +75,22 @@ struct kvf_xport_config {
     uint32_t keepalive_ms;    /* how soon a dead or fenced peer is noticed; 0 = 100 */
     void *rma_base;           /* memory peers may write (the decode pool); NULL = none */
     size_t rma_bytes;
+    const uint8_t *fabric_key; /* the cluster key, KVF_FABRIC_KEY_BYTES, copied at create; NULL:
+                                  an all-zero key every peer knows (no authentication) */
 };
+#define KVF_FABRIC_KEY_BYTES 32
 
-/* Creates the context, worker and (optionally) the listener, and registers rma_base. On
- * failure nothing is left and err explains. */
+/* The cluster key from a secret (a key file's content): a keyed BLAKE2b of it, so any secret of
+ * KVF_FABRIC_KEY_MIN_SECRET bytes or more serves. 0, or -EINVAL for a shorter one. */
+#define KVF_FABRIC_KEY_MIN_SECRET 32
+int kvf_fabric_key_derive(const void *secret, size_t len, uint8_t out[KVF_FABRIC_KEY_BYTES]);
+/* A fresh random key from the kernel's source (one process's private fabric: `serve`). */
+int kvf_fabric_key_random(uint8_t out[KVF_FABRIC_KEY_BYTES]);
+/* len random bytes from the kernel's source (ids, seeds, key files). 0, or KVF_E_TRANSPORT. */
+int kvf_fabric_random(void *buf, size_t len);
+
+/* Creates the epoll set and (optionally) the listener, bound to listen_host only. On failure
+ * nothing is left and err explains. */
 int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
                      kvf_xport_t **out, char *err, size_t err_len);
 /* Closes every connection (forced), unregisters memory, destroys the worker and context. After
@@ -117,8 +132,8 @@ int kvf_conn_send(kvf_conn_t *c, const void *buf, size_t len);
  * an error return done is never called. */
 int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off,
                  kvf_xport_done_fn done, void *arg);
-/* Orders the puts of this worker: every put posted before completes remotely before any posted
- * after (ucp_worker_fence). */
+/* Orders the puts on c: every put posted before is applied before any posted after (one
+ * ordered stream: always true; kept for the callers' statement of intent). */
 int kvf_conn_order(kvf_conn_t *c);
 /* Remote completion of every put posted on c so far: done(arg, 0) is the drain proof. */
 int kvf_conn_flush(kvf_conn_t *c, kvf_xport_done_fn done, void *arg);

@@ -106,6 +106,37 @@ int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, si
  * cores take turns with. 0 with cfg set, or -1 (printed). */
 int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_config *cfg);
 
+/* A file holding secrets (API keys, the cluster key): refused (-EPERM, err filled) when its group
+ * or others may write it, warned about (warn filled, 0) when they may read it. 0 or a negative
+ * errno; the messages name the file and the fix. */
+int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len, char *err,
+                              size_t err_len);
+
+/* The fabric's trust for router, prefill and decode (cli_fabric.c): --cluster-key FILE (also
+ * KVFENCE_CLUSTER_KEY_FILE) and --insecure-fabric. */
+struct kvf_cli_fabric {
+    const char *key_path;
+    bool insecure, have_key;
+    uint8_t key[32];
+};
+#define KVF_CLI_FABRIC_HELP                                                                        \
+    "  --cluster-key FILE    the cluster key every router, prefill and decode of the service\n"   \
+    "                        shares (also KVFENCE_CLUSTER_KEY_FILE; `kvfence keygen FILE`\n"       \
+    "                        writes one): peers prove it to each other before anything else\n"   \
+    "                        is said, and every message after is sealed under a session key\n"    \
+    "  --insecure-fabric     listen beyond loopback without a cluster key (any peer that\n"       \
+    "                        reaches the port can join; refused otherwise)\n"
+/* --insecure-fabric (no value): true if a was it. */
+bool kvf_cli_fabric_flag(struct kvf_cli_fabric *f, const char *a);
+/* --cluster-key FILE: true if a was it. */
+bool kvf_cli_fabric_option(struct kvf_cli_fabric *f, const char *a, const char *v);
+/* After the options: loads the key, or applies the rule that a listener beyond loopback needs a
+ * key or --insecure-fabric (listen_host NULL: no listener). 0, or 2 (printed). */
+int kvf_cli_fabric_prepare(const char *cmd, struct kvf_cli_fabric *f, const char *listen_host);
+/* The key for the engine's configs, or NULL when none was given. */
+const uint8_t *kvf_cli_fabric_key(const struct kvf_cli_fabric *f);
+int kvf_cmd_keygen(int argc, char **argv);
+
 /* True when argv (after the subcommand) asks for help. */
 bool kvf_cli_wants_help(int argc, char **argv);
 

@@ -217,3 +217,29 @@ int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_co
     cfg->use_compute_flock = true;
     return 0;
 }
+
+int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len, char *err,
+                              size_t err_len)
+{
+    struct stat st;
+    if (warn_len) warn[0] = 0;
+    if (stat(path, &st) < 0) {
+        snprintf(err, err_len, "%s %s: %s", what, path, strerror(errno));
+        return -errno;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, err_len, "%s %s: not a regular file", what, path);
+        return -EINVAL;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(err, err_len,
+                 "%s %s: writable by %s (mode %03o): anyone who can write it chooses the secrets; "
+                 "chmod 600 %s",
+                 what, path, st.st_mode & S_IWOTH ? "others" : "its group", (unsigned)(st.st_mode & 0777), path);
+        return -EPERM;
+    }
+    if (st.st_mode & (S_IRGRP | S_IROTH))
+        snprintf(warn, warn_len, "%s %s is readable by %s (mode %03o); chmod 600 %s", what, path,
+                 st.st_mode & S_IROTH ? "others" : "its group", (unsigned)(st.st_mode & 0777), path);
+    return 0;
+}

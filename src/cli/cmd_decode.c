@@ -18,8 +18,10 @@ static void usage(FILE *f)
             "usage: kvfence decode --model F.gguf --listen HOST:PORT [--prefill HOST:PORT[,...]]\n"
             "                      [--context-length N] [--kv-memory SIZE] [--threads N]\n"
             "                      [--max-queue N] [--admit-timeout MS] [--compute-lock FILE]\n"
-            "                      [--grant-timeout MS] [--hold-timeout MS]\n\n"
-            "Runs a decode worker: routers connect to HOST:PORT over UCX (TCP) and submit requests;\n"
+            "                      [--grant-timeout MS] [--hold-timeout MS]\n"
+            "                      [--cluster-key FILE | --insecure-fabric]\n\n"
+            "Runs a decode worker: routers connect to HOST:PORT (TCP, authenticated by the cluster\n"
+            "key) and submit requests;\n"
             "it grants KV pages to prefill workers, verifies what they wrote, and decodes.\n\n"
             "  --listen HOST:PORT    where routers connect (port 0: any free port)\n"
             "  --prefill LIST        prefill workers to use besides those the routers name\n"
@@ -39,7 +41,8 @@ static void usage(FILE *f)
             "  --hold-timeout MS     pages whose writer gave no such proof within this are\n"
             "                        quarantined and the writer fenced: its connection closed, a\n"
             "                        new one at a new epoch (default 30000). Neither timeout frees\n"
-            "                        a page by itself: only a proof or the fence does\n\n"
+            "                        a page by itself: only a proof or the fence does\n"
+            KVF_CLI_FABRIC_HELP "\n"
             "Every option can also be set as KVFENCE_<OPTION> in the environment (KVFENCE_KV_MEMORY\n"
             "for --kv-memory); the command line wins. Prints \"listening HOST PORT\" on stdout once\n"
             "it accepts routers. SIGINT or SIGTERM: requests in flight get up to 10 s, then the\n"
@@ -52,18 +55,21 @@ int kvf_cmd_decode(int argc, char **argv)
     uint32_t threads = 0, ctx_len = 0, max_queue = 0, admit_ms = 0, grant_ms = 0, hold_ms = 0;
     uint64_t kv_bytes = 1ull << 30;
     bool ctx_given = false;
+    struct kvf_cli_fabric fab = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
         }
+        if (kvf_cli_fabric_flag(&fab, a)) continue;
         if (i + 1 >= argc) {
             fprintf(stderr, "kvfence decode: %s needs a value\n", a);
             return 2;
         }
         const char *v = argv[++i];
         int bad = 0;
+        if (kvf_cli_fabric_option(&fab, a, v)) continue;
         if (strcmp(a, "--model") == 0) model_path = v;
         else if (strcmp(a, "--listen") == 0) listen = v;
         else if (strcmp(a, "--prefill") == 0) prefills = v;
@@ -96,6 +102,8 @@ int kvf_cmd_decode(int argc, char **argv)
         fprintf(stderr, "kvfence decode: --listen wants HOST:PORT, not '%s'\n", listen);
         return 2;
     }
+    int frc = kvf_cli_fabric_prepare("decode", &fab, host);
+    if (frc) return frc;
     struct kvf_cli_addrs pf = {0};
     if (prefills && kvf_cli_parse_addrs("decode", "--prefill", prefills, &pf) < 0) return 2;
     if (threads == 0) {
@@ -122,7 +130,7 @@ int kvf_cmd_decode(int argc, char **argv)
                                    .n_pages = n_pages, .n_threads = threads, .max_context = limit,
                                    .max_batch = 16, .max_reqs = 64, .max_queue = max_queue,
                                    .admit_timeout_ms = admit_ms, .grant_timeout_ms = grant_ms,
-                                   .hold_timeout_ms = hold_ms};
+                                   .hold_timeout_ms = hold_ms, .fabric_key = kvf_cli_fabric_key(&fab)};
     if (lock_path && kvf_cli_compute_lock("decode", lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
@@ -132,7 +140,8 @@ int kvf_cmd_decode(int argc, char **argv)
         goto out;
     }
     for (uint32_t i = 0; i < pf.n; i++) kvf_decode_worker_add_prefill(dw, pf.host[i], pf.port[i]);
-    struct kvf_decode_service_config sc = {host, port, fp, limit, DECODE_PAGE_TOKENS, hp->n_vocab, 0};
+    struct kvf_decode_service_config sc = {host, port, fp, limit, DECODE_PAGE_TOKENS, hp->n_vocab, 0,
+                                           kvf_cli_fabric_key(&fab)};
     if (kvf_decode_service_start(dw, &sc, &svc, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence decode: cannot listen on %s: %s\n", listen, err);
         goto out;

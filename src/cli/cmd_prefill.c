@@ -16,15 +16,18 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence prefill --model F.gguf --listen HOST:PORT [--context-length N]\n"
-               "                       [--threads N] [--kv-memory SIZE] [--compute-lock FILE]\n\n"
-               "Runs a prefill worker: decode workers connect to HOST:PORT over UCX (TCP) and grant\n"
+               "                       [--threads N] [--kv-memory SIZE] [--compute-lock FILE]\n"
+               "                       [--cluster-key FILE | --insecure-fabric]\n\n"
+               "Runs a prefill worker: decode workers connect to HOST:PORT (TCP; they prove the\n"
+               "cluster key, and it proves it to them) and grant\n"
                "it pages to write. --context-length (default: the model's) must equal the decode\n"
                "workers'. --kv-memory sizes its own pool (default: one prompt at the context\n"
                "length). Prints \"listening HOST PORT\" on stdout once it accepts connections.\n"
                "--compute-lock FILE: workers on the same cores given the same file take turns\n"
                "computing, one forward call at a time, instead of halving each other.\n"
                "Every option can also be set as KVFENCE_<OPTION> in the environment; the command\n"
-               "line wins. SIGINT or SIGTERM stops it (its connections close; decode fences them).\n");
+               "line wins. SIGINT or SIGTERM stops it (its connections close; decode fences them).\n\n"
+               KVF_CLI_FABRIC_HELP);
 }
 
 int kvf_cmd_prefill(int argc, char **argv)
@@ -32,18 +35,21 @@ int kvf_cmd_prefill(int argc, char **argv)
     const char *model_path = NULL, *listen = NULL, *lock_path = NULL;
     uint32_t threads = 0, ctx_len = 0;
     uint64_t kv_bytes = 0;
+    struct kvf_cli_fabric fab = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
         }
+        if (kvf_cli_fabric_flag(&fab, a)) continue;
         if (i + 1 >= argc) {
             fprintf(stderr, "kvfence prefill: %s needs a value\n", a);
             return 2;
         }
         const char *v = argv[++i];
         int bad = 0;
+        if (kvf_cli_fabric_option(&fab, a, v)) continue;
         if (strcmp(a, "--model") == 0) model_path = v;
         else if (strcmp(a, "--listen") == 0) listen = v;
         else if (strcmp(a, "--compute-lock") == 0) lock_path = v;
@@ -74,6 +80,8 @@ int kvf_cmd_prefill(int argc, char **argv)
     }
     memcpy(host, listen, (size_t)(colon - listen));
     host[colon - listen] = 0;
+    int frc = kvf_cli_fabric_prepare("prefill", &fab, host);
+    if (frc) return frc;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (uint32_t)n : 1;
@@ -107,7 +115,8 @@ int kvf_cmd_prefill(int argc, char **argv)
     }
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = 16, .n_pages = n_pages,
                                    .n_threads = threads, .max_context = ctx_len, .listen_host = host,
-                                   .listen_port = (uint16_t)port, .max_reqs = 64};
+                                   .listen_port = (uint16_t)port, .max_reqs = 64,
+                                   .fabric_key = kvf_cli_fabric_key(&fab)};
     if (lock_path && kvf_cli_compute_lock("prefill", lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));

@@ -18,7 +18,8 @@ static void usage(FILE *f)
             "usage: kvfence router --model F.gguf --prefill HOST:PORT[,...] --decode HOST:PORT[,...]\n"
             "                      [--host 127.0.0.1] [--port 8080] [--context-length N]\n"
             "                      [--max-queue N] [--admit-timeout MS] [--api-keys FILE | --no-auth]\n"
-            "                      [--tenant-max-running N] [--tenant-max-queued N]\n\n"
+            "                      [--tenant-max-running N] [--tenant-max-queued N]\n"
+            "                      [--cluster-key FILE]\n\n"
             "Runs the HTTP router (the same API as `kvfence serve`) over prefill and decode workers\n"
             "in their own processes (`kvfence prefill`, `kvfence decode`), on this host or others.\n\n"
             "  --model F.gguf        the same model file the workers serve (its fingerprint, context\n"
@@ -37,7 +38,8 @@ static void usage(FILE *f)
             "                        fails with 502 (default 30000)\n"
             "  --api-keys FILE, --no-auth, --tenant-max-running N, --tenant-max-queued N,\n"
             "  --max-conn-per-ip N, --header-timeout MS, --body-timeout MS, --send-timeout MS:\n"
-            "                        as for `kvfence serve`\n\n"
+            "                        as for `kvfence serve`\n"
+            "  --cluster-key FILE    the key the workers were given (also KVFENCE_CLUSTER_KEY_FILE)\n\n"
             "Every option can also be set as KVFENCE_<OPTION> in the environment (KVFENCE_DECODE for\n"
             "--decode); the command line wins. GET /health lists every worker and whether it is\n"
             "reachable; it answers 200 only when a decode worker with a live prefill worker is up.\n"
@@ -50,6 +52,7 @@ int kvf_cmd_router(int argc, char **argv)
     const char *model_path = NULL, *prefills = NULL, *decodes = NULL;
     uint32_t ctx_len = 0, admit_ms = 0;
     struct kvf_cli_http http = {.port = 8080};
+    struct kvf_cli_fabric fab = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -60,6 +63,7 @@ int kvf_cmd_router(int argc, char **argv)
             http.no_auth = true;
             continue;
         }
+        if (kvf_cli_fabric_flag(&fab, a)) continue;
         if (i + 1 >= argc) {
             fprintf(stderr, "kvfence router: %s needs a value\n", a);
             return 2;
@@ -68,6 +72,7 @@ int kvf_cmd_router(int argc, char **argv)
         int bad = 0, took = kvf_cli_http_option("router", &http, a, v);
         if (took < 0) return 2;
         if (took) continue;
+        if (kvf_cli_fabric_option(&fab, a, v)) continue;
         if (strcmp(a, "--model") == 0) model_path = v;
         else if (strcmp(a, "--prefill") == 0) prefills = v;
         else if (strcmp(a, "--decode") == 0) decodes = v;
@@ -92,7 +97,9 @@ int kvf_cmd_router(int argc, char **argv)
     if (kvf_cli_parse_addrs("router", "--prefill", prefills, &pf) < 0 ||
         kvf_cli_parse_addrs("router", "--decode", decodes, &dc) < 0)
         return 2;
-    int prc = kvf_cli_http_prepare("router", &http);
+    int prc = kvf_cli_fabric_prepare("router", &fab, NULL);
+    if (prc) return prc;
+    prc = kvf_cli_http_prepare("router", &http);
     if (prc) return prc;
 
     sigset_t sigs;
@@ -120,7 +127,8 @@ int kvf_cmd_router(int argc, char **argv)
                                    .prefill_hosts = ph, .prefill_ports = pf.port,
                                    .n_prefills = pf.n, .model_fp = fp, .max_context = limit,
                                    .page_tokens = ROUTER_PAGE_TOKENS, .n_vocab = hp->n_vocab,
-                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms};
+                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms,
+                                   .fabric_key = kvf_cli_fabric_key(&fab)};
     if (kvf_router_start(&rc, &r, err, sizeof err) < 0) {
         fprintf(stderr, "kvfence router: %s\n", err);
         goto out;

@@ -1,5 +1,5 @@
 /* `kvfence serve`: router + one prefill worker + one decode worker in one process, joined by the
- * real protocol over UCX on loopback (TCP), serving the OpenAI-compatible API.
+ * real protocol over the authenticated fabric on loopback (TCP), serving the OpenAI-compatible API.
  *
  * Sharing the cores: both workers run their forward passes with the same number of compute
  * threads, and every forward call takes one process-wide compute lock, so the two thread pools
@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "kvfence/transport.h"
 #include "kvfence/engine.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
@@ -62,7 +63,8 @@ static void usage(FILE *f)
             "                     [--tenant-max-running N] [--tenant-max-queued N]\n"
             "                     [--grant-timeout MS] [--hold-timeout MS]\n\n"
             "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
-            "one process, joined by the handoff protocol over UCX on loopback.\n\n"
+            "one process, joined by the handoff protocol over loopback TCP (its fabric authenticated by a\n"
+            "key drawn at start that never leaves the process).\n\n"
             "  --model F.gguf        the model; without it, kvfence writes (once) and serves its\n"
             "                        readable test model 'hist' in the data directory\n"
             "  --host, --port        where to listen (default 127.0.0.1:8080)\n"
@@ -241,8 +243,16 @@ int kvf_cmd_serve(int argc, char **argv)
         goto out;
     /* The prefill pool holds one prompt at the limit (prompts are computed one at a time). */
     uint32_t prefill_pages = (limit + SERVE_PAGE_TOKENS - 1) / SERVE_PAGE_TOKENS + 1;
+    /* The internal fabric (prefill and decode on 127.0.0.1) takes only peers that prove a key
+     * drawn now and never leaving the process: another local user who reaches the port is
+     * refused before a byte of theirs is parsed beyond the greeting. */
+    uint8_t fabric_key[KVF_FABRIC_KEY_BYTES];
+    if (kvf_fabric_key_random(fabric_key) < 0) {
+        fprintf(stderr, "kvfence serve: no random source for the internal fabric's key\n");
+        goto out;
+    }
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = SERVE_PAGE_TOKENS,
-                                   .n_pages = prefill_pages, .n_threads = threads,
+                                   .fabric_key = fabric_key, .n_pages = prefill_pages, .n_threads = threads,
                                    .max_context = limit, .listen_host = "127.0.0.1",
                                    .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
                                    .max_queue = http.max_queue, .admit_timeout_ms = admit_ms,
@@ -272,7 +282,7 @@ int kvf_cmd_serve(int argc, char **argv)
     }
     if (!info.prefill_up) {
         fprintf(stderr, "kvfence serve: the decode worker could not connect to the prefill worker "
-                        "over UCX on 127.0.0.1 within 10 s\n");
+                        "over the fabric on 127.0.0.1 within 10 s\n");
         goto out;
     }
     if (kvf_cli_http_start("serve", &http, model_path, g, tok, &serve_ops, dw, &srv) < 0) goto out;

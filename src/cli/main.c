@@ -14,6 +14,7 @@ static const struct kvf_cmd commands[] = {
     {"run", "generate from a model on the command line, without a server", kvf_cmd_run},
     {"mkmodel", "write a Llama GGUF test model with seeded random weights", kvf_cmd_mkmodel},
     {"bench", "run a benchmark and print its figures", kvf_cmd_bench},
+    {"keygen", "write a new cluster key file for the fabric", kvf_cmd_keygen},
 };
 
 /* The options each serving command also takes from KVFENCE_<FLAG> (kvf_cli_env_args). */
@@ -25,15 +26,16 @@ static const struct kvf_cmd commands[] = {
     {"--send-timeout", false}
 static const struct kvf_cli_flag serve_flags[] = {HTTP_FLAGS, {"--threads", false},
                                                   {"--kv-memory", false}, {"--data-dir", false}};
-static const struct kvf_cli_flag router_flags[] = {HTTP_FLAGS, {"--prefill", false},
+#define FABRIC_FLAGS {"--cluster-key", false}, {"--insecure-fabric", true}
+static const struct kvf_cli_flag router_flags[] = {HTTP_FLAGS, FABRIC_FLAGS, {"--prefill", false},
                                                    {"--decode", false}};
 static const struct kvf_cli_flag prefill_flags[] = {
     {"--model", false}, {"--listen", false}, {"--context-length", false}, {"--threads", false},
-    {"--kv-memory", false}, {"--compute-lock", false}};
+    {"--kv-memory", false}, {"--compute-lock", false}, FABRIC_FLAGS};
 static const struct kvf_cli_flag decode_flags[] = {
     {"--model", false},     {"--listen", false},    {"--context-length", false},
     {"--threads", false},   {"--kv-memory", false}, {"--prefill", false},
-    {"--max-queue", false}, {"--admit-timeout", false}, {"--compute-lock", false}};
+    {"--max-queue", false}, {"--admit-timeout", false}, {"--compute-lock", false}, FABRIC_FLAGS};
 static const struct {
     const char *cmd;
     const struct kvf_cli_flag *flags;

@@ -1163,7 +1163,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     if (rc == 0) {
         size_t bytes = 0;
         void *base = kvf_pool_data(w->pool, &bytes);
-        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, base, bytes};
+        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, base, bytes, cfg->fabric_key};
         struct kvf_xport_events ev = {w, NULL, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
     }

@@ -1059,7 +1059,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     }
     if (rc == 0) {
         struct kvf_xport_config xc = {cfg->listen_host ? cfg->listen_host : "127.0.0.1",
-                                      cfg->listen_port, cfg->keepalive_ms, NULL, 0};
+                                      cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key};
         struct kvf_xport_events ev = {w, on_accept, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
     }
