@@ -665,7 +665,11 @@ static void conn_read(kvf_conn_t *c)
         if (c->rb_off == c->rb_len) c->rb_off = c->rb_len = 0;
         ssize_t n = recv(c->fd, c->rb + c->rb_len, c->rb_cap - c->rb_len, 0);
         if (n == 0) {
-            conn_fail(c, "connection failed: %s", "the peer closed the connection");
+            if (c->state == C_WAIT_PROOF) /* the listener refused our proof */
+                conn_fail(c, "fabric authentication failed: %s",
+                          "the listener closed the connection after our proof (not the same cluster key?)");
+            else
+                conn_fail(c, "connection failed: %s", "the peer closed the connection");
             break;
         }
         if (n < 0) {

@@ -1,5 +1,5 @@
 /*
- * test_procs.c — the handoff between two real processes over UCX TCP: a `kvfence prefill`
+ * test_procs.c — the handoff between two real processes over the fabric (TCP): a `kvfence prefill`
  * process and a decode worker in this one. Every completed request's tokens must equal the same
  * request run alone (the decode verified count, trailers and checksums of every page it
  * committed); the decode pool must return to all free; faults end requests with clear errors.
@@ -11,6 +11,11 @@
  *   hang   SIGSTOP the prefill with writes in flight: the grant timeout fails the requests, the
  *          hold timeout quarantines their pages and fences the peer, which frees them; SIGCONT:
  *          the decode reconnects and serves requests that reuse those pages, correctly
+ *   key    a decode worker with another cluster key is refused by the prefill process (it never
+ *          goes up, no grant is made); the prefill stays up and serves the right decode after
+ *
+ * The prefill runs with --cluster-key (a file this test writes) and the decode worker with the
+ * same key, as a deployment across hosts does (the namespace test runs these on a veth pair).
  *
  * argv: the kvfence binary (CTest passes it).
  */
@@ -31,11 +36,30 @@
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
+#include "kvfence/transport.h"
 
 #define PT 16u
 #define CTX 256u
 
 static const char *kvfence_bin;
+static char key_path[64];                         /* the cluster key file the prefill reads */
+static uint8_t cluster_key[KVF_FABRIC_KEY_BYTES]; /* the same key, for the decode worker */
+
+/* Writes a fresh key file (0600) once per run. */
+static void make_key(void)
+{
+    if (key_path[0]) return;
+    uint8_t raw[32];
+    char hex[65];
+    ASSERT_OK(kvf_fabric_random(raw, sizeof raw));
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    snprintf(key_path, sizeof key_path, "/tmp/kvf_procs_key.%d", (int)getpid());
+    int fd = open(key_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_TRUE(fd >= 0);
+    ASSERT_TRUE(write(fd, hex, 64) == 64);
+    close(fd);
+    ASSERT_OK(kvf_fabric_key_derive(hex, 64, cluster_key));
+}
 
 struct rig {
     char dir[64], path[128];
@@ -44,6 +68,7 @@ struct rig {
     uint64_t fp;
     uint16_t port;
     pid_t child;
+    const uint8_t *decode_key; /* NULL: cluster_key */
     kvf_decode_worker_t *dw;
     uint32_t n_vocab;
 };
@@ -95,16 +120,16 @@ static pid_t start_prefill(struct rig *r, const char *faults)
         const char *ns = getenv("KVF_TEST_PREFILL_NETNS");
         if (ns && *ns)
             execlp("ip", "ip", "netns", "exec", ns, kvfence_bin, "prefill", "--model", r->path,
-                   "--listen", listen, "--context-length", ctx, "--threads", "1", (char *)NULL);
+                   "--listen", listen, "--context-length", ctx, "--threads", "1", "--cluster-key",
+                   key_path, (char *)NULL);
         else
             execl(kvfence_bin, "kvfence", "prefill", "--model", r->path, "--listen", listen,
-                  "--context-length", ctx, "--threads", "1", (char *)NULL);
+                  "--context-length", ctx, "--threads", "1", "--cluster-key", key_path, (char *)NULL);
         _exit(127);
     }
     close(p[1]);
     char line[128] = "";
     FILE *f = fdopen(p[0], "r");
-    /* UCX may print warnings on stdout first. */
     while (fgets(line, sizeof(line), f) && strncmp(line, "listening ", 10) != 0) {
     }
     if (strncmp(line, "listening ", 10) != 0) {
@@ -150,7 +175,9 @@ static void rig_start(struct rig *r, const char *faults, uint32_t decode_pages, 
                       uint64_t hold_ms)
 {
     char err[256] = "";
+    const uint8_t *decode_key = r->decode_key;
     memset(r, 0, sizeof(*r));
+    make_key();
     snprintf(r->dir, sizeof(r->dir), "/tmp/kvf_procs_XXXXXX");
     ASSERT_NOT_NULL(mkdtemp(r->dir));
     snprintf(r->path, sizeof(r->path), "%s/m.gguf", r->dir);
@@ -176,8 +203,10 @@ static void rig_start(struct rig *r, const char *faults, uint32_t decode_pages, 
 #if defined(KVF_TEST_BUILD)
                                   .poison_free = true,
 #endif
-                                  .keepalive_ms = 100};
+                                  .keepalive_ms = 100,
+                                  .fabric_key = decode_key ? decode_key : cluster_key};
     if (kvf_decode_worker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
+    if (decode_key) return; /* the caller checks what becomes of it */
     if (!wait_up(r, 10000)) KVF_FAIL("the decode worker never connected to the prefill process");
 }
 
@@ -428,7 +457,42 @@ static void test_lost_ack_ends_by_fence(void)
     rig_stop(&r);
 }
 
+/* A decode worker holding another key never gets past the prefill process's handshake: no
+ * HELLO, so no grant and no prompt ever reaches that prefill; the process stays up, and a decode
+ * worker with the right key is served by it at once. */
+static void test_wrong_key_refused(void)
+{
+    static uint8_t wrong[KVF_FABRIC_KEY_BYTES];
+    make_key();
+    memcpy(wrong, cluster_key, sizeof wrong);
+    wrong[0] ^= 1; /* one bit off */
+    struct rig r = {.decode_key = wrong};
+    rig_start(&r, NULL, 24, 0, 0);
+    ASSERT_TRUE(!wait_up(&r, 3000));
+    struct kvf_engine_info in;
+    info(&r, &in);
+    ASSERT_EQ_INT(in.prefill_up, 0);
+    ASSERT_EQ_INT(kill(r.child, 0), 0); /* the prefill process is still up */
+    kvf_decode_worker_stop(r.dw, 0);
+    /* The right key, against the same process. */
+    struct kvf_worker_config c = {.model = r.m, .model_fp = r.fp, .page_tokens = PT, .n_pages = 24,
+                                  .n_threads = 1, .max_context = CTX, .prefill_host = prefill_host(),
+                                  .prefill_port = r.port, .max_batch = 16, .admit_timeout_ms = 20000,
+                                  .keepalive_ms = 100, .fabric_key = cluster_key};
+    char err[256] = "";
+    if (kvf_decode_worker_start(&c, &r.dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
+    ASSERT_TRUE(wait_up(&r, 10000));
+    struct req ok;
+    make_req(&ok, 78, r.n_vocab);
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &ok.p, &ok.g));
+    drain(&r, &ok);
+    ASSERT_OK(ok.err);
+    check_against_solo(&r, &ok);
+    rig_stop(&r);
+}
+
 static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_wrong_key_refused),
     KVF_CASE(test_lost_ack_ends_by_fence),
     KVF_CASE(test_soak_thousand_handoffs),
     KVF_CASE(test_kill_prefill_mid_transfer),
@@ -448,5 +512,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_procs /path/to/kvfence [test options]\n");
         return 2;
     }
-    return KVF_TEST_MAIN(argc, argv, cases);
+    int rc = KVF_TEST_MAIN(argc, argv, cases);
+    if (key_path[0]) unlink(key_path);
+    return rc;
 }
