@@ -629,8 +629,17 @@ static void connect_prefill(struct kvf_decode_worker *w, uint16_t peer)
 static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
 {
     struct dpeer *p = &w->peers[peer];
-    if (p->hello_ok) snprintf(p->why, sizeof p->why, "connection lost");
-    else if (!p->why[0]) snprintf(p->why, sizeof p->why, "no answer to HELLO within %u ms", DW_HELLO_MS);
+    if (p->hello_ok) {
+        snprintf(p->why, sizeof p->why, "connection lost");
+    } else if (p->conn && kvf_conn_failed(p->conn) && strstr(kvf_conn_error(p->conn), "authentication")) {
+        /* Said once per change: the connection is tried again every few seconds. */
+        if (strcmp(p->why, kvf_conn_error(p->conn)) != 0)
+            fprintf(stderr, "kvfence decode: not using the prefill worker at %s:%u: %s\n", p->host, p->port,
+                    kvf_conn_error(p->conn));
+        kvf__strlcpy(p->why, kvf_conn_error(p->conn), sizeof p->why);
+    } else if (!p->why[0]) {
+        snprintf(p->why, sizeof p->why, "no answer to HELLO within %u ms", DW_HELLO_MS);
+    }
     /* Every request granted to the peer fails now (H13); its pages wait for the fence, which
      * this asks for and which run_actions performs: the forced close. */
     kvf_decode_peer_down(w->d, kvf__now_ms(), peer, &w->acts);

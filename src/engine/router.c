@@ -366,6 +366,12 @@ static void dec_lost(struct kvf_router *r, int di)
         snprintf(d->why, sizeof d->why, "connection lost");
         fprintf(stderr, "kvfence router: lost the decode worker %s:%u; its requests fail\n", d->host,
                 d->port);
+    } else if (d->c && kvf_conn_failed(d->c) && strstr(kvf_conn_error(d->c), "authentication")) {
+        /* Said once per change: a router with the wrong cluster key retries every few seconds. */
+        if (strcmp(d->why, kvf_conn_error(d->c)) != 0)
+            fprintf(stderr, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host, d->port,
+                    kvf_conn_error(d->c));
+        kvf__strlcpy(d->why, kvf_conn_error(d->c), sizeof d->why);
     } else if (!d->why[0] || strncmp(d->why, "refused", 7) != 0) {
         snprintf(d->why, sizeof d->why, "no answer to HELLO within %u ms", RT_HELLO_MS);
     }

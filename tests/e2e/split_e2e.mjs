@@ -1,5 +1,5 @@
 // The split roles end to end: `kvfence router`, two `kvfence prefill` and two `kvfence decode`
-// processes over UCX (TCP), driven by the official `openai` npm client and by raw HTTP.
+// processes over the authenticated fabric (TCP), driven by the official `openai` npm client and by raw HTTP.
 //
 //   node split_e2e.mjs --kvfence EXE --node-modules DIR --work DIR [--readme README.md]
 //                      [--ns-a NETNS --host-a ADDR --host-b ADDR]
@@ -47,6 +47,10 @@ const { default: OpenAI } = await import(pathToFileURL(entry).href);
 const W = args.work;
 fs.rmSync(W, { recursive: true, force: true });
 fs.mkdirSync(W, { recursive: true });
+// Every role shares one cluster key, as a deployment across hosts must (the workers listen on
+// host-a/host-b, beyond loopback, in the namespace run).
+const KEY = path.join(W, 'cluster.key');
+execFileSync(KVF, ['keygen', KEY], { stdio: 'ignore' });
 
 // ---- processes: each tracked and killed on any exit ----
 const children = new Set();
@@ -62,7 +66,8 @@ const withTimeout = (p, ms, what) => Promise.race([p, sleep(ms).then(() => { thr
 function launch(name, argv, ns = null, env = {}) {
   const cmd = ns ? 'ip' : KVF;
   const full = ns ? ['netns', 'exec', ns, KVF, ...argv] : argv;
-  const child = spawn(cmd, full, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1', ...env } });
+  const child = spawn(cmd, full, { stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1', KVFENCE_CLUSTER_KEY_FILE: KEY, ...env } });
   children.add(child);
   const p = { name, child, out: '', err: '', exited: null };
   child.stdout.on('data', (d) => { p.out += d; });
