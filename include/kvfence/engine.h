@@ -198,7 +198,19 @@ struct kvf_prefill_status {
  * same address twice is one worker). Prompts go to the live prefill with the fewest prompts
  * granted and not yet delivered. -ENOSPC beyond KVF_DECODE_MAX_PREFILLS. */
 int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint16_t port);
-/* The prefill workers as the loop last published them; returns how many (≤ max filled). */
+/* The prefill workers that the live routers name, as a whole (any thread; each call replaces the
+ * last). One added by kvf_decode_worker_add_prefill (the decode's own configuration) is kept
+ * whatever routers name; one named only by routers and no longer named by any is retired: its
+ * requests fail as on a lost connection, its connection is fenced, it is never dialled again,
+ * and its slot goes to the next one named. Names beyond KVF_DECODE_MAX_PREFILLS are dropped
+ * (counted in the return: 0, or how many did not fit). */
+struct kvf_prefill_addr {
+    char host[KVF_PREFILL_HOST_MAX];
+    uint16_t port;
+};
+int kvf_decode_worker_set_router_prefills(kvf_decode_worker_t *w, const struct kvf_prefill_addr *named, uint32_t n);
+/* The prefill workers as the loop last published them (retired ones left out); returns how many
+ * (≤ max filled). */
 size_t kvf_decode_worker_prefills(kvf_decode_worker_t *w, struct kvf_prefill_status *out, size_t max);
 /* The worker's notify eventfd (the worker owns it): from this call on, every event pushed to a
  * handle submitted afterwards also writes it, so a thread serving many handles can sleep on it

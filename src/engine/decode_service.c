@@ -38,6 +38,8 @@ struct rconn {
     bool hello_ok, failed;
     uint64_t deadline_ms; /* no HELLO by then, or refused: closed then */
     struct sreq *reqs;
+    struct kvf_prefill_addr named[KVF_RPC_MAX_PREFILLS]; /* the prefill workers its HELLO named */
+    uint32_t n_named;
     struct rconn *next;
 };
 
@@ -65,6 +67,7 @@ struct kvf_decode_service {
     uint64_t next_status_ms;
     uint64_t bad_frames;
     char last_refusal[KVF_PREFILL_WHY_MAX];
+    bool named_dirty; /* a router came or went: the prefill set is recomputed */
 };
 
 static void on_accept(void *ctx, kvf_conn_t *c)
@@ -148,10 +151,14 @@ static void handle_hello(struct kvf_decode_service *s, struct rconn *rc, const s
         rc->deadline_ms = kvf__now_ms() + DS_REFUSE_MS;
         return;
     }
-    for (uint32_t i = 0; i < h->n_prefills; i++)
-        if (kvf_decode_worker_add_prefill(s->dw, h->prefills[i].host, h->prefills[i].port) < 0)
-            fprintf(stderr, "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
-                    h->prefills[i].host, h->prefills[i].port, KVF_DECODE_MAX_PREFILLS);
+    /* The prefill workers it names are used while it (or another router naming them) is
+     * connected: the decode worker retires them when no live router names them any more. */
+    rc->n_named = h->n_prefills < KVF_RPC_MAX_PREFILLS ? h->n_prefills : KVF_RPC_MAX_PREFILLS;
+    for (uint32_t i = 0; i < rc->n_named; i++) {
+        kvf__strlcpy(rc->named[i].host, h->prefills[i].host, sizeof rc->named[i].host);
+        rc->named[i].port = h->prefills[i].port;
+    }
+    s->named_dirty = true;
     send_bytes(s, rc, kvf_rpc_put_hello(s->frame, DS_FRAME_CAP, KVF_RPC_HELLO_D, &reply));
     rc->hello_ok = true;
     rc->deadline_ms = 0;
@@ -251,9 +258,43 @@ static void drop_conn(struct kvf_decode_service *s, struct rconn *rc)
         kvf_decode_gen_ops.release(s->dw, q->g);
         free(q);
     }
-    if (rc->hello_ok) atomic_fetch_sub(&s->routers, 1);
+    if (rc->hello_ok) {
+        atomic_fetch_sub(&s->routers, 1);
+        s->named_dirty = true;
+    }
     kvf_conn_close(rc->c);
     free(rc);
+}
+
+/* The union of the live routers' names, handed to the decode worker. O(routers² + names ×
+ * table): a decode has a handful of routers. */
+static void publish_named(struct kvf_decode_service *s)
+{
+    struct kvf_prefill_addr all[KVF_DECODE_MAX_PREFILLS];
+    uint32_t n = 0, dropped = 0, n_conns = 0;
+    for (struct rconn *rc = s->conns; rc; rc = rc->next) n_conns++;
+    /* Oldest router first (the list is newest first): names already in use keep their slots,
+     * and a newer router's names beyond the table are the ones refused. */
+    for (uint32_t age = n_conns; age-- > 0;) {
+        struct rconn *rc = s->conns;
+        for (uint32_t k = 0; k < age; k++) rc = rc->next;
+        if (!rc->hello_ok) continue;
+        for (uint32_t i = 0; i < rc->n_named; i++) {
+            bool dup = false;
+            for (uint32_t k = 0; k < n && !dup; k++)
+                dup = all[k].port == rc->named[i].port && strcmp(all[k].host, rc->named[i].host) == 0;
+            if (dup) continue;
+            if (n < KVF_ARRAY_LEN(all))
+                all[n++] = rc->named[i];
+            else
+                dropped++;
+        }
+    }
+    dropped += (uint32_t)kvf_decode_worker_set_router_prefills(s->dw, all, n);
+    if (dropped)
+        fprintf(stderr, "kvfence decode: the routers name %u prefill workers beyond the %d this decode "
+                        "worker can use\n", dropped, KVF_DECODE_MAX_PREFILLS);
+    s->named_dirty = false;
 }
 
 static void *loop(void *arg)
@@ -287,6 +328,7 @@ static void *loop(void *arg)
             *pc = rc->next;
             drop_conn(s, rc);
         }
+        if (s->named_dirty) publish_named(s);
         kvf__loop_wait(s->x, s->wake_fd, DS_STATUS_MS);
     }
     return NULL;

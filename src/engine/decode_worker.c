@@ -70,6 +70,9 @@ struct dpeer {
     uint16_t port;
     kvf_conn_t *conn;
     bool failed, hello_ok;
+    bool configured;             /* added by the decode's own configuration: kept */
+    bool named;                  /* named by a live router (set_router_prefills) */
+    bool retired;                /* neither: fenced, never dialled, its slot free once closed */
     uint32_t epoch;              /* the pool epoch the connection was opened at */
     uint64_t next_connect_ms;
     uint64_t hello_deadline_ms;  /* a connection without the prefill's HELLO by then is dropped */
@@ -108,6 +111,9 @@ struct kvf_decode_worker {
     uint64_t req_hi, next_req;
     struct { char host[KVF_PREFILL_HOST_MAX]; uint16_t port; } adds[KVF_DECODE_MAX_PREFILLS];
     uint32_t n_adds;      /* prefill workers to add (kvf_decode_worker_add_prefill) */
+    struct kvf_prefill_addr named[KVF_DECODE_MAX_PREFILLS]; /* the live routers' names */
+    uint32_t n_named;
+    bool named_dirty;     /* set_router_prefills since the loop last took them */
     struct kvf_prefill_status status[KVF_DECODE_MAX_PREFILLS]; /* published by the loop */
     uint32_t n_status;
     int notify_fd;        /* eventfd written on every event pushed to a handle, once notify_on */
@@ -660,22 +666,93 @@ static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
     p->failed = false;
 }
 
-/* Prefill workers added from other threads (kvf_decode_worker_add_prefill) join the table. */
+/* The slot for host:port: its own if known, else a new one, else a retired one that is closed
+ * (its epoch in the pool carries on: the old writer's grants were ended by its fence). NULL when
+ * the table is full. */
+static struct dpeer *peer_slot(struct kvf_decode_worker *w, const char *host, uint16_t port)
+{
+    for (uint32_t k = 0; k < w->n_peers; k++)
+        if (w->peers[k].port == port && strcmp(w->peers[k].host, host) == 0) return &w->peers[k];
+    struct dpeer *p = NULL;
+    if (w->n_peers < KVF_DECODE_MAX_PREFILLS) {
+        p = &w->peers[w->n_peers++];
+    } else {
+        for (uint32_t k = 0; k < w->n_peers && !p; k++)
+            if (w->peers[k].retired && !w->peers[k].conn) p = &w->peers[k];
+        if (!p) return NULL;
+    }
+    memset(p, 0, sizeof(*p));
+    kvf__strlcpy(p->host, host, sizeof p->host);
+    p->port = port;
+    p->retired = true; /* until the caller says why it is kept */
+    return p;
+}
+
+/* Prefill workers added from other threads join the table: the configured ones
+ * (kvf_decode_worker_add_prefill) and the live routers' names (set_router_prefills); a peer that
+ * is neither any more is retired — failed now (conn_lost fences it, its requests fail) and never
+ * dialled again. */
 static void take_adds(struct kvf_decode_worker *w)
 {
     pthread_mutex_lock(&w->mu);
     for (uint32_t i = 0; i < w->n_adds; i++) {
-        bool known = false;
-        for (uint32_t k = 0; k < w->n_peers && !known; k++)
-            known = w->peers[k].port == w->adds[i].port && strcmp(w->peers[k].host, w->adds[i].host) == 0;
-        if (known || w->n_peers == KVF_DECODE_MAX_PREFILLS) continue;
-        struct dpeer *p = &w->peers[w->n_peers++];
-        memset(p, 0, sizeof(*p));
-        memcpy(p->host, w->adds[i].host, sizeof p->host); /* NUL-terminated by add_prefill */
-        p->port = w->adds[i].port;
+        struct dpeer *p = peer_slot(w, w->adds[i].host, w->adds[i].port);
+        if (!p) continue;
+        p->configured = true;
+        p->retired = false;
     }
     w->n_adds = 0;
+    if (w->named_dirty) {
+        w->named_dirty = false;
+        /* Which known peers are still named; those neither named nor configured retire. */
+        for (uint32_t k = 0; k < w->n_peers; k++) {
+            struct dpeer *p = &w->peers[k];
+            p->named = false;
+            for (uint32_t i = 0; i < w->n_named && !p->named; i++)
+                p->named = w->named[i].port == p->port && strcmp(w->named[i].host, p->host) == 0;
+            if (p->named || p->configured) {
+                p->retired = false;
+            } else if (!p->retired) {
+                p->retired = true;
+                if (p->conn) p->failed = true; /* the loop's conn_lost fences it */
+                snprintf(p->why, sizeof p->why, "retired: no live router names it");
+            }
+        }
+        /* New names take free slots, or retired ones once their connections are closed. */
+        bool closing = false;
+        for (uint32_t k = 0; k < w->n_peers; k++) closing |= w->peers[k].retired && w->peers[k].conn;
+        for (uint32_t i = 0; i < w->n_named; i++) {
+            bool known = false;
+            for (uint32_t k = 0; k < w->n_peers && !known; k++)
+                known = w->peers[k].port == w->named[i].port && strcmp(w->peers[k].host, w->named[i].host) == 0;
+            if (known) continue;
+            struct dpeer *p = peer_slot(w, w->named[i].host, w->named[i].port);
+            if (!p) {
+                if (closing)
+                    w->named_dirty = true; /* tried again once the retired slots are closed */
+                else
+                    fprintf(stderr, "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
+                            w->named[i].host, w->named[i].port, KVF_DECODE_MAX_PREFILLS);
+                continue;
+            }
+            p->named = true;
+            p->retired = false;
+        }
+    }
     pthread_mutex_unlock(&w->mu);
+}
+
+int kvf_decode_worker_set_router_prefills(kvf_decode_worker_t *w, const struct kvf_prefill_addr *named, uint32_t n)
+{
+    uint32_t kept = n < KVF_DECODE_MAX_PREFILLS ? n : KVF_DECODE_MAX_PREFILLS;
+    pthread_mutex_lock(&w->mu);
+    memcpy(w->named, named, kept * sizeof(*named));
+    for (uint32_t i = 0; i < kept; i++) w->named[i].host[KVF_PREFILL_HOST_MAX - 1] = 0;
+    w->n_named = kept;
+    w->named_dirty = true;
+    pthread_mutex_unlock(&w->mu);
+    kvf__wake(w->wake_fd);
+    return (int)(n - kept);
 }
 
 int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint16_t port)
@@ -963,19 +1040,21 @@ static void publish_info(struct kvf_decode_worker *w)
     for (int s = 0; s < KVF_PAGE__NSTATES; s++) in->decode_by_state[s] = ps.by_state[s];
     in->queued = w->n_waiting;
     in->running = running;
-    in->prefills = w->n_peers;
+    in->prefills = 0;
     in->prefills_up = 0;
+    w->n_status = 0;
     for (uint32_t i = 0; i < w->n_peers; i++) {
         const struct dpeer *p = &w->peers[i];
+        if (p->retired) continue;
+        in->prefills++;
         in->prefills_up += p->hello_ok;
-        struct kvf_prefill_status *st = &w->status[i];
+        struct kvf_prefill_status *st = &w->status[w->n_status++];
         kvf__strlcpy(st->host, p->host, sizeof st->host);
         st->port = p->port;
         st->up = p->hello_ok;
         st->granted = p->granted;
         kvf__strlcpy(st->why, p->hello_ok ? "" : p->why[0] ? p->why : "connecting", sizeof st->why);
     }
-    w->n_status = w->n_peers;
     in->prefill_up = in->prefills_up > 0;
     in->fences = ps.fences;
     in->holds = ps.holds;
@@ -1005,7 +1084,8 @@ static void *loop(void *arg)
         uint64_t now = kvf__now_ms();
         take_adds(w);
         for (uint16_t i = 0; i < w->n_peers; i++)
-            if (!w->peers[i].conn && now >= w->peers[i].next_connect_ms && !w->stop) connect_prefill(w, i);
+            if (!w->peers[i].conn && !w->peers[i].retired && now >= w->peers[i].next_connect_ms && !w->stop)
+                connect_prefill(w, i);
         kvf_xport_progress(w->x);
         while (w->frames_head) {
             struct pframe *f = w->frames_head;

@@ -6,22 +6,25 @@
  * cluster key (a challenge–response over fresh nonces from both sides); a peer that cannot prove
  * it gets only the listener's greeting (a magic string and a random nonce) and is closed, and it
  * never becomes a connection the engine sees. Everything after the proofs travels as sealed
- * messages (ChaCha20-Poly1305, a key per direction derived from the session's two nonces, the
+ * messages (AES-256-GCM or ChaCha20-Poly1305, a key per direction derived from the session's two nonces, the
  * message's sequence number as the nonce), so a message that was forged, altered, replayed,
  * reordered or dropped fails its tag and fails the connection.
  *
  * The handshake (K: the cluster key; Nc, Ns: 32 random bytes each; MAC: HMAC-SHA-256 under K):
  *
  *   client                                                   server (listener)
- *     ── MAGIC ‖ Nc ──────────────────────────────────────▶   S_WAIT_HELLO
- *   C_WAIT_HELLO  ◀──────────────────────────── MAGIC ‖ Ns ──
- *     ── MAC("client" ‖ Nc ‖ Ns) ─────────────────────────▶   S_WAIT_PROOF: wrong → closed, silent
- *   C_WAIT_PROOF  ◀────────────────────── MAC("server" ‖ Nc ‖ Ns) ──  OPEN (on_accept)
+ *     ── Gc = MAGIC ‖ cc ‖ Nc ────────────────────────────▶   S_WAIT_HELLO
+ *   C_WAIT_HELLO  ◀────────────────────────── Gs = MAGIC ‖ cs ‖ Ns ──
+ *     ── MAC("client" ‖ Gc ‖ Gs) ─────────────────────────▶   S_WAIT_PROOF: wrong → closed, silent
+ *   C_WAIT_PROOF  ◀────────────────────── MAC("server" ‖ Gc ‖ Gs) ──  OPEN (on_accept)
  *   OPEN (a wrong proof: the connection fails, "authentication")
  *
- * The client proves first, so a stranger that connects learns nothing but the server's nonce;
- * a stranger that listens (a client dialled the wrong address) learns the client's proof for
- * nonces it cannot reuse. Both sides then derive k_c2s and k_s2c = MAC(label ‖ Nc ‖ Ns).
+ * The client proves first, so a stranger that connects learns nothing but the server's greeting
+ * (the magic, a cipher byte, a random nonce); a stranger that listens (a client dialled the
+ * wrong address) learns the client's proof for nonces it cannot reuse. The proofs cover both
+ * greetings whole, so the cipher bytes cannot be altered unseen. Both sides then derive k_c2s and
+ * k_s2c = MAC(label ‖ Gc ‖ Gs). The cipher: AES-256-GCM when both greetings say CIPHER_AES
+ * (1.2 GB/s against ChaCha20-Poly1305's 0.67 on the 2-core machine), else ChaCha20-Poly1305.
  *
  * A sealed message on the wire: a 16-byte header (kind, length, argument; authenticated, not
  * encrypted), the payload encrypted, and a 16-byte tag:
@@ -60,8 +63,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAGIC "KVFFAB01"
+#define MAGIC "KVFFAB1" /* and one byte: the ciphers the sender can run (CIPHER_*) */
 #define MAGIC_LEN 8u
+#define CIPHER_AES 'A'    /* AES-256-GCM (the CPU has AES-NI and CLMUL) and ChaCha20-Poly1305 */
+#define CIPHER_CHACHA 'C' /* ChaCha20-Poly1305 only */
 #define NONCE_LEN 32u
 #define HELLO_LEN (MAGIC_LEN + NONCE_LEN)
 #define PROOF_LEN 32u
@@ -108,12 +113,15 @@ struct kvf_conn {
     void *user;
     char error[160];
     uint64_t deadline_ms; /* the handshake's */
-    uint8_t nc[NONCE_LEN], ns[NONCE_LEN];
+    uint8_t gc[HELLO_LEN], gs[HELLO_LEN]; /* the two greetings: magic, cipher byte, nonce */
+    bool aes;                             /* the session's cipher: AES-256-GCM, else ChaCha */
     uint8_t k_tx[32], k_rx[32];
     uint64_t seq_tx, seq_rx;
     uint8_t hs_out[HELLO_LEN + PROOF_LEN]; /* handshake bytes still to send */
     size_t hs_len, hs_off;
     struct msg *q_head, *q_tail; /* outbound, in order */
+    uint8_t *tb;                 /* the head message's sealed bytes (only the head is sealed) */
+    size_t tb_cap;
     bool want_out;               /* EPOLLOUT registered */
     uint8_t *rb;                 /* inbound bytes: [rb_off, rb_len) not yet consumed */
     size_t rb_cap, rb_len, rb_off;
@@ -129,6 +137,7 @@ struct kvf_xport {
     int lfd;        /* the listener, or -1 */
     uint16_t port;
     uint8_t key[32];
+    char cipher; /* CIPHER_AES or CIPHER_CHACHA: what this process offers */
     uint32_t keepalive_ms;
     void *rma_base;
     size_t rma_bytes;
@@ -171,22 +180,23 @@ static uint64_t get_le64(const uint8_t *p)
     return v;
 }
 
-/* MAC(label ‖ Nc ‖ Ns) under the cluster key: a proof, or a direction's session key. */
-static void derive(const kvf_xport_t *x, const char *label, const uint8_t *nc, const uint8_t *ns, uint8_t out[32])
+/* MAC(label ‖ Gc ‖ Gs) under the cluster key: a proof, or a direction's session key. */
+static void derive(const kvf_xport_t *x, const char *label, const kvf_conn_t *c, uint8_t out[32])
 {
     crypto_auth_hmacsha256_state st;
     crypto_auth_hmacsha256_init(&st, x->key, sizeof(x->key));
     crypto_auth_hmacsha256_update(&st, (const unsigned char *)"kvfence fabric v1 ", 18);
     crypto_auth_hmacsha256_update(&st, (const unsigned char *)label, strlen(label));
-    crypto_auth_hmacsha256_update(&st, nc, NONCE_LEN);
-    crypto_auth_hmacsha256_update(&st, ns, NONCE_LEN);
+    crypto_auth_hmacsha256_update(&st, c->gc, HELLO_LEN);
+    crypto_auth_hmacsha256_update(&st, c->gs, HELLO_LEN);
     crypto_auth_hmacsha256_final(&st, out);
     sodium_memzero(&st, sizeof(st));
 }
 
-static void aead_nonce(uint64_t seq, uint8_t n[crypto_aead_chacha20poly1305_IETF_NPUBBYTES])
+/* Both ciphers take a 96-bit nonce: the message's number, unique per direction's key. */
+static void aead_nonce(uint64_t seq, uint8_t n[crypto_aead_aes256gcm_NPUBBYTES])
 {
-    memset(n, 0, crypto_aead_chacha20poly1305_IETF_NPUBBYTES);
+    memset(n, 0, crypto_aead_aes256gcm_NPUBBYTES);
     put_le64(n + 4, seq);
 }
 
@@ -252,8 +262,7 @@ static void conn_fail(kvf_conn_t *c, const char *fmt, const char *detail)
 
 static void msg_free(struct msg *m)
 {
-    free(m->own);
-    free(m->wire);
+    free(m->own); /* m->wire is the connection's buffer */
     free(m);
 }
 
@@ -293,6 +302,7 @@ static void conn_free(kvf_conn_t *c)
     close_fd(c);
     conn_unlink(c);
     free(c->rb);
+    free(c->tb);
     sodium_memzero(c->k_tx, sizeof(c->k_tx));
     sodium_memzero(c->k_rx, sizeof(c->k_rx));
     free(c);
@@ -348,18 +358,28 @@ static void conn_arm(kvf_conn_t *c)
 
 static int seal(kvf_conn_t *c, struct msg *m)
 {
-    m->wire_len = HDR_LEN + m->len + TAG_LEN;
-    m->wire = malloc(m->wire_len);
-    if (!m->wire) return -ENOMEM;
+    size_t need = HDR_LEN + m->len + TAG_LEN;
+    if (need > c->tb_cap) {
+        uint8_t *nb = realloc(c->tb, need);
+        if (!nb) return -ENOMEM;
+        c->tb = nb;
+        c->tb_cap = need;
+    }
+    m->wire = c->tb;
+    m->wire_len = need;
     uint8_t *h = m->wire;
     memset(h, 0, HDR_LEN);
     h[0] = m->kind;
     put_le32(h + 4, (uint32_t)m->len);
     put_le64(h + 8, m->arg);
-    uint8_t n[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
+    uint8_t n[crypto_aead_aes256gcm_NPUBBYTES];
     aead_nonce(c->seq_tx++, n);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src, m->len, h,
-                                                       HDR_LEN, NULL, n, c->k_tx);
+    if (c->aes)
+        crypto_aead_aes256gcm_encrypt_detached(h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src, m->len, h, HDR_LEN,
+                                               NULL, n, c->k_tx);
+    else
+        crypto_aead_chacha20poly1305_ietf_encrypt_detached(h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src, m->len,
+                                                           h, HDR_LEN, NULL, n, c->k_tx);
     free(m->own); /* the plaintext is no longer needed */
     m->own = NULL;
     m->src = NULL;
@@ -463,8 +483,9 @@ static void dispatch(kvf_conn_t *c, uint8_t kind, uint64_t arg, uint8_t *p, size
 static void conn_open(kvf_conn_t *c, bool server)
 {
     kvf_xport_t *x = c->x;
-    derive(x, server ? "s2c" : "c2s", c->nc, c->ns, c->k_tx);
-    derive(x, server ? "c2s" : "s2c", c->nc, c->ns, c->k_rx);
+    derive(x, server ? "s2c" : "c2s", c, c->k_tx);
+    derive(x, server ? "c2s" : "s2c", c, c->k_rx);
+    c->aes = c->gc[MAGIC_LEN - 1] == CIPHER_AES && c->gs[MAGIC_LEN - 1] == CIPHER_AES;
     if (server && x->pending) x->pending--;
     c->state = OPEN;
     if (x->rma_bytes) {
@@ -480,6 +501,18 @@ static void conn_open(kvf_conn_t *c, bool server)
         c->visible = true;
         if (x->ev.on_accept) x->ev.on_accept(x->ev.ctx, c);
     }
+}
+
+static bool greeting_ok(const uint8_t *g)
+{
+    return memcmp(g, MAGIC, MAGIC_LEN - 1) == 0 && (g[MAGIC_LEN - 1] == CIPHER_AES || g[MAGIC_LEN - 1] == CIPHER_CHACHA);
+}
+
+static void make_greeting(const kvf_xport_t *x, uint8_t g[HELLO_LEN])
+{
+    memcpy(g, MAGIC, MAGIC_LEN - 1);
+    g[MAGIC_LEN - 1] = (uint8_t)x->cipher;
+    randombytes_buf(g + MAGIC_LEN, NONCE_LEN);
 }
 
 /* Consumes complete units from c's input. Returns false if c is gone or failed. */
@@ -541,14 +574,13 @@ static bool process_rx(kvf_conn_t *c)
         c->rb_off += need;
         switch (c->state) {
         case S_WAIT_HELLO:
-            if (memcmp(p, MAGIC, MAGIC_LEN) != 0) {
+            if (!greeting_ok(p)) {
                 conn_fail(c, "%s", "not a kvfence fabric peer");
                 return false;
             }
-            memcpy(c->nc, p + MAGIC_LEN, NONCE_LEN);
-            randombytes_buf(c->ns, NONCE_LEN);
-            memcpy(c->hs_out, MAGIC, MAGIC_LEN);
-            memcpy(c->hs_out + MAGIC_LEN, c->ns, NONCE_LEN);
+            memcpy(c->gc, p, HELLO_LEN);
+            make_greeting(x, c->gs);
+            memcpy(c->hs_out, c->gs, HELLO_LEN);
             c->hs_len = HELLO_LEN;
             c->hs_off = 0;
             c->state = S_WAIT_PROOF;
@@ -557,13 +589,13 @@ static bool process_rx(kvf_conn_t *c)
             break;
         case S_WAIT_PROOF: {
             uint8_t want[PROOF_LEN];
-            derive(x, "client", c->nc, c->ns, want);
+            derive(x, "client", c, want);
             if (crypto_verify_32(want, p) != 0) {
                 /* Refused without a word: the peer learns nothing it did not send. */
                 conn_fail(c, "%s", "fabric authentication failed");
                 return false;
             }
-            derive(x, "server", c->nc, c->ns, c->hs_out);
+            derive(x, "server", c, c->hs_out);
             c->hs_len = PROOF_LEN;
             c->hs_off = 0;
             conn_hold(c);
@@ -575,12 +607,12 @@ static bool process_rx(kvf_conn_t *c)
             break;
         }
         case C_WAIT_HELLO:
-            if (memcmp(p, MAGIC, MAGIC_LEN) != 0) {
+            if (!greeting_ok(p)) {
                 conn_fail(c, "fabric authentication failed: %s", "the peer is not a kvfence fabric listener");
                 return false;
             }
-            memcpy(c->ns, p + MAGIC_LEN, NONCE_LEN);
-            derive(x, "client", c->nc, c->ns, c->hs_out);
+            memcpy(c->gs, p, HELLO_LEN);
+            derive(x, "client", c, c->hs_out);
             c->hs_len = PROOF_LEN;
             c->hs_off = 0;
             c->state = C_WAIT_PROOF;
@@ -589,7 +621,7 @@ static bool process_rx(kvf_conn_t *c)
             break;
         case C_WAIT_PROOF: {
             uint8_t want[PROOF_LEN];
-            derive(x, "server", c->nc, c->ns, want);
+            derive(x, "server", c, want);
             if (crypto_verify_32(want, p) != 0) {
                 conn_fail(c, "fabric authentication failed: %s", "the peer did not prove the cluster key");
                 return false;
@@ -603,10 +635,13 @@ static bool process_rx(kvf_conn_t *c)
             uint8_t kind = p[0];
             uint32_t len = get_le32(p + 4);
             uint64_t arg = get_le64(p + 8);
-            uint8_t n[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
+            uint8_t n[crypto_aead_aes256gcm_NPUBBYTES];
             aead_nonce(c->seq_rx, n);
-            if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(p + HDR_LEN, NULL, p + HDR_LEN, len,
-                                                                   p + HDR_LEN + len, p, HDR_LEN, n, c->k_rx) != 0) {
+            int bad_tag = c->aes ? crypto_aead_aes256gcm_decrypt_detached(p + HDR_LEN, NULL, p + HDR_LEN, len,
+                                                                          p + HDR_LEN + len, p, HDR_LEN, n, c->k_rx)
+                                 : crypto_aead_chacha20poly1305_ietf_decrypt_detached(
+                                       p + HDR_LEN, NULL, p + HDR_LEN, len, p + HDR_LEN + len, p, HDR_LEN, n, c->k_rx);
+            if (bad_tag) {
                 conn_fail(c, "connection failed: %s", "a message failed authentication");
                 return false;
             }
@@ -743,6 +778,11 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
     x->rma_bytes = cfg->rma_base ? cfg->rma_bytes : 0;
     x->keepalive_ms = cfg->keepalive_ms ? cfg->keepalive_ms : 100u;
     memcpy(x->key, cfg->fabric_key ? cfg->fabric_key : public_key, sizeof(x->key));
+    x->cipher = crypto_aead_aes256gcm_is_available() ? CIPHER_AES : CIPHER_CHACHA;
+#if defined(KVF_TEST_BUILD)
+    /* Test builds: KVF_TEST_FABRIC_CHACHA=1 offers ChaCha20-Poly1305 only (both ciphers tested). */
+    if (getenv("KVF_TEST_FABRIC_CHACHA") && atoi(getenv("KVF_TEST_FABRIC_CHACHA"))) x->cipher = CIPHER_CHACHA;
+#endif
     x->rng = 0x9e3779b97f4a7c15ull;
     int rc = 0;
     if ((x->ep = epoll_create1(EPOLL_CLOEXEC)) < 0) {
@@ -931,9 +971,8 @@ int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_
     c->visible = true;
     /* The connection is closed before the handshake deadline only by its owner or a failure;
      * a listener that never answers fails it at the deadline. */
-    randombytes_buf(c->nc, NONCE_LEN);
-    memcpy(c->hs_out, MAGIC, MAGIC_LEN);
-    memcpy(c->hs_out + MAGIC_LEN, c->nc, NONCE_LEN);
+    make_greeting(x, c->gc);
+    memcpy(c->hs_out, c->gc, HELLO_LEN);
     c->hs_len = HELLO_LEN;
     *out = c;
     return 0;

@@ -16,6 +16,9 @@
 //   - 300 failed joins against each fabric port, then a new router with the key joins and serves;
 //   - `kvfence serve`: its one internal fabric port is on 127.0.0.1, refuses a stranger, and
 //     serves correctly after the sweep;
+//   - the prefill workers a router names are used while it is connected: a router that filled
+//     the decode's table (16) leaves, and the operator's next prefill, refused while it was full,
+//     is taken and granted prompts;
 //   - every process ends with SIGTERM, exit 0, no sanitizer report.
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -174,12 +177,12 @@ const UCX_IFACE = Buffer.from([0x78, 0x56, 0x34, 0x12, 0xbe, 0xba, 0xfe, 0xca, 3
 async function sweep(port, randomCount) {
   await blast(port, P16);
   await blast(port, UCX_IFACE);
-  for (let k = 1; k < 40; k += 6) await blast(port, Buffer.concat([Buffer.from('KVFFAB01'), crypto.randomBytes(40)]).subarray(0, k));
-  await blast(port, Buffer.concat([Buffer.from('KVFFAB01'), crypto.randomBytes(70000)]));
+  for (let k = 1; k < 40; k += 6) await blast(port, Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(40)]).subarray(0, k));
+  await blast(port, Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(70000)]));
   const batch = [];
   for (let i = 0; i < randomCount; i++) {
     const b = crypto.randomBytes(1 + crypto.randomInt(512));
-    if (i % 3 === 0) Buffer.from('KVFFAB01').copy(b);
+    if (i % 3 === 0) Buffer.from('KVFFAB1C').copy(b);
     batch.push(blast(port, b));
     if (batch.length >= 32) await Promise.all(batch.splice(0));
   }
@@ -236,10 +239,10 @@ await test('a router with another key (naming the attacker\'s prefill) is refuse
 
 await test('a stranger on a fabric port learns the greeting and nothing else', async () => {
   for (const port of [P1, D1]) {
-    const hello = Buffer.concat([Buffer.from('KVFFAB01'), crypto.randomBytes(32)]);
+    const hello = Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)]);
     const r = await rawExchange(port, [hello, 300, crypto.randomBytes(32)], { readMs: 3000 });
     assert.equal(r.bytes.length, 40, `${port}: got ${r.bytes.length} bytes`);
-    assert.equal(r.bytes.subarray(0, 8).toString(), 'KVFFAB01');
+    assert.match(r.bytes.subarray(0, 8).toString(), /^KVFFAB1[AC]$/);
     assert.ok(r.closed, `${port}: the stream did not end after a wrong proof`);
     const silent = await rawExchange(port, [Buffer.from('GET / HTTP/1.0\r\n\r\n')], { readMs: 1000 });
     assert.equal(silent.bytes.length, 0, `${port} answered a non-peer: ${silent.bytes}`);
@@ -274,7 +277,7 @@ await test('serve\'s internal fabric refuses a stranger', async () => {
   const http = Number(SURL.split(':').pop());
   const fab = listening(serve.child.pid).find((s) => s.port !== http);
   assert.ok(fab, 'no internal fabric port');
-  const r = await rawExchange(fab.port, [Buffer.concat([Buffer.from('KVFFAB01'), crypto.randomBytes(32)]), 300, crypto.randomBytes(32)], { readMs: 3000 });
+  const r = await rawExchange(fab.port, [Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)]), 300, crypto.randomBytes(32)], { readMs: 3000 });
   assert.equal(r.bytes.length, 40);
   assert.ok(r.closed);
   await tenantsServed(SURL, 1, 'serve after the stranger');
@@ -284,7 +287,7 @@ await test('300 failed joins per fabric port, then a new router with the key joi
   for (const port of [P1, D1]) {
     const tries = [];
     for (let i = 0; i < 300; i++) {
-      tries.push(rawExchange(port, [Buffer.concat([Buffer.from('KVFFAB01'), crypto.randomBytes(32)]), crypto.randomBytes(32)], { readMs: 200 }));
+      tries.push(rawExchange(port, [Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)]), crypto.randomBytes(32)], { readMs: 200 }));
       if (tries.length >= 30) await Promise.all(tries.splice(0));
     }
     await Promise.all(tries);
@@ -299,9 +302,49 @@ await test('300 failed joins per fabric port, then a new router with the key joi
   await stopClean(r2);
 });
 
+let prefill2;
+await test('a router\'s prefill names expire with it: a full table frees for the operator\'s next prefill', async () => {
+  // router3 fills the decode's prefill table (16): P1 and 15 addresses where nothing listens.
+  const bogus = [];
+  for (let i = 0; i < 15; i++) bogus.push(`127.0.0.1:${await freePort()}`);
+  const r3 = launch('router3', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`,
+    '--prefill', [`127.0.0.1:${P1}`, ...bogus].join(','), '--no-auth', '--admit-timeout', '2000'], withKey);
+  await waitFor(r3, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err');
+  await waitFor(r3, /decode worker 127\.0\.0\.1:\d+ is up/, 30000, 'err');
+  const P2 = await freePort();
+  prefill2 = launch('prefill2', ['prefill', '--model', MODEL, '--listen', `127.0.0.1:${P2}`, '--threads', '1'], withKey);
+  await waitFor(prefill2, /listening \S+ (\d+)/, 60000);
+  const r4 = launch('router4', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`,
+    '--prefill', `127.0.0.1:${P2}`, '--api-keys', KEYS], withKey);
+  const url4 = `http://127.0.0.1:${(await waitFor(r4, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
+  const p2Up = async () => {
+    const hb = await (await fetch(`${url4}/health`)).json();
+    return (hb.workers ?? []).find((w) => w.role === 'prefill' && w.port === P2)?.up === true;
+  };
+  await waitFor(decode, /the routers name 1 prefill workers beyond the 16/, 30000, 'err');
+  await sleep(1000);
+  assert.equal(await p2Up(), false, 'the table was full, yet P2 was taken');
+  // router3 goes: the names only it gave retire, and P2 takes a slot.
+  await stopClean(r3);
+  const until = Date.now() + 20000;
+  while (!(await p2Up())) { assert.ok(Date.now() < until, 'P2 never came up after router3 left'); await sleep(100); }
+  // Prompts go to the live prefill with the fewest outstanding (ties: the first), so P2 is
+  // granted some once requests overlap.
+  let hb;
+  for (let i = 0; i < 5; i++) {
+    await tenantsServed(url4, 6, `router4 #${i}`);
+    hb = await (await fetch(`${url4}/health`)).json();
+    if (hb.workers.find((w) => w.role === 'prefill' && w.port === P2).granted > 0) break;
+  }
+  const p2 = hb.workers.find((w) => w.role === 'prefill' && w.port === P2);
+  assert.ok(p2.granted > 0, `P2 was granted nothing: ${JSON.stringify(hb.workers)}`);
+  await tenantsServed(URL, 1, 'the first router after the churn');
+  await stopClean(r4);
+});
+
 await test('every process stops cleanly', async () => {
   assert.equal(rogue.conns, 0, 'the attacker\'s prefill was reached');
-  for (const p of [rogueRouter, router, serve, decode, prefill]) if (p) await stopClean(p);
+  for (const p of [rogueRouter, router, serve, decode, prefill, prefill2]) if (p) await stopClean(p);
   rogueSrv.close();
 });
 

@@ -68,7 +68,6 @@ struct rig {
     uint64_t fp;
     uint16_t port;
     pid_t child;
-    const uint8_t *decode_key; /* NULL: cluster_key */
     kvf_decode_worker_t *dw;
     uint32_t n_vocab;
 };
@@ -171,11 +170,12 @@ static bool wait_up(struct rig *r, uint64_t ms)
     return false;
 }
 
-static void rig_start(struct rig *r, const char *faults, uint32_t decode_pages, uint64_t grant_ms,
-                      uint64_t hold_ms)
+/* decode_key NULL: the prefill's key, and the decode worker must come up; else that key, and the
+ * caller checks what becomes of it. */
+static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char *faults, uint32_t decode_pages,
+                            uint64_t grant_ms, uint64_t hold_ms)
 {
     char err[256] = "";
-    const uint8_t *decode_key = r->decode_key;
     memset(r, 0, sizeof(*r));
     make_key();
     snprintf(r->dir, sizeof(r->dir), "/tmp/kvf_procs_XXXXXX");
@@ -208,6 +208,12 @@ static void rig_start(struct rig *r, const char *faults, uint32_t decode_pages, 
     if (kvf_decode_worker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     if (decode_key) return; /* the caller checks what becomes of it */
     if (!wait_up(r, 10000)) KVF_FAIL("the decode worker never connected to the prefill process");
+}
+
+static void rig_start(struct rig *r, const char *faults, uint32_t decode_pages, uint64_t grant_ms,
+                      uint64_t hold_ms)
+{
+    rig_start_keyed(r, NULL, faults, decode_pages, grant_ms, hold_ms);
 }
 
 static void wait_pool_free(struct rig *r)
@@ -466,8 +472,8 @@ static void test_wrong_key_refused(void)
     make_key();
     memcpy(wrong, cluster_key, sizeof wrong);
     wrong[0] ^= 1; /* one bit off */
-    struct rig r = {.decode_key = wrong};
-    rig_start(&r, NULL, 24, 0, 0);
+    struct rig r;
+    rig_start_keyed(&r, wrong, NULL, 24, 0, 0);
     ASSERT_TRUE(!wait_up(&r, 3000));
     struct kvf_engine_info in;
     info(&r, &in);

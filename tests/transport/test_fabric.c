@@ -16,6 +16,9 @@
  *   replay         the proxy sends a sealed frame's bytes twice: the copy is refused (and the
  *                  connection failed), never delivered
  *   forged write   a page write whose ciphertext was altered lands nothing in the region
+ *   ciphers        a peer offering ChaCha20-Poly1305 only and one offering AES-256-GCM too agree
+ *                  on ChaCha20-Poly1305 and exchange frames (ctest runs the file twice: as built,
+ *                  and with KVF_TEST_FABRIC_CHACHA=1, so both ciphers carry every case)
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -194,7 +197,7 @@ static void test_stranger_learns_only_the_greeting(void)
     uint8_t first[64], got[256];
     for (int round = 0; round < 2; round++) {
         int fd = raw_connect(kvf_xport_port(srv.x));
-        uint8_t hello[40] = "KVFFAB01";
+        uint8_t hello[40] = "KVFFAB1C";
         for (int i = 8; i < 40; i++) hello[i] = (uint8_t)(i * 7 + round);
         ASSERT_TRUE(send(fd, hello, sizeof hello, 0) == (ssize_t)sizeof hello);
         /* The greeting arrives; then a wrong proof ends the stream. */
@@ -207,7 +210,8 @@ static void test_stranger_learns_only_the_greeting(void)
             usleep(500);
         }
         ASSERT_EQ_INT(n, 40);
-        ASSERT_MEMEQ(got, "KVFFAB01", 8);
+        ASSERT_MEMEQ(got, "KVFFAB1", 7);
+        ASSERT_TRUE(got[7] == 'A' || got[7] == 'C');
         uint8_t proof[32];
         memset(proof, 0x42, sizeof proof);
         ASSERT_TRUE(send(fd, proof, sizeof proof, 0) == (ssize_t)sizeof proof);
@@ -248,7 +252,7 @@ static void test_junk_survived(void)
     send_and_close(port, ucx, sizeof ucx, &srv);
     /* Truncated and oversized handshakes. */
     uint8_t big[70000];
-    memcpy(big, "KVFFAB01", 8);
+    memcpy(big, "KVFFAB1A", 8);
     for (size_t i = 8; i < sizeof big; i++) big[i] = (uint8_t)(i * 131);
     for (size_t n = 1; n < 40; n += 7) send_and_close(port, big, n, &srv);
     send_and_close(port, big, 72, &srv);
@@ -263,7 +267,7 @@ static void test_junk_survived(void)
             r ^= r << 13, r ^= r >> 7, r ^= r << 17;
             b[k] = (uint8_t)r;
         }
-        if (i % 3 == 0) memcpy(b, "KVFFAB01", n < 8 ? n : 8);
+        if (i % 3 == 0) memcpy(b, "KVFFAB1C", n < 8 ? n : 8);
         send_and_close(port, b, n, &srv);
     }
     pump(&srv, NULL, 200);
@@ -456,6 +460,24 @@ static void test_altered_write_lands_nothing(void)
     close(p.lfd);
 }
 
+static void test_mixed_ciphers(void)
+{
+    const char *was = getenv("KVF_TEST_FABRIC_CHACHA");
+    char saved[8] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    unsetenv("KVF_TEST_FABRIC_CHACHA");
+    struct side srv;
+    side_open(&srv, true, key_a, NULL, 0); /* offers AES-256-GCM where the CPU has it */
+    setenv("KVF_TEST_FABRIC_CHACHA", "1", 1);
+    ASSERT_TRUE(real_peer_joins(&srv, key_a)); /* the client offers ChaCha20-Poly1305 only */
+    if (was)
+        setenv("KVF_TEST_FABRIC_CHACHA", saved, 1);
+    else
+        unsetenv("KVF_TEST_FABRIC_CHACHA");
+    ASSERT_TRUE(real_peer_joins(&srv, key_a));
+    kvf_xport_destroy(srv.x);
+}
+
 static void test_key_derivation(void)
 {
     uint8_t k1[KVF_FABRIC_KEY_BYTES], k2[KVF_FABRIC_KEY_BYTES];
@@ -476,6 +498,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_tampered_frame_fails_connection),
     KVF_CASE(test_replayed_frame_refused),
     KVF_CASE(test_altered_write_lands_nothing),
+    KVF_CASE(test_mixed_ciphers),
     KVF_CASE(test_key_derivation),
 };
 
