@@ -1,9 +1,10 @@
 /*
  * `kvfence bench handoff --transport tcp --page-bytes N [--pages P] [--runs R] [--rtt-iters K]
- * [--no-reference]`: the page handoff over the real transport (src/transport/ucx.c) between two
+ * [--no-reference]`: the page handoff over the real transport (src/transport/tcp.c: the
+ * authenticated fabric, every write sealed) between two
  * processes.
  *
- * The bench forks before either side touches UCX. The parent is the target: it registers a
+ * The bench forks before either side opens its transport. The parent is the target: it registers a
  * region laid out like the decode pool (P pages at a stride of round64(N) + 64: N data bytes,
  * then the 64-byte trailer) and listens on 127.0.0.1. The child is the writer: it connects,
  * holds P source pages, and answers each GRANT the way the prefill worker does — for every page
@@ -23,8 +24,9 @@
  *
  * The reference: `ucx_perftest -t ucp_put_bw` over the same transport (UCX_TLS=tcp, loopback,
  * message size N), run before and after the handoff runs; the better of the two is the
- * reference the ratio is taken against. For context, `ucx_perftest -t ucp_am_bw` (the active
- * messages that carry page writes over tcp, see ucx.c) is run once after and printed too. ucx_perftest prints MB/s of 2^20 bytes; the line here
+ * reference the ratio is taken against: a well-kept transport's bandwidth over the same
+ * loopback, unencrypted. For context, `ucx_perftest -t ucp_am_bw` (UCX's active messages) is
+ * run once after and printed too. ucx_perftest prints MB/s of 2^20 bytes; the line here
  * gives GB/s of 1e9 bytes. Without ucx_perftest on the PATH the line says so.
  *
  * Bounds: memory ≈ 2 × P × (N + 128) bytes; every wait is bounded (10 s per GRANT, 60 s per
@@ -417,7 +419,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvfence bench handoff --transport tcp --page-bytes N [--pages P] [--runs R]\n"
             "                             [--rtt-iters K] [--no-reference]\n"
-            "  Two processes over the UCX transport: page-handoff bandwidth (puts of data and\n"
+            "  Two processes over the fabric (TCP, sealed): page-handoff bandwidth (puts of data and\n"
             "  trailer, XXH3 per page checked by the target) and the one-page GRANT -> verified\n"
             "  commit round trip; compared with ucx_perftest -t ucp_put_bw (UCX_TLS=tcp).\n"
             "  N: data bytes per page (a multiple of 64, 4096..64 MiB); P: pages per run\n"
