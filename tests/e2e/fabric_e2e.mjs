@@ -7,6 +7,8 @@
 //   - a router holding another key (naming a prefill of the attacker's) is refused: it never
 //     serves, and the attacker's prefill never receives a connection, while the tenants'
 //     concurrent requests through the operator's router are all answered correctly;
+//   - a router dialing a listener without the key (a fake decode worker) sends its greeting and
+//     proof (72 bytes) and nothing more: no HELLO, no prompt;
 //   - a stranger on a fabric port gets the greeting (magic and 32 random bytes) and, after a
 //     wrong proof, the end of the stream: no fingerprint, no limits, nothing else;
 //   - a port sweep: every listening socket of every process (read from /proc) is bound to the
@@ -300,6 +302,38 @@ await test('300 failed joins per fabric port, then a new router with the key joi
   await tenantsServed(url2, 2, 'router2');
   await tenantsServed(URL, 1, 'the first router still');
   await stopClean(r2);
+});
+
+await test('a router dialing a listener without the key sends its greeting and proof, then nothing', async () => {
+  // A fake decode worker: answers with a well-formed greeting and a proof it cannot make.
+  const seen = [];
+  const fake = net.createServer((sock) => {
+    const got = [];
+    seen.push(got);
+    sock.on('data', (d) => {
+      got.push(d);
+      const n = Buffer.concat(got).length;
+      if (n >= 40 && !sock.greeted) { sock.greeted = true; sock.write(Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)])); }
+      if (n >= 72 && !sock.proved) { sock.proved = true; sock.write(crypto.randomBytes(32)); }
+    });
+    sock.on('error', () => {});
+  });
+  await new Promise((r) => fake.listen(0, '127.0.0.1', r));
+  const r5 = launch('router5', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${fake.address().port}`,
+    '--prefill', `127.0.0.1:${P1}`, '--no-auth', '--admit-timeout', '1000'], withKey);
+  const url5 = `http://127.0.0.1:${(await waitFor(r5, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
+  await waitFor(r5, /fabric authentication failed/, 20000, 'err');
+  const r = await complete(url5, null, 'alpha canary zebra quartz', 4);
+  assert.notEqual(r.status, 200);
+  await stopClean(r5);
+  fake.close();
+  assert.ok(seen.length >= 1, 'the router never dialled');
+  for (const got of seen) {
+    const b = Buffer.concat(got);
+    assert.equal(b.length, 72, `the router sent ${b.length} bytes to a listener without the key`);
+    assert.match(b.subarray(0, 8).toString(), /^KVFFAB1[AC]$/);
+    assert.equal(b.indexOf(Buffer.from('canary')), -1);
+  }
 });
 
 let prefill2;
