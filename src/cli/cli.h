@@ -106,6 +106,15 @@ int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, si
  * cores take turns with. 0 with cfg set, or -1 (printed). */
 int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_config *cfg);
 
+/* Checks the mode of a file that holds secrets (API keys, a cluster key) before it is read:
+ * writable by group or others is refused, readable by them is allowed with a warning. `what`
+ * names the file in the messages ("--api-keys"). Returns 0 with warn filled (one line naming
+ * the file and the fix, `chmod 600`) or empty; or a negative errno (-EPERM: writable by group or
+ * others; -EINVAL: not a regular file; stat's errno) with err filled. Reads nothing of the file;
+ * prints nothing. */
+int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len,
+                              char *err, size_t err_len);
+
 /* True when argv (after the subcommand) asks for help. */
 bool kvf_cli_wants_help(int argc, char **argv);
 

@@ -48,7 +48,13 @@ int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)
         return 2;
     }
     if (h->keys_path) {
-        char kerr[320];
+        char kerr[320], kwarn[320];
+        if (kvf_cli_check_secret_file(h->keys_path, "--api-keys", kwarn, sizeof kwarn, kerr,
+                                      sizeof kerr) < 0) {
+            fprintf(stderr, "kvfence %s: %s\n", cmd, kerr);
+            return 2;
+        }
+        if (kwarn[0]) fprintf(stderr, "kvfence %s: %s\n", cmd, kwarn);
         if (kvf_server_keys_load(h->keys_path, &h->keys, kerr, sizeof kerr) < 0) {
             fprintf(stderr, "kvfence %s: --api-keys %s\n", cmd, kerr);
             return 2;

@@ -43,7 +43,7 @@ const DATA = path.join(W, 'data');
 const KEY_A = 'sk-tenant-alpha-5b1f0c', KEY_B = 'sk-tenant-bravo-77e2a9';
 const CANARY_PROMPT = 'zqxcanaryprompt', CANARY_KEY = 'sk-zqxcanarykey-000';
 const KEYS = path.join(W, 'keys.txt');
-fs.writeFileSync(KEYS, `# kvfence API keys\n\n${KEY_A} alpha\n${KEY_B}\tbravo\n`);
+fs.writeFileSync(KEYS, `# kvfence API keys\n\n${KEY_A} alpha\n${KEY_B}\tbravo\n`, { mode: 0o600 });
 
 // A serve that must refuse to start: exit 2 and the message.
 function refuses(extra, re) {
