@@ -30,6 +30,12 @@
  * in the server (not in the engine) for one of its slots, and beyond that a request gets 429
  * with Retry-After — so one tenant's burst queues behind itself, not in front of the others.
  *
+ * Ids and seeds: a request id ("req-" + 16 hex digits, in the logs), a completion id ("cmpl-" or
+ * "chatcmpl-" + 16 hex digits) and the default seed of a request that gives none are each 64 bits
+ * drawn from getrandom(2) for that request alone: no counter, start time or other request can be
+ * read from them. A request's n choices use its seed + 0 .. n-1, so they differ from each other
+ * and a request that gives the same seed gets the same choices.
+ *
  * Logs: with cfg->log, one line per event (key=value: ts, event, id, tenant, and the figures of
  * the event); never prompt text, output, token ids or keys (BAD_INPUTS row 8).
  *

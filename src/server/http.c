@@ -98,10 +98,8 @@ struct kvf_server {
     int listen_fd;             /* ours: closed after the daemon stops */
     uint16_t port;
     int64_t created;           /* unix seconds at start (/v1/models) */
-    uint64_t boot;             /* mixed into request ids and default seeds */
     atomic_bool stopping;      /* requests in flight cancel and end */
     atomic_uint in_flight;     /* requests holding a run */
-    atomic_ullong seq;
     struct kvf__srv_tenants tenants;
     struct kvf__srv_metrics metrics;
     struct guard guard;
@@ -124,8 +122,7 @@ struct conn_req {
     const char *model_id;   /* R_MODEL_ONE: the id in the path (points into MHD's url) */
     struct kvf__sbuf body;
     bool too_big;           /* the body passed max_body_bytes and was answered with 413 */
-    uint64_t id_seed;       /* the request id's bits (and the completion id's seed) */
-    char id[24];            /* "req-<16 hex>": names the request in the logs */
+    char id[24];            /* "req-<16 random hex>": names the request in the logs */
     size_t ti;              /* the tenant (index into the server's table) */
 };
 
@@ -1032,7 +1029,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     }
     struct kvf__srv_run *run;
     int rc = kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model,
-                                s->tenants.t[q->ti].id, q->id_seed, &run);
+                                s->tenants.t[q->ti].id, &run);
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
         kvf__srv_tenant_exit(&s->tenants, q->ti);
@@ -1096,8 +1093,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->route = route;
         q->model_id = model_id;
         *con_cls = q;
-        q->id_seed = s->boot ^ (atomic_fetch_add(&s->seq, 1) * 0x9e3779b97f4a7c15ull);
-        snprintf(q->id, sizeof q->id, "req-%016llx", (unsigned long long)q->id_seed);
+        uint64_t rid;
+        if (kvf__srv_random(&rid, sizeof rid) < 0) {
+            kvf__srv_fail(&e, 503, NULL, "no_entropy", "the server cannot draw a request id");
+            return send_error(s, c, &e, NULL);
+        }
+        snprintf(q->id, sizeof q->id, "req-%016llx", (unsigned long long)rid);
         q->ti = 1; /* without keys: the one tenant */
         if (route == R_HEALTH || route == R_METRICS) return do_get(s, c, q);
         bool gen = route == R_COMPLETIONS || route == R_CHAT;
@@ -1280,12 +1281,8 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     }
     kvf__srv_metrics_init(&s->metrics);
     s->created = (int64_t)time(NULL);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    s->boot = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 16);
     atomic_init(&s->stopping, false);
     atomic_init(&s->in_flight, 0);
-    atomic_init(&s->seq, 0);
 
     rc = guard_start(&s->guard, &s->cfg);
     if (rc < 0) {

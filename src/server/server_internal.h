@@ -162,12 +162,14 @@ struct kvf__srv_run {
     struct kvf__srv_choice ch[]; /* [n] */
 };
 
-/* Submits every choice (n separate submits; choice i uses seed + i). 0 with *out the run (the
- * request moved into it: *req is zeroed), or the first submit's negative code with every
- * submitted choice cancelled and released, *req untouched. */
+/* Submits every choice (n separate submits; choice i uses seed + i, the seed being the
+ * request's or, when it gives none, 64 random bits drawn for this request: its choices differ
+ * and are reproducible from that one seed). The completion id is 64 more random bits. 0 with
+ * *out the run (the request moved into it: *req is zeroed), or the first submit's negative code
+ * (or kvf__srv_random's) with every submitted choice cancelled and released, *req untouched. */
 int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_tokenizer_t *tok,
                        struct kvf__srv_req *req, const char *model, uint32_t tenant,
-                       uint64_t id_seed, struct kvf__srv_run **out);
+                       struct kvf__srv_run **out);
 /* Waits up to timeout_ms for events and handles every one that is ready. Returns 1 if some
  * choice made progress (text, logprobs, an ending), 0 if none did. */
 int kvf__srv_run_step(struct kvf__srv_run *r, int timeout_ms);
@@ -265,5 +267,12 @@ __attribute__((format(printf, 2, 3))) void kvf__srv_log(const struct kvf_server_
                                                        const char *fmt, ...);
 
 int64_t kvf__srv_now_us(void);
+
+/* Fills buf[0..n) from the kernel's random source (getrandom(2), blocking only until the pool
+ * is first initialised, as at boot). 0, or a negative errno with buf's contents unspecified.
+ * Request ids, completion ids and default seeds are drawn here, each on its own: none is derived
+ * from a counter or from another, so nothing about the server's other requests (how many came
+ * before, when it started) can be read from them. */
+int kvf__srv_random(void *buf, size_t n);
 
 #endif /* KVF_SERVER_INTERNAL_H */

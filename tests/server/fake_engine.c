@@ -72,6 +72,7 @@ static int fake_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     g->rec = f->submits < FAKE_MAX_RECORDS ? f->submits : FAKE_MAX_RECORDS - 1;
     f->params[g->rec] = g->p;
     f->cancel_ms[g->rec] = 0;
+    if (f->submits < FAKE_MAX_SEEDS) f->seeds[f->submits] = p->sample.seed;
     f->n_last_prompt = p->n_prompt < 4096 ? p->n_prompt : 4096;
     memcpy(f->last_prompt, p->prompt, f->n_last_prompt * sizeof(int32_t));
     f->submits++;

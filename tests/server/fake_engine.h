@@ -19,6 +19,7 @@
 #include "kvfence/engine.h"
 
 #define FAKE_MAX_RECORDS 64
+#define FAKE_MAX_SEEDS 4096
 
 struct fake_engine {
     pthread_mutex_t mu;
@@ -38,6 +39,7 @@ struct fake_engine {
     uint32_t live, submits, cancels, releases;
     int64_t cancel_ms[FAKE_MAX_RECORDS];   /* monotonic time of each handle's first cancel */
     struct kvf_gen_params params[FAKE_MAX_RECORDS]; /* each submit's params (prompt: NULL) */
+    uint64_t seeds[FAKE_MAX_SEEDS]; /* each submit's sample.seed, in submit order */
     int32_t last_prompt[4096];
     uint32_t n_last_prompt;
 };

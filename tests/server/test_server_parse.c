@@ -133,7 +133,7 @@ static char *run_script(const int32_t *script, uint32_t n_script, uint32_t max_t
     }
     req.n_stop = n_stops;
     struct kvf__srv_run *run;
-    ASSERT_OK(kvf__srv_run_start(&fake_ops, &f, tok, &req, "m", 0, 1, &run));
+    ASSERT_OK(kvf__srv_run_start(&fake_ops, &f, tok, &req, "m", 0, &run));
     int64_t until = fake_now_ms() + 5000;
     while (!kvf__srv_run_done(run) && fake_now_ms() < until) kvf__srv_run_step(run, 20);
     ASSERT_TRUE(kvf__srv_run_done(run));

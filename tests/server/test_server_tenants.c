@@ -6,6 +6,7 @@
  * key anywhere — BAD_INPUTS row 8) and GET /metrics checked by `promtool check metrics` (the
  * test fails without promtool: scripts/install-deps.sh installs it).
  */
+#include <math.h>
 #include <sys/wait.h>
 
 #include "server_test_util.h"
@@ -414,12 +415,114 @@ static void test_metrics(void)
     srv_stop(&s);
 }
 
+
+/* --- Ids and default seeds (nothing guessable). ----------------------------------------------- */
+
+/* splitmix64's finalizer and its inverse: a counter passed through the first is recovered by the
+ * second, so the ids are checked after it as well as before. */
+static uint64_t unmix64(uint64_t z)
+{
+    z = (z ^ (z >> 31) ^ (z >> 62)) * 0x319642b2d24d8ec3ull;
+    z = (z ^ (z >> 27) ^ (z >> 54)) * 0x96de1b173f119089ull;
+    return z ^ (z >> 30) ^ (z >> 60);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* v[0..n) look like independent random draws: all distinct, and each of the 64 bits of every
+ * value, of the XOR of neighbours and of their difference is one in n/2 ± 6σ of the cases (a
+ * counter, even multiplied by a constant and XORed with a boot value, fixes the low bit of the
+ * XOR of neighbours; random draws miss this band with odds below 1e-7 for the whole test). */
+static void check_unrelated(const uint64_t *v, size_t n, const char *what)
+{
+    uint64_t *c = malloc(n * sizeof *c);
+    ASSERT_NOT_NULL(c);
+    memcpy(c, v, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_u64);
+    for (size_t i = 1; i < n; i++)
+        if (c[i] == c[i - 1]) KVF_FAIL("%s: %016llx appears twice", what, (unsigned long long)c[i]);
+    free(c);
+    size_t m = n - 1;
+    double sd = sqrt((double)m) / 2, lo = m / 2.0 - 6 * sd, hi = m / 2.0 + 6 * sd;
+    for (int b = 0; b < 64; b++) {
+        size_t ones[3] = {0, 0, 0};
+        for (size_t i = 0; i < m; i++) {
+            ones[0] += (v[i] >> b) & 1;
+            ones[1] += ((v[i] ^ v[i + 1]) >> b) & 1;
+            ones[2] += ((v[i + 1] - v[i]) >> b) & 1;
+        }
+        static const char *const form[3] = {"the value", "the XOR of neighbours",
+                                            "the difference of neighbours"};
+        for (int k = 0; k < 3; k++)
+            if (ones[k] < lo || ones[k] > hi)
+                KVF_FAIL("%s: bit %d of %s is 1 in %zu of %zu (a relation between them)", what, b,
+                         form[k], ones[k], m);
+    }
+}
+
+static void test_ids_unguessable(void)
+{
+    enum { N = 1000 };
+    log_reset();
+    struct srv s;
+    srv_init(&s);
+    s.cfg.log = capture_log;
+    srv_start(&s);
+    uint64_t *cmpl = calloc(N, sizeof *cmpl), *cmpl_un = calloc(N, sizeof *cmpl_un);
+    ASSERT_TRUE(cmpl && cmpl_un);
+    for (int i = 0; i < N; i++) {
+        bool chat = i % 2;
+        json_t *j = post_json(s.port, chat ? "/v1/chat/completions" : "/v1/completions",
+                              chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                     "\"max_tokens\":1}"
+                                   : "{\"prompt\":\"hello\",\"max_tokens\":1}",
+                              200);
+        const char *id = json_string_value(json_object_get(j, "id"));
+        ASSERT_NOT_NULL(id);
+        const char *pre = chat ? "chatcmpl-" : "cmpl-";
+        ASSERT_TRUE(strncmp(id, pre, strlen(pre)) == 0);
+        ASSERT_EQ_INT(strlen(id), strlen(pre) + 16);
+        cmpl[i] = strtoull(id + strlen(pre), NULL, 16);
+        cmpl_un[i] = unmix64(cmpl[i]);
+        json_decref(j);
+    }
+    /* One request with n = 4 and no seed: its choices' seeds are the request's seed + 0..3. */
+    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":1,\"n\":4}", 200);
+    json_decref(j);
+    ASSERT_EQ_INT(s.f.submits, N + 4);
+    for (int i = 1; i < 4; i++) ASSERT_EQ_U64(s.f.seeds[N + i], s.f.seeds[N] + (uint64_t)i);
+    srv_stop(&s);
+    check_unrelated(cmpl, N, "completion ids");
+    check_unrelated(cmpl_un, N, "completion ids, unmixed");
+    check_unrelated(s.f.seeds, N, "default seeds");
+    /* Request ids, from the log lines. */
+    uint64_t *req = calloc(N + 1, sizeof *req);
+    ASSERT_NOT_NULL(req);
+    size_t n_req = 0;
+    pthread_mutex_lock(&log_mu);
+    for (const char *p = logbuf.p; p && (p = strstr(p, "event=request id=req-")) && n_req <= N;
+         p += 21)
+        req[n_req++] = strtoull(p + 21, NULL, 16);
+    pthread_mutex_unlock(&log_mu);
+    ASSERT_EQ_INT(n_req, N + 1);
+    check_unrelated(req, N, "request ids");
+    free(req);
+    free(cmpl);
+    free(cmpl_un);
+    log_reset();
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_keys_parse),
     KVF_CASE(test_auth),
     KVF_CASE(test_tenant_limits),
     KVF_CASE(test_logs_no_canary),
     KVF_CASE(test_metrics),
+    KVF_CASE(test_ids_unguessable),
 };
 
 int main(int argc, char **argv)
