@@ -47,7 +47,7 @@ int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_mo
 /* The HTTP front of `serve` and `router` (cli_http.c). */
 struct kvf_cli_http {
     const char *host;              /* NULL = 127.0.0.1 */
-    uint32_t port, max_queue, tenant_running, tenant_queued;
+    uint32_t port, max_queue, tenant_running, tenant_queued, tenant_kv_tokens;
     uint32_t max_conn_per_ip, header_timeout_ms, body_timeout_ms, send_timeout_ms; /* 0: defaults */
     const char *keys_path;
     bool no_auth;

@@ -15,6 +15,7 @@ int kvf_cli_http_option(const char *cmd, struct kvf_cli_http *h, const char *a, 
     else if (strcmp(a, "--api-keys") == 0) h->keys_path = v;
     else if (strcmp(a, "--tenant-max-running") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->tenant_running);
     else if (strcmp(a, "--tenant-max-queued") == 0) bad = kvf_cli_parse_u32(v, 0, 1u << 20, &h->tenant_queued);
+    else if (strcmp(a, "--tenant-max-kv-tokens") == 0) bad = kvf_cli_parse_u32(v, 1, UINT32_MAX, &h->tenant_kv_tokens);
     else if (strcmp(a, "--max-conn-per-ip") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->max_conn_per_ip);
     else if (strcmp(a, "--header-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->header_timeout_ms);
     else if (strcmp(a, "--body-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->body_timeout_ms);
@@ -100,7 +101,8 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
                                    .model_name = h->model_name, .drain_ms = 10000,
                                    .max_queue = h->max_queue, .chat_template = tmpl, .keys = h->keys,
                                    .tenant_max_running = h->tenant_running,
-                                   .tenant_max_queued = h->tenant_queued, .log = log_stderr,
+                                   .tenant_max_queued = h->tenant_queued,
+                                   .tenant_max_kv_tokens = h->tenant_kv_tokens, .log = log_stderr,
                                    .max_conn_per_ip = h->max_conn_per_ip,
                                    .header_timeout_ms = h->header_timeout_ms,
                                    .body_timeout_ms = h->body_timeout_ms,

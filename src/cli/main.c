@@ -20,6 +20,7 @@ static const struct kvf_cmd commands[] = {
 #define HTTP_FLAGS                                                                                \
     {"--host", false}, {"--port", false}, {"--max-queue", false}, {"--api-keys", false},          \
     {"--no-auth", true}, {"--tenant-max-running", false}, {"--tenant-max-queued", false},         \
+    {"--tenant-max-kv-tokens", false},                                                            \
     {"--admit-timeout", false}, {"--context-length", false}, {"--model", false},                \
     {"--max-conn-per-ip", false}, {"--header-timeout", false}, {"--body-timeout", false},          \
     {"--send-timeout", false}

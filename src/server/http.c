@@ -121,9 +121,12 @@ struct conn_req {
     enum route route;
     const char *model_id;   /* R_MODEL_ONE: the id in the path (points into MHD's url) */
     struct kvf__sbuf body;
-    bool too_big;           /* the body passed max_body_bytes and was answered with 413 */
+    size_t max_body;        /* this route's bound on the body: max_body_bytes, or
+                               tokenize_max_bytes for /tokenize and /detokenize */
+    bool too_big;           /* the body passed max_body and was answered with 413 */
     char id[24];            /* "req-<16 random hex>": names the request in the logs */
     size_t ti;              /* the tenant (index into the server's table) */
+    struct kvf__srv_share share; /* what it takes of the tenant's share once admitted */
 };
 
 /* A streaming response's state, owned by the response (freed in stream_free). */
@@ -137,6 +140,7 @@ struct stream {
     bool finished;          /* nothing more after out */
     char id[24];            /* the request's (conn_req's) */
     size_t ti;
+    struct kvf__srv_share share;
 };
 
 static int64_t now_ms(void)
@@ -486,8 +490,7 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
  * (row 23; MHD would take "gzip" or "chunked, chunked" for no body and wait), and a declared
  * length within the bound (row 19: refused before the body is read). MHD has already answered
  * 400 to a Content-Length that is not a number and 413 to one beyond 64 bits. */
-static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
-                              struct kvf__srv_err *e)
+static int check_body_headers(struct MHD_Connection *c, size_t max_body, struct kvf__srv_err *e)
 {
     struct header_count h = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &h);
@@ -506,10 +509,9 @@ static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
         unsigned long long n = strtoull(cl, &end, 10);
         if (end == cl || *end)
             return kvf__srv_fail(e, 400, NULL, "bad_request", "Content-Length is not a number");
-        if (errno || n > s->cfg.max_body_bytes)
+        if (errno || n > max_body)
             return kvf__srv_fail(e, 413, NULL, "body_too_large",
-                                 "request body exceeds the limit of %zu bytes",
-                                 s->cfg.max_body_bytes);
+                                 "request body exceeds the limit of %zu bytes", max_body);
     }
     return 0;
 }
@@ -644,6 +646,31 @@ static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, st
                                        model_json(s, in.served_limit)));
 }
 
+/* {"tokens":[...],"count":n,"max_model_len":limit}, written straight into one buffer (a JSON
+ * array of n integers as jansson values would take some 40 bytes per token); frees ids. */
+static enum MHD_Result send_tokens(struct MHD_Connection *c, int32_t *ids, uint32_t n,
+                                   uint32_t limit)
+{
+    struct kvf__sbuf b = {0};
+    char num[16];
+    kvf__sbuf_puts(&b, "{\"tokens\":[");
+    for (uint32_t i = 0; i < n && !b.oom; i++) {
+        int k = snprintf(num, sizeof num, i ? ",%d" : "%d", (int)ids[i]);
+        kvf__sbuf_put(&b, num, (size_t)k);
+    }
+    int k = snprintf(num, sizeof num, "],\"count\":");
+    kvf__sbuf_put(&b, num, (size_t)k);
+    char tail[64];
+    k = snprintf(tail, sizeof tail, "%u,\"max_model_len\":%u}", n, limit);
+    kvf__sbuf_put(&b, tail, (size_t)k);
+    free(ids);
+    if (b.oom) {
+        kvf__sbuf_free(&b);
+        return send_body(c, 503, NULL);
+    }
+    return send_body(c, 200, b.p); /* taken */
+}
+
 static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *c,
                                    struct conn_req *q)
 {
@@ -652,7 +679,6 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
     if (!root) return send_error(s, c, &e, NULL);
     json_t *p = json_object_get(root, "prompt"), *sp = json_object_get(root, "add_special_tokens");
     int32_t *ids = NULL;
-    json_t *out = NULL;
     struct kvf_engine_info in;
     memset(&in, 0, sizeof in);
     s->ops->info(s->engine, &in);
@@ -662,15 +688,10 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
                                       .chat_template = s->chat_template};
         /* The default rendering is at most the body's bytes plus a few per message, and a
          * token covers at least one byte: nothing is cut at this cap. */
-        uint32_t cap = (uint32_t)(2 * s->cfg.max_body_bytes + 64), n = 0;
+        uint32_t cap = (uint32_t)(2 * q->max_body + 64), n = 0;
         if (kvf__srv_chat_tokens(root, &lim, s->tok, cap, &ids, &n, &e) < 0) goto fail;
-        json_t *arr = json_array();
-        for (uint32_t i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-        out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", (int)n, "max_model_len",
-                        (int)in.served_limit);
-        free(ids);
         json_decref(root);
-        return send_json(c, 200, out);
+        return send_tokens(c, ids, n, in.served_limit);
     }
     if (!json_is_string(p)) {
         kvf__srv_fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
@@ -694,13 +715,8 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
             kvf__srv_fail(&e, 503, NULL, "out_of_memory", "out of memory");
         goto fail;
     }
-    json_t *arr = json_array();
-    for (int i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-    out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len",
-                    (int)in.served_limit);
-    free(ids);
     json_decref(root);
-    return send_json(c, 200, out);
+    return send_tokens(c, ids, (uint32_t)n, in.served_limit);
 fail:
     free(ids);
     json_decref(root);
@@ -862,7 +878,7 @@ static void stream_free(void *cls)
     enum kvf__srv_outcome o = run_outcome(st->run, &status, &code);
     if (o == KVF__SRV_OK && !st->finished) o = KVF__SRV_CANCELLED; /* not all of it went out */
     request_end(s, st->id, st->ti, st->run, o, status, code);
-    kvf__srv_tenant_exit(&s->tenants, st->ti);
+    kvf__srv_tenant_exit(&s->tenants, st->ti, &st->share);
     kvf__srv_run_free(st->run);
     kvf__sbuf_free(&st->out);
     free(st);
@@ -875,13 +891,14 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
     struct stream *st = calloc(1, sizeof *st);
     if (!st) {
         request_end(s, q->id, q->ti, run, KVF__SRV_ERROR, 503, "out_of_memory");
-        kvf__srv_tenant_exit(&s->tenants, q->ti);
+        kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_run_free(run);
         atomic_fetch_sub(&s->in_flight, 1);
         return send_body(c, 503, NULL);
     }
     memcpy(st->id, q->id, sizeof st->id);
     st->ti = q->ti;
+    st->share = q->share;
     st->s = s;
     st->run = run;
     st->conn = c;
@@ -939,7 +956,7 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
     }
 out:
     request_end(s, q->id, q->ti, run, o, status, code);
-    kvf__srv_tenant_exit(&s->tenants, q->ti);
+    kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
     kvf__srv_run_free(run);
     atomic_fetch_sub(&s->in_flight, 1);
     return ok;
@@ -953,24 +970,48 @@ static enum MHD_Result refuse(struct kvf_server *s, struct MHD_Connection *c, st
     return send_error(s, c, e, NULL);
 }
 
-/* Takes one of the tenant's running slots, waiting for one if its share allows (polling the
- * socket and stop as a running request does, for at most tenants.wait_ms). 0: taken; -1 with
- * e (429 over the share or after the wait, 503 stopping); 1: the client went away. */
+/* Refuses (400, naming the bound) a request that could never fit its tenant's share, however
+ * long it waited: more choices than --tenant-max-running, or more KV than the tenant's cap.
+ * 0, or -1 with e. */
+static int share_possible(struct kvf_server *s, const struct kvf__srv_share *w, uint64_t kv_cap,
+                          const char *kv_param, struct kvf__srv_err *e)
+{
+    const struct kvf__srv_tenants *T = &s->tenants;
+    if (T->max_running && w->seqs > T->max_running)
+        return kvf__srv_fail(e, 400, "n", "tenant_share_exceeded",
+                             "this request runs %u sequences (n) and a tenant may run at most %u "
+                             "at once (--tenant-max-running); ask for fewer choices",
+                             w->seqs, T->max_running);
+    if (kv_cap && w->kv_tokens > kv_cap)
+        return kvf__srv_fail(e, 400, kv_param, "tenant_share_exceeded",
+                             "this request reserves %llu KV tokens (n x (prompt + max_tokens), in "
+                             "whole pages) and a tenant may reserve at most %llu at once "
+                             "(--tenant-max-kv-tokens%s); ask for fewer tokens or choices",
+                             (unsigned long long)w->kv_tokens, (unsigned long long)kv_cap,
+                             s->tenants.max_kv_tokens ? "" : ", by default the pool shared among "
+                                                            "the tenants");
+    return 0;
+}
+
+/* Takes what the request takes of its tenant's share (q->share), waiting for it if the share
+ * allows (polling the socket and stop as a running request does, for at most tenants.wait_ms).
+ * 0: taken; -1 with e (429 over the share or after the wait, 503 stopping); 1: the client went
+ * away. */
 static int tenant_slot(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q,
-                       struct kvf__srv_err *e)
+                       uint64_t kv_cap, struct kvf__srv_err *e)
 {
     struct kvf__srv_tenants *T = &s->tenants;
-    int rc = kvf__srv_tenant_enter(T, q->ti);
+    int rc = kvf__srv_tenant_enter(T, q->ti, &q->share, kv_cap);
     if (rc == 0) return 0;
     if (rc < 0)
         return kvf__srv_fail(e, 429, NULL, "tenant_limit",
-                             "this tenant has %u requests running and %u waiting, its share; "
-                             "retry later",
+                             "this tenant runs all the sequences its share allows (%u) and has %u "
+                             "requests waiting; retry later",
                              T->max_running, T->max_queued);
     int fd = conn_fd(c);
     int64_t until = now_ms() + T->wait_ms;
     for (;;) {
-        if (kvf__srv_tenant_wait(T, q->ti, KVF_SERVER_POLL_MS) == 0) return 0;
+        if (kvf__srv_tenant_wait(T, q->ti, &q->share, kv_cap, KVF_SERVER_POLL_MS) == 0) return 0;
         if (atomic_load(&s->stopping)) {
             kvf__srv_tenant_leave_queue(T, q->ti);
             return kvf__srv_fail(e, 503, NULL, "shutting_down", "the server is shutting down");
@@ -982,10 +1023,28 @@ static int tenant_slot(struct kvf_server *s, struct MHD_Connection *c, struct co
         if (now_ms() >= until) {
             kvf__srv_tenant_leave_queue(T, q->ti);
             return kvf__srv_fail(e, 429, NULL, "tenant_limit",
-                                 "this tenant's requests waited %u ms for its share; retry later",
+                                 "this tenant's request waited %u ms for its share (sequences "
+                                 "and KV tokens of its running requests); retry later",
                                  T->wait_ms);
         }
     }
+}
+
+/* /tokenize and /detokenize run as one sequence of the tenant's share (no KV): their work and
+ * memory (bounded by tokenize_max_bytes: some 20 times the body at most) count as the tenant's,
+ * so a tenant at its share waits or gets 429 for them as for a completion. */
+static enum MHD_Result do_tokenizer_route(struct kvf_server *s, struct MHD_Connection *c,
+                                          struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    q->share = (struct kvf__srv_share){.seqs = 1, .kv_tokens = 0};
+    if (share_possible(s, &q->share, 0, NULL, &e) < 0) return send_error(s, c, &e, NULL);
+    int wait = tenant_slot(s, c, q, 0, &e);
+    if (wait > 0) return MHD_NO;
+    if (wait < 0) return send_error(s, c, &e, NULL);
+    enum MHD_Result ok = q->route == R_TOKENIZE ? do_tokenize(s, c, q) : do_detokenize(s, c, q);
+    kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
+    return ok;
 }
 
 static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *c,
@@ -1011,7 +1070,18 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
         return refuse(s, c, q, &e);
     }
-    int wait = tenant_slot(s, c, q, &e);
+    /* What it takes of its tenant's share: each choice is a sequence, each reserves its prompt
+     * and its max_tokens in whole pages. */
+    uint64_t kv_cap = kvf__srv_tenant_kv_cap(&s->tenants, &in);
+    q->share.seqs = req.n;
+    q->share.kv_tokens =
+        (uint64_t)req.n * kvf__srv_round_tokens((uint64_t)req.n_prompt + req.max_tokens,
+                                                in.page_tokens);
+    if (share_possible(s, &q->share, kv_cap, "max_tokens", &e) < 0) {
+        kvf__srv_req_free(&req);
+        return refuse(s, c, q, &e);
+    }
+    int wait = tenant_slot(s, c, q, kv_cap, &e);
     if (wait != 0) {
         kvf__srv_req_free(&req);
         if (wait > 0) {
@@ -1022,7 +1092,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     }
     if (atomic_fetch_add(&s->in_flight, 1) >= s->cfg.max_queue) {
         atomic_fetch_sub(&s->in_flight, 1);
-        kvf__srv_tenant_exit(&s->tenants, q->ti);
+        kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_req_free(&req);
         kvf__srv_engine_error(-EAGAIN, &e);
         return refuse(s, c, q, &e);
@@ -1032,7 +1102,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
                                 s->tenants.t[q->ti].id, &run);
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
-        kvf__srv_tenant_exit(&s->tenants, q->ti);
+        kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_req_free(&req);
         kvf__srv_engine_error(rc, &e);
         return refuse(s, c, q, &e);
@@ -1092,6 +1162,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
         q->route = route;
         q->model_id = model_id;
+        q->max_body = route == R_TOKENIZE || route == R_DETOKENIZE ? s->cfg.tokenize_max_bytes
+                                                                    : s->cfg.max_body_bytes;
         *con_cls = q;
         uint64_t rid;
         if (kvf__srv_random(&rid, sizeof rid) < 0) {
@@ -1117,7 +1189,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         kvf__srv_log(&s->cfg, "event=request id=%s tenant=%s path=%s", q->id,
                      s->tenants.t[q->ti].name, route_path(route));
-        if (strcmp(method, "POST") == 0 && check_body_headers(s, c, &e) < 0)
+        if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &e) < 0)
             return gen ? refuse(s, c, q, &e) : send_error(s, c, &e, NULL);
         if (strcmp(method, "GET") == 0) return do_get(s, c, q);
         guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
@@ -1127,7 +1199,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (q->too_big) return MHD_YES; /* after an answer MHD took: dropped */
-        if (q->body.n + n > s->cfg.max_body_bytes) {
+        if (q->body.n + n > q->max_body) {
             /* A chunked body, which declares no length, answered as soon as it passes the
              * bound, none of the rest read. MHD 0.9.75 takes no answer before the whole body
              * is in; the 413 is then written past it and the connection closed. */
@@ -1135,7 +1207,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             kvf__sbuf_free(&q->body);
             guard_enter(&s->guard, guard_of(c), G_WORK, 0);
             kvf__srv_fail(&e, 413, NULL, "body_too_large",
-                          "request body exceeds the limit of %zu bytes", s->cfg.max_body_bytes);
+                          "request body exceeds the limit of %zu bytes", q->max_body);
             if (send_error(s, c, &e, NULL) == MHD_YES) return MHD_YES;
             json_t *j = kvf__srv_err_json(&e);
             char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -1157,9 +1229,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_CHAT:
         return do_generate(s, c, q);
     case R_TOKENIZE:
-        return do_tokenize(s, c, q);
     case R_DETOKENIZE:
-        return do_detokenize(s, c, q);
+        return do_tokenizer_route(s, c, q);
     default:
         return do_get(s, c, q);
     }
@@ -1261,6 +1332,9 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->cfg.model_name = s->model;
     s->cfg.chat_template = s->chat_template;
     if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 1u << 20;
+    if (!s->cfg.tokenize_max_bytes) s->cfg.tokenize_max_bytes = 256u << 10;
+    if (s->cfg.tokenize_max_bytes > s->cfg.max_body_bytes)
+        s->cfg.tokenize_max_bytes = s->cfg.max_body_bytes;
     if (!s->cfg.max_n) s->cfg.max_n = 8;
     if (!s->cfg.max_queue) s->cfg.max_queue = 256;
     if (!s->cfg.default_max_tokens) s->cfg.default_max_tokens = 256;
@@ -1275,7 +1349,8 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->engine = engine;
     s->tok = tok;
     if (kvf__srv_tenants_init(&s->tenants, cfg->keys, cfg->tenant, cfg->tenant_max_running,
-                              cfg->tenant_max_queued, cfg->tenant_wait_ms) < 0) {
+                              cfg->tenant_max_queued, cfg->tenant_max_kv_tokens,
+                              cfg->tenant_wait_ms) < 0) {
         snprintf(err, err_len, "server: out of memory");
         goto free_s;
     }

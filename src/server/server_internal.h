@@ -207,30 +207,53 @@ extern const char *const kvf__srv_outcome_name[KVF__SRV_N_OUTCOMES];
 struct kvf__srv_tenant {
     char name[KVF_SERVER_MAX_TENANT_NAME + 1]; /* "_none" for [0]: requests without a tenant */
     uint32_t id;              /* kvf_gen_params.tenant */
-    uint32_t running, waiting; /* under the table's mu */
+    /* Under the table's mu. Accounting: seqs and kv_tokens are the sums of the shares of the
+     * `running` requests admitted (0, 0 when running is 0). */
+    uint32_t running, waiting; /* requests admitted, and waiting for the share */
+    uint32_t seqs;            /* sequences of the running requests */
+    uint64_t kv_tokens;       /* KV tokens they reserve */
     atomic_ullong outcomes[KVF__SRV_N_OUTCOMES];
     atomic_ullong prompt_tokens, generated_tokens;
 };
 struct kvf__srv_tenants {
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* a running slot was freed */
+    pthread_cond_t cv;        /* some share was freed */
     struct kvf__srv_tenant *t; /* [n]: [0] "_none", then the key file's tenants (or "default") */
     size_t n;
-    uint32_t max_running, max_queued, wait_ms;
+    uint32_t max_running;     /* sequences of one tenant at once; 0: no bound */
+    uint32_t max_queued;      /* requests of one tenant waiting; UINT32_MAX without max_running */
+    uint64_t max_kv_tokens;   /* configured KV share; 0: kvf__srv_tenant_kv_cap's default */
+    uint32_t wait_ms;
+};
+/* What one request takes of its tenant's share. */
+struct kvf__srv_share {
+    uint32_t seqs;            /* sequences: its choices (1 for /tokenize, /detokenize) */
+    uint64_t kv_tokens;       /* KV it reserves: seqs × (prompt + max_tokens) in whole pages */
+};
+struct kvf__srv_tenant_load {
+    uint32_t running, waiting, seqs;
+    uint64_t kv_tokens;
 };
 int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *keys,
                           uint32_t default_id, uint32_t max_running, uint32_t max_queued,
-                          uint32_t wait_ms);
+                          uint64_t max_kv_tokens, uint32_t wait_ms);
 void kvf__srv_tenants_destroy(struct kvf__srv_tenants *T);
-/* 0: a running slot taken; 1: waiting (then kvf__srv_tenant_wait until 0, or leave_queue);
- * -EAGAIN: over the tenant's share, nothing taken. */
-int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti);
-/* Waits up to timeout_ms for a slot: 0 taken (no longer waiting), 1 not yet. */
-int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, int timeout_ms);
+/* tokens rounded up to whole pages of page_tokens (≤ 1: as they are). */
+uint64_t kvf__srv_round_tokens(uint64_t tokens, uint32_t page_tokens);
+/* The KV share of one tenant in tokens (0: no cap): the configured one, or the default from the
+ * pool in `in` when there are several tenants (server.h states it). */
+uint64_t kvf__srv_tenant_kv_cap(const struct kvf__srv_tenants *T, const struct kvf_engine_info *in);
+/* 0: w taken; 1: waiting (then kvf__srv_tenant_wait until 0, or leave_queue); -EAGAIN: too many
+ * of the tenant's requests wait already, nothing taken. */
+int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w,
+                          uint64_t kv_cap);
+/* Waits up to timeout_ms for w to fit: 0 taken (no longer waiting), 1 not yet. */
+int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w,
+                         uint64_t kv_cap, int timeout_ms);
 void kvf__srv_tenant_leave_queue(struct kvf__srv_tenants *T, size_t ti);
-void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti);
-void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, uint32_t *running,
-                          uint32_t *waiting);
+/* Gives back w, taken by enter or wait. */
+void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w);
+void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, struct kvf__srv_tenant_load *out);
 
 /* --- Metrics (metrics.c). -------------------------------------------------------------------- */
 #define KVF__SRV_HIST_MAX 16

@@ -30,6 +30,11 @@ struct fake_engine {
     uint32_t slow_tenant; /* nonzero: first_delay_ms applies to this tenant's requests only */
     uint32_t max_live;   /* submit answers -EAGAIN at this many live handles (0: no cap) */
     int submit_err;      /* submit answers this (0: accept) */
+    uint32_t pool_pages; /* nonzero: a decode pool of this many 16-token pages; a submit holds
+                            ceil((n_prompt + max_tokens) / 16) of them until release, and one that
+                            finds too few free gets -EBUSY (503 pool_exhausted), as the real
+                            engine does after its admission wait; info reports it */
+    uint32_t pool_used;  /* pages held (records) */
     int end_err;         /* END with this error after end_after tokens (0: never) */
     uint32_t end_after;
     bool prefill_up;

@@ -217,6 +217,213 @@ static char *get_metrics(uint16_t port)
     return b;
 }
 
+
+/* --- Shares count what a request takes. --------------------------------------------------------- */
+
+
+/* The 400 of a request that can never fit its tenant's share: at once, naming the bound. */
+static void expect_share_400(uint16_t port, const char *auth, const char *body, const char *param,
+                             const char *bound)
+{
+    struct http_resp r;
+    int64_t t0 = fake_now_ms();
+    http_auth(port, "POST", "/v1/completions", auth, body, &r);
+    if (r.status != 400) KVF_FAIL("%s: status %d (%s), wanted 400", body, r.status, r.body);
+    ASSERT_LT_INT(fake_now_ms() - t0, 2000);
+    ASSERT_NOT_NULL(strstr(r.body, "\"tenant_share_exceeded\""));
+    char p[64];
+    snprintf(p, sizeof p, "\"param\":\"%s\"", param);
+    if (!strstr(r.body, p)) KVF_FAIL("%s: %s does not name %s", body, r.body, param);
+    if (!strstr(r.body, bound)) KVF_FAIL("%s: %s does not name %s", body, r.body, bound);
+    http_resp_free(&r);
+}
+
+/* Two tenants over a pool of 64 pages (1024 tokens): the default KV share is 512 tokens each.
+ * alpha's n = 8 request takes all of its share (8 × 64 tokens); a second one waits and gets 429,
+ * never reaching the engine, and bravo's n = 8 request is served meanwhile from the half of the
+ * pool alpha cannot take. */
+static void test_share_counts_choices_and_kv(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    s.cfg.max_n = 8;
+    s.cfg.tenant_wait_ms = 300;
+    s.cfg.retry_after_s = 2;
+    s.f.pool_pages = 64;
+    s.f.first_delay_ms = 60000;
+    s.f.slow_tenant = 1; /* alpha's requests hold their pages */
+    srv_start(&s);
+    const char *A = "Bearer " KEY_A, *B = "Bearer " KEY_B;
+    const char *n8 = "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8}";
+    int a1 = open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
+    ASSERT_TRUE(fake_wait_live(&s.f, 8, 5000));
+    /* alpha's second n = 8: over its share now, so it waits, then 429 — it never reaches the
+     * engine (where it would hold the rest of the pool until its client went away). */
+    int a2 = open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
+    char head[4096];
+    size_t hn = 0;
+    for (int64_t until = fake_now_ms() + 3000; hn < sizeof head - 1 && !strstr(head, "\r\n\r\n");) {
+        struct pollfd pf = {.fd = a2, .events = POLLIN};
+        if (fake_now_ms() >= until) KVF_FAIL("alpha's second n=8 got no answer: admitted past its share");
+        if (poll(&pf, 1, 50) <= 0) continue;
+        ssize_t got = recv(a2, head + hn, sizeof head - 1 - hn, 0);
+        if (got <= 0) break;
+        hn += (size_t)got;
+        head[hn] = 0;
+    }
+    head[hn] = 0;
+    struct http_resp r;
+    http_parse(head, hn, &r);
+    close(a2);
+    if (r.status != 429) KVF_FAIL("alpha's second n=8: status %d (%s), wanted 429", r.status, r.body);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after: 2") != NULL);
+    ASSERT_NOT_NULL(strstr(r.body, "\"tenant_limit\""));
+    http_resp_free(&r);
+    ASSERT_EQ_INT(s.f.submits, 8);
+    /* bravo is served in full, twice, from the other half of the pool. */
+    for (int i = 0; i < 2; i++) {
+        http_auth(s.port, "POST", "/v1/completions", B, n8, &r);
+        if (r.status != 200) KVF_FAIL("bravo's n=8: status %d (%s)", r.status, r.body);
+        json_t *j = json_loads(r.body, 0, NULL);
+        ASSERT_EQ_INT(json_array_size(json_object_get(j, "choices")), 8);
+        json_decref(j);
+        http_resp_free(&r);
+    }
+    char *m = get_metrics(s.port);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_sequences{tenant=\"alpha\"}"), 8);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_kv_tokens{tenant=\"alpha\"}"), 512);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"running\"}"), 1);
+    free(m);
+    /* More than alpha's share in one request: 400 at once, naming the bound. */
+    expect_share_400(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":300,\"n\":2}", "max_tokens",
+                     "--tenant-max-kv-tokens");
+    expect_share_400(s.port, B, "{\"prompt\":[5,6],\"max_tokens\":100,\"n\":8}", "max_tokens",
+                     "at most 512");
+    ASSERT_EQ_INT(s.f.submits, 24);
+    close(a1);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    for (int i = 0; i < 250; i++) {
+        m = get_metrics(s.port);
+        if (metric(m, "kvfence_tenant_kv_tokens{tenant=\"alpha\"}") == 0) break;
+        free(m);
+        m = NULL;
+        usleep(20000);
+    }
+    ASSERT_NOT_NULL(m);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_sequences{tenant=\"alpha\"}"), 0);
+    free(m);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
+/* tenant_max_running counts sequences: n = 8 within a share of 4 is 400 naming the bound; n = 4
+ * takes all of it; one more choice waits its turn (429 here: no queue). An explicit KV share
+ * bounds a lone tenant too. */
+static void test_share_running_counts_sequences(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.cfg.max_n = 8;
+    s.cfg.tenant_max_running = 4;
+    s.cfg.tenant_max_kv_tokens = 256;
+    s.f.first_delay_ms = 60000;
+    srv_start(&s);
+    expect_share_400(s.port, NULL, "{\"prompt\":[5,6],\"max_tokens\":4,\"n\":8}", "n",
+                     "--tenant-max-running");
+    expect_share_400(s.port, NULL, "{\"prompt\":[5,6],\"max_tokens\":300}", "max_tokens",
+                     "--tenant-max-kv-tokens");
+    int a = open_stream_auth(s.port, "Bearer x", "{\"prompt\":[5,6],\"max_tokens\":4,\"n\":4,\"stream\":true}");
+    ASSERT_TRUE(fake_wait_live(&s.f, 4, 5000));
+    struct http_resp r;
+    http_auth(s.port, "POST", "/v1/completions", NULL, "{\"prompt\":[5,6],\"max_tokens\":4}", &r);
+    ASSERT_EQ_INT(r.status, 429);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after:") != NULL);
+    http_resp_free(&r);
+    ASSERT_EQ_INT(s.f.submits, 4);
+    close(a);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    srv_stop(&s);
+}
+
+/* /tokenize and /detokenize: a key is needed when keys are configured; each runs as one sequence
+ * of the tenant's share (alpha, at its share, gets 429 while bravo is answered); the body is
+ * bounded by tokenize_max_bytes (413 beyond it, while a completion of that size is served). */
+static void test_tokenize_in_share(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    s.cfg.tenant_max_running = 1;
+    s.cfg.tokenize_max_bytes = 2048;
+    s.f.first_delay_ms = 60000;
+    s.f.slow_tenant = 1;
+    srv_start(&s);
+    const char *A = "Bearer " KEY_A, *B = "Bearer " KEY_B;
+    struct http_resp r;
+    http_auth(s.port, "POST", "/tokenize", NULL, "{\"prompt\":\"hello\"}", &r);
+    ASSERT_EQ_INT(r.status, 401);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", "Bearer sk-wrong-key-000", "{\"tokens\":[5]}", &r);
+    ASSERT_EQ_INT(r.status, 401);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/tokenize", A, "{\"prompt\":\"hello world\"}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    ASSERT_NOT_NULL(j);
+    ASSERT_EQ_INT(json_integer_value(json_object_get(j, "count")),
+                  kvf_tokenizer_encode(s.tok, "hello world", 11, true, NULL, 0));
+    ASSERT_EQ_INT(json_array_size(json_object_get(j, "tokens")),
+                  json_integer_value(json_object_get(j, "count")));
+    ASSERT_EQ_INT(json_integer_value(json_object_get(j, "max_model_len")), 512);
+    json_decref(j);
+    http_resp_free(&r);
+    /* alpha at its share: its tokenizer requests wait, then 429; bravo's are answered. */
+    int a = open_stream_auth(s.port, A, "{\"prompt\":\"a\",\"stream\":true}");
+    ASSERT_TRUE(fake_wait_live(&s.f, 1, 5000));
+    http_auth(s.port, "POST", "/tokenize", A, "{\"prompt\":\"hello\"}", &r);
+    if (r.status != 429) KVF_FAIL("alpha's /tokenize at its share: %d %s", r.status, r.body);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after:") != NULL);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", A, "{\"tokens\":[5]}", &r);
+    ASSERT_EQ_INT(r.status, 429);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/tokenize", B, "{\"prompt\":\"hello\"}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", B, "{\"tokens\":[259,260]}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_NOT_NULL(strstr(r.body, "\"prompt\":\"hello world\""));
+    http_resp_free(&r);
+    close(a);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    /* The bound on the body: 2048 bytes for the tokenizer routes, 64 KiB for completions. */
+    static char big[4096];
+    memset(big, 0, sizeof big);
+    strcpy(big, "{\"prompt\":\"hello\",\"max_tokens\":1,\"pad\":\""); /* an ignored field */
+    size_t o = strlen(big);
+    memset(big + o, 'x', 2100);
+    strcpy(big + o + 2100, "\"}");
+    http_auth(s.port, "POST", "/tokenize", B, big, &r);
+    ASSERT_EQ_INT(r.status, 413);
+    ASSERT_NOT_NULL(strstr(r.body, "2048"));
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", B, big, &r);
+    ASSERT_EQ_INT(r.status, 413);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/v1/completions", B, big, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    strcpy(big + o + 1900, "\"}"); /* within the bound */
+    http_auth(s.port, "POST", "/tokenize", B, big, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
 static void test_tenant_limits(void)
 {
     struct srv s;
@@ -520,6 +727,9 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_keys_parse),
     KVF_CASE(test_auth),
     KVF_CASE(test_tenant_limits),
+    KVF_CASE(test_share_counts_choices_and_kv),
+    KVF_CASE(test_share_running_counts_sequences),
+    KVF_CASE(test_tokenize_in_share),
     KVF_CASE(test_logs_no_canary),
     KVF_CASE(test_metrics),
     KVF_CASE(test_ids_unguessable),
