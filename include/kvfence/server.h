@@ -100,8 +100,19 @@ struct kvf_server_config {
                                   the engine) before 429; 0 = 256 */
     uint32_t default_max_tokens; /* max_tokens when the request gives none: the rest of the
                                     served limit after the prompt, capped at this; 0 = 256 */
-    uint32_t max_connections;  /* concurrent connections; 0 = 256 */
-    uint32_t max_conn_per_ip;  /* connections from one address; 0 = 64 */
+    /* Connection caps (src/server/http.c, "Connection caps"): a request past one gets 503 with
+     * Retry-After and its connection is closed after the answer, never reset. */
+    uint32_t max_connections;  /* connections served at once; 0 = 256 */
+    uint32_t max_conn_per_ip;  /* connections of one client address; 0 = 64 */
+    const char *trusted_proxies; /* "ADDR[/PREFIX],...": peers whose Forwarded or
+                                    X-Forwarded-For names the client (the last hop not in this
+                                    list); NULL = none, the peer is the client */
+    uint32_t keyed_reserve;    /* with keys: connections kept for requests with a valid key
+                                  (others are served up to max_connections − this); 0 =
+                                  max_connections / 4 */
+    uint32_t keyless_timeout_ms; /* with keys: a connection that has not shown a valid key must
+                                    send its request's headers within this (of the accept or of
+                                    its previous answer); 0 = 2000 */
     uint32_t idle_timeout_s;   /* a connection idle this long is closed; 0 = 30 */
     /* Bounds on slow clients (src/server/http.c, "Connection deadlines"): a request's line and
      * headers must arrive within header_timeout_ms of the accept (a kept-alive connection's next

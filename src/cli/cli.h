@@ -49,6 +49,8 @@ struct kvf_cli_http {
     const char *host;              /* NULL = 127.0.0.1 */
     uint32_t port, max_queue, tenant_running, tenant_queued, tenant_kv_tokens;
     uint32_t max_conn_per_ip, header_timeout_ms, body_timeout_ms, send_timeout_ms; /* 0: defaults */
+    uint32_t max_connections, keyless_timeout_ms;                                   /* 0: defaults */
+    char trusted_proxies[1024]; /* every --trusted-proxy, joined with ',' */
     const char *keys_path;
     bool no_auth;
     /* Set by prepare and start. */

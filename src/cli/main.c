@@ -23,7 +23,8 @@ static const struct kvf_cmd commands[] = {
     {"--tenant-max-kv-tokens", false},                                                            \
     {"--admit-timeout", false}, {"--context-length", false}, {"--model", false},                \
     {"--max-conn-per-ip", false}, {"--header-timeout", false}, {"--body-timeout", false},          \
-    {"--send-timeout", false}
+    {"--send-timeout", false}, {"--max-connections", false}, {"--trusted-proxy", false},        \
+    {"--keyless-timeout", false}
 static const struct kvf_cli_flag serve_flags[] = {HTTP_FLAGS, {"--threads", false},
                                                   {"--kv-memory", false}, {"--data-dir", false}};
 static const struct kvf_cli_flag router_flags[] = {HTTP_FLAGS, {"--prefill", false},

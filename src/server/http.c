@@ -59,6 +59,18 @@ struct guard_conn {
     int64_t unsent_since_ms; /* the first check of the current run of checks that all found
                                 response bytes unsent; 0: the last check found none */
     uint32_t n_answered;    /* requests completed on this connection */
+    /* Connection caps ("Connection caps" below). */
+    struct kvf__srv_addr peer; /* the socket's peer */
+    bool trusted_peer;      /* peer is a trusted proxy: the client comes from its headers */
+    bool keyed;             /* a request on it showed a valid API key */
+    bool over_at_accept;    /* its peer had max_conn_per_ip connections already at accept */
+    int32_t ac;             /* its entry in the per-address counts, or -1 */
+};
+/* Connections per client address: one entry per address with connections, at most one entry
+ * per connection, so the table of guard.n entries never fills. */
+struct addr_count {
+    struct kvf__srv_addr a;
+    uint32_t n;             /* 0: the entry is free */
 };
 
 /* The watchdog: one thread, a table of max_connections entries allocated at start (nothing is
@@ -70,15 +82,23 @@ struct guard {
     pthread_t thread;
     bool stop;
     struct guard_conn *c;   /* [n] */
-    uint32_t n;
+    struct addr_count *ac;  /* [n] */
+    uint32_t n;             /* libmicrohttpd's limit: max_connections + the room for refusals */
     uint32_t tick_ms;
     uint32_t header_ms, body_ms, send_ms, idle_ms;
+    uint32_t keyless_ms;    /* with keys: header and idle bound before a valid key is shown */
+    bool keys;
+    uint32_t max_conns, keyless_conns, per_addr; /* the caps */
+    const struct kvf__srv_cidr *trusted;         /* the server's, [n_trusted] */
+    size_t n_trusted;
+    uint32_t n_keyed;       /* connections in use that showed a valid key */
     /* Figures for /health ("http"). */
     atomic_uint open;           /* connections in the table */
     atomic_ullong untracked;    /* connections accepted with the table full (no deadlines) */
     atomic_ullong closed_head;  /* headers not in within their bound */
     atomic_ullong closed_body;  /* a body not in within its bound */
     atomic_ullong closed_send;  /* a client that did not read its response */
+    atomic_ullong refused_conns; /* 503 to a request past a connection cap */
 };
 
 /* Row 21's bounds. A connection's memory (MHD's pool: the request line, the headers, the read
@@ -103,6 +123,8 @@ struct kvf_server {
     struct kvf__srv_tenants tenants;
     struct kvf__srv_metrics metrics;
     struct guard guard;
+    struct kvf__srv_cidr *trusted; /* --trusted-proxy, [n_trusted] */
+    size_t n_trusted;
 };
 
 enum route {
@@ -124,9 +146,12 @@ struct conn_req {
     size_t max_body;        /* this route's bound on the body: max_body_bytes, or
                                tokenize_max_bytes for /tokenize and /detokenize */
     bool too_big;           /* the body passed max_body and was answered with 413 */
+    bool over_cap;          /* past a connection cap: the body is read and dropped, then 503 */
+    struct kvf__srv_err cap_err;
     char id[24];            /* "req-<16 random hex>": names the request in the logs */
     size_t ti;              /* the tenant (index into the server's table) */
     struct kvf__srv_share share; /* what it takes of the tenant's share once admitted */
+    bool holds_flight;      /* a non-streaming answer: in_flight counts it until completed */
 };
 
 /* A streaming response's state, owned by the response (freed in stream_free). */
@@ -216,10 +241,62 @@ static void guard_enter(struct guard *g, struct guard_conn *gc, enum guard_phase
 {
     if (!gc) return;
     pthread_mutex_lock(&g->mu);
+    /* Before a valid key, the next request's headers get the keyless bound. */
+    if (p == G_HEAD && g->keys && !gc->keyed && g->keyless_ms < bound_ms) bound_ms = g->keyless_ms;
     gc->phase = p;
     gc->deadline_ms = p == G_WORK ? INT64_MAX : now_ms() + bound_ms;
     if (p == G_HEAD) gc->n_answered++;
     pthread_mutex_unlock(&g->mu);
+}
+
+/* --- Connection caps. ------------------------------------------------------------------------
+ *
+ * Every cap answers the request that passes it with 503 and Retry-After, and closes the
+ * connection after the answer — never a reset, never a connection dropped unanswered:
+ *
+ *   max_conn_per_ip   connections of one client address. The client is the peer, or, when the
+ *                     peer is a trusted proxy (--trusted-proxy), the last hop of its Forwarded /
+ *                     X-Forwarded-For that is not one (netaddr.c); a proxy's connections are
+ *                     counted under the client of their latest request.
+ *   max_connections   connections served at once. With API keys, connections that have not shown
+ *                     a valid key are served only up to max_connections − keyed_reserve, so
+ *                     keyless clients cannot take the room of keyed tenants; they also get
+ *                     keyless_timeout_ms (not header_timeout_ms, not idle_timeout_s) for their
+ *                     next request's headers.
+ *
+ * The decision is made when a request's headers are in (its address and key known). A request
+ * with a body past a cap has its body read and dropped first (within body_timeout_ms), so that
+ * the connection closes with nothing unread and the client reads the 503 instead of a reset.
+ * libmicrohttpd itself accepts up to guard.n = max_connections + keyed_reserve + spare
+ * connections, and past that leaves new ones in the listen backlog (MHD_USE_ITC), which the
+ * watchdog's bounds drain. All of it under guard.mu; each decision is O(guard.n).
+ */
+
+/* The count entry of address a (taken when new); its count after adding gc, which leaves the
+ * entry it had. */
+static uint32_t addr_assign(struct guard *g, struct guard_conn *gc, const struct kvf__srv_addr *a)
+{
+    if (gc->ac >= 0 && memcmp(&g->ac[gc->ac].a, a, sizeof *a) == 0) return g->ac[gc->ac].n;
+    if (gc->ac >= 0) g->ac[gc->ac].n--;
+    int32_t found = -1, free_e = -1;
+    for (uint32_t i = 0; i < g->n && found < 0; i++) {
+        if (g->ac[i].n && memcmp(&g->ac[i].a, a, sizeof *a) == 0) found = (int32_t)i;
+        else if (!g->ac[i].n && free_e < 0) free_e = (int32_t)i;
+    }
+    if (found < 0) {
+        found = free_e; /* one entry per connection at most: there is always a free one */
+        g->ac[found].a = *a;
+        g->ac[found].n = 0;
+    }
+    g->ac[found].n++;
+    gc->ac = found;
+    return g->ac[found].n;
+}
+
+static void addr_release(struct guard *g, struct guard_conn *gc)
+{
+    if (gc->ac >= 0) g->ac[gc->ac].n--;
+    gc->ac = -1;
 }
 
 /* MHD's connection notifier: accepted (a table entry in G_HEAD) and closed (the entry freed,
@@ -238,7 +315,18 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             gc->in_use = true;
             gc->phase = G_HEAD;
             gc->fd = conn_fd(c);
-            gc->deadline_ms = now_ms() + g->header_ms;
+            gc->ac = -1;
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+            kvf__srv_addr_from_sockaddr(ci ? ci->client_addr : NULL, &gc->peer);
+            gc->trusted_peer = kvf__srv_trusted(g->trusted, g->n_trusted, &gc->peer);
+            /* A trusted proxy's connections are counted under their clients, once a request
+             * names them; any other peer's under its own address from the accept. */
+            if (!gc->trusted_peer && addr_assign(g, gc, &gc->peer) > g->per_addr)
+                gc->over_at_accept = true;
+            uint32_t head_ms = g->header_ms;
+            if ((g->keys || gc->over_at_accept) && g->keyless_ms < head_ms) head_ms = g->keyless_ms;
+            gc->deadline_ms = now_ms() + head_ms;
             atomic_fetch_add(&g->open, 1);
         } else {
             atomic_fetch_add(&g->untracked, 1);
@@ -247,6 +335,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         struct guard_conn *gc = *socket_context;
         if (gc) {
+            addr_release(g, gc);
+            if (gc->keyed) g->n_keyed--;
             gc->in_use = false;
             atomic_fetch_sub(&g->open, 1);
         }
@@ -320,10 +410,21 @@ static void *guard_main(void *arg)
 
 /* Allocates the table for max_connections and starts the watchdog. 0, or -ENOMEM / -errno
  * with nothing left allocated or running. */
-static int guard_start(struct guard *g, const struct kvf_server_config *cfg)
+static int guard_start(struct guard *g, const struct kvf_server_config *cfg,
+                       const struct kvf__srv_cidr *trusted, size_t n_trusted)
 {
     memset(g, 0, sizeof *g);
-    g->n = cfg->max_connections;
+    g->keys = cfg->keys != NULL;
+    g->max_conns = cfg->max_connections;
+    uint32_t reserve = g->keys ? cfg->keyed_reserve : 0;
+    g->keyless_conns = g->max_conns - reserve;
+    g->per_addr = cfg->max_conn_per_ip;
+    g->keyless_ms = cfg->keyless_timeout_ms;
+    g->trusted = trusted;
+    g->n_trusted = n_trusted;
+    /* Room beyond max_connections for the connections that are answered 503. */
+    uint32_t spare = cfg->max_connections / 8 < 16 ? 16 : cfg->max_connections / 8;
+    g->n = cfg->max_connections + reserve + spare;
     g->header_ms = cfg->header_timeout_ms;
     g->body_ms = cfg->body_timeout_ms;
     g->send_ms = cfg->send_timeout_ms;
@@ -333,6 +434,10 @@ static int guard_start(struct guard *g, const struct kvf_server_config *cfg)
     /* Eight checks per bound: a connection is closed at most an eighth of its bound late. */
     g->tick_ms = least / 8 < 5 ? 5 : least / 8 > 250 ? 250 : least / 8;
     if (!(g->c = calloc(g->n, sizeof *g->c))) return -ENOMEM;
+    if (!(g->ac = calloc(g->n, sizeof *g->ac))) {
+        free(g->c);
+        return -ENOMEM;
+    }
     int rc;
     pthread_condattr_t ca;
     if ((rc = pthread_condattr_init(&ca)) != 0) goto free_table;
@@ -349,7 +454,9 @@ destroy_cv:
     pthread_cond_destroy(&g->cv);
 free_table:
     free(g->c);
+    free(g->ac);
     g->c = NULL;
+    g->ac = NULL;
     return -rc;
 }
 
@@ -364,6 +471,7 @@ static void guard_stop(struct guard *g)
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g->c);
+    free(g->ac);
 }
 
 /* --- Responses. ------------------------------------------------------------------------------ */
@@ -397,8 +505,8 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
     return send_body(c, status, s);
 }
 
-static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c,
-                                  const struct kvf__srv_err *e, const char *allow)
+static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection *c,
+                                     const struct kvf__srv_err *e, const char *allow, bool close)
 {
     json_t *j = kvf__srv_err_json(e);
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -410,16 +518,23 @@ static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c
         return send_body(c, 503, NULL);
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    if (e->status == 429) {
+    if (e->status == 429 || e->status == 503) {
         char ra[16];
         snprintf(ra, sizeof ra, "%u", s->cfg.retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c,
+                                  const struct kvf__srv_err *e, const char *allow)
+{
+    return send_error_ex(s, c, e, allow, false);
 }
 
 /* --- Routing. -------------------------------------------------------------------------------- */
@@ -539,7 +654,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         " s:{s:I, s:I, s:I},"
         " s:s, s:I, s:I, s:I,"
         " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
-        " s:{s:I, s:I, s:I, s:I, s:I}}",
+        " s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
         (json_int_t)in.page_tokens, "prefill_up", in.prefill_up,
@@ -560,7 +675,8 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)atomic_load(&s->guard.closed_head), "closed_slow_body",
         (json_int_t)atomic_load(&s->guard.closed_body), "closed_slow_reader",
         (json_int_t)atomic_load(&s->guard.closed_send), "untracked",
-        (json_int_t)atomic_load(&s->guard.untracked));
+        (json_int_t)atomic_load(&s->guard.untracked), "refused_over_cap",
+        (json_int_t)atomic_load(&s->guard.refused_conns));
     if (j && !in.prefill_up)
         json_object_set_new(j, "reason",
                             json_string(in.decodes && !in.decodes_up ? "no decode worker is reachable"
@@ -958,7 +1074,9 @@ out:
     request_end(s, q->id, q->ti, run, o, status, code);
     kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
     kvf__srv_run_free(run);
-    atomic_fetch_sub(&s->in_flight, 1);
+    /* In flight until the answer is out (on_completed), so that stop's drain does not close
+     * the connection under a queued answer. */
+    q->holds_flight = true;
     return ok;
 }
 
@@ -1135,6 +1253,74 @@ static uint32_t authorize(struct kvf_server *s, struct MHD_Connection *c)
     return kvf_server_keys_lookup(s->cfg.keys, h, n);
 }
 
+struct header_join {
+    const char *name;
+    struct kvf__sbuf b;
+};
+static enum MHD_Result join_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
+{
+    struct header_join *hj = cls;
+    if (strcasecmp(key, hj->name) != 0) return MHD_YES;
+    if (hj->b.n) kvf__sbuf_put(&hj->b, ",", 1);
+    kvf__sbuf_puts(&hj->b, value ? value : "");
+    return MHD_YES;
+}
+
+/* Every value of header `name`, joined with ',' in the sender's order (malloc'd), or NULL when
+ * there is none. Bounded by the connection's memory (KVF__SRV_CONN_MEMORY). */
+static char *header_values(struct MHD_Connection *c, const char *name)
+{
+    struct header_join hj = {name, {0}};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, join_header, &hj);
+    if (hj.b.oom || !hj.b.p) {
+        kvf__sbuf_free(&hj.b);
+        return NULL;
+    }
+    return hj.b.p;
+}
+
+/* The connection caps for the request whose headers are in (see "Connection caps"): 0, or -1
+ * with e (503) when it passes one. keyed: it carries a valid API key. Also moves the
+ * connection's count to the request's client address. */
+static int conn_caps(struct kvf_server *s, struct MHD_Connection *c, struct guard_conn *gc,
+                     bool keyed, struct kvf__srv_err *e)
+{
+    struct guard *g = &s->guard;
+    if (!gc) return 0;
+    struct kvf__srv_addr client = gc->peer;
+    if (gc->trusted_peer) {
+        char *fwd = header_values(c, "Forwarded"), *xff = header_values(c, "X-Forwarded-For");
+        kvf__srv_forwarded_client(s->trusted, s->n_trusted, fwd, xff, &client);
+        free(fwd);
+        free(xff);
+    }
+    int rc = 0;
+    pthread_mutex_lock(&g->mu);
+    uint32_t n_addr = addr_assign(g, gc, &client);
+    if (keyed && !gc->keyed) {
+        gc->keyed = true;
+        g->n_keyed++;
+    }
+    uint32_t open = atomic_load(&g->open), keyless = open - g->n_keyed;
+    if (n_addr > g->per_addr)
+        rc = kvf__srv_fail(e, 503, NULL, "too_many_connections",
+                           "this client address has %u connections open, more than its limit "
+                           "of %u; retry later",
+                           n_addr, g->per_addr);
+    else if (gc->keyed && g->n_keyed > g->max_conns)
+        rc = kvf__srv_fail(e, 503, NULL, "too_many_connections",
+                           "the server has its %u connections open; retry later", g->max_conns);
+    else if (!gc->keyed && keyless > g->keyless_conns)
+        rc = kvf__srv_fail(e, 503, NULL, "too_many_connections",
+                           "the server has %u connections open without a valid API key, its "
+                           "limit for them; retry later",
+                           keyless);
+    pthread_mutex_unlock(&g->mu);
+    if (rc < 0) atomic_fetch_add(&g->refused_conns, 1);
+    return rc;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -1172,10 +1358,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         snprintf(q->id, sizeof q->id, "req-%016llx", (unsigned long long)rid);
         q->ti = 1; /* without keys: the one tenant */
+        uint32_t t = s->cfg.keys ? authorize(s, c) : 0;
+        if (conn_caps(s, c, gc, t != 0, &e) < 0) {
+            kvf__srv_log(&s->cfg, "event=refused id=%s path=%s status=503 code=%s", q->id,
+                         route_path(route), e.code);
+            /* A body is read (and dropped) first, so that the close leaves nothing unread. */
+            if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &e) == 0) {
+                q->over_cap = true;
+                q->cap_err = e;
+                guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
+                return MHD_YES;
+            }
+            return send_error_ex(s, c, &e, NULL, true);
+        }
         if (route == R_HEALTH || route == R_METRICS) return do_get(s, c, q);
         bool gen = route == R_COMPLETIONS || route == R_CHAT;
         if (s->cfg.keys) {
-            uint32_t t = authorize(s, c);
             if (!t) {
                 q->ti = 0;
                 kvf__srv_fail(&e, 401, NULL, "invalid_api_key",
@@ -1223,6 +1421,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     guard_enter(&s->guard, guard_of(c), G_WORK, 0); /* body in */
     if (q->too_big) return MHD_YES; /* answered when the body passed the bound */
+    if (q->over_cap) return send_error_ex(s, c, &q->cap_err, NULL, true);
     if (q->body.oom) return send_body(c, 503, NULL);
     switch (q->route) {
     case R_COMPLETIONS:
@@ -1244,6 +1443,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     guard_enter(&s->guard, guard_of(c), G_HEAD, s->guard.idle_ms);
     struct conn_req *q = *con_cls;
     if (!q) return;
+    if (q->holds_flight) atomic_fetch_sub(&s->in_flight, 1);
     kvf__sbuf_free(&q->body);
     free(q);
     *con_cls = NULL;
@@ -1341,6 +1541,22 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     if (!s->cfg.max_connections) s->cfg.max_connections = 256;
     if (!s->cfg.idle_timeout_s) s->cfg.idle_timeout_s = 30;
     if (!s->cfg.max_conn_per_ip) s->cfg.max_conn_per_ip = 64;
+    if (!s->cfg.keyless_timeout_ms) s->cfg.keyless_timeout_ms = 2000;
+    if (!s->cfg.keyed_reserve) s->cfg.keyed_reserve = s->cfg.max_connections / 4;
+    if (s->cfg.keyed_reserve >= s->cfg.max_connections) {
+        snprintf(err, err_len, "server: keyed_reserve (%u) must be below max_connections (%u)",
+                 s->cfg.keyed_reserve, s->cfg.max_connections);
+        rc = -EINVAL;
+        goto free_s;
+    }
+    char terr[160];
+    if ((rc = kvf__srv_cidrs_parse(cfg->trusted_proxies, &s->trusted, &s->n_trusted, terr,
+                                   sizeof terr)) < 0) {
+        snprintf(err, err_len, "server: trusted proxies: %s", terr);
+        goto free_s;
+    }
+    s->cfg.trusted_proxies = NULL; /* parsed into s->trusted; the text is the caller's */
+    rc = -ENOMEM;
     if (!s->cfg.header_timeout_ms) s->cfg.header_timeout_ms = 10000;
     if (!s->cfg.body_timeout_ms) s->cfg.body_timeout_ms = 30000;
     if (!s->cfg.send_timeout_ms) s->cfg.send_timeout_ms = 30000;
@@ -1359,7 +1575,7 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     atomic_init(&s->stopping, false);
     atomic_init(&s->in_flight, 0);
 
-    rc = guard_start(&s->guard, &s->cfg);
+    rc = guard_start(&s->guard, &s->cfg, s->trusted, s->n_trusted);
     if (rc < 0) {
         snprintf(err, err_len, "server: cannot start the connection watchdog: %s", strerror(-rc));
         goto free_obs;
@@ -1376,8 +1592,9 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVF__SRV_CONN_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
+                            /* Past the caps libmicrohttpd leaves connections in the
+                             * backlog; the caps themselves answer 503 ("Connection caps"). */
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->guard.n,
                             MHD_OPTION_EXTERNAL_LOGGER, discard_log, s,
                             MHD_OPTION_END);
     if (!s->d) {
@@ -1395,6 +1612,7 @@ free_obs:
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
 free_s:
+    free(s->trusted);
     free(s->host);
     free(s->model);
     free(s->chat_template);
@@ -1429,6 +1647,7 @@ void kvf_server_stop(kvf_server_t *s)
     guard_stop(&s->guard);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
+    free(s->trusted);
     free(s->host);
     free(s->model);
     free(s->chat_template);

@@ -255,6 +255,37 @@ void kvf__srv_tenant_leave_queue(struct kvf__srv_tenants *T, size_t ti);
 void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w);
 void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, struct kvf__srv_tenant_load *out);
 
+/* --- Client addresses (netaddr.c). ----------------------------------------------------------- */
+struct sockaddr;
+/* An IPv4 or IPv6 address; IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d). */
+struct kvf__srv_addr {
+    uint8_t b[16];
+};
+/* An address block: the first prefix bits of a (of 128; an IPv4 /p is 96 + p). */
+struct kvf__srv_cidr {
+    struct kvf__srv_addr a;
+    uint8_t prefix;
+};
+bool kvf__srv_addr_from_sockaddr(const struct sockaddr *sa, struct kvf__srv_addr *out);
+/* A numeric address in s[0..n) (blanks around it and Forwarded's quotes allowed; with
+ * allow_port, also "a.b.c.d:port" and "[v6]:port"). false if it is not one. */
+bool kvf__srv_addr_parse(const char *s, size_t n, bool allow_port, struct kvf__srv_addr *out);
+void kvf__srv_addr_format(const struct kvf__srv_addr *a, char *out, size_t cap);
+bool kvf__srv_cidr_contains(const struct kvf__srv_cidr *c, const struct kvf__srv_addr *a);
+bool kvf__srv_trusted(const struct kvf__srv_cidr *list, size_t n, const struct kvf__srv_addr *a);
+/* "ADDR[/PREFIX],..." (blanks allowed) into *out (malloc'd, *n_out entries; NULL and 0 for an
+ * empty or NULL text). 0, or -EINVAL with err naming the entry, -ENOMEM; nothing allocated then. */
+int kvf__srv_cidrs_parse(const char *text, struct kvf__srv_cidr **out, size_t *n_out, char *err,
+                         size_t err_len);
+/* The client of a request whose peer (*client on entry) is a trusted proxy: the hops of the
+ * Forwarded header's for= parameters (or, without Forwarded, of X-Forwarded-For), nearest
+ * first; each hop in list passes on to the one before it, and the first that is not is the
+ * client. A hop that is no address leaves the last trusted one as the client; a chain of trusted
+ * hops only, its first. forwarded and xff: the headers' values, joined with ',' when repeated, or
+ * NULL. */
+void kvf__srv_forwarded_client(const struct kvf__srv_cidr *list, size_t n, const char *forwarded,
+                               const char *xff, struct kvf__srv_addr *client);
+
 /* --- Metrics (metrics.c). -------------------------------------------------------------------- */
 #define KVF__SRV_HIST_MAX 16
 struct kvf__srv_hist {
