@@ -112,7 +112,8 @@ struct kvf_server_config {
                                   max_connections / 4 */
     uint32_t keyless_timeout_ms; /* with keys: a connection that has not shown a valid key must
                                     send its request's headers within this (of the accept or of
-                                    its previous answer); 0 = 2000 */
+                                    its previous answer); so must, keys or not, one whose address
+                                    had max_conn_per_ip connections at its accept; 0 = 2000 */
     uint32_t idle_timeout_s;   /* a connection idle this long is closed; 0 = 30 */
     /* Bounds on slow clients (src/server/http.c, "Connection deadlines"): a request's line and
      * headers must arrive within header_timeout_ms of the accept (a kept-alive connection's next
