@@ -1362,8 +1362,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (conn_caps(s, c, gc, t != 0, &e) < 0) {
             kvf__srv_log(&s->cfg, "event=refused id=%s path=%s status=503 code=%s", q->id,
                          route_path(route), e.code);
-            /* A body is read (and dropped) first, so that the close leaves nothing unread. */
-            if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &e) == 0) {
+            /* A body is read (and dropped) first, so that the close leaves nothing unread;
+             * one whose headers are refused (too large, ambiguous) is not read at all. */
+            struct kvf__srv_err be;
+            if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &be) == 0) {
                 q->over_cap = true;
                 q->cap_err = e;
                 guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
