@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvfence/common.h"
 #include "server_internal.h"
 
 struct key_entry {
@@ -295,6 +296,16 @@ uint64_t kvf__srv_tenant_kv_cap(const struct kvf__srv_tenants *T, const struct k
     return share > limit ? share : limit;
 }
 
+/* The invariants of one tenant's accounting (the header's), under mu: O(1), checked by ALWAYS
+ * after every transition (test and debug builds stop on a violation). */
+static bool tenant_ok(const struct kvf__srv_tenants *T, const struct kvf__srv_tenant *t)
+{
+    if (t->running == 0) return t->seqs == 0 && t->kv_tokens == 0;
+    if (t->seqs < t->running) return false; /* every request runs one sequence at least */
+    if (T->max_running && t->seqs > T->max_running) return false;
+    return t->waiting <= T->max_queued;
+}
+
 /* Whether w fits beside what the tenant runs now (under mu). */
 static bool fits_now(const struct kvf__srv_tenants *T, const struct kvf__srv_tenant *t,
                      const struct kvf__srv_share *w, uint64_t kv_cap)
@@ -325,6 +336,7 @@ int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti, const struct kv
     } else {
         rc = -EAGAIN;
     }
+    ALWAYS(tenant_ok(T, t));
     pthread_mutex_unlock(&T->mu);
     return rc;
 }
@@ -346,6 +358,7 @@ int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, const struct kvf
         take(t, w);
         rc = 0;
     }
+    ALWAYS(tenant_ok(T, t));
     pthread_mutex_unlock(&T->mu);
     return rc;
 }
@@ -361,9 +374,12 @@ void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti, const struct kv
 {
     struct kvf__srv_tenant *t = &T->t[ti];
     pthread_mutex_lock(&T->mu);
-    t->running--;
-    t->seqs -= w->seqs;
-    t->kv_tokens -= w->kv_tokens;
+    if (!NEVER(t->running == 0 || t->seqs < w->seqs || t->kv_tokens < w->kv_tokens)) {
+        t->running--;
+        t->seqs -= w->seqs;
+        t->kv_tokens -= w->kv_tokens;
+    }
+    ALWAYS(tenant_ok(T, t));
     pthread_cond_broadcast(&T->cv);
     pthread_mutex_unlock(&T->mu);
 }
