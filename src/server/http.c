@@ -4,9 +4,10 @@
  *
  * A request's life on its connection thread:
  *
- *   headers ──▶ on_request(first call): header count (431), route (404/405), body headers
- *               (400, 413)
- *   body    ──▶ on_request(upload data): appended up to max_body_bytes (past it: 413 at once)
+ *   headers ──▶ on_request(first call): header count (431), route (404/405), the connection
+ *               caps (503: "Connection caps"), the key (401), body headers (400, 413)
+ *   body    ──▶ on_request(upload data): appended up to the route's bound, max_body_bytes or
+ *               tokenize_max_bytes (past it: 413 at once)
  *   end     ──▶ dispatch: GET answers at once; POST parses, validates, submits, then
  *                 non-streaming: waits here (polling the socket) and answers with one body
  *                 streaming:     queues a callback response; stream_read waits per chunk
@@ -14,9 +15,11 @@
  *               response (stream_free), cancelling what is unfinished.
  *
  * Before the body: with API keys, the key is checked on the first call (401 without reading
- * the body). Before submit: the tenant's share (tenant.c) — a slot, a bounded wait for one
- * (polling the socket and stop like a running request), or 429. Every generation request ends
- * in request_end: its outcome counted for its tenant, its latencies observed, one log line.
+ * the body). Before submit: the tenant's share (tenant.c) — the sequences and KV the request
+ * takes, at once, after a bounded wait (polling the socket and stop like a running request), or
+ * 429; 400 if it could never fit. /tokenize and /detokenize take one sequence of it too. Every
+ * generation request ends in request_end: its outcome counted for its tenant, its latencies
+ * observed, one log line.
  *
  * Slow clients: a watchdog thread bounds the time to a request's headers, to its body, and
  * that a response may wait for a client that does not read it ("Connection deadlines").
@@ -73,7 +76,7 @@ struct addr_count {
     uint32_t n;             /* 0: the entry is free */
 };
 
-/* The watchdog: one thread, a table of max_connections entries allocated at start (nothing is
+/* The watchdog: one thread, a table of guard.n entries allocated at start (nothing is
  * allocated per connection), a scan every tick_ms. Work per tick: one pass over the table, one
  * ioctl per connection in use. */
 struct guard {
@@ -408,7 +411,8 @@ static void *guard_main(void *arg)
     return NULL;
 }
 
-/* Allocates the table for max_connections and starts the watchdog. 0, or -ENOMEM / -errno
+/* Allocates the tables (an entry for every connection libmicrohttpd may accept) and starts the
+ * watchdog. 0, or -ENOMEM / -errno
  * with nothing left allocated or running. */
 static int guard_start(struct guard *g, const struct kvf_server_config *cfg,
                        const struct kvf__srv_cidr *trusted, size_t n_trusted)
