@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #define KVF_LIMIT_TEMPERATURE_MAX 1e6
-#define KVF_LIMIT_LOGPROBS_MAX 20
+#define KVF_LIMIT_LOGPROBS_MAX    20
 
 enum kvf_field {
     KVF_FIELD_TEMPERATURE = 0,
@@ -39,11 +39,11 @@ enum kvf_field {
 };
 
 struct kvf_field_limit {
-    const char *name;     /* the field as the API spells it (logprobs: the completions name) */
-    bool integer;         /* an integer field: ilo, ihi; else a finite real: lo, hi */
-    double lo, hi;        /* real fields: the range, closed at hi */
-    bool lo_open;         /* real fields: lo itself is refused by the API (the wire takes it) */
-    int64_t ilo;          /* integer fields: the range, closed */
+    const char *name; /* the field as the API spells it (logprobs: the completions name) */
+    bool integer;     /* an integer field: ilo, ihi; else a finite real: lo, hi */
+    double lo, hi;    /* real fields: the range, closed at hi */
+    bool lo_open;     /* real fields: lo itself is refused by the API (the wire takes it) */
+    int64_t ilo;      /* integer fields: the range, closed */
     uint64_t ihi;
 };
 

@@ -7,7 +7,9 @@ const struct kvf_field_limit kvf_field_limits[KVF_FIELD__COUNT] = {
     [KVF_FIELD_TEMPERATURE] = {.name = "temperature", .lo = 0, .hi = KVF_LIMIT_TEMPERATURE_MAX},
     [KVF_FIELD_TOP_P] = {.name = "top_p", .lo = 0, .hi = 1, .lo_open = true},
     [KVF_FIELD_TOP_K] = {.name = "top_k", .integer = true, .ilo = 0, .ihi = UINT32_MAX},
-    [KVF_FIELD_LOGPROBS] = {.name = "logprobs", .integer = true, .ilo = 0,
+    [KVF_FIELD_LOGPROBS] = {.name = "logprobs",
+                            .integer = true,
+                            .ilo = 0,
                             .ihi = KVF_LIMIT_LOGPROBS_MAX},
     [KVF_FIELD_SEED] = {.name = "seed", .integer = true, .ilo = INT64_MIN, .ihi = INT64_MAX},
 };

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include "server_internal.h"
@@ -53,10 +54,12 @@ static bool parse_bare(const char *s, size_t n, struct kvf__srv_addr *out)
 
 bool kvf__srv_addr_parse(const char *s, size_t n, bool allow_port, struct kvf__srv_addr *out)
 {
-    while (n && (*s == ' ' || *s == '\t')) s++, n--;
-    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t')) n--;
+    while (n && (*s == ' ' || *s == '\t'))
+        s++, n--;
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        n--;
     if (n >= 2 && s[0] == '"' && s[n - 1] == '"') s++, n -= 2; /* Forwarded's quoted form */
-    if (n && s[0] == '[') {                                     /* [v6] or [v6]:port */
+    if (n && s[0] == '[') {                                    /* [v6] or [v6]:port */
         const char *close = memchr(s, ']', n);
         if (!close) return false;
         size_t rest = n - (size_t)(close + 1 - s);
@@ -104,7 +107,8 @@ int kvf__srv_cidrs_parse(const char *text, struct kvf__srv_cidr **out, size_t *n
     *n_out = 0;
     if (!text || !*text) return 0;
     size_t cap = 1;
-    for (const char *p = text; *p; p++) cap += *p == ',';
+    for (const char *p = text; *p; p++)
+        cap += *p == ',';
     struct kvf__srv_cidr *list = calloc(cap, sizeof *list);
     if (!list) {
         snprintf(err, err_len, "out of memory");
@@ -114,8 +118,10 @@ int kvf__srv_cidrs_parse(const char *text, struct kvf__srv_cidr **out, size_t *n
     for (const char *p = text;;) {
         const char *end = strchr(p, ',');
         size_t len = end ? (size_t)(end - p) : strlen(p);
-        while (len && (*p == ' ' || *p == '\t')) p++, len--;
-        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        while (len && (*p == ' ' || *p == '\t'))
+            p++, len--;
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t'))
+            len--;
         const char *slash = memchr(p, '/', len);
         size_t alen = slash ? (size_t)(slash - p) : len;
         struct kvf__srv_cidr c = {.prefix = 128};
@@ -128,7 +134,8 @@ int kvf__srv_cidrs_parse(const char *text, struct kvf__srv_cidr **out, size_t *n
             c.prefix = (uint8_t)(v4 ? 96 + pl : pl);
         }
         if (!ok) {
-            snprintf(err, err_len, "'%.*s' is not an address or ADDR/PREFIX", (int)(len < 80 ? len : 80), p);
+            snprintf(err, err_len, "'%.*s' is not an address or ADDR/PREFIX",
+                     (int)(len < 80 ? len : 80), p);
             free(list);
             return -EINVAL;
         }
@@ -148,16 +155,19 @@ static void forwarded_hops(const char *v, bool (*hop)(void *, const char *, size
     size_t len = strlen(v);
     for (size_t end = len;;) {
         size_t start = end;
-        while (start > 0 && v[start - 1] != ',') start--;
+        while (start > 0 && v[start - 1] != ',')
+            start--;
         /* The element v[start..end): parameters separated by ';'. */
         const char *found = NULL;
         size_t flen = 0;
         for (size_t i = start; i < end;) {
             size_t j = i;
-            while (j < end && v[j] != ';') j++;
+            while (j < end && v[j] != ';')
+                j++;
             const char *p = v + i;
             size_t pl = j - i;
-            while (pl && (*p == ' ' || *p == '\t')) p++, pl--;
+            while (pl && (*p == ' ' || *p == '\t'))
+                p++, pl--;
             if (pl > 4 && strncasecmp(p, "for=", 4) == 0) found = p + 4, flen = pl - 4;
             i = j + 1;
         }
@@ -172,7 +182,8 @@ static void list_hops(const char *v, bool (*hop)(void *, const char *, size_t), 
     size_t end = strlen(v);
     for (;;) {
         size_t start = end;
-        while (start > 0 && v[start - 1] != ',') start--;
+        while (start > 0 && v[start - 1] != ',')
+            start--;
         if (!hop(arg, v + start, end - start)) return;
         if (start == 0) return;
         end = start - 1;

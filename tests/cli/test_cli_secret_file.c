@@ -44,13 +44,12 @@ static void test_modes(void)
     snprintf(path, sizeof path, "%s/keys.txt", dir);
     static const struct {
         mode_t mode;
-        int rc;       /* 0 or the negative errno */
+        int rc; /* 0 or the negative errno */
         bool warns;
     } cases[] = {
-        {0600, 0, false},      {0400, 0, false},      {0700, 0, false},
-        {0640, 0, true},       {0604, 0, true},       {0644, 0, true},
-        {0620, -EPERM, false}, {0602, -EPERM, false}, {0666, -EPERM, false},
-        {0622, -EPERM, false},
+        {0600, 0, false},      {0400, 0, false},      {0700, 0, false},      {0640, 0, true},
+        {0604, 0, true},       {0644, 0, true},       {0620, -EPERM, false}, {0602, -EPERM, false},
+        {0666, -EPERM, false}, {0622, -EPERM, false},
     };
     for (size_t i = 0; i < KVF_ARRAY_LEN(cases); i++) {
         make_file(path, cases[i].mode);
@@ -58,7 +57,8 @@ static void test_modes(void)
         memset(warn, 'x', sizeof warn);
         memset(err, 'x', sizeof err);
         int rc = kvf_cli_check_secret_file(path, "--api-keys", warn, sizeof warn, err, sizeof err);
-        if (rc != cases[i].rc) KVF_FAIL("mode %04o: rc %d, expected %d", cases[i].mode, rc, cases[i].rc);
+        if (rc != cases[i].rc)
+            KVF_FAIL("mode %04o: rc %d, expected %d", cases[i].mode, rc, cases[i].rc);
         if (cases[i].warns) {
             ASSERT_NOT_NULL(strstr(warn, path));
             ASSERT_NOT_NULL(strstr(warn, "chmod 600"));
@@ -101,15 +101,16 @@ static int run_router(const char *keys, char *out, size_t cap)
         dup2(null, 1);
         alarm(20);
         /* The model does not exist: after the key file's checks the router stops (exit 1). */
-        execl(kvfence_bin, kvfence_bin, "router", "--model", "/nonexistent/model.gguf",
-              "--prefill", "127.0.0.1:9", "--decode", "127.0.0.1:9", "--port", "0", "--api-keys",
-              keys, (char *)NULL);
+        execl(kvfence_bin, kvfence_bin, "router", "--model", "/nonexistent/model.gguf", "--prefill",
+              "127.0.0.1:9", "--decode", "127.0.0.1:9", "--port", "0", "--api-keys", keys,
+              (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
     size_t n = 0;
     ssize_t k;
-    while (n + 1 < cap && (k = read(pfd[0], out + n, cap - 1 - n)) > 0) n += (size_t)k;
+    while (n + 1 < cap && (k = read(pfd[0], out + n, cap - 1 - n)) > 0)
+        n += (size_t)k;
     out[n] = 0;
     close(pfd[0]);
     int st;
