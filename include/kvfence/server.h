@@ -25,10 +25,21 @@
  * Tenants (src/server/tenant.c): with cfg->keys, every endpoint but /health and /metrics needs
  * `Authorization: Bearer KEY` (401 otherwise; keys compared in constant time, never logged or
  * echoed) and the key's tenant is the request's (kvf_gen_params.tenant: the tenant's index in
- * the key file, from 1). Without keys every request is cfg->tenant's ("default"). Each tenant
- * runs at most cfg->tenant_max_running requests at once; up to cfg->tenant_max_queued more wait
- * in the server (not in the engine) for one of its slots, and beyond that a request gets 429
- * with Retry-After — so one tenant's burst queues behind itself, not in front of the others.
+ * the key file, from 1). Without keys every request is cfg->tenant's ("default"). A tenant's
+ * share counts what its requests take: the sequences they run (n choices: n sequences) against
+ * cfg->tenant_max_running, and the KV they reserve (n × (prompt + max_tokens), in whole pages)
+ * against cfg->tenant_max_kv_tokens (or its default, below). A request that does not fit beside
+ * the tenant's running ones waits in the server (not in the engine) — up to
+ * cfg->tenant_max_queued of them, each at most cfg->tenant_wait_ms — and past that gets 429 with
+ * Retry-After, so one tenant's burst queues behind itself, not in front of the others. A request
+ * that could never fit its tenant's share gets 400 `tenant_share_exceeded` naming the bound, at
+ * once. /tokenize and /detokenize count one sequence each (no KV).
+ *
+ * Ids and seeds: a request id ("req-" + 16 hex digits, in the logs), a completion id ("cmpl-" or
+ * "chatcmpl-" + 16 hex digits) and the default seed of a request that gives none are each 64 bits
+ * drawn from getrandom(2) for that request alone: no counter, start time or other request can be
+ * read from them. A request's n choices use its seed + 0 .. n-1, so they differ from each other
+ * and a request that gives the same seed gets the same choices.
  *
  * Logs: with cfg->log, one line per event (key=value: ts, event, id, tenant, and the figures of
  * the event); never prompt text, output, token ids or keys (BAD_INPUTS row 8).
@@ -82,13 +93,27 @@ struct kvf_server_config {
     const char *model_name;    /* the id /v1/models lists; NULL = "kvfence"; requests may name
                                   any model (the field is not checked) */
     size_t max_body_bytes;     /* 0 = 1 MiB */
+    size_t tokenize_max_bytes; /* the body of /tokenize and /detokenize, at most max_body_bytes;
+                                  0 = 256 KiB */
     uint32_t max_n;            /* most choices per request; 0 = 8 */
     uint32_t max_queue;        /* most requests in flight in this server (running or waiting in
                                   the engine) before 429; 0 = 256 */
     uint32_t default_max_tokens; /* max_tokens when the request gives none: the rest of the
                                     served limit after the prompt, capped at this; 0 = 256 */
-    uint32_t max_connections;  /* concurrent connections; 0 = 256 */
-    uint32_t max_conn_per_ip;  /* connections from one address; 0 = 64 */
+    /* Connection caps (src/server/http.c, "Connection caps"): a request past one gets 503 with
+     * Retry-After and its connection is closed after the answer, never reset. */
+    uint32_t max_connections;  /* connections served at once; 0 = 256 */
+    uint32_t max_conn_per_ip;  /* connections of one client address; 0 = 64 */
+    const char *trusted_proxies; /* "ADDR[/PREFIX],...": peers whose Forwarded or
+                                    X-Forwarded-For names the client (the last hop not in this
+                                    list); NULL = none, the peer is the client */
+    uint32_t keyed_reserve;    /* with keys: connections kept for requests with a valid key
+                                  (others are served up to max_connections − this); 0 =
+                                  max_connections / 4 */
+    uint32_t keyless_timeout_ms; /* with keys: a connection that has not shown a valid key must
+                                    send its request's headers within this (of the accept or of
+                                    its previous answer); so must, keys or not, one whose address
+                                    had max_conn_per_ip connections at its accept; 0 = 2000 */
     uint32_t idle_timeout_s;   /* a connection idle this long is closed; 0 = 30 */
     /* Bounds on slow clients (src/server/http.c, "Connection deadlines"): a request's line and
      * headers must arrive within header_timeout_ms of the accept (a kept-alive connection's next
@@ -104,9 +129,17 @@ struct kvf_server_config {
     const char *chat_template; /* the model's tokenizer.chat_template, checked by
                                   kvf_server_chat_template_check; NULL = the default rendering */
     const struct kvf_server_keys *keys; /* borrowed, outlives the server; NULL = no API keys */
-    uint32_t tenant_max_running; /* requests of one tenant submitted at once; 0 = no bound */
-    uint32_t tenant_max_queued;  /* more of one tenant waiting for a slot before 429 (used only
-                                    with tenant_max_running) */
+    uint32_t tenant_max_running; /* sequences of one tenant running at once (a request with n
+                                    choices runs n; /tokenize and /detokenize one); 0 = no bound */
+    uint32_t tenant_max_queued;  /* requests of one tenant waiting for its share before 429
+                                    (with tenant_max_running; without it, waiting is bounded by
+                                    tenant_wait_ms only) */
+    uint64_t tenant_max_kv_tokens; /* KV tokens one tenant's running requests may reserve at
+                                      once (a request reserves n × (prompt + max_tokens), in whole
+                                      pages); 0 = the default: with two or more tenants and a
+                                      known pool, the larger of (pool / tenants) and (pool − one
+                                      request at the served limit for each other tenant), and at
+                                      least one request at the limit; else no bound */
     uint32_t tenant_wait_ms;     /* longest wait for a tenant slot before 429; 0 = 30000 */
     /* Log sink: called with one NUL-terminated line (no newline) from any connection thread,
      * concurrently; NULL = no logs. */

@@ -47,8 +47,10 @@ int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_mo
 /* The HTTP front of `serve` and `router` (cli_http.c). */
 struct kvf_cli_http {
     const char *host;              /* NULL = 127.0.0.1 */
-    uint32_t port, max_queue, tenant_running, tenant_queued;
+    uint32_t port, max_queue, tenant_running, tenant_queued, tenant_kv_tokens;
     uint32_t max_conn_per_ip, header_timeout_ms, body_timeout_ms, send_timeout_ms; /* 0: defaults */
+    uint32_t max_connections, keyless_timeout_ms;                                   /* 0: defaults */
+    char trusted_proxies[1024]; /* every --trusted-proxy, joined with ',' */
     const char *keys_path;
     bool no_auth;
     /* Set by prepare and start. */
@@ -106,11 +108,14 @@ int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, si
  * cores take turns with. 0 with cfg set, or -1 (printed). */
 int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_config *cfg);
 
-/* A file holding secrets (API keys, the cluster key): refused (-EPERM, err filled) when its group
- * or others may write it, warned about (warn filled, 0) when they may read it. 0 or a negative
- * errno; the messages name the file and the fix. */
-int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len, char *err,
-                              size_t err_len);
+/* Checks the mode of a file that holds secrets (API keys, a cluster key) before it is read:
+ * writable by group or others is refused, readable by them is allowed with a warning. `what`
+ * names the file in the messages ("--api-keys"). Returns 0 with warn filled (one line naming
+ * the file and the fix, `chmod 600`) or empty; or a negative errno (-EPERM: writable by group or
+ * others; -EINVAL: not a regular file; stat's errno) with err filled. Reads nothing of the file;
+ * prints nothing. */
+int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len,
+                              char *err, size_t err_len);
 
 /* The fabric's trust for router, prefill and decode (cli_fabric.c): --cluster-key FILE (also
  * KVFENCE_CLUSTER_KEY_FILE) and --insecure-fabric. */

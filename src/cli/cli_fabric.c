@@ -42,7 +42,7 @@ static int load_key(const char *cmd, struct kvf_cli_fabric *f)
         fprintf(stderr, "kvfence %s: %s\n", cmd, err);
         return -1;
     }
-    if (warn[0]) fprintf(stderr, "kvfence %s: warning: %s\n", cmd, warn);
+    if (warn[0]) fprintf(stderr, "kvfence %s: %s\n", cmd, warn);
     int fd = open(f->key_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         fprintf(stderr, "kvfence %s: --cluster-key %s: %s\n", cmd, f->key_path, strerror(errno));

@@ -15,7 +15,17 @@ int kvf_cli_http_option(const char *cmd, struct kvf_cli_http *h, const char *a, 
     else if (strcmp(a, "--api-keys") == 0) h->keys_path = v;
     else if (strcmp(a, "--tenant-max-running") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->tenant_running);
     else if (strcmp(a, "--tenant-max-queued") == 0) bad = kvf_cli_parse_u32(v, 0, 1u << 20, &h->tenant_queued);
+    else if (strcmp(a, "--tenant-max-kv-tokens") == 0) bad = kvf_cli_parse_u32(v, 1, UINT32_MAX, &h->tenant_kv_tokens);
     else if (strcmp(a, "--max-conn-per-ip") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->max_conn_per_ip);
+    else if (strcmp(a, "--max-connections") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 16, &h->max_connections);
+    else if (strcmp(a, "--keyless-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->keyless_timeout_ms);
+    else if (strcmp(a, "--trusted-proxy") == 0) {
+        /* Repeatable: the lists are joined, checked by the server at start. */
+        size_t used = strlen(h->trusted_proxies), add = strlen(v);
+        bad = !add || used + add + 2 > sizeof h->trusted_proxies;
+        if (!bad) snprintf(h->trusted_proxies + used, sizeof h->trusted_proxies - used, "%s%s",
+                           used ? "," : "", v);
+    }
     else if (strcmp(a, "--header-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->header_timeout_ms);
     else if (strcmp(a, "--body-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->body_timeout_ms);
     else if (strcmp(a, "--send-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->send_timeout_ms);
@@ -48,7 +58,13 @@ int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)
         return 2;
     }
     if (h->keys_path) {
-        char kerr[320];
+        char kerr[320], kwarn[320];
+        if (kvf_cli_check_secret_file(h->keys_path, "--api-keys", kwarn, sizeof kwarn, kerr,
+                                      sizeof kerr) < 0) {
+            fprintf(stderr, "kvfence %s: %s\n", cmd, kerr);
+            return 2;
+        }
+        if (kwarn[0]) fprintf(stderr, "kvfence %s: %s\n", cmd, kwarn);
         if (kvf_server_keys_load(h->keys_path, &h->keys, kerr, sizeof kerr) < 0) {
             fprintf(stderr, "kvfence %s: --api-keys %s\n", cmd, kerr);
             return 2;
@@ -94,8 +110,13 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
                                    .model_name = h->model_name, .drain_ms = 10000,
                                    .max_queue = h->max_queue, .chat_template = tmpl, .keys = h->keys,
                                    .tenant_max_running = h->tenant_running,
-                                   .tenant_max_queued = h->tenant_queued, .log = log_stderr,
+                                   .tenant_max_queued = h->tenant_queued,
+                                   .tenant_max_kv_tokens = h->tenant_kv_tokens, .log = log_stderr,
                                    .max_conn_per_ip = h->max_conn_per_ip,
+                                   .max_connections = h->max_connections,
+                                   .keyless_timeout_ms = h->keyless_timeout_ms,
+                                   .trusted_proxies = h->trusted_proxies[0] ? h->trusted_proxies
+                                                                            : NULL,
                                    .header_timeout_ms = h->header_timeout_ms,
                                    .body_timeout_ms = h->body_timeout_ms,
                                    .send_timeout_ms = h->send_timeout_ms};

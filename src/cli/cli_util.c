@@ -218,28 +218,36 @@ int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_co
     return 0;
 }
 
-int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len, char *err,
-                              size_t err_len)
+/* Only the mode bits are judged: who owns the file is the deployment's business (a key file
+ * owned by root and read through a group may be deliberate), but bits that let other users
+ * change the file would let them add their own key, and bits that let them read it hand them
+ * every tenant's key. */
+int kvf_cli_check_secret_file(const char *path, const char *what, char *warn, size_t warn_len,
+                              char *err, size_t err_len)
 {
-    struct stat st;
     if (warn_len) warn[0] = 0;
+    if (err_len) err[0] = 0;
+    struct stat st;
     if (stat(path, &st) < 0) {
+        int rc = -errno;
         snprintf(err, err_len, "%s %s: %s", what, path, strerror(errno));
-        return -errno;
+        return rc;
     }
     if (!S_ISREG(st.st_mode)) {
         snprintf(err, err_len, "%s %s: not a regular file", what, path);
         return -EINVAL;
     }
-    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    unsigned mode = (unsigned)st.st_mode & 07777u;
+    if (mode & (S_IWGRP | S_IWOTH)) {
         snprintf(err, err_len,
-                 "%s %s: writable by %s (mode %03o): anyone who can write it chooses the secrets; "
-                 "chmod 600 %s",
-                 what, path, st.st_mode & S_IWOTH ? "others" : "its group", (unsigned)(st.st_mode & 0777), path);
+                 "%s %s: writable by group or others (mode %04o), so another user could change "
+                 "it; refusing to use it (fix: chmod 600 %s)",
+                 what, path, mode, path);
         return -EPERM;
     }
-    if (st.st_mode & (S_IRGRP | S_IROTH))
-        snprintf(warn, warn_len, "%s %s is readable by %s (mode %03o); chmod 600 %s", what, path,
-                 st.st_mode & S_IROTH ? "others" : "its group", (unsigned)(st.st_mode & 0777), path);
+    if (mode & (S_IRGRP | S_IROTH))
+        snprintf(warn, warn_len,
+                 "warning: %s %s is readable by group or others (mode %04o); fix: chmod 600 %s",
+                 what, path, mode, path);
     return 0;
 }

@@ -21,9 +21,11 @@ static const struct kvf_cmd commands[] = {
 #define HTTP_FLAGS                                                                                \
     {"--host", false}, {"--port", false}, {"--max-queue", false}, {"--api-keys", false},          \
     {"--no-auth", true}, {"--tenant-max-running", false}, {"--tenant-max-queued", false},         \
+    {"--tenant-max-kv-tokens", false},                                                            \
     {"--admit-timeout", false}, {"--context-length", false}, {"--model", false},                \
     {"--max-conn-per-ip", false}, {"--header-timeout", false}, {"--body-timeout", false},          \
-    {"--send-timeout", false}
+    {"--send-timeout", false}, {"--max-connections", false}, {"--trusted-proxy", false},        \
+    {"--keyless-timeout", false}
 static const struct kvf_cli_flag serve_flags[] = {HTTP_FLAGS, {"--threads", false},
                                                   {"--kv-memory", false}, {"--data-dir", false}};
 #define FABRIC_FLAGS {"--cluster-key", false}, {"--insecure-fabric", true}

@@ -10,6 +10,12 @@
 
 #include <string.h>
 
+#include "kvfence/limits.h"
+
+_Static_assert(KVF_LIMIT_LOGPROBS_MAX <= KVF_PROTO_MAX_LOGPROBS,
+               "a DONE carries every top logprob the API may ask for");
+_Static_assert(KVF_LIMIT_LOGPROBS_MAX <= 0xff, "n_logprobs travels in one byte");
+
 /* Little-endian stores and loads, byte by byte, so host order and alignment never matter. */
 static void put_u16(uint8_t *p, uint16_t v)
 {
@@ -66,8 +72,9 @@ static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
     put_u64(p + 16, s->seed);
 }
 
-/* Refuses what no well-formed peer sends: a temperature that is negative or not finite, a
- * top_p outside [0, 1], more logprobs than the bound. */
+/* Refuses what no well-formed peer sends: a temperature, top_p or logprobs count outside its
+ * range in kvfence/limits.h — the table the HTTP API validates with, so nothing it accepts is
+ * refused here. */
 static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
 {
     s->temperature = get_f32(p);
@@ -78,8 +85,10 @@ static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
     s->want_logprob = (lp >> 8) & 1u;
     s->seed = get_u64(p + 16);
     if (lp >> 9) return KVF_E_PROTO_BOUNDS;
-    if (!(s->temperature >= 0.0f && s->temperature <= 1e6f) || !(s->top_p >= 0.0f && s->top_p <= 1.0f) ||
-        s->n_logprobs > KVF_PROTO_MAX_LOGPROBS)
+    if (!kvf_field_real_ok(KVF_FIELD_TEMPERATURE, s->temperature, true) ||
+        !kvf_field_real_ok(KVF_FIELD_TOP_P, s->top_p, true) ||
+        !kvf_field_int_ok(KVF_FIELD_LOGPROBS, s->n_logprobs) ||
+        !kvf_field_int_ok(KVF_FIELD_TOP_K, s->top_k))
         return KVF_E_PROTO_BOUNDS;
     return 0;
 }

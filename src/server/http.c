@@ -4,9 +4,10 @@
  *
  * A request's life on its connection thread:
  *
- *   headers ──▶ on_request(first call): header count (431), route (404/405), body headers
- *               (400, 413)
- *   body    ──▶ on_request(upload data): appended up to max_body_bytes (past it: 413 at once)
+ *   headers ──▶ on_request(first call): header count (431), route (404/405), the connection
+ *               caps (503: "Connection caps"), the key (401), body headers (400, 413)
+ *   body    ──▶ on_request(upload data): appended up to the route's bound, max_body_bytes or
+ *               tokenize_max_bytes (past it: 413 at once)
  *   end     ──▶ dispatch: GET answers at once; POST parses, validates, submits, then
  *                 non-streaming: waits here (polling the socket) and answers with one body
  *                 streaming:     queues a callback response; stream_read waits per chunk
@@ -14,9 +15,11 @@
  *               response (stream_free), cancelling what is unfinished.
  *
  * Before the body: with API keys, the key is checked on the first call (401 without reading
- * the body). Before submit: the tenant's share (tenant.c) — a slot, a bounded wait for one
- * (polling the socket and stop like a running request), or 429. Every generation request ends
- * in request_end: its outcome counted for its tenant, its latencies observed, one log line.
+ * the body). Before submit: the tenant's share (tenant.c) — the sequences and KV the request
+ * takes, at once, after a bounded wait (polling the socket and stop like a running request), or
+ * 429; 400 if it could never fit. /tokenize and /detokenize take one sequence of it too. Every
+ * generation request ends in request_end: its outcome counted for its tenant, its latencies
+ * observed, one log line.
  *
  * Slow clients: a watchdog thread bounds the time to a request's headers, to its body, and
  * that a response may wait for a client that does not read it ("Connection deadlines").
@@ -59,9 +62,21 @@ struct guard_conn {
     int64_t unsent_since_ms; /* the first check of the current run of checks that all found
                                 response bytes unsent; 0: the last check found none */
     uint32_t n_answered;    /* requests completed on this connection */
+    /* Connection caps ("Connection caps" below). */
+    struct kvf__srv_addr peer; /* the socket's peer */
+    bool trusted_peer;      /* peer is a trusted proxy: the client comes from its headers */
+    bool keyed;             /* a request on it showed a valid API key */
+    bool over_at_accept;    /* its peer had max_conn_per_ip connections already at accept */
+    int32_t ac;             /* its entry in the per-address counts, or -1 */
+};
+/* Connections per client address: one entry per address with connections, at most one entry
+ * per connection, so the table of guard.n entries never fills. */
+struct addr_count {
+    struct kvf__srv_addr a;
+    uint32_t n;             /* 0: the entry is free */
 };
 
-/* The watchdog: one thread, a table of max_connections entries allocated at start (nothing is
+/* The watchdog: one thread, a table of guard.n entries allocated at start (nothing is
  * allocated per connection), a scan every tick_ms. Work per tick: one pass over the table, one
  * ioctl per connection in use. */
 struct guard {
@@ -70,15 +85,23 @@ struct guard {
     pthread_t thread;
     bool stop;
     struct guard_conn *c;   /* [n] */
-    uint32_t n;
+    struct addr_count *ac;  /* [n] */
+    uint32_t n;             /* libmicrohttpd's limit: max_connections + the room for refusals */
     uint32_t tick_ms;
     uint32_t header_ms, body_ms, send_ms, idle_ms;
+    uint32_t keyless_ms;    /* with keys: header and idle bound before a valid key is shown */
+    bool keys;
+    uint32_t max_conns, keyless_conns, per_addr; /* the caps */
+    const struct kvf__srv_cidr *trusted;         /* the server's, [n_trusted] */
+    size_t n_trusted;
+    uint32_t n_keyed;       /* connections in use that showed a valid key */
     /* Figures for /health ("http"). */
     atomic_uint open;           /* connections in the table */
     atomic_ullong untracked;    /* connections accepted with the table full (no deadlines) */
     atomic_ullong closed_head;  /* headers not in within their bound */
     atomic_ullong closed_body;  /* a body not in within its bound */
     atomic_ullong closed_send;  /* a client that did not read its response */
+    atomic_ullong refused_conns; /* 503 to a request past a connection cap */
 };
 
 /* Row 21's bounds. A connection's memory (MHD's pool: the request line, the headers, the read
@@ -98,13 +121,13 @@ struct kvf_server {
     int listen_fd;             /* ours: closed after the daemon stops */
     uint16_t port;
     int64_t created;           /* unix seconds at start (/v1/models) */
-    uint64_t boot;             /* mixed into request ids and default seeds */
     atomic_bool stopping;      /* requests in flight cancel and end */
     atomic_uint in_flight;     /* requests holding a run */
-    atomic_ullong seq;
     struct kvf__srv_tenants tenants;
     struct kvf__srv_metrics metrics;
     struct guard guard;
+    struct kvf__srv_cidr *trusted; /* --trusted-proxy, [n_trusted] */
+    size_t n_trusted;
 };
 
 enum route {
@@ -123,10 +146,15 @@ struct conn_req {
     enum route route;
     const char *model_id;   /* R_MODEL_ONE: the id in the path (points into MHD's url) */
     struct kvf__sbuf body;
-    bool too_big;           /* the body passed max_body_bytes and was answered with 413 */
-    uint64_t id_seed;       /* the request id's bits (and the completion id's seed) */
-    char id[24];            /* "req-<16 hex>": names the request in the logs */
+    size_t max_body;        /* this route's bound on the body: max_body_bytes, or
+                               tokenize_max_bytes for /tokenize and /detokenize */
+    bool too_big;           /* the body passed max_body and was answered with 413 */
+    bool over_cap;          /* past a connection cap: the body is read and dropped, then 503 */
+    struct kvf__srv_err cap_err;
+    char id[24];            /* "req-<16 random hex>": names the request in the logs */
     size_t ti;              /* the tenant (index into the server's table) */
+    struct kvf__srv_share share; /* what it takes of the tenant's share once admitted */
+    bool holds_flight;      /* a non-streaming answer: in_flight counts it until completed */
 };
 
 /* A streaming response's state, owned by the response (freed in stream_free). */
@@ -140,6 +168,7 @@ struct stream {
     bool finished;          /* nothing more after out */
     char id[24];            /* the request's (conn_req's) */
     size_t ti;
+    struct kvf__srv_share share;
 };
 
 static int64_t now_ms(void)
@@ -215,10 +244,62 @@ static void guard_enter(struct guard *g, struct guard_conn *gc, enum guard_phase
 {
     if (!gc) return;
     pthread_mutex_lock(&g->mu);
+    /* Before a valid key, the next request's headers get the keyless bound. */
+    if (p == G_HEAD && g->keys && !gc->keyed && g->keyless_ms < bound_ms) bound_ms = g->keyless_ms;
     gc->phase = p;
     gc->deadline_ms = p == G_WORK ? INT64_MAX : now_ms() + bound_ms;
     if (p == G_HEAD) gc->n_answered++;
     pthread_mutex_unlock(&g->mu);
+}
+
+/* --- Connection caps. ------------------------------------------------------------------------
+ *
+ * Every cap answers the request that passes it with 503 and Retry-After, and closes the
+ * connection after the answer — never a reset, never a connection dropped unanswered:
+ *
+ *   max_conn_per_ip   connections of one client address. The client is the peer, or, when the
+ *                     peer is a trusted proxy (--trusted-proxy), the last hop of its Forwarded /
+ *                     X-Forwarded-For that is not one (netaddr.c); a proxy's connections are
+ *                     counted under the client of their latest request.
+ *   max_connections   connections served at once. With API keys, connections that have not shown
+ *                     a valid key are served only up to max_connections − keyed_reserve, so
+ *                     keyless clients cannot take the room of keyed tenants; they also get
+ *                     keyless_timeout_ms (not header_timeout_ms, not idle_timeout_s) for their
+ *                     next request's headers.
+ *
+ * The decision is made when a request's headers are in (its address and key known). A request
+ * with a body past a cap has its body read and dropped first (within body_timeout_ms), so that
+ * the connection closes with nothing unread and the client reads the 503 instead of a reset.
+ * libmicrohttpd itself accepts up to guard.n = max_connections + keyed_reserve + spare
+ * connections, and past that leaves new ones in the listen backlog (MHD_USE_ITC), which the
+ * watchdog's bounds drain. All of it under guard.mu; each decision is O(guard.n).
+ */
+
+/* The count entry of address a (taken when new); its count after adding gc, which leaves the
+ * entry it had. */
+static uint32_t addr_assign(struct guard *g, struct guard_conn *gc, const struct kvf__srv_addr *a)
+{
+    if (gc->ac >= 0 && memcmp(&g->ac[gc->ac].a, a, sizeof *a) == 0) return g->ac[gc->ac].n;
+    if (gc->ac >= 0) g->ac[gc->ac].n--;
+    int32_t found = -1, free_e = -1;
+    for (uint32_t i = 0; i < g->n && found < 0; i++) {
+        if (g->ac[i].n && memcmp(&g->ac[i].a, a, sizeof *a) == 0) found = (int32_t)i;
+        else if (!g->ac[i].n && free_e < 0) free_e = (int32_t)i;
+    }
+    if (found < 0) {
+        found = free_e; /* one entry per connection at most: there is always a free one */
+        g->ac[found].a = *a;
+        g->ac[found].n = 0;
+    }
+    g->ac[found].n++;
+    gc->ac = found;
+    return g->ac[found].n;
+}
+
+static void addr_release(struct guard *g, struct guard_conn *gc)
+{
+    if (gc->ac >= 0) g->ac[gc->ac].n--;
+    gc->ac = -1;
 }
 
 /* MHD's connection notifier: accepted (a table entry in G_HEAD) and closed (the entry freed,
@@ -237,7 +318,18 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
             gc->in_use = true;
             gc->phase = G_HEAD;
             gc->fd = conn_fd(c);
-            gc->deadline_ms = now_ms() + g->header_ms;
+            gc->ac = -1;
+            const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+            kvf__srv_addr_from_sockaddr(ci ? ci->client_addr : NULL, &gc->peer);
+            gc->trusted_peer = kvf__srv_trusted(g->trusted, g->n_trusted, &gc->peer);
+            /* A trusted proxy's connections are counted under their clients, once a request
+             * names them; any other peer's under its own address from the accept. */
+            if (!gc->trusted_peer && addr_assign(g, gc, &gc->peer) > g->per_addr)
+                gc->over_at_accept = true;
+            uint32_t head_ms = g->header_ms;
+            if ((g->keys || gc->over_at_accept) && g->keyless_ms < head_ms) head_ms = g->keyless_ms;
+            gc->deadline_ms = now_ms() + head_ms;
             atomic_fetch_add(&g->open, 1);
         } else {
             atomic_fetch_add(&g->untracked, 1);
@@ -246,6 +338,8 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         struct guard_conn *gc = *socket_context;
         if (gc) {
+            addr_release(g, gc);
+            if (gc->keyed) g->n_keyed--;
             gc->in_use = false;
             atomic_fetch_sub(&g->open, 1);
         }
@@ -317,12 +411,24 @@ static void *guard_main(void *arg)
     return NULL;
 }
 
-/* Allocates the table for max_connections and starts the watchdog. 0, or -ENOMEM / -errno
+/* Allocates the tables (an entry for every connection libmicrohttpd may accept) and starts the
+ * watchdog. 0, or -ENOMEM / -errno
  * with nothing left allocated or running. */
-static int guard_start(struct guard *g, const struct kvf_server_config *cfg)
+static int guard_start(struct guard *g, const struct kvf_server_config *cfg,
+                       const struct kvf__srv_cidr *trusted, size_t n_trusted)
 {
     memset(g, 0, sizeof *g);
-    g->n = cfg->max_connections;
+    g->keys = cfg->keys != NULL;
+    g->max_conns = cfg->max_connections;
+    uint32_t reserve = g->keys ? cfg->keyed_reserve : 0;
+    g->keyless_conns = g->max_conns - reserve;
+    g->per_addr = cfg->max_conn_per_ip;
+    g->keyless_ms = cfg->keyless_timeout_ms;
+    g->trusted = trusted;
+    g->n_trusted = n_trusted;
+    /* Room beyond max_connections for the connections that are answered 503. */
+    uint32_t spare = cfg->max_connections / 8 < 16 ? 16 : cfg->max_connections / 8;
+    g->n = cfg->max_connections + reserve + spare;
     g->header_ms = cfg->header_timeout_ms;
     g->body_ms = cfg->body_timeout_ms;
     g->send_ms = cfg->send_timeout_ms;
@@ -332,6 +438,10 @@ static int guard_start(struct guard *g, const struct kvf_server_config *cfg)
     /* Eight checks per bound: a connection is closed at most an eighth of its bound late. */
     g->tick_ms = least / 8 < 5 ? 5 : least / 8 > 250 ? 250 : least / 8;
     if (!(g->c = calloc(g->n, sizeof *g->c))) return -ENOMEM;
+    if (!(g->ac = calloc(g->n, sizeof *g->ac))) {
+        free(g->c);
+        return -ENOMEM;
+    }
     int rc;
     pthread_condattr_t ca;
     if ((rc = pthread_condattr_init(&ca)) != 0) goto free_table;
@@ -348,7 +458,9 @@ destroy_cv:
     pthread_cond_destroy(&g->cv);
 free_table:
     free(g->c);
+    free(g->ac);
     g->c = NULL;
+    g->ac = NULL;
     return -rc;
 }
 
@@ -363,6 +475,7 @@ static void guard_stop(struct guard *g)
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g->c);
+    free(g->ac);
 }
 
 /* --- Responses. ------------------------------------------------------------------------------ */
@@ -396,8 +509,8 @@ static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json
     return send_body(c, status, s);
 }
 
-static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c,
-                                  const struct kvf__srv_err *e, const char *allow)
+static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection *c,
+                                     const struct kvf__srv_err *e, const char *allow, bool close)
 {
     json_t *j = kvf__srv_err_json(e);
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -409,16 +522,23 @@ static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c
         return send_body(c, 503, NULL);
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    if (e->status == 429) {
+    if (e->status == 429 || e->status == 503) {
         char ra[16];
         snprintf(ra, sizeof ra, "%u", s->cfg.retry_after_s);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result send_error(struct kvf_server *s, struct MHD_Connection *c,
+                                  const struct kvf__srv_err *e, const char *allow)
+{
+    return send_error_ex(s, c, e, allow, false);
 }
 
 /* --- Routing. -------------------------------------------------------------------------------- */
@@ -489,8 +609,7 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
  * (row 23; MHD would take "gzip" or "chunked, chunked" for no body and wait), and a declared
  * length within the bound (row 19: refused before the body is read). MHD has already answered
  * 400 to a Content-Length that is not a number and 413 to one beyond 64 bits. */
-static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
-                              struct kvf__srv_err *e)
+static int check_body_headers(struct MHD_Connection *c, size_t max_body, struct kvf__srv_err *e)
 {
     struct header_count h = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &h);
@@ -509,10 +628,9 @@ static int check_body_headers(struct kvf_server *s, struct MHD_Connection *c,
         unsigned long long n = strtoull(cl, &end, 10);
         if (end == cl || *end)
             return kvf__srv_fail(e, 400, NULL, "bad_request", "Content-Length is not a number");
-        if (errno || n > s->cfg.max_body_bytes)
+        if (errno || n > max_body)
             return kvf__srv_fail(e, 413, NULL, "body_too_large",
-                                 "request body exceeds the limit of %zu bytes",
-                                 s->cfg.max_body_bytes);
+                                 "request body exceeds the limit of %zu bytes", max_body);
     }
     return 0;
 }
@@ -540,7 +658,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         " s:{s:I, s:I, s:I},"
         " s:s, s:I, s:I, s:I,"
         " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
-        " s:{s:I, s:I, s:I, s:I, s:I}}",
+        " s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
         (json_int_t)in.page_tokens, "prefill_up", in.prefill_up,
@@ -561,7 +679,8 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)atomic_load(&s->guard.closed_head), "closed_slow_body",
         (json_int_t)atomic_load(&s->guard.closed_body), "closed_slow_reader",
         (json_int_t)atomic_load(&s->guard.closed_send), "untracked",
-        (json_int_t)atomic_load(&s->guard.untracked));
+        (json_int_t)atomic_load(&s->guard.untracked), "refused_over_cap",
+        (json_int_t)atomic_load(&s->guard.refused_conns));
     if (j && !in.prefill_up)
         json_object_set_new(j, "reason",
                             json_string(in.decodes && !in.decodes_up ? "no decode worker is reachable"
@@ -647,6 +766,31 @@ static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, st
                                        model_json(s, in.served_limit)));
 }
 
+/* {"tokens":[...],"count":n,"max_model_len":limit}, written straight into one buffer (a JSON
+ * array of n integers as jansson values would take some 40 bytes per token); frees ids. */
+static enum MHD_Result send_tokens(struct MHD_Connection *c, int32_t *ids, uint32_t n,
+                                   uint32_t limit)
+{
+    struct kvf__sbuf b = {0};
+    char num[16];
+    kvf__sbuf_puts(&b, "{\"tokens\":[");
+    for (uint32_t i = 0; i < n && !b.oom; i++) {
+        int k = snprintf(num, sizeof num, i ? ",%d" : "%d", (int)ids[i]);
+        kvf__sbuf_put(&b, num, (size_t)k);
+    }
+    int k = snprintf(num, sizeof num, "],\"count\":");
+    kvf__sbuf_put(&b, num, (size_t)k);
+    char tail[64];
+    k = snprintf(tail, sizeof tail, "%u,\"max_model_len\":%u}", n, limit);
+    kvf__sbuf_put(&b, tail, (size_t)k);
+    free(ids);
+    if (b.oom) {
+        kvf__sbuf_free(&b);
+        return send_body(c, 503, NULL);
+    }
+    return send_body(c, 200, b.p); /* taken */
+}
+
 static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *c,
                                    struct conn_req *q)
 {
@@ -655,7 +799,6 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
     if (!root) return send_error(s, c, &e, NULL);
     json_t *p = json_object_get(root, "prompt"), *sp = json_object_get(root, "add_special_tokens");
     int32_t *ids = NULL;
-    json_t *out = NULL;
     struct kvf_engine_info in;
     memset(&in, 0, sizeof in);
     s->ops->info(s->engine, &in);
@@ -665,15 +808,10 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
                                       .chat_template = s->chat_template};
         /* The default rendering is at most the body's bytes plus a few per message, and a
          * token covers at least one byte: nothing is cut at this cap. */
-        uint32_t cap = (uint32_t)(2 * s->cfg.max_body_bytes + 64), n = 0;
+        uint32_t cap = (uint32_t)(2 * q->max_body + 64), n = 0;
         if (kvf__srv_chat_tokens(root, &lim, s->tok, cap, &ids, &n, &e) < 0) goto fail;
-        json_t *arr = json_array();
-        for (uint32_t i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-        out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", (int)n, "max_model_len",
-                        (int)in.served_limit);
-        free(ids);
         json_decref(root);
-        return send_json(c, 200, out);
+        return send_tokens(c, ids, n, in.served_limit);
     }
     if (!json_is_string(p)) {
         kvf__srv_fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
@@ -697,13 +835,8 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
             kvf__srv_fail(&e, 503, NULL, "out_of_memory", "out of memory");
         goto fail;
     }
-    json_t *arr = json_array();
-    for (int i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
-    out = json_pack("{s:o, s:i, s:i}", "tokens", arr, "count", n, "max_model_len",
-                    (int)in.served_limit);
-    free(ids);
     json_decref(root);
-    return send_json(c, 200, out);
+    return send_tokens(c, ids, (uint32_t)n, in.served_limit);
 fail:
     free(ids);
     json_decref(root);
@@ -865,7 +998,7 @@ static void stream_free(void *cls)
     enum kvf__srv_outcome o = run_outcome(st->run, &status, &code);
     if (o == KVF__SRV_OK && !st->finished) o = KVF__SRV_CANCELLED; /* not all of it went out */
     request_end(s, st->id, st->ti, st->run, o, status, code);
-    kvf__srv_tenant_exit(&s->tenants, st->ti);
+    kvf__srv_tenant_exit(&s->tenants, st->ti, &st->share);
     kvf__srv_run_free(st->run);
     kvf__sbuf_free(&st->out);
     free(st);
@@ -878,13 +1011,14 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
     struct stream *st = calloc(1, sizeof *st);
     if (!st) {
         request_end(s, q->id, q->ti, run, KVF__SRV_ERROR, 503, "out_of_memory");
-        kvf__srv_tenant_exit(&s->tenants, q->ti);
+        kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_run_free(run);
         atomic_fetch_sub(&s->in_flight, 1);
         return send_body(c, 503, NULL);
     }
     memcpy(st->id, q->id, sizeof st->id);
     st->ti = q->ti;
+    st->share = q->share;
     st->s = s;
     st->run = run;
     st->conn = c;
@@ -942,9 +1076,11 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
     }
 out:
     request_end(s, q->id, q->ti, run, o, status, code);
-    kvf__srv_tenant_exit(&s->tenants, q->ti);
+    kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
     kvf__srv_run_free(run);
-    atomic_fetch_sub(&s->in_flight, 1);
+    /* In flight until the answer is out (on_completed), so that stop's drain does not close
+     * the connection under a queued answer. */
+    q->holds_flight = true;
     return ok;
 }
 
@@ -956,24 +1092,48 @@ static enum MHD_Result refuse(struct kvf_server *s, struct MHD_Connection *c, st
     return send_error(s, c, e, NULL);
 }
 
-/* Takes one of the tenant's running slots, waiting for one if its share allows (polling the
- * socket and stop as a running request does, for at most tenants.wait_ms). 0: taken; -1 with
- * e (429 over the share or after the wait, 503 stopping); 1: the client went away. */
+/* Refuses (400, naming the bound) a request that could never fit its tenant's share, however
+ * long it waited: more choices than --tenant-max-running, or more KV than the tenant's cap.
+ * 0, or -1 with e. */
+static int share_possible(struct kvf_server *s, const struct kvf__srv_share *w, uint64_t kv_cap,
+                          const char *kv_param, struct kvf__srv_err *e)
+{
+    const struct kvf__srv_tenants *T = &s->tenants;
+    if (T->max_running && w->seqs > T->max_running)
+        return kvf__srv_fail(e, 400, "n", "tenant_share_exceeded",
+                             "this request runs %u sequences (n) and a tenant may run at most %u "
+                             "at once (--tenant-max-running); ask for fewer choices",
+                             w->seqs, T->max_running);
+    if (kv_cap && w->kv_tokens > kv_cap)
+        return kvf__srv_fail(e, 400, kv_param, "tenant_share_exceeded",
+                             "this request reserves %llu KV tokens (n x (prompt + max_tokens), in "
+                             "whole pages) and a tenant may reserve at most %llu at once "
+                             "(--tenant-max-kv-tokens%s); ask for fewer tokens or choices",
+                             (unsigned long long)w->kv_tokens, (unsigned long long)kv_cap,
+                             s->tenants.max_kv_tokens ? "" : ", by default the pool shared among "
+                                                            "the tenants");
+    return 0;
+}
+
+/* Takes what the request takes of its tenant's share (q->share), waiting for it if the share
+ * allows (polling the socket and stop as a running request does, for at most tenants.wait_ms).
+ * 0: taken; -1 with e (429 over the share or after the wait, 503 stopping); 1: the client went
+ * away. */
 static int tenant_slot(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q,
-                       struct kvf__srv_err *e)
+                       uint64_t kv_cap, struct kvf__srv_err *e)
 {
     struct kvf__srv_tenants *T = &s->tenants;
-    int rc = kvf__srv_tenant_enter(T, q->ti);
+    int rc = kvf__srv_tenant_enter(T, q->ti, &q->share, kv_cap);
     if (rc == 0) return 0;
     if (rc < 0)
         return kvf__srv_fail(e, 429, NULL, "tenant_limit",
-                             "this tenant has %u requests running and %u waiting, its share; "
-                             "retry later",
+                             "this tenant runs all the sequences its share allows (%u) and has %u "
+                             "requests waiting; retry later",
                              T->max_running, T->max_queued);
     int fd = conn_fd(c);
     int64_t until = now_ms() + T->wait_ms;
     for (;;) {
-        if (kvf__srv_tenant_wait(T, q->ti, KVF_SERVER_POLL_MS) == 0) return 0;
+        if (kvf__srv_tenant_wait(T, q->ti, &q->share, kv_cap, KVF_SERVER_POLL_MS) == 0) return 0;
         if (atomic_load(&s->stopping)) {
             kvf__srv_tenant_leave_queue(T, q->ti);
             return kvf__srv_fail(e, 503, NULL, "shutting_down", "the server is shutting down");
@@ -985,10 +1145,28 @@ static int tenant_slot(struct kvf_server *s, struct MHD_Connection *c, struct co
         if (now_ms() >= until) {
             kvf__srv_tenant_leave_queue(T, q->ti);
             return kvf__srv_fail(e, 429, NULL, "tenant_limit",
-                                 "this tenant's requests waited %u ms for its share; retry later",
+                                 "this tenant's request waited %u ms for its share (sequences "
+                                 "and KV tokens of its running requests); retry later",
                                  T->wait_ms);
         }
     }
+}
+
+/* /tokenize and /detokenize run as one sequence of the tenant's share (no KV): their work and
+ * memory (bounded by tokenize_max_bytes: some 20 times the body at most) count as the tenant's,
+ * so a tenant at its share waits or gets 429 for them as for a completion. */
+static enum MHD_Result do_tokenizer_route(struct kvf_server *s, struct MHD_Connection *c,
+                                          struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    q->share = (struct kvf__srv_share){.seqs = 1, .kv_tokens = 0};
+    if (share_possible(s, &q->share, 0, NULL, &e) < 0) return send_error(s, c, &e, NULL);
+    int wait = tenant_slot(s, c, q, 0, &e);
+    if (wait > 0) return MHD_NO;
+    if (wait < 0) return send_error(s, c, &e, NULL);
+    enum MHD_Result ok = q->route == R_TOKENIZE ? do_tokenize(s, c, q) : do_detokenize(s, c, q);
+    kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
+    return ok;
 }
 
 static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *c,
@@ -1014,7 +1192,18 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
         return refuse(s, c, q, &e);
     }
-    int wait = tenant_slot(s, c, q, &e);
+    /* What it takes of its tenant's share: each choice is a sequence, each reserves its prompt
+     * and its max_tokens in whole pages. */
+    uint64_t kv_cap = kvf__srv_tenant_kv_cap(&s->tenants, &in);
+    q->share.seqs = req.n;
+    q->share.kv_tokens =
+        (uint64_t)req.n * kvf__srv_round_tokens((uint64_t)req.n_prompt + req.max_tokens,
+                                                in.page_tokens);
+    if (share_possible(s, &q->share, kv_cap, "max_tokens", &e) < 0) {
+        kvf__srv_req_free(&req);
+        return refuse(s, c, q, &e);
+    }
+    int wait = tenant_slot(s, c, q, kv_cap, &e);
     if (wait != 0) {
         kvf__srv_req_free(&req);
         if (wait > 0) {
@@ -1025,17 +1214,17 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     }
     if (atomic_fetch_add(&s->in_flight, 1) >= s->cfg.max_queue) {
         atomic_fetch_sub(&s->in_flight, 1);
-        kvf__srv_tenant_exit(&s->tenants, q->ti);
+        kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_req_free(&req);
         kvf__srv_engine_error(-EAGAIN, &e);
         return refuse(s, c, q, &e);
     }
     struct kvf__srv_run *run;
     int rc = kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model,
-                                s->tenants.t[q->ti].id, q->id_seed, &run);
+                                s->tenants.t[q->ti].id, &run);
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
-        kvf__srv_tenant_exit(&s->tenants, q->ti);
+        kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_req_free(&req);
         kvf__srv_engine_error(rc, &e);
         return refuse(s, c, q, &e);
@@ -1068,6 +1257,74 @@ static uint32_t authorize(struct kvf_server *s, struct MHD_Connection *c)
     return kvf_server_keys_lookup(s->cfg.keys, h, n);
 }
 
+struct header_join {
+    const char *name;
+    struct kvf__sbuf b;
+};
+static enum MHD_Result join_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
+{
+    struct header_join *hj = cls;
+    if (strcasecmp(key, hj->name) != 0) return MHD_YES;
+    if (hj->b.n) kvf__sbuf_put(&hj->b, ",", 1);
+    kvf__sbuf_puts(&hj->b, value ? value : "");
+    return MHD_YES;
+}
+
+/* Every value of header `name`, joined with ',' in the sender's order (malloc'd), or NULL when
+ * there is none. Bounded by the connection's memory (KVF__SRV_CONN_MEMORY). */
+static char *header_values(struct MHD_Connection *c, const char *name)
+{
+    struct header_join hj = {name, {0}};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, join_header, &hj);
+    if (hj.b.oom || !hj.b.p) {
+        kvf__sbuf_free(&hj.b);
+        return NULL;
+    }
+    return hj.b.p;
+}
+
+/* The connection caps for the request whose headers are in (see "Connection caps"): 0, or -1
+ * with e (503) when it passes one. keyed: it carries a valid API key. Also moves the
+ * connection's count to the request's client address. */
+static int conn_caps(struct kvf_server *s, struct MHD_Connection *c, struct guard_conn *gc,
+                     bool keyed, struct kvf__srv_err *e)
+{
+    struct guard *g = &s->guard;
+    if (!gc) return 0;
+    struct kvf__srv_addr client = gc->peer;
+    if (gc->trusted_peer) {
+        char *fwd = header_values(c, "Forwarded"), *xff = header_values(c, "X-Forwarded-For");
+        kvf__srv_forwarded_client(s->trusted, s->n_trusted, fwd, xff, &client);
+        free(fwd);
+        free(xff);
+    }
+    int rc = 0;
+    pthread_mutex_lock(&g->mu);
+    uint32_t n_addr = addr_assign(g, gc, &client);
+    if (keyed && !gc->keyed) {
+        gc->keyed = true;
+        g->n_keyed++;
+    }
+    uint32_t open = atomic_load(&g->open), keyless = open - g->n_keyed;
+    if (n_addr > g->per_addr)
+        rc = kvf__srv_fail(e, 503, NULL, "too_many_connections",
+                           "this client address has %u connections open, more than its limit "
+                           "of %u; retry later",
+                           n_addr, g->per_addr);
+    else if (gc->keyed && g->n_keyed > g->max_conns)
+        rc = kvf__srv_fail(e, 503, NULL, "too_many_connections",
+                           "the server has its %u connections open; retry later", g->max_conns);
+    else if (!gc->keyed && keyless > g->keyless_conns)
+        rc = kvf__srv_fail(e, 503, NULL, "too_many_connections",
+                           "the server has %u connections open without a valid API key, its "
+                           "limit for them; retry later",
+                           keyless);
+    pthread_mutex_unlock(&g->mu);
+    if (rc < 0) atomic_fetch_add(&g->refused_conns, 1);
+    return rc;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -1095,14 +1352,34 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
         q->route = route;
         q->model_id = model_id;
+        q->max_body = route == R_TOKENIZE || route == R_DETOKENIZE ? s->cfg.tokenize_max_bytes
+                                                                    : s->cfg.max_body_bytes;
         *con_cls = q;
-        q->id_seed = s->boot ^ (atomic_fetch_add(&s->seq, 1) * 0x9e3779b97f4a7c15ull);
-        snprintf(q->id, sizeof q->id, "req-%016llx", (unsigned long long)q->id_seed);
+        uint64_t rid;
+        if (kvf__srv_random(&rid, sizeof rid) < 0) {
+            kvf__srv_fail(&e, 503, NULL, "no_entropy", "the server cannot draw a request id");
+            return send_error(s, c, &e, NULL);
+        }
+        snprintf(q->id, sizeof q->id, "req-%016llx", (unsigned long long)rid);
         q->ti = 1; /* without keys: the one tenant */
+        uint32_t t = s->cfg.keys ? authorize(s, c) : 0;
+        if (conn_caps(s, c, gc, t != 0, &e) < 0) {
+            kvf__srv_log(&s->cfg, "event=refused id=%s path=%s status=503 code=%s", q->id,
+                         route_path(route), e.code);
+            /* A body is read (and dropped) first, so that the close leaves nothing unread;
+             * one whose headers are refused (too large, ambiguous) is not read at all. */
+            struct kvf__srv_err be;
+            if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &be) == 0) {
+                q->over_cap = true;
+                q->cap_err = e;
+                guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
+                return MHD_YES;
+            }
+            return send_error_ex(s, c, &e, NULL, true);
+        }
         if (route == R_HEALTH || route == R_METRICS) return do_get(s, c, q);
         bool gen = route == R_COMPLETIONS || route == R_CHAT;
         if (s->cfg.keys) {
-            uint32_t t = authorize(s, c);
             if (!t) {
                 q->ti = 0;
                 kvf__srv_fail(&e, 401, NULL, "invalid_api_key",
@@ -1116,7 +1393,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         kvf__srv_log(&s->cfg, "event=request id=%s tenant=%s path=%s", q->id,
                      s->tenants.t[q->ti].name, route_path(route));
-        if (strcmp(method, "POST") == 0 && check_body_headers(s, c, &e) < 0)
+        if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &e) < 0)
             return gen ? refuse(s, c, q, &e) : send_error(s, c, &e, NULL);
         if (strcmp(method, "GET") == 0) return do_get(s, c, q);
         guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
@@ -1126,7 +1403,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         if (q->too_big) return MHD_YES; /* after an answer MHD took: dropped */
-        if (q->body.n + n > s->cfg.max_body_bytes) {
+        if (q->body.n + n > q->max_body) {
             /* A chunked body, which declares no length, answered as soon as it passes the
              * bound, none of the rest read. MHD 0.9.75 takes no answer before the whole body
              * is in; the 413 is then written past it and the connection closed. */
@@ -1134,7 +1411,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             kvf__sbuf_free(&q->body);
             guard_enter(&s->guard, guard_of(c), G_WORK, 0);
             kvf__srv_fail(&e, 413, NULL, "body_too_large",
-                          "request body exceeds the limit of %zu bytes", s->cfg.max_body_bytes);
+                          "request body exceeds the limit of %zu bytes", q->max_body);
             if (send_error(s, c, &e, NULL) == MHD_YES) return MHD_YES;
             json_t *j = kvf__srv_err_json(&e);
             char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -1150,15 +1427,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     guard_enter(&s->guard, guard_of(c), G_WORK, 0); /* body in */
     if (q->too_big) return MHD_YES; /* answered when the body passed the bound */
+    if (q->over_cap) return send_error_ex(s, c, &q->cap_err, NULL, true);
     if (q->body.oom) return send_body(c, 503, NULL);
     switch (q->route) {
     case R_COMPLETIONS:
     case R_CHAT:
         return do_generate(s, c, q);
     case R_TOKENIZE:
-        return do_tokenize(s, c, q);
     case R_DETOKENIZE:
-        return do_detokenize(s, c, q);
+        return do_tokenizer_route(s, c, q);
     default:
         return do_get(s, c, q);
     }
@@ -1172,6 +1449,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     guard_enter(&s->guard, guard_of(c), G_HEAD, s->guard.idle_ms);
     struct conn_req *q = *con_cls;
     if (!q) return;
+    if (q->holds_flight) atomic_fetch_sub(&s->in_flight, 1);
     kvf__sbuf_free(&q->body);
     free(q);
     *con_cls = NULL;
@@ -1260,12 +1538,31 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->cfg.model_name = s->model;
     s->cfg.chat_template = s->chat_template;
     if (!s->cfg.max_body_bytes) s->cfg.max_body_bytes = 1u << 20;
+    if (!s->cfg.tokenize_max_bytes) s->cfg.tokenize_max_bytes = 256u << 10;
+    if (s->cfg.tokenize_max_bytes > s->cfg.max_body_bytes)
+        s->cfg.tokenize_max_bytes = s->cfg.max_body_bytes;
     if (!s->cfg.max_n) s->cfg.max_n = 8;
     if (!s->cfg.max_queue) s->cfg.max_queue = 256;
     if (!s->cfg.default_max_tokens) s->cfg.default_max_tokens = 256;
     if (!s->cfg.max_connections) s->cfg.max_connections = 256;
     if (!s->cfg.idle_timeout_s) s->cfg.idle_timeout_s = 30;
     if (!s->cfg.max_conn_per_ip) s->cfg.max_conn_per_ip = 64;
+    if (!s->cfg.keyless_timeout_ms) s->cfg.keyless_timeout_ms = 2000;
+    if (!s->cfg.keyed_reserve) s->cfg.keyed_reserve = s->cfg.max_connections / 4;
+    if (s->cfg.keyed_reserve >= s->cfg.max_connections) {
+        snprintf(err, err_len, "server: keyed_reserve (%u) must be below max_connections (%u)",
+                 s->cfg.keyed_reserve, s->cfg.max_connections);
+        rc = -EINVAL;
+        goto free_s;
+    }
+    char terr[160];
+    if ((rc = kvf__srv_cidrs_parse(cfg->trusted_proxies, &s->trusted, &s->n_trusted, terr,
+                                   sizeof terr)) < 0) {
+        snprintf(err, err_len, "server: trusted proxies: %s", terr);
+        goto free_s;
+    }
+    s->cfg.trusted_proxies = NULL; /* parsed into s->trusted; the text is the caller's */
+    rc = -ENOMEM;
     if (!s->cfg.header_timeout_ms) s->cfg.header_timeout_ms = 10000;
     if (!s->cfg.body_timeout_ms) s->cfg.body_timeout_ms = 30000;
     if (!s->cfg.send_timeout_ms) s->cfg.send_timeout_ms = 30000;
@@ -1274,20 +1571,17 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->engine = engine;
     s->tok = tok;
     if (kvf__srv_tenants_init(&s->tenants, cfg->keys, cfg->tenant, cfg->tenant_max_running,
-                              cfg->tenant_max_queued, cfg->tenant_wait_ms) < 0) {
+                              cfg->tenant_max_queued, cfg->tenant_max_kv_tokens,
+                              cfg->tenant_wait_ms) < 0) {
         snprintf(err, err_len, "server: out of memory");
         goto free_s;
     }
     kvf__srv_metrics_init(&s->metrics);
     s->created = (int64_t)time(NULL);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    s->boot = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 16);
     atomic_init(&s->stopping, false);
     atomic_init(&s->in_flight, 0);
-    atomic_init(&s->seq, 0);
 
-    rc = guard_start(&s->guard, &s->cfg);
+    rc = guard_start(&s->guard, &s->cfg, s->trusted, s->n_trusted);
     if (rc < 0) {
         snprintf(err, err_len, "server: cannot start the connection watchdog: %s", strerror(-rc));
         goto free_obs;
@@ -1304,8 +1598,9 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVF__SRV_CONN_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_conn_per_ip,
+                            /* Past the caps libmicrohttpd leaves connections in the
+                             * backlog; the caps themselves answer 503 ("Connection caps"). */
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->guard.n,
                             MHD_OPTION_EXTERNAL_LOGGER, discard_log, s,
                             MHD_OPTION_END);
     if (!s->d) {
@@ -1323,6 +1618,7 @@ free_obs:
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
 free_s:
+    free(s->trusted);
     free(s->host);
     free(s->model);
     free(s->chat_template);
@@ -1357,6 +1653,7 @@ void kvf_server_stop(kvf_server_t *s)
     guard_stop(&s->guard);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
+    free(s->trusted);
     free(s->host);
     free(s->model);
     free(s->chat_template);

@@ -7,6 +7,8 @@
  *                                          endpoint under tenant "_none", outcome unauthorized)
  *   prompt_tokens_total{tenant}, generation_tokens_total{tenant}
  *   tenant_requests{tenant,state}          running / waiting for the tenant's share
+ *   tenant_sequences{tenant}, tenant_kv_tokens{tenant}
+ *                                          what the running requests take of the share
  *   time_to_first_token_seconds, time_per_output_token_seconds, e2e_request_latency_seconds
  *                                          histograms, one observation per answered request
  *   engine_queued_requests, engine_running_requests, server_in_flight_requests
@@ -21,6 +23,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvfence/pool.h"
@@ -131,14 +134,26 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
     for (size_t t = 1; t < T->n; t++)
         put(o, "kvfence_generation_tokens_total{tenant=\"%s\"} %llu\n", T->t[t].name,
             atomic_load(&T->t[t].generated_tokens));
+    struct kvf__srv_tenant_load *ld = calloc(T->n, sizeof *ld);
+    for (size_t t = 1; ld && t < T->n; t++) kvf__srv_tenant_load(T, t, &ld[t]);
     head(o, "tenant_requests", "gauge",
          "A tenant's requests submitted (running) and waiting in the server for its share.");
-    for (size_t t = 1; t < T->n; t++) {
-        uint32_t run, wait;
-        kvf__srv_tenant_load(T, t, &run, &wait);
-        put(o, "kvfence_tenant_requests{tenant=\"%s\",state=\"running\"} %u\n", T->t[t].name, run);
-        put(o, "kvfence_tenant_requests{tenant=\"%s\",state=\"waiting\"} %u\n", T->t[t].name, wait);
+    for (size_t t = 1; ld && t < T->n; t++) {
+        put(o, "kvfence_tenant_requests{tenant=\"%s\",state=\"running\"} %u\n", T->t[t].name,
+            ld[t].running);
+        put(o, "kvfence_tenant_requests{tenant=\"%s\",state=\"waiting\"} %u\n", T->t[t].name,
+            ld[t].waiting);
     }
+    head(o, "tenant_sequences", "gauge",
+         "Sequences (choices) of a tenant's running requests, counted against its share.");
+    for (size_t t = 1; ld && t < T->n; t++)
+        put(o, "kvfence_tenant_sequences{tenant=\"%s\"} %u\n", T->t[t].name, ld[t].seqs);
+    head(o, "tenant_kv_tokens", "gauge",
+         "KV tokens a tenant's running requests reserve, counted against its share.");
+    for (size_t t = 1; ld && t < T->n; t++)
+        put(o, "kvfence_tenant_kv_tokens{tenant=\"%s\"} %llu\n", T->t[t].name,
+            (unsigned long long)ld[t].kv_tokens);
+    free(ld);
     struct kvf__srv_metrics snap;
     pthread_mutex_lock(&m->mu);
     snap.ttft = m->ttft, snap.tpot = m->tpot, snap.e2e = m->e2e;

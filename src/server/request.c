@@ -6,12 +6,17 @@
  * the served limit. Unknown fields are ignored; a known field of the wrong type is refused
  * with 400 naming it (BAD_INPUTS rows 9–18). Every check happens before anything is submitted.
  */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvfence/limits.h"
 #include "server_internal.h"
+
+_Static_assert(KVF_LIMIT_LOGPROBS_MAX <= KVF_GEN_MAX_LOGPROBS,
+               "the engine returns every top logprob the API may ask for");
 
 json_t *kvf__srv_parse_object(const char *body, size_t len, struct kvf__srv_err *e)
 {
@@ -64,16 +69,28 @@ static int get_int(json_t *o, const char *key, long long lo, long long hi, long 
     return 1;
 }
 
-static int get_num(json_t *o, const char *key, double *out, struct kvf__srv_err *e)
+/* A real field of kvfence/limits.h's table, within its range (the codec's too). */
+static int get_real_field(json_t *o, enum kvf_field f, double *out, struct kvf__srv_err *e)
 {
-    json_t *v = json_object_get(o, key);
+    const struct kvf_field_limit *l = &kvf_field_limits[f];
+    json_t *v = json_object_get(o, l->name);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v))
-        return kvf__srv_fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
+        return kvf__srv_fail(e, 400, l->name, "invalid_type", "'%s' must be a number", l->name);
     *out = json_number_value(v);
-    if (!isfinite(*out))
-        return kvf__srv_fail(e, 400, key, "invalid_value", "'%s' must be finite", key);
+    if (!kvf_field_real_ok(f, *out, false))
+        return kvf__srv_fail(e, 400, l->name, "invalid_value", "'%s' must be in %c%g, %g]",
+                             l->name, l->lo_open ? '(' : '[', l->lo, l->hi);
     return 1;
+}
+
+/* An integer field of the table, under the API name key (logprobs: also top_logprobs). */
+static int get_int_field(json_t *o, const char *key, enum kvf_field f, long long *out,
+                         struct kvf__srv_err *e)
+{
+    const struct kvf_field_limit *l = &kvf_field_limits[f];
+    long long hi = l->ihi > (uint64_t)INT64_MAX ? INT64_MAX : (long long)l->ihi;
+    return get_int(o, key, l->ilo, hi, out, e);
 }
 
 /* --- The prompt. ------------------------------------------------------------------------- */
@@ -335,27 +352,19 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
                                  "'stream_options.include_usage' must be a boolean");
         r->include_usage = json_is_true(iu);
     }
+    /* The sampling fields, each within its range in kvfence/limits.h, carried as the codec
+     * carries them (f32; see there for the rounding). */
     r->sample.temperature = 1.0f;
-    int have = get_num(root, "temperature", &d, e);
+    int have = get_real_field(root, KVF_FIELD_TEMPERATURE, &d, e);
     if (have < 0) return -1;
-    if (have) {
-        if (d < 0)
-            return kvf__srv_fail(e, 400, "temperature", "invalid_value",
-                                 "'temperature' must be at least 0");
-        r->sample.temperature = (float)d;
-    }
+    if (have) r->sample.temperature = (float)d;
     r->sample.top_p = 1.0f;
-    have = get_num(root, "top_p", &d, e);
+    have = get_real_field(root, KVF_FIELD_TOP_P, &d, e);
     if (have < 0) return -1;
-    if (have) {
-        if (!(d > 0 && d <= 1))
-            return kvf__srv_fail(e, 400, "top_p", "invalid_value",
-                                 "'top_p' must be in (0, 1]");
-        r->sample.top_p = (float)d;
-    }
-    if ((have = get_int(root, "top_k", 0, UINT32_MAX, &x, e)) < 0) return -1;
+    if (have) r->sample.top_p = (float)d > FLT_MIN ? (float)d : FLT_MIN;
+    if ((have = get_int_field(root, "top_k", KVF_FIELD_TOP_K, &x, e)) < 0) return -1;
     if (have) r->sample.top_k = (uint32_t)x;
-    if ((have = get_int(root, "seed", INT64_MIN, INT64_MAX, &x, e)) < 0) return -1;
+    if ((have = get_int_field(root, "seed", KVF_FIELD_SEED, &x, e)) < 0) return -1;
     if (have) {
         r->sample.seed = (uint64_t)x;
         r->seed_given = true;
@@ -371,14 +380,15 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
     if (get_bool(root, "return_tokens_as_token_ids", &r->tokens_as_ids, e) < 0) return -1;
     if (parse_stop(root, r, e) < 0) return -1;
     if (kind == KVF__SRV_COMPLETION) {
-        if ((have = get_int(root, "logprobs", 0, KVF_GEN_MAX_LOGPROBS, &x, e)) < 0) return -1;
+        if ((have = get_int_field(root, "logprobs", KVF_FIELD_LOGPROBS, &x, e)) < 0) return -1;
         if (have) {
             r->logprobs = true;
             r->top_logprobs = (uint32_t)x;
         }
     } else {
         if (get_bool(root, "logprobs", &r->logprobs, e) < 0) return -1;
-        if ((have = get_int(root, "top_logprobs", 0, KVF_GEN_MAX_LOGPROBS, &x, e)) < 0) return -1;
+        if ((have = get_int_field(root, "top_logprobs", KVF_FIELD_LOGPROBS, &x, e)) < 0)
+            return -1;
         if (have) {
             if (!r->logprobs && x > 0)
                 return kvf__srv_fail(e, 400, "top_logprobs", "invalid_value",

@@ -21,13 +21,6 @@
 #include "kvfence/common.h"
 #include "server_internal.h"
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 /* --- Logprobs. ------------------------------------------------------------------------------ */
 
 /* The text of token `id` alone, as a fresh detokenizer gives it (a byte token that is part of
@@ -191,8 +184,11 @@ static void handle_event(struct kvf__srv_run *r, struct kvf__srv_choice *c,
 
 int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_tokenizer_t *tok,
                        struct kvf__srv_req *req, const char *model, uint32_t tenant,
-                       uint64_t id_seed, struct kvf__srv_run **out)
+                       struct kvf__srv_run **out)
 {
+    uint64_t rnd[2]; /* [0]: the completion id, [1]: the default seed */
+    int rc = kvf__srv_random(rnd, sizeof rnd);
+    if (rc < 0) return rc;
     struct kvf__srv_run *r = calloc(1, sizeof *r + req->n * sizeof r->ch[0]);
     if (!r) return -ENOMEM;
     r->ops = ops;
@@ -202,9 +198,8 @@ int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_to
     r->n = req->n;
     r->created = (int64_t)time(NULL);
     r->t_start_us = kvf__srv_now_us();
-    uint64_t h = mix64(id_seed);
     snprintf(r->id, sizeof r->id, "%s%016llx", req->kind == KVF__SRV_CHAT ? "chatcmpl-" : "cmpl-",
-             (unsigned long long)h);
+             (unsigned long long)rnd[0]);
 
     struct kvf_gen_params p;
     memset(&p, 0, sizeof p);
@@ -222,11 +217,11 @@ int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_to
     size_t n_eog = kvf_tokenizer_eog(tok, &eog);
     for (size_t i = 0; !req->ignore_eos && i < n_eog && i < KVF_GEN_MAX_STOP_IDS; i++)
         p.stop_ids[p.n_stop_ids++] = eog[i];
-    uint64_t seed = req->seed_given ? req->sample.seed : mix64(h ^ 0x5eedull);
+    uint64_t seed = req->seed_given ? req->sample.seed : rnd[1];
     for (uint32_t i = 0; i < r->n; i++) {
         kvf_detok_init(&r->ch[i].detok);
         p.sample.seed = seed + i;
-        int rc = ops->submit(engine, &p, &r->ch[i].g);
+        rc = ops->submit(engine, &p, &r->ch[i].g);
         if (rc < 0) {
             r->ch[i].g = NULL;
             for (uint32_t k = 0; k < i; k++) release_handle(r, &r->ch[k], true);

@@ -162,12 +162,14 @@ struct kvf__srv_run {
     struct kvf__srv_choice ch[]; /* [n] */
 };
 
-/* Submits every choice (n separate submits; choice i uses seed + i). 0 with *out the run (the
- * request moved into it: *req is zeroed), or the first submit's negative code with every
- * submitted choice cancelled and released, *req untouched. */
+/* Submits every choice (n separate submits; choice i uses seed + i, the seed being the
+ * request's or, when it gives none, 64 random bits drawn for this request: its choices differ
+ * and are reproducible from that one seed). The completion id is 64 more random bits. 0 with
+ * *out the run (the request moved into it: *req is zeroed), or the first submit's negative code
+ * (or kvf__srv_random's) with every submitted choice cancelled and released, *req untouched. */
 int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_tokenizer_t *tok,
                        struct kvf__srv_req *req, const char *model, uint32_t tenant,
-                       uint64_t id_seed, struct kvf__srv_run **out);
+                       struct kvf__srv_run **out);
 /* Waits up to timeout_ms for events and handles every one that is ready. Returns 1 if some
  * choice made progress (text, logprobs, an ending), 0 if none did. */
 int kvf__srv_run_step(struct kvf__srv_run *r, int timeout_ms);
@@ -205,30 +207,84 @@ extern const char *const kvf__srv_outcome_name[KVF__SRV_N_OUTCOMES];
 struct kvf__srv_tenant {
     char name[KVF_SERVER_MAX_TENANT_NAME + 1]; /* "_none" for [0]: requests without a tenant */
     uint32_t id;              /* kvf_gen_params.tenant */
-    uint32_t running, waiting; /* under the table's mu */
+    /* Under the table's mu. Accounting: seqs and kv_tokens are the sums of the shares of the
+     * `running` requests admitted (0, 0 when running is 0). */
+    uint32_t running, waiting; /* requests admitted, and waiting for the share */
+    uint32_t seqs;            /* sequences of the running requests */
+    uint64_t kv_tokens;       /* KV tokens they reserve */
     atomic_ullong outcomes[KVF__SRV_N_OUTCOMES];
     atomic_ullong prompt_tokens, generated_tokens;
 };
 struct kvf__srv_tenants {
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* a running slot was freed */
+    pthread_cond_t cv;        /* some share was freed */
     struct kvf__srv_tenant *t; /* [n]: [0] "_none", then the key file's tenants (or "default") */
     size_t n;
-    uint32_t max_running, max_queued, wait_ms;
+    uint32_t max_running;     /* sequences of one tenant at once; 0: no bound */
+    uint32_t max_queued;      /* requests of one tenant waiting; UINT32_MAX without max_running */
+    uint64_t max_kv_tokens;   /* configured KV share; 0: kvf__srv_tenant_kv_cap's default */
+    uint32_t wait_ms;
+};
+/* What one request takes of its tenant's share. */
+struct kvf__srv_share {
+    uint32_t seqs;            /* sequences: its choices (1 for /tokenize, /detokenize) */
+    uint64_t kv_tokens;       /* KV it reserves: seqs × (prompt + max_tokens) in whole pages */
+};
+struct kvf__srv_tenant_load {
+    uint32_t running, waiting, seqs;
+    uint64_t kv_tokens;
 };
 int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *keys,
                           uint32_t default_id, uint32_t max_running, uint32_t max_queued,
-                          uint32_t wait_ms);
+                          uint64_t max_kv_tokens, uint32_t wait_ms);
 void kvf__srv_tenants_destroy(struct kvf__srv_tenants *T);
-/* 0: a running slot taken; 1: waiting (then kvf__srv_tenant_wait until 0, or leave_queue);
- * -EAGAIN: over the tenant's share, nothing taken. */
-int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti);
-/* Waits up to timeout_ms for a slot: 0 taken (no longer waiting), 1 not yet. */
-int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, int timeout_ms);
+/* tokens rounded up to whole pages of page_tokens (≤ 1: as they are). */
+uint64_t kvf__srv_round_tokens(uint64_t tokens, uint32_t page_tokens);
+/* The KV share of one tenant in tokens (0: no cap): the configured one, or the default from the
+ * pool in `in` when there are several tenants (server.h states it). */
+uint64_t kvf__srv_tenant_kv_cap(const struct kvf__srv_tenants *T, const struct kvf_engine_info *in);
+/* 0: w taken; 1: waiting (then kvf__srv_tenant_wait until 0, or leave_queue); -EAGAIN: too many
+ * of the tenant's requests wait already, nothing taken. */
+int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w,
+                          uint64_t kv_cap);
+/* Waits up to timeout_ms for w to fit: 0 taken (no longer waiting), 1 not yet. */
+int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w,
+                         uint64_t kv_cap, int timeout_ms);
 void kvf__srv_tenant_leave_queue(struct kvf__srv_tenants *T, size_t ti);
-void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti);
-void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, uint32_t *running,
-                          uint32_t *waiting);
+/* Gives back w, taken by enter or wait. */
+void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w);
+void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, struct kvf__srv_tenant_load *out);
+
+/* --- Client addresses (netaddr.c). ----------------------------------------------------------- */
+struct sockaddr;
+/* An IPv4 or IPv6 address; IPv4 as its IPv4-mapped IPv6 form (::ffff:a.b.c.d). */
+struct kvf__srv_addr {
+    uint8_t b[16];
+};
+/* An address block: the first prefix bits of a (of 128; an IPv4 /p is 96 + p). */
+struct kvf__srv_cidr {
+    struct kvf__srv_addr a;
+    uint8_t prefix;
+};
+bool kvf__srv_addr_from_sockaddr(const struct sockaddr *sa, struct kvf__srv_addr *out);
+/* A numeric address in s[0..n) (blanks around it and Forwarded's quotes allowed; with
+ * allow_port, also "a.b.c.d:port" and "[v6]:port"). false if it is not one. */
+bool kvf__srv_addr_parse(const char *s, size_t n, bool allow_port, struct kvf__srv_addr *out);
+void kvf__srv_addr_format(const struct kvf__srv_addr *a, char *out, size_t cap);
+bool kvf__srv_cidr_contains(const struct kvf__srv_cidr *c, const struct kvf__srv_addr *a);
+bool kvf__srv_trusted(const struct kvf__srv_cidr *list, size_t n, const struct kvf__srv_addr *a);
+/* "ADDR[/PREFIX],..." (blanks allowed) into *out (malloc'd, *n_out entries; NULL and 0 for an
+ * empty or NULL text). 0, or -EINVAL with err naming the entry, -ENOMEM; nothing allocated then. */
+int kvf__srv_cidrs_parse(const char *text, struct kvf__srv_cidr **out, size_t *n_out, char *err,
+                         size_t err_len);
+/* The client of a request whose peer (*client on entry) is a trusted proxy: the hops of the
+ * Forwarded header's for= parameters (or, without Forwarded, of X-Forwarded-For), nearest
+ * first; each hop in list passes on to the one before it, and the first that is not is the
+ * client. A hop that is no address leaves the last trusted one as the client; a chain of trusted
+ * hops only, its first. forwarded and xff: the headers' values, joined with ',' when repeated, or
+ * NULL. */
+void kvf__srv_forwarded_client(const struct kvf__srv_cidr *list, size_t n, const char *forwarded,
+                               const char *xff, struct kvf__srv_addr *client);
 
 /* --- Metrics (metrics.c). -------------------------------------------------------------------- */
 #define KVF__SRV_HIST_MAX 16
@@ -265,5 +321,12 @@ __attribute__((format(printf, 2, 3))) void kvf__srv_log(const struct kvf_server_
                                                        const char *fmt, ...);
 
 int64_t kvf__srv_now_us(void);
+
+/* Fills buf[0..n) from the kernel's random source (getrandom(2), blocking only until the pool
+ * is first initialised, as at boot). 0, or a negative errno with buf's contents unspecified.
+ * Request ids, completion ids and default seeds are drawn here, each on its own: none is derived
+ * from a counter or from another, so nothing about the server's other requests (how many came
+ * before, when it started) can be read from them. */
+int kvf__srv_random(void *buf, size_t n);
 
 #endif /* KVF_SERVER_INTERNAL_H */

@@ -1,19 +1,27 @@
 /*
  * tenant.c — API keys (the key file, constant-time lookup) and the tenant table: each tenant's
- * share of the server (running and waiting requests) and its counters.
+ * share of the server and its counters.
  *
- * A tenant's requests, as admission sees them:
+ * A tenant's share counts what its requests take, not how many there are: the sequences they run
+ * (a request's n choices are n sequences; /tokenize and /detokenize one each) against
+ * max_running, and the KV they reserve (n × (prompt + max_tokens), in whole pages) against a KV
+ * cap. A request, as admission sees it (w: what it takes):
  *
- *     enter ──▶ RUNNING (running < max_running) ──exit──▶ (gone)
+ *     enter(w) ──▶ RUNNING (seqs + w.seqs ≤ max_running, kv + w.kv ≤ cap) ──exit(w)──▶ (gone)
  *       │            ▲
- *       │            └── wait: a slot freed ──┐
- *       ├──▶ WAITING (waiting < max_queued) ──┴── leave_queue (client gone, stop, timeout)
+ *       │            └── wait: what it takes was freed ──┐
+ *       ├──▶ WAITING (waiting < max_queued) ─────────────┴── leave_queue (client gone, stop,
+ *       │                                                                 timeout: 429)
  *       └──▶ refused (-EAGAIN: 429)
+ *   A request that could never fit (w.seqs > max_running or w.kv > cap) is refused by the caller
+ *   with 400 before enter (kvf__srv_tenant_fits).
  *
- * Invariant (under mu): for every tenant, running ≤ max_running when max_running > 0, and
- * waiting ≤ max_queued. A waiter takes a slot only when one is free, so a burst of one tenant
- * waits behind its own running requests; the engine's queue holds at most max_running of any
- * tenant, which is what keeps the others served.
+ * Invariant (under mu), for every tenant: seqs ≤ max_running when max_running > 0; kv_tokens ≤
+ * the cap each of its running requests was admitted under; waiting ≤ max_queued; running == 0
+ * iff seqs == 0 and kv_tokens == 0. A newcomer does not pass a waiter (enter takes its share only
+ * when no request of the tenant waits), so a burst of one tenant waits behind its own running
+ * requests, and what the engine holds of any one tenant is bounded by its share, which is what
+ * keeps the others served.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvfence/common.h"
 #include "server_internal.h"
 
 struct key_entry {
@@ -227,7 +236,7 @@ uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, siz
 
 int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *keys,
                           uint32_t default_id, uint32_t max_running, uint32_t max_queued,
-                          uint32_t wait_ms)
+                          uint64_t max_kv_tokens, uint32_t wait_ms)
 {
     memset(T, 0, sizeof *T);
     T->n = keys ? 1 + kvf_server_keys_n_tenants(keys) : 2;
@@ -240,7 +249,10 @@ int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *k
         T->t[i].id = keys ? (uint32_t)i : default_id;
     }
     T->max_running = max_running;
-    T->max_queued = max_running ? max_queued : 0;
+    /* Without a bound on sequences, waiting for the KV share is bounded by time (and by the
+     * connections) only. */
+    T->max_queued = max_running ? max_queued : UINT32_MAX;
+    T->max_kv_tokens = max_kv_tokens;
     T->wait_ms = wait_ms ? wait_ms : 30000;
     pthread_mutex_init(&T->mu, NULL);
     pthread_condattr_t ca;
@@ -260,13 +272,63 @@ void kvf__srv_tenants_destroy(struct kvf__srv_tenants *T)
     T->t = NULL;
 }
 
-int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti)
+uint64_t kvf__srv_round_tokens(uint64_t tokens, uint32_t page_tokens)
+{
+    if (page_tokens <= 1) return tokens;
+    return (tokens + page_tokens - 1) / page_tokens * page_tokens;
+}
+
+/* The default share: with several tenants and a known pool, the larger of an even split of the
+ * pool and what is left after keeping one request at the served limit for each other tenant —
+ * but never less than one request at the limit, so every request the server takes fits its
+ * tenant's share alone. */
+uint64_t kvf__srv_tenant_kv_cap(const struct kvf__srv_tenants *T, const struct kvf_engine_info *in)
+{
+    if (T->max_kv_tokens) return T->max_kv_tokens;
+    uint64_t n = T->n - 1; /* tenants, without "_none" */
+    if (n < 2 || !in->decode_pages || !in->served_limit) return 0;
+    uint32_t pt = in->page_tokens ? in->page_tokens : 1;
+    uint64_t cap_tokens = (uint64_t)in->decode_pages * pt;
+    uint64_t limit = kvf__srv_round_tokens(in->served_limit, pt);
+    uint64_t even = cap_tokens / n / pt * pt;
+    uint64_t rest = cap_tokens > (n - 1) * limit ? cap_tokens - (n - 1) * limit : 0;
+    uint64_t share = even > rest ? even : rest;
+    return share > limit ? share : limit;
+}
+
+/* The invariants of one tenant's accounting (the header's), under mu: O(1), checked by ALWAYS
+ * after every transition (test and debug builds stop on a violation). */
+static bool tenant_ok(const struct kvf__srv_tenants *T, const struct kvf__srv_tenant *t)
+{
+    if (t->running == 0) return t->seqs == 0 && t->kv_tokens == 0;
+    if (t->seqs < t->running) return false; /* every request runs one sequence at least */
+    if (T->max_running && t->seqs > T->max_running) return false;
+    return t->waiting <= T->max_queued;
+}
+
+/* Whether w fits beside what the tenant runs now (under mu). */
+static bool fits_now(const struct kvf__srv_tenants *T, const struct kvf__srv_tenant *t,
+                     const struct kvf__srv_share *w, uint64_t kv_cap)
+{
+    if (T->max_running && (uint64_t)t->seqs + w->seqs > T->max_running) return false;
+    return !kv_cap || t->kv_tokens + w->kv_tokens <= kv_cap;
+}
+
+static void take(struct kvf__srv_tenant *t, const struct kvf__srv_share *w)
+{
+    t->running++;
+    t->seqs += w->seqs;
+    t->kv_tokens += w->kv_tokens;
+}
+
+int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w,
+                          uint64_t kv_cap)
 {
     struct kvf__srv_tenant *t = &T->t[ti];
     int rc;
     pthread_mutex_lock(&T->mu);
-    if (!T->max_running || (t->running < T->max_running && t->waiting == 0)) {
-        t->running++;
+    if (t->waiting == 0 && fits_now(T, t, w, kv_cap)) {
+        take(t, w);
         rc = 0;
     } else if (t->waiting < T->max_queued) {
         t->waiting++;
@@ -274,11 +336,13 @@ int kvf__srv_tenant_enter(struct kvf__srv_tenants *T, size_t ti)
     } else {
         rc = -EAGAIN;
     }
+    (void)ALWAYS(tenant_ok(T, t));
     pthread_mutex_unlock(&T->mu);
     return rc;
 }
 
-int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, int timeout_ms)
+int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w,
+                         uint64_t kv_cap, int timeout_ms)
 {
     struct kvf__srv_tenant *t = &T->t[ti];
     struct timespec ts;
@@ -288,12 +352,13 @@ int kvf__srv_tenant_wait(struct kvf__srv_tenants *T, size_t ti, int timeout_ms)
     ts.tv_nsec %= 1000000000L;
     int rc = 1;
     pthread_mutex_lock(&T->mu);
-    if (t->running >= T->max_running) pthread_cond_timedwait(&T->cv, &T->mu, &ts);
-    if (t->running < T->max_running) {
+    if (!fits_now(T, t, w, kv_cap)) pthread_cond_timedwait(&T->cv, &T->mu, &ts);
+    if (fits_now(T, t, w, kv_cap)) {
         t->waiting--;
-        t->running++;
+        take(t, w);
         rc = 0;
     }
+    (void)ALWAYS(tenant_ok(T, t));
     pthread_mutex_unlock(&T->mu);
     return rc;
 }
@@ -305,19 +370,26 @@ void kvf__srv_tenant_leave_queue(struct kvf__srv_tenants *T, size_t ti)
     pthread_mutex_unlock(&T->mu);
 }
 
-void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti)
+void kvf__srv_tenant_exit(struct kvf__srv_tenants *T, size_t ti, const struct kvf__srv_share *w)
 {
+    struct kvf__srv_tenant *t = &T->t[ti];
     pthread_mutex_lock(&T->mu);
-    T->t[ti].running--;
+    if (!NEVER(t->running == 0 || t->seqs < w->seqs || t->kv_tokens < w->kv_tokens)) {
+        t->running--;
+        t->seqs -= w->seqs;
+        t->kv_tokens -= w->kv_tokens;
+    }
+    (void)ALWAYS(tenant_ok(T, t));
     pthread_cond_broadcast(&T->cv);
     pthread_mutex_unlock(&T->mu);
 }
 
-void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, uint32_t *running,
-                          uint32_t *waiting)
+void kvf__srv_tenant_load(struct kvf__srv_tenants *T, size_t ti, struct kvf__srv_tenant_load *out)
 {
     pthread_mutex_lock(&T->mu);
-    *running = T->t[ti].running;
-    *waiting = T->t[ti].waiting;
+    out->running = T->t[ti].running;
+    out->waiting = T->t[ti].waiting;
+    out->seqs = T->t[ti].seqs;
+    out->kv_tokens = T->t[ti].kv_tokens;
     pthread_mutex_unlock(&T->mu);
 }

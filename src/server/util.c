@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "kvfence/common.h"
+#include <errno.h>
+#include <sys/random.h>
+
 #include "server_internal.h"
 
 void kvf__sbuf_put(struct kvf__sbuf *b, const void *src, size_t n)
@@ -111,4 +114,19 @@ void kvf__srv_engine_error(int err, struct kvf__srv_err *e)
                       kvf_strerror(err));
         break;
     }
+}
+
+int kvf__srv_random(void *buf, size_t n)
+{
+    unsigned char *p = buf;
+    while (n) {
+        ssize_t k = getrandom(p, n, 0);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
 }

@@ -2,9 +2,11 @@
 // npm client: a malformed key file and a non-loopback address without keys refuse to start;
 // 401 without a valid key (typed AuthenticationError, nothing of the key echoed); two tenants
 // with --tenant-max-running 1: a burst of one gets 429 with Retry-After while the other is
-// served; GET /metrics passes `promtool check metrics` and agrees with /health; after SIGTERM
-// (exit 0) the captured stderr holds the event lines and none of the canary prompt, the canary
-// key or the real keys. TAP on stdout.
+// served; n beyond the tenant's sequences is 400 at once; GET /metrics passes `promtool check
+// metrics` and agrees with /health; after SIGTERM (exit 0) the captured stderr holds the event
+// lines and none of the canary prompt, the canary key or the real keys. A second serve behind
+// --trusted-proxy answers 128 concurrent requests with distinct X-Forwarded-For clients, and a
+// client past --max-conn-per-ip gets 503 with Retry-After (not a reset). TAP on stdout.
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -43,7 +45,7 @@ const DATA = path.join(W, 'data');
 const KEY_A = 'sk-tenant-alpha-5b1f0c', KEY_B = 'sk-tenant-bravo-77e2a9';
 const CANARY_PROMPT = 'zqxcanaryprompt', CANARY_KEY = 'sk-zqxcanarykey-000';
 const KEYS = path.join(W, 'keys.txt');
-fs.writeFileSync(KEYS, `# kvfence API keys\n\n${KEY_A} alpha\n${KEY_B}\tbravo\n`);
+fs.writeFileSync(KEYS, `# kvfence API keys\n\n${KEY_A} alpha\n${KEY_B}\tbravo\n`, { mode: 0o600 });
 
 // A serve that must refuse to start: exit 2 and the message.
 function refuses(extra, re) {
@@ -145,6 +147,18 @@ await test('/metrics: valid under promtool check metrics, consistent with /healt
   assert.ok(v('kvfence_time_to_first_token_seconds_count') >= 4);
 });
 
+await test('n beyond the tenant\'s sequences is 400 tenant_share_exceeded at once, naming the bound', async () => {
+  const t0 = Date.now();
+  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${KEY_A}` }, body: JSON.stringify({ prompt: 'red red blue', max_tokens: 4, n: 2 }) });
+  const text = await r.text();
+  assert.equal(r.status, 400, text);
+  const e = JSON.parse(text).error;
+  assert.equal(e.code, 'tenant_share_exceeded');
+  assert.equal(e.param, 'n');
+  assert.match(e.message, /--tenant-max-running/);
+  assert.ok(Date.now() - t0 < 5000);
+});
+
 await test('SIGTERM exits 0; the logs hold the events and no canary, prompt text or key', async () => {
   child.kill('SIGTERM');
   const ex = await Promise.race([exitP, sleep(30000).then(() => null)]);
@@ -156,6 +170,55 @@ await test('SIGTERM exits 0; the logs hold the events and no canary, prompt text
   assert.match(err, /event=rejected id=req-\w+ tenant=alpha outcome=rate_limited status=429 code=tenant_limit/);
   assert.match(err, /event=unauthorized id=req-\w+/);
   for (const c of ['canary', CANARY_KEY, KEY_A, KEY_B, 'sk-']) assert.ok(!err.includes(c), `stderr contains '${c}'`);
+});
+
+// A second serve, without keys, behind a trusted proxy (this host, 127.0.0.1).
+await test('behind --trusted-proxy: 128 requests at once with distinct X-Forwarded-For clients all 200; past --max-conn-per-ip: 503 with Retry-After, no reset', async () => {
+  const net = await import('node:net');
+  const p2 = spawn(KVF, ['serve', '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--data-dir', DATA,
+    '--kv-memory', '64M', '--trusted-proxy', '127.0.0.1', '--max-conn-per-ip', '4'],
+  { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1' } });
+  children.add(p2);
+  let err2 = '';
+  p2.stderr.on('data', (d) => { err2 += d; });
+  const exit2 = new Promise((r) => p2.on('exit', (code) => { children.delete(p2); r(code); }));
+  let port2 = 0;
+  for (let i = 0; !port2; i++) {
+    const m = err2.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+    if (m) port2 = Number(m[1]);
+    assert.ok(i < 3000, `serve did not start: ${err2}`);
+    await sleep(20);
+  }
+  const url2 = `http://127.0.0.1:${port2}`;
+  const got = await Promise.all(Array.from({ length: 128 }, (_, i) => fetch(`${url2}/v1/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json', 'X-Forwarded-For': `203.0.113.${i}, 10.1.${i >> 8}.${i & 255}` },
+    body: JSON.stringify({ prompt: 'red red blue', max_tokens: 1 }),
+  }).then(async (r) => ({ status: r.status, text: await r.text() }), (e) => ({ status: 0, text: String(e.cause ?? e) }))));
+  const bad = got.filter((r) => r.status !== 200);
+  assert.equal(bad.length, 0, `not 200: ${bad.slice(0, 3).map((r) => `${r.status} ${r.text}`).join('; ')}`);
+  // 127.0.0.2 is not trusted: four idle connections are its cap; a fifth request is answered 503.
+  const idle = [];
+  for (let i = 0; i < 4; i++) {
+    const sk = net.connect({ host: '127.0.0.1', port: port2, localAddress: '127.0.0.2' });
+    await new Promise((r, j) => { sk.once('connect', r); sk.once('error', j); });
+    idle.push(sk);
+  }
+  await sleep(100);
+  const reply = await new Promise((resolve, reject) => {
+    const sk = net.connect({ host: '127.0.0.1', port: port2, localAddress: '127.0.0.2' });
+    let data = '';
+    sk.on('data', (d) => { data += d; });
+    sk.on('error', (e) => reject(new Error(`the fifth connection: ${e.code} (a reset?) after ${data.length} bytes`)));
+    sk.on('end', () => resolve(data));
+    sk.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 198.51.100.9\r\nContent-Type: application/json\r\nContent-Length: 36\r\n\r\n{"prompt":"red blue","max_tokens":1}');
+  });
+  for (const sk of idle) sk.destroy();
+  assert.match(reply, /^HTTP\/1\.1 503 /, reply);
+  assert.match(reply, /\r\nRetry-After: \d+\r\n/i, reply);
+  assert.match(reply, /"too_many_connections"/, reply);
+  p2.kill('SIGTERM');
+  assert.equal(await Promise.race([exit2, sleep(30000).then(() => 'no exit')]), 0, err2.slice(-2000));
+  assert.doesNotMatch(err2, /AddressSanitizer|LeakSanitizer|runtime error/);
 });
 
 console.log(`1..${n}`);

@@ -196,7 +196,7 @@ const TENANTS = [
 ];
 const FILLER = ['the', 'red', 'cat', 'sun', 'tree', 'blue', 'dog'];
 const KEYS = path.join(W, 'keys.txt');
-fs.writeFileSync(KEYS, `# isolation suite tenants\n${TENANTS.map((t) => `${t.key} ${t.name}`).join('\n')}\n`);
+fs.writeFileSync(KEYS, `# isolation suite tenants\n${TENANTS.map((t) => `${t.key} ${t.name}`).join('\n')}\n`, { mode: 0o600 });
 for (const t of TENANTS) report.tenants[t.name] = { canary: t.canary, requests: 0, ok: 0 };
 
 // ---- models and the solo reference (`kvfence run`) ----

@@ -9,6 +9,7 @@
 struct kvf_gen {
     struct fake_engine *f;
     uint32_t rec;            /* index into the records (capped) */
+    uint32_t pages;          /* of the pool (pool_pages), held until release */
     int32_t *out;            /* the tokens it will emit, cycling */
     uint32_t n_out;
     struct kvf_gen_params p; /* prompt: NULL */
@@ -55,6 +56,8 @@ static int fake_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     pthread_mutex_lock(&f->mu);
     int rc = f->submit_err;
     if (!rc && f->max_live && f->live >= f->max_live) rc = -EAGAIN;
+    uint32_t pages = (p->n_prompt + p->max_tokens + 15) / 16;
+    if (!rc && f->pool_pages && f->pool_used + pages > f->pool_pages) rc = -EBUSY;
     if (rc) {
         pthread_mutex_unlock(&f->mu);
         return rc;
@@ -66,12 +69,15 @@ static int fake_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     if (!g || !g->out) abort();
     memcpy(g->out, f->script ? f->script : p->prompt + skip, g->n_out * sizeof *g->out);
     g->f = f;
+    g->pages = f->pool_pages ? pages : 0;
+    f->pool_used += g->pages;
     g->p = *p;
     g->p.prompt = NULL;
     g->t0 = fake_now_ms();
     g->rec = f->submits < FAKE_MAX_RECORDS ? f->submits : FAKE_MAX_RECORDS - 1;
     f->params[g->rec] = g->p;
     f->cancel_ms[g->rec] = 0;
+    if (f->submits < FAKE_MAX_SEEDS) f->seeds[f->submits] = p->sample.seed;
     f->n_last_prompt = p->n_prompt < 4096 ? p->n_prompt : 4096;
     memcpy(f->last_prompt, p->prompt, f->n_last_prompt * sizeof(int32_t));
     f->submits++;
@@ -161,6 +167,7 @@ static void fake_release(void *e, kvf_gen_t *g)
     pthread_mutex_lock(&f->mu);
     f->releases++;
     f->live--;
+    f->pool_used -= g->pages;
     pthread_cond_broadcast(&f->cv);
     pthread_mutex_unlock(&f->mu);
     free(g->out);
@@ -180,6 +187,13 @@ static void fake_info(void *e, struct kvf_engine_info *out)
     out->decode_reserved = 4;
     out->decode_by_state[0] = 60;
     out->decode_by_state[1] = 4;
+    if (f->pool_pages) {
+        out->decode_pages = f->pool_pages;
+        out->decode_free = f->pool_pages - f->pool_used;
+        out->decode_reserved = f->pool_used;
+        out->decode_by_state[0] = out->decode_free;
+        out->decode_by_state[1] = f->pool_used;
+    }
     out->prefill_pages = 32;
     out->prefill_free = 32;
     out->running = f->live;

@@ -414,6 +414,49 @@ static void test_row20_slow_reader(void)
 
 /* The per-address cap: the connection past it is closed unanswered, other addresses are
  * served, and the address is served again once its connections close. */
+/* Reads one whole answer on fd until the server closes it (timeout_ms in all): a reset, or a
+ * close before a complete answer, fails the test. Returns the bytes (malloc'd). */
+static char *read_reply(int fd, int timeout_ms, const char *what)
+{
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    ASSERT_NOT_NULL(buf);
+    int64_t until = fake_now_ms() + timeout_ms;
+    for (;;) {
+        int64_t left = until - fake_now_ms();
+        if (left <= 0) KVF_FAIL("%s: no answer within %d ms (%zu bytes)", what, timeout_ms, n);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)left) <= 0) continue;
+        ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
+        if (k < 0 && errno == ECONNRESET) KVF_FAIL("%s: the connection was reset (%zu bytes in)", what, n);
+        if (k <= 0) break;
+        n += (size_t)k;
+        if (n + 1 >= cap) KVF_FAIL("%s: answer too long", what);
+    }
+    buf[n] = 0;
+    if (!strstr(buf, "\r\n\r\n")) KVF_FAIL("%s: closed after %zu bytes, no whole answer", what, n);
+    return buf;
+}
+
+/* A 503 past a connection cap: Retry-After, Connection: close, the JSON error's code. */
+static void expect_cap_503(const char *raw, const char *what)
+{
+    struct http_resp r;
+    http_parse(raw, strlen(raw), &r);
+    if (r.status != 503) KVF_FAIL("%s: status %d (%.200s), wanted 503", what, r.status, r.body);
+    ASSERT_TRUE(strcasestr(r.head, "\r\nretry-after: 1") != NULL);
+    ASSERT_TRUE(strcasestr(r.head, "\r\nconnection: close") != NULL);
+    ASSERT_NOT_NULL(strstr(r.body, "\"too_many_connections\""));
+    http_resp_free(&r);
+}
+
+static const char *const post_req =
+    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    "Content-Length: 37\r\n\r\n{\"prompt\":\"hello\",\"max_tokens\":2}\r\n\r\n";
+
+/* max_conn_per_ip: past it a request is answered 503 with Retry-After and its connection closed
+ * after the answer (a GET at once, a POST once its body is in) — never reset, never dropped;
+ * other addresses are served meanwhile. The default cap, 64, the same. */
 static void test_row20_per_ip_cap(void)
 {
     struct srv s;
@@ -423,16 +466,20 @@ static void test_row20_per_ip_cap(void)
     int fds[4];
     for (int i = 0; i < 4; i++) fds[i] = http_connect(s.port);
     usleep(100 * 1000);
-    int extra = http_connect(s.port);
-    send_str(extra, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-    char got[256];
-    int64_t dt = wait_closed(extra, got, sizeof got, 3000);
-    close(extra);
-    ASSERT_TRUE(dt >= 0);
-    ASSERT_EQ_INT(got[0], 0); /* refused: nothing answered */
+    for (int k = 0; k < 2; k++) {
+        int extra = http_connect(s.port);
+        send_str(extra, k ? post_req : "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+        char *raw = read_reply(extra, 3000, k ? "POST past the cap" : "GET past the cap");
+        close(extra);
+        expect_cap_503(raw, "past max_conn_per_ip");
+        free(raw);
+    }
     expect_served_from(&s, "127.0.0.2");
     for (int i = 0; i < 4; i++) close(fds[i]);
     usleep(100 * 1000);
+    json_t *h = health(s.port);
+    ASSERT_EQ_INT(hget(h, "http", "refused_over_cap"), 2);
+    json_decref(h);
     expect_serving(&s);
     srv_stop(&s);
     /* The default cap, 64. */
@@ -441,14 +488,173 @@ static void test_row20_per_ip_cap(void)
     int many[64];
     for (int i = 0; i < 64; i++) many[i] = http_connect(s.port);
     usleep(200 * 1000);
-    extra = http_connect(s.port);
-    send_str(extra, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-    dt = wait_closed(extra, got, sizeof got, 3000);
+    int extra = http_connect(s.port);
+    send_str(extra, post_req);
+    char *raw = read_reply(extra, 3000, "the 65th connection");
     close(extra);
-    ASSERT_TRUE(dt >= 0);
-    ASSERT_EQ_INT(got[0], 0);
+    expect_cap_503(raw, "past the default cap");
+    free(raw);
     expect_served_from(&s, "127.0.0.2");
     for (int i = 0; i < 64; i++) close(many[i]);
+    usleep(100 * 1000);
+    expect_serving(&s);
+    srv_stop(&s);
+}
+
+/* max_connections without keys: idle connections from several addresses fill it; the next
+ * request gets 503 with Retry-After, not a wait in the backlog and not a reset. */
+static void test_row20_global_cap(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.cfg.max_connections = 8;
+    srv_start(&s);
+    int idle[8];
+    char src[32];
+    for (int i = 0; i < 8; i++) {
+        snprintf(src, sizeof src, "127.0.0.%d", 2 + i % 4);
+        idle[i] = connect_from(s.port, src);
+    }
+    usleep(100 * 1000);
+    int extra = connect_from(s.port, "127.0.0.9");
+    send_str(extra, post_req);
+    char *raw = read_reply(extra, 3000, "past max_connections");
+    close(extra);
+    expect_cap_503(raw, "past max_connections");
+    free(raw);
+    for (int i = 0; i < 8; i++) close(idle[i]);
+    usleep(100 * 1000);
+    expect_serving(&s);
+    srv_stop(&s);
+}
+
+/* With keys and the default caps (256 connections, 64 per address): 4 addresses × 64 idle
+ * keyless connections fill max_connections, yet a keyed tenant's request is served at once (the
+ * room kept for keys), a keyless one gets 503, and the idle ones are closed after
+ * keyless_timeout_ms. */
+static void test_row20_keyless_cannot_lock_out(void)
+{
+    enum { IDLE = 256 };
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k;
+    char err[256];
+    static const char keys[] = "sk-hardening-key-1 alpha\n";
+    ASSERT_OK(kvf_server_keys_parse(keys, sizeof keys - 1, &k, err, sizeof err));
+    s.cfg.keys = k;
+    s.cfg.keyless_timeout_ms = 1500;
+    srv_start(&s);
+    static int idle[IDLE];
+    char src[32];
+    for (int i = 0; i < IDLE; i++) {
+        snprintf(src, sizeof src, "127.0.0.%d", 2 + i % 4);
+        idle[i] = connect_from(s.port, src);
+    }
+    usleep(100 * 1000);
+    const char *body = "{\"prompt\":\"hello\",\"max_tokens\":2}";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Authorization: Bearer sk-hardening-key-1\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    int64_t t0 = fake_now_ms();
+    int fd = connect_from(s.port, "127.0.0.9");
+    http_send_all(fd, req, (size_t)n);
+    char *raw = read_reply(fd, 1000, "the keyed request");
+    close(fd);
+    ASSERT_EQ_INT(status_of(raw), 200);
+    ASSERT_LT_INT(fake_now_ms() - t0, 1000);
+    free(raw);
+    fd = connect_from(s.port, "127.0.0.10");
+    send_str(fd, post_req); /* no key */
+    raw = read_reply(fd, 1000, "a keyless request");
+    close(fd);
+    expect_cap_503(raw, "keyless past its room");
+    free(raw);
+    /* The idle keyless connections go after their short bound, answered 408 (they sent nothing). */
+    for (int i = 0; i < IDLE; i++) {
+        int64_t dt = wait_closed(idle[i], NULL, 0, 3000);
+        if (dt < 0) KVF_FAIL("idle keyless connection %d still open 3 s later", i);
+        close(idle[i]);
+    }
+    ASSERT_LT_INT(fake_now_ms() - t0, 3000);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
+/* --trusted-proxy: 256 requests at once through one proxy address, each from its own client
+ * (X-Forwarded-For), are all served; the cap then counts the forwarded client (65 requests of
+ * one client: one 503); a peer that is not trusted is counted as itself, whatever it forwards. */
+static void test_row20_trusted_proxy(void)
+{
+    enum { N = 256 };
+    struct srv s;
+    srv_init(&s);
+    s.cfg.trusted_proxies = "10.9.9.9, 127.0.0.1/32 ,::1";
+    s.f.first_delay_ms = 400; /* every request is in flight at once */
+    srv_start(&s);
+    static int fd[N];
+    const char *body = "{\"prompt\":\"hello\",\"max_tokens\":1}";
+    for (int i = 0; i < N; i++) {
+        fd[i] = http_connect(s.port);
+        char req[512];
+        int n = snprintf(req, sizeof req,
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         "X-Forwarded-For: 198.51.100.1, 10.20.%d.%d, 10.9.9.9\r\n"
+                         "Content-Length: %zu\r\n\r\n%s",
+                         i / 200, i % 200 + 1, strlen(body), body);
+        http_send_all(fd[i], req, (size_t)n);
+    }
+    for (int i = 0; i < N; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "proxied request %d", i);
+        char *raw = read_reply(fd[i], 15000, what);
+        close(fd[i]);
+        if (status_of(raw) != 200) KVF_FAIL("%s: %.300s", what, raw);
+        free(raw);
+    }
+    ASSERT_EQ_INT(s.f.submits, N);
+    /* One forwarded client, 65 requests at once: the 65th is its cap's 503. */
+    int refused = 0;
+    for (int i = 0; i < 65; i++) {
+        fd[i] = http_connect(s.port);
+        char req[512];
+        int n = snprintf(req, sizeof req,
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         "Forwarded: for=\"[2001:db8::7]:4711\";proto=http\r\n"
+                         "Content-Length: %zu\r\n\r\n%s",
+                         strlen(body), body);
+        http_send_all(fd[i], req, (size_t)n);
+        usleep(2000);
+    }
+    for (int i = 0; i < 65; i++) {
+        char *raw = read_reply(fd[i], 15000, "one client's request");
+        close(fd[i]);
+        if (status_of(raw) == 503) {
+            expect_cap_503(raw, "one forwarded client past its cap");
+            refused++;
+        } else if (status_of(raw) != 200) {
+            KVF_FAIL("one client's request: %.300s", raw);
+        }
+        free(raw);
+    }
+    ASSERT_EQ_INT(refused, 1);
+    srv_stop(&s);
+    /* Not trusted: 127.0.0.2's X-Forwarded-For is ignored, its own cap applies. */
+    srv_init(&s);
+    s.cfg.trusted_proxies = "127.0.0.1";
+    s.cfg.max_conn_per_ip = 2;
+    srv_start(&s);
+    int a = connect_from(s.port, "127.0.0.2"), b = connect_from(s.port, "127.0.0.2");
+    usleep(100 * 1000);
+    int c = connect_from(s.port, "127.0.0.2");
+    send_str(c, "GET /health HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: 203.0.113.5\r\n\r\n");
+    char *raw = read_reply(c, 3000, "a spoofed X-Forwarded-For");
+    close(c);
+    expect_cap_503(raw, "an untrusted peer's forwarded address");
+    free(raw);
+    close(a);
+    close(b);
     usleep(100 * 1000);
     expect_serving(&s);
     srv_stop(&s);
@@ -689,7 +895,9 @@ static void test_row25_routes(void)
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_row19_body_limit),   KVF_CASE(test_row20_slow_headers),
     KVF_CASE(test_row20_slow_body),    KVF_CASE(test_row20_slow_reader),
-    KVF_CASE(test_row20_per_ip_cap),   KVF_CASE(test_row21_headers),
+    KVF_CASE(test_row20_per_ip_cap),   KVF_CASE(test_row20_global_cap),
+    KVF_CASE(test_row20_keyless_cannot_lock_out), KVF_CASE(test_row20_trusted_proxy),
+    KVF_CASE(test_row21_headers),
     KVF_CASE(test_row22_chunked),      KVF_CASE(test_row23_body_headers),
     KVF_CASE(test_row25_routes),
 };

@@ -4,6 +4,10 @@
  * disconnects becoming cancels (streaming, queued, non-streaming), and stop with requests in
  * flight. Every case ends with kvf_server_stop and every engine handle released.
  */
+#include <math.h>
+
+#include "kvfence/limits.h"
+#include "kvfence/proto.h"
 #include "server_test_util.h"
 
 /* The text the fake engine's echo of `prompt` gives after max_tokens tokens. */
@@ -567,6 +571,156 @@ static void test_bad_bodies(void)
 
 /* --- HTTP rows 19, 21, 23, 25. ----------------------------------------------------------------- */
 
+
+/* --- One table of limits: what the API accepts, the codec carries. ---------------------------- */
+
+/* The NEW a decode worker would send for the last submit (sampling mapped as decode_worker.c
+ * maps kvf_gen_params), encoded and decoded: the codec must take it and give back the same
+ * fields, bit for bit. */
+static void check_roundtrip(struct srv *s, const char *what)
+{
+    pthread_mutex_lock(&s->f.mu);
+    uint32_t k = s->f.submits - 1 < FAKE_MAX_RECORDS ? s->f.submits - 1 : FAKE_MAX_RECORDS - 1;
+    struct kvf_gen_params p = s->f.params[k];
+    uint32_t tokens[4096];
+    for (uint32_t i = 0; i < s->f.n_last_prompt; i++) tokens[i] = (uint32_t)s->f.last_prompt[i];
+    pthread_mutex_unlock(&s->f.mu);
+    struct kvf_msg m, d;
+    memset(&m, 0, sizeof m);
+    m.type = KVF_MSG_NEW;
+    m.u.nreq.tenant = p.tenant;
+    m.u.nreq.prompt_len = p.n_prompt;
+    m.u.nreq.max_tokens = p.max_tokens;
+    m.u.nreq.n_tokens = p.n_prompt;
+    m.u.nreq.tokens = tokens;
+    m.u.nreq.sampling = (struct kvf_msg_sampling){p.sample.temperature, p.sample.top_p,
+                                                  p.sample.top_k, p.n_logprobs, p.sample.seed,
+                                                  p.want_logprob || p.n_logprobs > 0};
+    static uint8_t buf[KVF_PROTO_HEADER_BYTES + 64 + 4 * 4096];
+    long n = kvf_msg_encode(&m, buf, sizeof buf);
+    if (n < 0) KVF_FAIL("%s: accepted by the API, refused by the encoder (%ld)", what, n);
+    static uint32_t scratch_tokens[4096];
+    struct kvf_msg_scratch sc = {.tokens = scratch_tokens, .tokens_cap = 4096};
+    long got = kvf_msg_decode(buf, (size_t)n, &d, &sc);
+    if (got != n) KVF_FAIL("%s: accepted by the API, refused by the decoder (%ld)", what, got);
+    const struct kvf_msg_sampling *a = &m.u.nreq.sampling, *b = &d.u.nreq.sampling;
+    ASSERT_MEMEQ(&a->temperature, &b->temperature, sizeof a->temperature);
+    ASSERT_MEMEQ(&a->top_p, &b->top_p, sizeof a->top_p);
+    ASSERT_EQ_INT(a->top_k, b->top_k);
+    ASSERT_EQ_INT(a->n_logprobs, b->n_logprobs);
+    ASSERT_EQ_U64(a->seed, b->seed);
+    ASSERT_EQ_INT(a->want_logprob, b->want_logprob);
+    ASSERT_EQ_INT(d.u.nreq.max_tokens, p.max_tokens);
+    ASSERT_EQ_INT(d.u.nreq.prompt_len, p.n_prompt);
+}
+
+/* Sends `"field": value` (value as JSON text) on path; an accepted value must round-trip the
+ * codec, a refused one must be a 400 naming param. Returns whether it was accepted. */
+static bool probe(struct srv *s, const char *path, const char *field, const char *param,
+                  const char *value)
+{
+    char body[512];
+    bool chat = strstr(path, "chat") != NULL;
+    snprintf(body, sizeof body, "{%s,\"max_tokens\":1,%s\"%s\":%s}",
+             chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" : "\"prompt\":\"hello\"",
+             chat && strcmp(field, "top_logprobs") == 0 ? "\"logprobs\":true," : "", field, value);
+    struct http_resp r;
+    uint32_t before = s->f.submits;
+    http_do(s->port, "POST", path, body, &r);
+    char what[600];
+    snprintf(what, sizeof what, "%s %s", path, body);
+    bool ok = r.status == 200;
+    if (ok) {
+        ASSERT_TRUE(s->f.submits > before);
+        check_roundtrip(s, what);
+    } else {
+        if (r.status != 400) KVF_FAIL("%s: status %d (%s)", what, r.status, r.body);
+        json_t *j = json_loads(r.body, 0, NULL);
+        const char *pr = json_string_value(json_object_get(json_object_get(j, "error"), "param"));
+        if (!pr || strcmp(pr, param) != 0) KVF_FAIL("%s: the 400 names %s, not %s", what, pr, param);
+        json_decref(j);
+        ASSERT_EQ_INT(s->f.submits, before);
+    }
+    http_resp_free(&r);
+    return ok;
+}
+
+static void test_limits_roundtrip(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.f.served_limit = 64;
+    srv_start(&s);
+    const char *C = "/v1/completions", *H = "/v1/chat/completions";
+    for (int f = 0; f < KVF_FIELD__COUNT; f++) {
+        const struct kvf_field_limit *l = &kvf_field_limits[f];
+        char v[64];
+        if (!l->integer) {
+            /* The extremes, their neighbours on both sides, and far beyond (past f32 too). */
+            double vals[] = {l->lo, nextafter(l->lo, INFINITY), nextafter(l->lo, -INFINITY),
+                             l->hi, nextafter(l->hi, -INFINITY), nextafter(l->hi, INFINITY),
+                             (l->lo + l->hi) / 2, l->hi * 2, l->hi + 1, 1e7, 3.4028234663852886e38,
+                             1e39, 1e300, -1, -1e300, 5e-324, 1.1754943508222875e-38, 1e-45};
+            for (size_t i = 0; i < KVF_ARRAY_LEN(vals); i++) {
+                snprintf(v, sizeof v, "%.17g", vals[i]);
+                bool in = vals[i] <= l->hi && (l->lo_open ? vals[i] > l->lo : vals[i] >= l->lo);
+                bool ok = probe(&s, C, l->name, l->name, v);
+                if (ok != in) KVF_FAIL("%s = %s: accepted %d, the table says %d", l->name, v, ok, in);
+            }
+        } else {
+            long long hi = l->ihi > INT64_MAX ? INT64_MAX : (long long)l->ihi;
+            long long vals[] = {l->ilo, l->ilo + 1, hi, hi - 1, hi / 2, 0, 1,
+                                l->ilo > INT64_MIN ? l->ilo - 1 : l->ilo,
+                                hi < INT64_MAX ? hi + 1 : hi, -1, INT64_MIN, INT64_MAX};
+            for (size_t i = 0; i < KVF_ARRAY_LEN(vals); i++) {
+                snprintf(v, sizeof v, "%lld", vals[i]);
+                bool in = vals[i] >= l->ilo && (vals[i] < 0 || (uint64_t)vals[i] <= l->ihi);
+                bool ok = probe(&s, C, l->name, l->name, v);
+                if (ok != in) KVF_FAIL("%s = %s: accepted %d, the table says %d", l->name, v, ok, in);
+                if (f == KVF_FIELD_LOGPROBS) { /* chat's name for the same field */
+                    ok = probe(&s, H, "top_logprobs", "top_logprobs", v);
+                    if (ok != in) KVF_FAIL("top_logprobs = %s: accepted %d, the table says %d", v, ok, in);
+                }
+            }
+        }
+    }
+    /* The numeric fields that do not travel keep the property too: accepted, the request
+     * round-trips; refused, a 400 names the field. */
+    static const char *const counts[] = {"-1", "0", "1", "2", "4", "5", "9223372036854775807",
+                                         "1.5", "1e3"};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(counts); i++) {
+        bool in = strcmp(counts[i], "1") == 0 || strcmp(counts[i], "2") == 0 ||
+                  strcmp(counts[i], "4") == 0; /* srv_init's max_n is 4 */
+        if (probe(&s, C, "n", "n", counts[i]) != in) KVF_FAIL("n = %s", counts[i]);
+        if (probe(&s, C, "best_of", "best_of", counts[i]) != (strcmp(counts[i], "1") == 0))
+            KVF_FAIL("best_of = %s (n is 1)", counts[i]);
+    }
+    /* max_tokens travels too: 1 and the most that fits the served limit round-trip. */
+    ASSERT_TRUE(probe(&s, C, "n", "n", "1")); /* max_tokens 1 (probe's own) */
+    json_t *tk = post_json(s.port, "/tokenize", "{\"prompt\":\"hello\"}", 200);
+    long long n_prompt = json_integer_value(json_object_get(tk, "count"));
+    json_decref(tk);
+    char body[128];
+    snprintf(body, sizeof body, "{\"prompt\":\"hello\",\"max_tokens\":%lld}", 64 - n_prompt);
+    json_decref(post_json(s.port, C, body, 200));
+    check_roundtrip(&s, body);
+    static const char *const beyond[] = {"0", "-1", "1.0", "\"8\"", "4294967297",
+                                         "9223372036854775807"};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(beyond); i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"hello\",\"max_tokens\":%s}", beyond[i]);
+        json_t *j = post_json(s.port, C, body, 400);
+        ASSERT_STREQ(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                     "max_tokens");
+        json_decref(j);
+    }
+    snprintf(body, sizeof body, "{\"prompt\":\"hello\",\"max_tokens\":%lld}", 64 - n_prompt + 1);
+    json_t *j = post_json(s.port, C, body, 400);
+    ASSERT_STREQ(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                 "max_tokens");
+    json_decref(j);
+    srv_stop(&s);
+}
+
 static void test_http_limits(void)
 {
     struct srv s;
@@ -948,6 +1102,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_logprobs),
     KVF_CASE(test_stream_utf8),
     KVF_CASE(test_bad_bodies),
+    KVF_CASE(test_limits_roundtrip),
     KVF_CASE(test_http_limits),
     KVF_CASE(test_queue_full),
     KVF_CASE(test_engine_errors),

@@ -133,7 +133,7 @@ static char *run_script(const int32_t *script, uint32_t n_script, uint32_t max_t
     }
     req.n_stop = n_stops;
     struct kvf__srv_run *run;
-    ASSERT_OK(kvf__srv_run_start(&fake_ops, &f, tok, &req, "m", 0, 1, &run));
+    ASSERT_OK(kvf__srv_run_start(&fake_ops, &f, tok, &req, "m", 0, &run));
     int64_t until = fake_now_ms() + 5000;
     while (!kvf__srv_run_done(run) && fake_now_ms() < until) kvf__srv_run_step(run, 20);
     ASSERT_TRUE(kvf__srv_run_done(run));
@@ -191,9 +191,74 @@ static void test_stop_matching(void)
     free(t);
 }
 
+
+/* --- Client addresses: the trusted-proxy list and the forwarded client. ------------------------ */
+
+static struct kvf__srv_addr A(const char *s)
+{
+    struct kvf__srv_addr a;
+    if (!kvf__srv_addr_parse(s, strlen(s), true, &a)) KVF_FAIL("'%s' did not parse", s);
+    return a;
+}
+
+static void expect_client(const struct kvf__srv_cidr *l, size_t n, const char *fwd,
+                          const char *xff, const char *peer, const char *want)
+{
+    struct kvf__srv_addr c = A(peer), w = A(want);
+    kvf__srv_forwarded_client(l, n, fwd, xff, &c);
+    char got[64];
+    kvf__srv_addr_format(&c, got, sizeof got);
+    if (memcmp(&c, &w, sizeof c) != 0)
+        KVF_FAIL("Forwarded %s / X-Forwarded-For %s from %s: client %s, wanted %s",
+                 fwd ? fwd : "-", xff ? xff : "-", peer, got, want);
+}
+
+static void test_forwarded_client(void)
+{
+    struct kvf__srv_cidr *l;
+    size_t n;
+    char err[200];
+    ASSERT_OK(kvf__srv_cidrs_parse(" 10.0.0.0/8, 192.168.1.7 ,2001:db8::/32", &l, &n, err, sizeof err));
+    ASSERT_EQ_INT(n, 3);
+    struct kvf__srv_addr a = A("10.200.3.4");
+    ASSERT_TRUE(kvf__srv_trusted(l, n, &a));
+    a = A("11.0.0.1");
+    ASSERT_FALSE(kvf__srv_trusted(l, n, &a));
+    a = A("192.168.1.8");
+    ASSERT_FALSE(kvf__srv_trusted(l, n, &a));
+    a = A("[2001:db8:1::5]:80");
+    ASSERT_TRUE(kvf__srv_trusted(l, n, &a));
+    a = A("::ffff:10.1.1.1"); /* the IPv4-mapped form is the same address */
+    ASSERT_TRUE(kvf__srv_trusted(l, n, &a));
+    /* X-Forwarded-For: the last hop that is not trusted. */
+    expect_client(l, n, NULL, "203.0.113.9", "10.0.0.1", "203.0.113.9");
+    expect_client(l, n, NULL, "1.1.1.1, 203.0.113.9, 10.3.3.3", "10.0.0.1", "203.0.113.9");
+    expect_client(l, n, NULL, "1.1.1.1,203.0.113.9:5555", "192.168.1.7", "203.0.113.9");
+    expect_client(l, n, NULL, "10.1.1.1, 10.2.2.2", "10.0.0.1", "10.1.1.1"); /* all trusted */
+    expect_client(l, n, NULL, "garbage, unknown", "10.0.0.1", "10.0.0.1");   /* no address */
+    expect_client(l, n, NULL, "203.0.113.9, unknown", "10.0.0.1", "10.0.0.1");
+    expect_client(l, n, NULL, "", "10.0.0.1", "10.0.0.1");
+    /* Forwarded wins over X-Forwarded-For; its for= may be quoted, bracketed, with a port. */
+    expect_client(l, n, "for=198.51.100.2;proto=https, for=\"[2001:db8::1]:4711\"", "9.9.9.9",
+                  "10.0.0.1", "198.51.100.2");
+    expect_client(l, n, "For=\"[2001:db9::1]:4711\";by=x", NULL, "10.0.0.1", "2001:db9::1");
+    expect_client(l, n, "proto=http;for=203.0.113.1", NULL, "10.0.0.1", "203.0.113.1");
+    expect_client(l, n, "for=_hidden", NULL, "10.0.0.1", "10.0.0.1");
+    free(l);
+    static const char *const bad[] = {"10.0.0.0/33", "fe80::/129", "10.0.0.1/", "host.example",
+                                      "10.0.0.1,,10.0.0.2", "1.2.3.4/8x"};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(bad); i++) {
+        if (kvf__srv_cidrs_parse(bad[i], &l, &n, err, sizeof err) != -EINVAL)
+            KVF_FAIL("'%s' was taken", bad[i]);
+        ASSERT_NULL(l);
+    }
+    ASSERT_OK(kvf__srv_cidrs_parse(NULL, &l, &n, err, sizeof err));
+    ASSERT_EQ_INT(n, 0);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_scan_utf8),    KVF_CASE(test_scan_depth),    KVF_CASE(test_req_defaults),
-    KVF_CASE(test_chat_render),  KVF_CASE(test_stop_matching),
+    KVF_CASE(test_chat_render),  KVF_CASE(test_stop_matching), KVF_CASE(test_forwarded_client),
 };
 
 int main(int argc, char **argv)

@@ -6,6 +6,7 @@
  * key anywhere — BAD_INPUTS row 8) and GET /metrics checked by `promtool check metrics` (the
  * test fails without promtool: scripts/install-deps.sh installs it).
  */
+#include <math.h>
 #include <sys/wait.h>
 
 #include "server_test_util.h"
@@ -216,6 +217,213 @@ static char *get_metrics(uint16_t port)
     return b;
 }
 
+
+/* --- Shares count what a request takes. --------------------------------------------------------- */
+
+
+/* The 400 of a request that can never fit its tenant's share: at once, naming the bound. */
+static void expect_share_400(uint16_t port, const char *auth, const char *body, const char *param,
+                             const char *bound)
+{
+    struct http_resp r;
+    int64_t t0 = fake_now_ms();
+    http_auth(port, "POST", "/v1/completions", auth, body, &r);
+    if (r.status != 400) KVF_FAIL("%s: status %d (%s), wanted 400", body, r.status, r.body);
+    ASSERT_LT_INT(fake_now_ms() - t0, 2000);
+    ASSERT_NOT_NULL(strstr(r.body, "\"tenant_share_exceeded\""));
+    char p[64];
+    snprintf(p, sizeof p, "\"param\":\"%s\"", param);
+    if (!strstr(r.body, p)) KVF_FAIL("%s: %s does not name %s", body, r.body, param);
+    if (!strstr(r.body, bound)) KVF_FAIL("%s: %s does not name %s", body, r.body, bound);
+    http_resp_free(&r);
+}
+
+/* Two tenants over a pool of 64 pages (1024 tokens): the default KV share is 512 tokens each.
+ * alpha's n = 8 request takes all of its share (8 × 64 tokens); a second one waits and gets 429,
+ * never reaching the engine, and bravo's n = 8 request is served meanwhile from the half of the
+ * pool alpha cannot take. */
+static void test_share_counts_choices_and_kv(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    s.cfg.max_n = 8;
+    s.cfg.tenant_wait_ms = 300;
+    s.cfg.retry_after_s = 2;
+    s.f.pool_pages = 64;
+    s.f.first_delay_ms = 60000;
+    s.f.slow_tenant = 1; /* alpha's requests hold their pages */
+    srv_start(&s);
+    const char *A = "Bearer " KEY_A, *B = "Bearer " KEY_B;
+    const char *n8 = "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8}";
+    int a1 = open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
+    ASSERT_TRUE(fake_wait_live(&s.f, 8, 5000));
+    /* alpha's second n = 8: over its share now, so it waits, then 429 — it never reaches the
+     * engine (where it would hold the rest of the pool until its client went away). */
+    int a2 = open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
+    char head[4096];
+    size_t hn = 0;
+    for (int64_t until = fake_now_ms() + 3000; hn < sizeof head - 1 && !strstr(head, "\r\n\r\n");) {
+        struct pollfd pf = {.fd = a2, .events = POLLIN};
+        if (fake_now_ms() >= until) KVF_FAIL("alpha's second n=8 got no answer: admitted past its share");
+        if (poll(&pf, 1, 50) <= 0) continue;
+        ssize_t got = recv(a2, head + hn, sizeof head - 1 - hn, 0);
+        if (got <= 0) break;
+        hn += (size_t)got;
+        head[hn] = 0;
+    }
+    head[hn] = 0;
+    struct http_resp r;
+    http_parse(head, hn, &r);
+    close(a2);
+    if (r.status != 429) KVF_FAIL("alpha's second n=8: status %d (%s), wanted 429", r.status, r.body);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after: 2") != NULL);
+    ASSERT_NOT_NULL(strstr(r.body, "\"tenant_limit\""));
+    http_resp_free(&r);
+    ASSERT_EQ_INT(s.f.submits, 8);
+    /* bravo is served in full, twice, from the other half of the pool. */
+    for (int i = 0; i < 2; i++) {
+        http_auth(s.port, "POST", "/v1/completions", B, n8, &r);
+        if (r.status != 200) KVF_FAIL("bravo's n=8: status %d (%s)", r.status, r.body);
+        json_t *j = json_loads(r.body, 0, NULL);
+        ASSERT_EQ_INT(json_array_size(json_object_get(j, "choices")), 8);
+        json_decref(j);
+        http_resp_free(&r);
+    }
+    char *m = get_metrics(s.port);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_sequences{tenant=\"alpha\"}"), 8);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_kv_tokens{tenant=\"alpha\"}"), 512);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"running\"}"), 1);
+    free(m);
+    /* More than alpha's share in one request: 400 at once, naming the bound. */
+    expect_share_400(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":300,\"n\":2}", "max_tokens",
+                     "--tenant-max-kv-tokens");
+    expect_share_400(s.port, B, "{\"prompt\":[5,6],\"max_tokens\":100,\"n\":8}", "max_tokens",
+                     "at most 512");
+    ASSERT_EQ_INT(s.f.submits, 24);
+    close(a1);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    for (int i = 0; i < 250; i++) {
+        m = get_metrics(s.port);
+        if (metric(m, "kvfence_tenant_kv_tokens{tenant=\"alpha\"}") == 0) break;
+        free(m);
+        m = NULL;
+        usleep(20000);
+    }
+    ASSERT_NOT_NULL(m);
+    ASSERT_EQ_INT(metric(m, "kvfence_tenant_sequences{tenant=\"alpha\"}"), 0);
+    free(m);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
+/* tenant_max_running counts sequences: n = 8 within a share of 4 is 400 naming the bound; n = 4
+ * takes all of it; one more choice waits its turn (429 here: no queue). An explicit KV share
+ * bounds a lone tenant too. */
+static void test_share_running_counts_sequences(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.cfg.max_n = 8;
+    s.cfg.tenant_max_running = 4;
+    s.cfg.tenant_max_kv_tokens = 256;
+    s.f.first_delay_ms = 60000;
+    srv_start(&s);
+    expect_share_400(s.port, NULL, "{\"prompt\":[5,6],\"max_tokens\":4,\"n\":8}", "n",
+                     "--tenant-max-running");
+    expect_share_400(s.port, NULL, "{\"prompt\":[5,6],\"max_tokens\":300}", "max_tokens",
+                     "--tenant-max-kv-tokens");
+    int a = open_stream_auth(s.port, "Bearer x", "{\"prompt\":[5,6],\"max_tokens\":4,\"n\":4,\"stream\":true}");
+    ASSERT_TRUE(fake_wait_live(&s.f, 4, 5000));
+    struct http_resp r;
+    http_auth(s.port, "POST", "/v1/completions", NULL, "{\"prompt\":[5,6],\"max_tokens\":4}", &r);
+    ASSERT_EQ_INT(r.status, 429);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after:") != NULL);
+    http_resp_free(&r);
+    ASSERT_EQ_INT(s.f.submits, 4);
+    close(a);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    srv_stop(&s);
+}
+
+/* /tokenize and /detokenize: a key is needed when keys are configured; each runs as one sequence
+ * of the tenant's share (alpha, at its share, gets 429 while bravo is answered); the body is
+ * bounded by tokenize_max_bytes (413 beyond it, while a completion of that size is served). */
+static void test_tokenize_in_share(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k = test_keys();
+    s.cfg.keys = k;
+    s.cfg.tenant_max_running = 1;
+    s.cfg.tokenize_max_bytes = 2048;
+    s.f.first_delay_ms = 60000;
+    s.f.slow_tenant = 1;
+    srv_start(&s);
+    const char *A = "Bearer " KEY_A, *B = "Bearer " KEY_B;
+    struct http_resp r;
+    http_auth(s.port, "POST", "/tokenize", NULL, "{\"prompt\":\"hello\"}", &r);
+    ASSERT_EQ_INT(r.status, 401);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", "Bearer sk-wrong-key-000", "{\"tokens\":[5]}", &r);
+    ASSERT_EQ_INT(r.status, 401);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/tokenize", A, "{\"prompt\":\"hello world\"}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    json_t *j = json_loads(r.body, 0, NULL);
+    ASSERT_NOT_NULL(j);
+    ASSERT_EQ_INT(json_integer_value(json_object_get(j, "count")),
+                  kvf_tokenizer_encode(s.tok, "hello world", 11, true, NULL, 0));
+    ASSERT_EQ_INT(json_array_size(json_object_get(j, "tokens")),
+                  json_integer_value(json_object_get(j, "count")));
+    ASSERT_EQ_INT(json_integer_value(json_object_get(j, "max_model_len")), 512);
+    json_decref(j);
+    http_resp_free(&r);
+    /* alpha at its share: its tokenizer requests wait, then 429; bravo's are answered. */
+    int a = open_stream_auth(s.port, A, "{\"prompt\":\"a\",\"stream\":true}");
+    ASSERT_TRUE(fake_wait_live(&s.f, 1, 5000));
+    http_auth(s.port, "POST", "/tokenize", A, "{\"prompt\":\"hello\"}", &r);
+    if (r.status != 429) KVF_FAIL("alpha's /tokenize at its share: %d %s", r.status, r.body);
+    ASSERT_TRUE(strcasestr(r.head, "retry-after:") != NULL);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", A, "{\"tokens\":[5]}", &r);
+    ASSERT_EQ_INT(r.status, 429);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/tokenize", B, "{\"prompt\":\"hello\"}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", B, "{\"tokens\":[259,260]}", &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_NOT_NULL(strstr(r.body, "\"prompt\":\"hello world\""));
+    http_resp_free(&r);
+    close(a);
+    ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
+    /* The bound on the body: 2048 bytes for the tokenizer routes, 64 KiB for completions. */
+    static char big[4096];
+    memset(big, 0, sizeof big);
+    strcpy(big, "{\"prompt\":\"hello\",\"max_tokens\":1,\"pad\":\""); /* an ignored field */
+    size_t o = strlen(big);
+    memset(big + o, 'x', 2100);
+    strcpy(big + o + 2100, "\"}");
+    http_auth(s.port, "POST", "/tokenize", B, big, &r);
+    ASSERT_EQ_INT(r.status, 413);
+    ASSERT_NOT_NULL(strstr(r.body, "2048"));
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/detokenize", B, big, &r);
+    ASSERT_EQ_INT(r.status, 413);
+    http_resp_free(&r);
+    http_auth(s.port, "POST", "/v1/completions", B, big, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    strcpy(big + o + 1900, "\"}"); /* within the bound */
+    http_auth(s.port, "POST", "/tokenize", B, big, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    http_resp_free(&r);
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
 static void test_tenant_limits(void)
 {
     struct srv s;
@@ -414,12 +622,117 @@ static void test_metrics(void)
     srv_stop(&s);
 }
 
+
+/* --- Ids and default seeds (nothing guessable). ----------------------------------------------- */
+
+/* splitmix64's finalizer and its inverse: a counter passed through the first is recovered by the
+ * second, so the ids are checked after it as well as before. */
+static uint64_t unmix64(uint64_t z)
+{
+    z = (z ^ (z >> 31) ^ (z >> 62)) * 0x319642b2d24d8ec3ull;
+    z = (z ^ (z >> 27) ^ (z >> 54)) * 0x96de1b173f119089ull;
+    return z ^ (z >> 30) ^ (z >> 60);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* v[0..n) look like independent random draws: all distinct, and each of the 64 bits of every
+ * value, of the XOR of neighbours and of their difference is one in n/2 ± 6σ of the cases (a
+ * counter, even multiplied by a constant and XORed with a boot value, fixes the low bit of the
+ * XOR of neighbours; random draws miss this band with odds below 1e-7 for the whole test). */
+static void check_unrelated(const uint64_t *v, size_t n, const char *what)
+{
+    uint64_t *c = malloc(n * sizeof *c);
+    ASSERT_NOT_NULL(c);
+    memcpy(c, v, n * sizeof *c);
+    qsort(c, n, sizeof *c, cmp_u64);
+    for (size_t i = 1; i < n; i++)
+        if (c[i] == c[i - 1]) KVF_FAIL("%s: %016llx appears twice", what, (unsigned long long)c[i]);
+    free(c);
+    size_t m = n - 1;
+    double sd = sqrt((double)m) / 2, lo = m / 2.0 - 6 * sd, hi = m / 2.0 + 6 * sd;
+    for (int b = 0; b < 64; b++) {
+        size_t ones[3] = {0, 0, 0};
+        for (size_t i = 0; i < m; i++) {
+            ones[0] += (v[i] >> b) & 1;
+            ones[1] += ((v[i] ^ v[i + 1]) >> b) & 1;
+            ones[2] += ((v[i + 1] - v[i]) >> b) & 1;
+        }
+        static const char *const form[3] = {"the value", "the XOR of neighbours",
+                                            "the difference of neighbours"};
+        for (int k = 0; k < 3; k++)
+            if (ones[k] < lo || ones[k] > hi)
+                KVF_FAIL("%s: bit %d of %s is 1 in %zu of %zu (a relation between them)", what, b,
+                         form[k], ones[k], m);
+    }
+}
+
+static void test_ids_unguessable(void)
+{
+    enum { N = 1000 };
+    log_reset();
+    struct srv s;
+    srv_init(&s);
+    s.cfg.log = capture_log;
+    srv_start(&s);
+    uint64_t *cmpl = calloc(N, sizeof *cmpl), *cmpl_un = calloc(N, sizeof *cmpl_un);
+    ASSERT_TRUE(cmpl && cmpl_un);
+    for (int i = 0; i < N; i++) {
+        bool chat = i % 2;
+        json_t *j = post_json(s.port, chat ? "/v1/chat/completions" : "/v1/completions",
+                              chat ? "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                                     "\"max_tokens\":1}"
+                                   : "{\"prompt\":\"hello\",\"max_tokens\":1}",
+                              200);
+        const char *id = json_string_value(json_object_get(j, "id"));
+        ASSERT_NOT_NULL(id);
+        const char *pre = chat ? "chatcmpl-" : "cmpl-";
+        ASSERT_TRUE(strncmp(id, pre, strlen(pre)) == 0);
+        ASSERT_EQ_INT(strlen(id), strlen(pre) + 16);
+        cmpl[i] = strtoull(id + strlen(pre), NULL, 16);
+        cmpl_un[i] = unmix64(cmpl[i]);
+        json_decref(j);
+    }
+    /* One request with n = 4 and no seed: its choices' seeds are the request's seed + 0..3. */
+    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":1,\"n\":4}", 200);
+    json_decref(j);
+    ASSERT_EQ_INT(s.f.submits, N + 4);
+    for (int i = 1; i < 4; i++) ASSERT_EQ_U64(s.f.seeds[N + i], s.f.seeds[N] + (uint64_t)i);
+    srv_stop(&s);
+    check_unrelated(cmpl, N, "completion ids");
+    check_unrelated(cmpl_un, N, "completion ids, unmixed");
+    check_unrelated(s.f.seeds, N, "default seeds");
+    /* Request ids, from the log lines. */
+    uint64_t *req = calloc(N + 1, sizeof *req);
+    ASSERT_NOT_NULL(req);
+    size_t n_req = 0;
+    pthread_mutex_lock(&log_mu);
+    for (const char *p = logbuf.p; p && (p = strstr(p, "event=request id=req-")) && n_req <= N;
+         p += 21)
+        req[n_req++] = strtoull(p + 21, NULL, 16);
+    pthread_mutex_unlock(&log_mu);
+    ASSERT_EQ_INT(n_req, N + 1);
+    check_unrelated(req, N, "request ids");
+    free(req);
+    free(cmpl);
+    free(cmpl_un);
+    log_reset();
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_keys_parse),
     KVF_CASE(test_auth),
     KVF_CASE(test_tenant_limits),
+    KVF_CASE(test_share_counts_choices_and_kv),
+    KVF_CASE(test_share_running_counts_sequences),
+    KVF_CASE(test_tokenize_in_share),
     KVF_CASE(test_logs_no_canary),
     KVF_CASE(test_metrics),
+    KVF_CASE(test_ids_unguessable),
 };
 
 int main(int argc, char **argv)
