@@ -1,7 +1,11 @@
 // The fabric's trust boundary against the real processes: a prefill, a decode and a router
 // sharing a cluster key, two tenants with canary prompts, and hostile peers beside them.
 //
-//   node fabric_e2e.mjs --kvfence EXE --work DIR
+//   node fabric_e2e.mjs --kvfence EXE --work DIR [--ns-a NETNS --host-a ADDR --host-b ADDR]
+//
+// With --ns-a, the prefill and the decode worker run in the network namespace NETNS and listen on
+// host-a (a veth address), and everything else, this script included, where it was started
+// (host-b): the fabric on a real interface, attacked from another host (fabric_netns.sh).
 //
 // Checked, each on content (token ids and logprobs equal to `kvfence run`):
 //   - a router holding another key (naming a prefill of the attacker's) is refused: it never
@@ -33,6 +37,7 @@ const args = {};
 for (let i = 2; i < process.argv.length; i += 2) args[process.argv[i].replace(/^--/, '')] = process.argv[i + 1];
 for (const k of ['kvfence', 'work']) if (!args[k]) { console.log(`Bail out! --${k} is required`); process.exit(1); }
 const KVF = args.kvfence, W = args.work;
+const NS_A = args['ns-a'] ?? null, HOST_A = args['host-a'] ?? '127.0.0.1', HOST_B = args['host-b'] ?? '127.0.0.1';
 fs.rmSync(W, { recursive: true, force: true });
 fs.mkdirSync(W, { recursive: true });
 
@@ -44,8 +49,9 @@ process.on('unhandledRejection', (e) => { console.log(`Bail out! ${e?.stack ?? e
 setTimeout(() => { console.log('Bail out! the whole suite ran past 300 s'); killAll(); process.exit(1); }, 300000).unref();
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function launch(name, argv, env = {}) {
-  const child = spawn(KVF, argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1', ...env } });
+function launch(name, argv, env = {}, ns = null) {
+  // `ip netns exec` execs the command in place: the pid is the worker's (its /proc is read below).
+  const child = spawn(ns ? 'ip' : KVF, ns ? ['netns', 'exec', ns, KVF, ...argv] : argv, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1', ...env } });
   children.add(child);
   const p = { name, child, out: '', err: '', exited: null };
   child.stdout.on('data', (d) => { p.out += d; });
@@ -151,10 +157,10 @@ function listening(pid) {
 }
 
 // ---- raw sockets ----
-function rawExchange(port, chunks, { readMs = 1500 } = {}) {
+function rawExchange(port, chunks, { readMs = 1500, host = '127.0.0.1' } = {}) {
   return new Promise((resolve) => {
     const got = [];
-    const s = net.connect(port, '127.0.0.1');
+    const s = net.connect(port, host);
     let ended = false;
     const finish = () => { if (!ended) { ended = true; s.destroy(); resolve({ bytes: Buffer.concat(got), closed: closedByPeer }); } };
     let closedByPeer = false;
@@ -167,25 +173,25 @@ function rawExchange(port, chunks, { readMs = 1500 } = {}) {
     });
   });
 }
-function blast(port, buf) {
+function blast(port, buf, host) {
   return new Promise((resolve) => {
-    const s = net.connect(port, '127.0.0.1');
+    const s = net.connect(port, host);
     s.on('error', () => resolve());
     s.on('connect', () => s.end(buf, () => { s.destroy(); resolve(); }));
   });
 }
 const P16 = Buffer.concat([Buffer.alloc(8, 0xff), Buffer.alloc(8)]);
 const UCX_IFACE = Buffer.from([0x78, 0x56, 0x34, 0x12, 0xbe, 0xba, 0xfe, 0xca, 32, 0xff, 0xff, 0xff, 0x7f]);
-async function sweep(port, randomCount) {
-  await blast(port, P16);
-  await blast(port, UCX_IFACE);
-  for (let k = 1; k < 40; k += 6) await blast(port, Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(40)]).subarray(0, k));
-  await blast(port, Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(70000)]));
+async function sweep(host, port, randomCount) {
+  await blast(port, P16, host);
+  await blast(port, UCX_IFACE, host);
+  for (let k = 1; k < 40; k += 6) await blast(port, Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(40)]).subarray(0, k), host);
+  await blast(port, Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(70000)]), host);
   const batch = [];
   for (let i = 0; i < randomCount; i++) {
     const b = crypto.randomBytes(1 + crypto.randomInt(512));
     if (i % 3 === 0) Buffer.from('KVFFAB1C').copy(b);
-    batch.push(blast(port, b));
+    batch.push(blast(port, b, host));
     if (batch.length >= 32) await Promise.all(batch.splice(0));
   }
   await Promise.all(batch);
@@ -197,18 +203,18 @@ execFileSync(KVF, ['keygen', KEY], { stdio: 'ignore' });
 execFileSync(KVF, ['keygen', WRONG], { stdio: 'ignore' });
 const withKey = { KVFENCE_CLUSTER_KEY_FILE: KEY };
 const [P1, D1] = [await freePort(), await freePort()];
-const prefill = launch('prefill', ['prefill', '--model', MODEL, '--listen', `127.0.0.1:${P1}`, '--threads', '1'], withKey);
-const decode = launch('decode', ['decode', '--model', MODEL, '--listen', `127.0.0.1:${D1}`, '--threads', '1', '--kv-memory', '8M'], withKey);
+const prefill = launch('prefill', ['prefill', '--model', MODEL, '--listen', `${HOST_A}:${P1}`, '--threads', '1'], withKey, NS_A);
+const decode = launch('decode', ['decode', '--model', MODEL, '--listen', `${HOST_A}:${D1}`, '--threads', '1', '--kv-memory', '8M'], withKey, NS_A);
 await waitFor(prefill, /listening \S+ (\d+)/, 60000);
 await waitFor(decode, /listening \S+ (\d+)/, 60000);
-const router = launch('router', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`, '--prefill', `127.0.0.1:${P1}`,
+const router = launch('router', ['router', '--model', MODEL, '--port', '0', '--decode', `${HOST_A}:${D1}`, '--prefill', `${HOST_A}:${P1}`,
   '--api-keys', KEYS], withKey);
 const URL = `http://127.0.0.1:${(await waitFor(router, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
 
 // The attacker's prefill: a listener that records every connection and byte.
 const rogue = { conns: 0, bytes: 0 };
 const rogueSrv = net.createServer((s) => { rogue.conns++; s.on('data', (d) => { rogue.bytes += d.length; }); s.on('error', () => {}); });
-await new Promise((r) => rogueSrv.listen(0, '127.0.0.1', r));
+await new Promise((r) => rogueSrv.listen(0, HOST_B, r));
 const RP = rogueSrv.address().port;
 
 await test('the operator\'s router serves both tenants, each equal to kvfence run', async () => {
@@ -219,7 +225,7 @@ await test('the operator\'s router serves both tenants, each equal to kvfence ru
 
 let rogueRouter;
 await test('a router with another key (naming the attacker\'s prefill) is refused; no prompt reaches that prefill', async () => {
-  rogueRouter = launch('rogue-router', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`, '--prefill', `127.0.0.1:${RP}`,
+  rogueRouter = launch('rogue-router', ['router', '--model', MODEL, '--port', '0', '--decode', `${HOST_A}:${D1}`, '--prefill', `${HOST_B}:${RP}`,
     '--no-auth', '--admit-timeout', '2000'], { KVFENCE_CLUSTER_KEY_FILE: WRONG });
   const rurl = `http://127.0.0.1:${(await waitFor(rogueRouter, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
   // The tenants keep working meanwhile, while the rogue router keeps trying.
@@ -242,11 +248,11 @@ await test('a router with another key (naming the attacker\'s prefill) is refuse
 await test('a stranger on a fabric port learns the greeting and nothing else', async () => {
   for (const port of [P1, D1]) {
     const hello = Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)]);
-    const r = await rawExchange(port, [hello, 300, crypto.randomBytes(32)], { readMs: 3000 });
+    const r = await rawExchange(port, [hello, 300, crypto.randomBytes(32)], { readMs: 3000, host: HOST_A });
     assert.equal(r.bytes.length, 40, `${port}: got ${r.bytes.length} bytes`);
     assert.match(r.bytes.subarray(0, 8).toString(), /^KVFFAB1[AC]$/);
     assert.ok(r.closed, `${port}: the stream did not end after a wrong proof`);
-    const silent = await rawExchange(port, [Buffer.from('GET / HTTP/1.0\r\n\r\n')], { readMs: 1000 });
+    const silent = await rawExchange(port, [Buffer.from('GET / HTTP/1.0\r\n\r\n')], { readMs: 1000, host: HOST_A });
     assert.equal(silent.bytes.length, 0, `${port} answered a non-peer: ${silent.bytes}`);
   }
 });
@@ -260,9 +266,10 @@ await test('every listening socket is bound to its configured address and surviv
   for (const p of procs) {
     const socks = listening(p.child.pid);
     assert.ok(socks.length >= 1, `${p.name}: no listening socket found`);
+    const want = p === prefill || p === decode ? HOST_A : '127.0.0.1';
     for (const s of socks) {
-      assert.equal(s.addr, '127.0.0.1', `${p.name} listens on ${s.addr}:${s.port}`);
-      await sweep(s.port, 1000);
+      assert.equal(s.addr, want, `${p.name} listens on ${s.addr}:${s.port}`);
+      await sweep(want, s.port, 1000);
       swept++;
     }
   }
@@ -289,12 +296,12 @@ await test('300 failed joins per fabric port, then a new router with the key joi
   for (const port of [P1, D1]) {
     const tries = [];
     for (let i = 0; i < 300; i++) {
-      tries.push(rawExchange(port, [Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)]), crypto.randomBytes(32)], { readMs: 200 }));
+      tries.push(rawExchange(port, [Buffer.concat([Buffer.from('KVFFAB1C'), crypto.randomBytes(32)]), crypto.randomBytes(32)], { readMs: 200, host: HOST_A }));
       if (tries.length >= 30) await Promise.all(tries.splice(0));
     }
     await Promise.all(tries);
   }
-  const r2 = launch('router2', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`, '--prefill', `127.0.0.1:${P1}`,
+  const r2 = launch('router2', ['router', '--model', MODEL, '--port', '0', '--decode', `${HOST_A}:${D1}`, '--prefill', `${HOST_A}:${P1}`,
     '--api-keys', KEYS], withKey);
   const url2 = `http://127.0.0.1:${(await waitFor(r2, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
   const until = Date.now() + 30000;
@@ -320,7 +327,7 @@ await test('a router dialing a listener without the key sends its greeting and p
   });
   await new Promise((r) => fake.listen(0, '127.0.0.1', r));
   const r5 = launch('router5', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${fake.address().port}`,
-    '--prefill', `127.0.0.1:${P1}`, '--no-auth', '--admit-timeout', '1000'], withKey);
+    '--prefill', `${HOST_A}:${P1}`, '--no-auth', '--admit-timeout', '1000'], withKey);
   const url5 = `http://127.0.0.1:${(await waitFor(r5, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
   await waitFor(r5, /fabric authentication failed/, 20000, 'err');
   const r = await complete(url5, null, 'alpha canary zebra quartz', 4);
@@ -340,16 +347,16 @@ let prefill2;
 await test('a router\'s prefill names expire with it: a full table frees for the operator\'s next prefill', async () => {
   // router3 fills the decode's prefill table (16): P1 and 15 addresses where nothing listens.
   const bogus = [];
-  for (let i = 0; i < 15; i++) bogus.push(`127.0.0.1:${await freePort()}`);
-  const r3 = launch('router3', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`,
-    '--prefill', [`127.0.0.1:${P1}`, ...bogus].join(','), '--no-auth', '--admit-timeout', '2000'], withKey);
+  for (let i = 0; i < 15; i++) bogus.push(`${HOST_B}:${await freePort()}`);
+  const r3 = launch('router3', ['router', '--model', MODEL, '--port', '0', '--decode', `${HOST_A}:${D1}`,
+    '--prefill', [`${HOST_A}:${P1}`, ...bogus].join(','), '--no-auth', '--admit-timeout', '2000'], withKey);
   await waitFor(r3, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err');
-  await waitFor(r3, /decode worker 127\.0\.0\.1:\d+ is up/, 30000, 'err');
+  await waitFor(r3, /decode worker \S+:\d+ is up/, 30000, 'err');
   const P2 = await freePort();
-  prefill2 = launch('prefill2', ['prefill', '--model', MODEL, '--listen', `127.0.0.1:${P2}`, '--threads', '1'], withKey);
+  prefill2 = launch('prefill2', ['prefill', '--model', MODEL, '--listen', `${HOST_B}:${P2}`, '--threads', '1'], withKey);
   await waitFor(prefill2, /listening \S+ (\d+)/, 60000);
-  const r4 = launch('router4', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${D1}`,
-    '--prefill', `127.0.0.1:${P2}`, '--api-keys', KEYS], withKey);
+  const r4 = launch('router4', ['router', '--model', MODEL, '--port', '0', '--decode', `${HOST_A}:${D1}`,
+    '--prefill', `${HOST_B}:${P2}`, '--api-keys', KEYS], withKey);
   const url4 = `http://127.0.0.1:${(await waitFor(r4, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
   const p2Up = async () => {
     const hb = await (await fetch(`${url4}/health`)).json();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The split roles across two network namespaces joined by a veth pair — two hosts on one
-# machine: prefill 1 and decode 1 in namespace A (10.232.0.1), the router, prefill 2, decode 2
-# and the test itself in namespace B (10.232.0.2). Runs split_e2e.mjs there.
-# usage: split_netns.sh NODE SPLIT_E2E_MJS KVFENCE NODE_MODULES WORK
+# machine: namespace A (10.232.0.1) and namespace B (10.232.0.2), where the test itself runs.
+# split_e2e.mjs puts prefill 1 and decode 1 in A, the router, prefill 2 and decode 2 in B;
+# fabric_e2e.mjs puts the prefill and the decode in A and attacks them from B.
+# usage: split_netns.sh NODE SCRIPT_MJS KVFENCE NODE_MODULES WORK
 # Exits 77 (CTest: skipped) with a message when namespaces cannot be created here.
 set -uo pipefail
 node=$1 script=$2 kvfence=$3 modules=$4 work=$5
@@ -22,6 +23,6 @@ ip link set "v$a" netns "$a" && ip link set "v$b" netns "$b" || exit 1
 ip -n "$a" addr add 10.232.0.1/24 dev "v$a" && ip -n "$b" addr add 10.232.0.2/24 dev "v$b" || exit 1
 ip -n "$a" link set "v$a" up && ip -n "$b" link set "v$b" up || exit 1
 ip -n "$a" link set lo up && ip -n "$b" link set lo up || exit 1
-echo "# split roles across namespaces: prefill 1 and decode 1 in $a (10.232.0.1); router, prefill 2, decode 2 in $b (10.232.0.2)"
+echo "# across namespaces: $a (10.232.0.1) and $b (10.232.0.2), where $(basename "$script") runs"
 ip netns exec "$b" "$node" "$script" --kvfence "$kvfence" --node-modules "$modules" --work "$work" \
   --ns-a "$a" --host-a 10.232.0.1 --host-b 10.232.0.2
