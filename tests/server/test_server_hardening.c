@@ -582,6 +582,44 @@ static void test_row20_keyless_cannot_lock_out(void)
     kvf_server_keys_free(k);
 }
 
+/* A POST without a valid key whose large body is sent at once is answered 401 whole: the body
+ * is read and dropped first, so the close leaves nothing unread to turn into a reset. */
+static void test_row20_keyless_post_answered_401(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *k;
+    char err[256];
+    static const char keys[] = "sk-hardening-key-1 alpha\n";
+    ASSERT_OK(kvf_server_keys_parse(keys, sizeof keys - 1, &k, err, sizeof err));
+    s.cfg.keys = k;
+    s.cfg.max_body_bytes = 1 << 20;
+    srv_start(&s);
+    enum { BODY = 400 * 1024 };
+    static char req[BODY + 512];
+    int h = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Authorization: Bearer not-a-key\r\nContent-Length: %d\r\n\r\n{\"prompt\":\"",
+                     BODY);
+    size_t n = (size_t)h;
+    size_t fill = BODY - 12 - 3; /* {"prompt":" is 12 bytes, "} and the newline 3 */
+    memset(req + n, 'a', fill);
+    n += fill;
+    memcpy(req + n, "\"}\n", 3);
+    n += 3;
+    for (int round = 0; round < 3; round++) {
+        int fd = connect_from(s.port, "127.0.0.2");
+        http_send_all(fd, req, n);
+        char *raw = read_reply(fd, 5000, "a keyless POST with a large body");
+        close(fd);
+        if (status_of(raw) != 401) KVF_FAIL("status %d, wanted 401: %.200s", status_of(raw), raw);
+        ASSERT_TRUE(strcasestr(raw, "\r\nwww-authenticate: bearer") != NULL);
+        free(raw);
+    }
+    srv_stop(&s);
+    kvf_server_keys_free(k);
+}
+
 /* --trusted-proxy: 256 requests at once through one proxy address, each from its own client
  * (X-Forwarded-For), are all served; the cap then counts the forwarded client (65 requests of
  * one client: one 503); a peer that is not trusted is counted as itself, whatever it forwards. */
@@ -896,7 +934,8 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_row19_body_limit),   KVF_CASE(test_row20_slow_headers),
     KVF_CASE(test_row20_slow_body),    KVF_CASE(test_row20_slow_reader),
     KVF_CASE(test_row20_per_ip_cap),   KVF_CASE(test_row20_global_cap),
-    KVF_CASE(test_row20_keyless_cannot_lock_out), KVF_CASE(test_row20_trusted_proxy),
+    KVF_CASE(test_row20_keyless_cannot_lock_out),
+    KVF_CASE(test_row20_keyless_post_answered_401), KVF_CASE(test_row20_trusted_proxy),
     KVF_CASE(test_row21_headers),
     KVF_CASE(test_row22_chunked),      KVF_CASE(test_row23_body_headers),
     KVF_CASE(test_row25_routes),
