@@ -85,14 +85,14 @@ function attack(mode, port, path, extra, seconds, name) {
     let out = '';
     p.stdout.on('data', (d) => { out += d; });
     p.stderr.on('data', (d) => { out += d; });
-    p.on('exit', (code) => {
+    p.on('exit', (code, signal) => {
       const text = out.replace(/\x1b\[[0-9;]*m/g, '');
       const csvPath = `${prefix}.csv`;
       const rows = existsSync(csvPath)
         ? readFileSync(csvPath, 'utf8').trim().split('\n').slice(1).map((l) => l.split(',').map(Number)) : [];
       const ended = text.match(/Test ended on (\d+)\w* second/);
       const exit = text.match(/Exit status: ([^\n]*)/);
-      resolve({ name, code, text, rows, endedS: ended ? Number(ended[1]) : -1, exit: exit ? exit[1].trim() : '' });
+      resolve({ name, code, signal, text, rows, endedS: ended ? Number(ended[1]) : -1, exit: exit ? exit[1].trim() : '' });
     });
   });
 }
@@ -122,6 +122,19 @@ async function round(port, tag, seconds, normalBody, normalCheck) {
   done = true;
   await during;
   return { reports, normals };
+}
+
+// A round whose slowhttptest runs did not all print their report (the tool ended without its
+// "Exit status" line: seen once in a fresh-clone run, the CSV cut at second 2) tells nothing
+// about the server: it is run once more, and the second round's reports are judged whatever
+// they say.
+async function roundJudged(...a) {
+  for (let attempt = 1; ; attempt++) {
+    const res = await round(...a);
+    const cut = res.reports.filter((r) => !r.exit);
+    if (!cut.length || attempt === 2) return res;
+    console.log(`# slowhttptest ended without its report (${cut.map((r) => `${r.name}: code ${r.code}, signal ${r.signal}`).join('; ')}): the round once more`);
+  }
 }
 
 function checkAvailable(r) {
@@ -161,7 +174,7 @@ await test('fake engine, 2 s bounds: slowloris and slow body closed at the bound
     '--send-timeout-ms', '2000'], {}, /port (\d+)/);
   const port = await srv.port;
   const before = gauges(await health(port));
-  const { reports, normals } = await round(port, 'fake', 7, { prompt: 'hello world', max_tokens: 2 },
+  const { reports, normals } = await roundJudged(port, 'fake', 7, { prompt: 'hello world', max_tokens: 2 },
     (j) => j.choices[0].text.length > 0);
   for (const r of reports) console.log(`# ${summary(r)}`);
   for (const r of reports) checkAvailable(r);
@@ -189,7 +202,7 @@ await test('kvfence serve, defaults: slowloris closed at 10 s, service available
   const port = await srv.port;
   for (let i = 0; (await health(port).catch(() => ({}))).status !== 'ok'; i++) { assert.ok(i < 200); await sleep(50); }
   const before = gauges(await health(port));
-  const { reports, normals } = await round(port, 'serve', 12,
+  const { reports, normals } = await roundJudged(port, 'serve', 12,
     { prompt: 'red red blue', max_tokens: 2, temperature: 0 }, (j) => j.choices[0].text === ' red red');
   for (const r of reports) console.log(`# ${summary(r)}`);
   for (const r of reports) checkAvailable(r);
