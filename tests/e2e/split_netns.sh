@@ -4,14 +4,14 @@
 # split_e2e.mjs puts prefill 1 and decode 1 in A, the router, prefill 2 and decode 2 in B;
 # fabric_e2e.mjs puts the prefill and the decode in A and attacks them from B.
 # usage: split_netns.sh NODE SCRIPT_MJS KVFENCE NODE_MODULES WORK
-# Exits 77 (CTest: skipped) with a message when namespaces cannot be created here.
+# Fails, saying why, when namespaces cannot be created here (the test needs root and iproute2).
 set -uo pipefail
 node=$1 script=$2 kvfence=$3 modules=$4 work=$5
 a=kvsA$$ b=kvsB$$
 if ! ip netns add "$a" 2>/tmp/kvf_netns_err.$$; then
-  echo "SKIP: cannot create network namespaces here: $(cat /tmp/kvf_netns_err.$$)"
+  echo "FAIL: cannot create network namespaces here: $(cat /tmp/kvf_netns_err.$$)"
   rm -f /tmp/kvf_netns_err.$$
-  exit 77
+  exit 1
 fi
 rm -f /tmp/kvf_netns_err.$$
 cleanup() { ip netns pids "$a" 2>/dev/null | xargs -r kill -9; ip netns pids "$b" 2>/dev/null | xargs -r kill -9;

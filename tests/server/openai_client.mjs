@@ -11,8 +11,8 @@ import assert from 'node:assert/strict';
 const [fakeServe, nodeModules] = process.argv.slice(2);
 const entry = join(nodeModules, 'openai', 'index.mjs');
 if (!existsSync(entry)) {
-  console.log(`# skip: ${entry} missing (run scripts/install-deps.sh)`);
-  process.exit(77);
+  console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`);
+  process.exit(1);
 }
 const { default: OpenAI } = await import(pathToFileURL(entry).href);
 

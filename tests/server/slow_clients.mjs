@@ -24,8 +24,8 @@ const args = {};
 for (let i = 2; i + 1 < process.argv.length; i += 2) args[process.argv[i].slice(2)] = process.argv[i + 1];
 const slow = (process.env.PATH || '').split(delimiter).map((d) => join(d, 'slowhttptest')).find(existsSync);
 if (!slow) {
-  console.log('# skip: slowhttptest is not installed (scripts/install-deps.sh installs it)');
-  process.exit(77);
+  console.log('Bail out! slowhttptest is not installed (scripts/install-deps.sh installs it)');
+  process.exit(1);
 }
 const work = args.work;
 rmSync(work, { recursive: true, force: true });

@@ -3,14 +3,14 @@
 # the fence test (target in one namespace, writer in the other) and the two-process handoff
 # tests (decode in one, the `kvfence prefill` process in the other).
 # usage: netns.sh TEST_FENCE TEST_PROCS KVFENCE
-# Exits 77 (CTest: skipped) with a message when namespaces cannot be created here.
+# Fails, saying why, when namespaces cannot be created here (the test needs root and iproute2).
 set -uo pipefail
 fence=$1 procs=$2 kvfence=$3
 a=kvfA$$ b=kvfB$$
 if ! ip netns add "$a" 2>/tmp/kvf_netns_err.$$; then
-  echo "SKIP: cannot create network namespaces here: $(cat /tmp/kvf_netns_err.$$)"
+  echo "FAIL: cannot create network namespaces here: $(cat /tmp/kvf_netns_err.$$)"
   rm -f /tmp/kvf_netns_err.$$
-  exit 77
+  exit 1
 fi
 rm -f /tmp/kvf_netns_err.$$
 cleanup() { ip netns del "$a" 2>/dev/null; ip netns del "$b" 2>/dev/null; }
