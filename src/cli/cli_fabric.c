@@ -38,7 +38,8 @@ static bool host_is_loopback(const char *h)
 static int load_key(const char *cmd, struct kvf_cli_fabric *f)
 {
     char warn[256] = "", err[256] = "";
-    if (kvf_cli_check_secret_file(f->key_path, "--cluster-key", warn, sizeof warn, err, sizeof err) < 0) {
+    if (kvf_cli_check_secret_file(f->key_path, "--cluster-key", warn, sizeof warn, err,
+                                  sizeof err) < 0) {
         fprintf(stderr, "kvfence %s: %s\n", cmd, err);
         return -1;
     }
@@ -50,14 +51,18 @@ static int load_key(const char *cmd, struct kvf_cli_fabric *f)
     }
     unsigned char buf[KEY_FILE_MAX + 1];
     ssize_t n = 0, r;
-    while (n < (ssize_t)sizeof(buf) && (r = read(fd, buf + n, sizeof(buf) - (size_t)n)) > 0) n += r;
+    while (n < (ssize_t)sizeof(buf) && (r = read(fd, buf + n, sizeof(buf) - (size_t)n)) > 0)
+        n += r;
     close(fd);
     if (n > KEY_FILE_MAX) {
-        fprintf(stderr, "kvfence %s: --cluster-key %s: more than %d bytes; a key file holds one key\n", cmd,
+        fprintf(stderr,
+                "kvfence %s: --cluster-key %s: more than %d bytes; a key file holds one key\n", cmd,
                 f->key_path, KEY_FILE_MAX);
         return -1;
     }
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t')) n--;
+    while (n > 0 &&
+           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        n--;
     int rc = kvf_fabric_key_derive(buf, (size_t)n, f->key);
     memset(buf, 0, sizeof(buf));
     if (rc < 0) {
@@ -88,8 +93,8 @@ int kvf_cli_fabric_prepare(const char *cmd, struct kvf_cli_fabric *f, const char
         return 2;
     }
     if (listen_host && !host_is_loopback(listen_host))
-        fprintf(stderr, "kvfence %s: warning: --insecure-fabric: the fabric on %s takes any peer\n", cmd,
-                listen_host);
+        fprintf(stderr, "kvfence %s: warning: --insecure-fabric: the fabric on %s takes any peer\n",
+                cmd, listen_host);
     return 0;
 }
 
@@ -102,10 +107,11 @@ int kvf_cmd_keygen(int argc, char **argv)
 {
     if (argc != 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         FILE *o = argc == 2 ? stdout : stderr;
-        fprintf(o, "usage: kvfence keygen FILE\n\n"
-                   "Writes a new cluster key (32 random bytes, as 64 hex digits) to FILE, which must\n"
-                   "not exist, readable by its owner only. Give the same file to every router,\n"
-                   "prefill and decode of one service with --cluster-key FILE.\n");
+        fprintf(o,
+                "usage: kvfence keygen FILE\n\n"
+                "Writes a new cluster key (32 random bytes, as 64 hex digits) to FILE, which must\n"
+                "not exist, readable by its owner only. Give the same file to every router,\n"
+                "prefill and decode of one service with --cluster-key FILE.\n");
         return argc == 2 ? 0 : 2;
     }
     uint8_t k[32];
@@ -114,7 +120,8 @@ int kvf_cmd_keygen(int argc, char **argv)
         fprintf(stderr, "kvfence keygen: no random source\n");
         return 1;
     }
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", k[i]);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", k[i]);
     hex[64] = '\n';
     memset(k, 0, sizeof k);
     int fd = open(argv[1], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -6,9 +6,9 @@
  * cluster key (a challenge–response over fresh nonces from both sides); a peer that cannot prove
  * it gets only the listener's greeting (a magic string and a random nonce) and is closed, and it
  * never becomes a connection the engine sees. Everything after the proofs travels as sealed
- * messages (AES-256-GCM or ChaCha20-Poly1305, a key per direction derived from the session's two nonces, the
- * message's sequence number as the nonce), so a message that was forged, altered, replayed,
- * reordered or dropped fails its tag and fails the connection.
+ * messages (AES-256-GCM or ChaCha20-Poly1305, a key per direction derived from the two
+ * greetings, the message's sequence number as the nonce), so a message that was forged, altered,
+ * replayed, reordered or dropped fails its tag and fails the connection.
  *
  * The handshake (K: the cluster key; Nc, Ns: 32 random bytes each; MAC: HMAC-SHA-256 under K):
  *
@@ -63,26 +63,40 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAGIC "KVFFAB1" /* and one byte: the ciphers the sender can run (CIPHER_*) */
-#define MAGIC_LEN 8u
-#define CIPHER_AES 'A'    /* AES-256-GCM (the CPU has AES-NI and CLMUL) and ChaCha20-Poly1305 */
+#define MAGIC         "KVFFAB1" /* and one byte: the ciphers the sender can run (CIPHER_*) */
+#define MAGIC_LEN     8u
+#define CIPHER_AES    'A' /* AES-256-GCM (the CPU has AES-NI and CLMUL) and ChaCha20-Poly1305 */
 #define CIPHER_CHACHA 'C' /* ChaCha20-Poly1305 only */
-#define NONCE_LEN 32u
-#define HELLO_LEN (MAGIC_LEN + NONCE_LEN)
-#define PROOF_LEN 32u
-#define HDR_LEN 16u
-#define TAG_LEN 16u
-#define MAX_PENDING 64u      /* listener-side handshakes at once */
-#define HS_TIMEOUT_MS 5000u  /* a handshake not finished by then is dropped */
-#define RX_BUDGET (8u << 20) /* bytes read from one socket per progress call */
-#define RX_INITIAL (256u << 10)
+#define NONCE_LEN     32u
+#define HELLO_LEN     (MAGIC_LEN + NONCE_LEN)
+#define PROOF_LEN     32u
+#define HDR_LEN       16u
+#define TAG_LEN       16u
+#define MAX_PENDING   64u        /* listener-side handshakes at once */
+#define HS_TIMEOUT_MS 5000u      /* a handshake not finished by then is dropped */
+#define RX_BUDGET     (8u << 20) /* bytes read from one socket per progress call */
+#define RX_INITIAL    (256u << 10)
 
-enum msg_kind { MSG_FRAME = 1, MSG_WRITE = 2, MSG_FLUSH_REQ = 3, MSG_FLUSH_ACK = 4, MSG_REGION = 5 };
+enum msg_kind {
+    MSG_FRAME = 1,
+    MSG_WRITE = 2,
+    MSG_FLUSH_REQ = 3,
+    MSG_FLUSH_ACK = 4,
+    MSG_REGION = 5
+};
 
 /* A connection's lifecycle. The engine sees a connection from kvf_xport_connect (client) or
  * from on_accept (server, once authenticated); a listener-side connection that fails before
  * OPEN is freed without the engine hearing of it. */
-enum conn_state { C_CONNECTING, C_WAIT_HELLO, C_WAIT_PROOF, S_WAIT_HELLO, S_WAIT_PROOF, OPEN, DEAD };
+enum conn_state {
+    C_CONNECTING,
+    C_WAIT_HELLO,
+    C_WAIT_PROOF,
+    S_WAIT_HELLO,
+    S_WAIT_PROOF,
+    OPEN,
+    DEAD
+};
 
 /* One outbound message, queued in sending order. Its payload is sealed into `wire` only when it
  * reaches the head of the queue of an OPEN connection, so sequence numbers follow wire order. */
@@ -96,10 +110,10 @@ struct msg {
     size_t wire_len, wire_off;
     kvf_xport_done_fn done; /* WRITE: local completion (handed to the kernel) */
     void *done_arg;
-    kvf_conn_t *c;          /* delayed messages (fault hooks): whose */
-    uint64_t due_ms;        /* delayed messages */
-    uint64_t flush_id;      /* a delayed flush: posted as a FLUSH_REQ with this record */
-    bool is_flush;          /* a delayed or parked flush record (not sent itself) */
+    kvf_conn_t *c;     /* delayed messages (fault hooks): whose */
+    uint64_t due_ms;   /* delayed messages */
+    uint64_t flush_id; /* a delayed flush: posted as a FLUSH_REQ with this record */
+    bool is_flush;     /* a delayed or parked flush record (not sent itself) */
     struct msg *next;
 };
 
@@ -107,12 +121,12 @@ struct kvf_conn {
     kvf_xport_t *x;
     int fd;
     enum conn_state state;
-    bool visible;        /* the engine knows c (connect, or on_accept ran) */
+    bool visible; /* the engine knows c (connect, or on_accept ran) */
     bool failed, closing, zombie;
-    int holds;           /* callbacks running with c on the stack: free is deferred */
+    int holds; /* callbacks running with c on the stack: free is deferred */
     void *user;
     char error[160];
-    uint64_t deadline_ms; /* the handshake's */
+    uint64_t deadline_ms;                 /* the handshake's */
     uint8_t gc[HELLO_LEN], gs[HELLO_LEN]; /* the two greetings: magic, cipher byte, nonce */
     bool aes;                             /* the session's cipher: AES-256-GCM, else ChaCha */
     uint8_t k_tx[32], k_rx[32];
@@ -122,19 +136,19 @@ struct kvf_conn {
     struct msg *q_head, *q_tail; /* outbound, in order */
     uint8_t *tb;                 /* the head message's sealed bytes (only the head is sealed) */
     size_t tb_cap;
-    bool want_out;               /* EPOLLOUT registered */
-    uint8_t *rb;                 /* inbound bytes: [rb_off, rb_len) not yet consumed */
+    bool want_out; /* EPOLLOUT registered */
+    uint8_t *rb;   /* inbound bytes: [rb_off, rb_len) not yet consumed */
     size_t rb_cap, rb_len, rb_off;
-    size_t remote_bytes;         /* the peer's region, from its REGION message */
-    struct msg *flushes;         /* flush records awaiting their FLUSH_ACK */
+    size_t remote_bytes; /* the peer's region, from its REGION message */
+    struct msg *flushes; /* flush records awaiting their FLUSH_ACK */
     uint64_t next_flush_id;
-    uint32_t ops;                /* puts queued and not yet handed to the kernel */
+    uint32_t ops; /* puts queued and not yet handed to the kernel */
     kvf_conn_t *prev, *next;
 };
 
 struct kvf_xport {
-    int ep;         /* epoll: the listener and every socket */
-    int lfd;        /* the listener, or -1 */
+    int ep;  /* epoll: the listener and every socket */
+    int lfd; /* the listener, or -1 */
     uint16_t port;
     uint8_t key[32];
     char cipher; /* CIPHER_AES or CIPHER_CHACHA: what this process offers */
@@ -161,22 +175,26 @@ static uint64_t now_ms(void)
 
 static void put_le32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static void put_le64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static uint32_t get_le32(const uint8_t *p)
 {
     uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
     return v;
 }
 static uint64_t get_le64(const uint8_t *p)
 {
     uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
     return v;
 }
 
@@ -254,7 +272,8 @@ static void conn_fail(kvf_conn_t *c, const char *fmt, const char *detail)
     close_fd(c);
     conn_hold(c);
     finish_queued(c, -ENOTCONN);
-    if (c->visible && !c->closing && c->x->ev.on_error) c->x->ev.on_error(c->x->ev.ctx, c, KVF_E_TRANSPORT);
+    if (c->visible && !c->closing && c->x->ev.on_error)
+        c->x->ev.on_error(c->x->ev.ctx, c, KVF_E_TRANSPORT);
     c->holds--;
     if (!c->visible) c->zombie = true; /* the engine never saw it: nobody else will free it */
     if (c->zombie && c->holds == 0) conn_free(c);
@@ -285,7 +304,8 @@ static void finish_queued(kvf_conn_t *c, int status)
     }
     *tail = c->q_head;
     c->q_head = c->q_tail = NULL;
-    while (*tail) tail = &(*tail)->next;
+    while (*tail)
+        tail = &(*tail)->next;
     *tail = c->flushes;
     c->flushes = NULL;
     while (done) {
@@ -350,7 +370,8 @@ static void tune_socket(int fd, uint32_t keepalive_ms)
 static void conn_arm(kvf_conn_t *c)
 {
     if (c->fd < 0) return;
-    bool want = c->state == C_CONNECTING || c->hs_off < c->hs_len || (c->q_head && c->state == OPEN);
+    bool want =
+        c->state == C_CONNECTING || c->hs_off < c->hs_len || (c->q_head && c->state == OPEN);
     if (want == c->want_out) return;
     struct epoll_event e = {.events = EPOLLIN | (want ? EPOLLOUT : 0), .data.ptr = c};
     if (epoll_ctl(c->x->ep, EPOLL_CTL_MOD, c->fd, &e) == 0) c->want_out = want;
@@ -375,11 +396,11 @@ static int seal(kvf_conn_t *c, struct msg *m)
     uint8_t n[crypto_aead_aes256gcm_NPUBBYTES];
     aead_nonce(c->seq_tx++, n);
     if (c->aes)
-        crypto_aead_aes256gcm_encrypt_detached(h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src, m->len, h, HDR_LEN,
-                                               NULL, n, c->k_tx);
+        crypto_aead_aes256gcm_encrypt_detached(h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src,
+                                               m->len, h, HDR_LEN, NULL, n, c->k_tx);
     else
-        crypto_aead_chacha20poly1305_ietf_encrypt_detached(h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src, m->len,
-                                                           h, HDR_LEN, NULL, n, c->k_tx);
+        crypto_aead_chacha20poly1305_ietf_encrypt_detached(
+            h + HDR_LEN, h + HDR_LEN + m->len, NULL, m->src, m->len, h, HDR_LEN, NULL, n, c->k_tx);
     free(m->own); /* the plaintext is no longer needed */
     m->own = NULL;
     m->src = NULL;
@@ -446,7 +467,8 @@ static void enqueue(kvf_conn_t *c, struct msg *m)
 }
 
 /* A message for c: copied payload (copy) or the caller's (WRITE). Written at once if it can. */
-static struct msg *msg_new(kvf_conn_t *c, uint8_t kind, uint64_t arg, const void *buf, size_t len, bool copy)
+static struct msg *msg_new(kvf_conn_t *c, uint8_t kind, uint64_t arg, const void *buf, size_t len,
+                           bool copy)
 {
     struct msg *m = calloc(1, sizeof(*m));
     if (!m) return NULL;
@@ -505,7 +527,8 @@ static void conn_open(kvf_conn_t *c, bool server)
 
 static bool greeting_ok(const uint8_t *g)
 {
-    return memcmp(g, MAGIC, MAGIC_LEN - 1) == 0 && (g[MAGIC_LEN - 1] == CIPHER_AES || g[MAGIC_LEN - 1] == CIPHER_CHACHA);
+    return memcmp(g, MAGIC, MAGIC_LEN - 1) == 0 &&
+           (g[MAGIC_LEN - 1] == CIPHER_AES || g[MAGIC_LEN - 1] == CIPHER_CHACHA);
 }
 
 static void make_greeting(const kvf_xport_t *x, uint8_t g[HELLO_LEN])
@@ -525,9 +548,13 @@ static bool process_rx(kvf_conn_t *c)
         size_t need;
         switch (c->state) {
         case S_WAIT_HELLO:
-        case C_WAIT_HELLO: need = HELLO_LEN; break;
+        case C_WAIT_HELLO:
+            need = HELLO_LEN;
+            break;
         case S_WAIT_PROOF:
-        case C_WAIT_PROOF: need = PROOF_LEN; break;
+        case C_WAIT_PROOF:
+            need = PROOF_LEN;
+            break;
         case OPEN:
             need = HDR_LEN;
             if (avail >= HDR_LEN) {
@@ -536,12 +563,19 @@ static bool process_rx(kvf_conn_t *c)
                 uint64_t arg = get_le64(p + 8);
                 bool ok = p[1] == 0 && p[2] == 0 && p[3] == 0;
                 switch (kind) {
-                case MSG_FRAME: ok = ok && len <= KVF_XPORT_MAX_FRAME; break;
-                case MSG_WRITE: ok = ok && x->rma_base && arg <= x->rma_bytes && len <= x->rma_bytes - arg; break;
+                case MSG_FRAME:
+                    ok = ok && len <= KVF_XPORT_MAX_FRAME;
+                    break;
+                case MSG_WRITE:
+                    ok = ok && x->rma_base && arg <= x->rma_bytes && len <= x->rma_bytes - arg;
+                    break;
                 case MSG_FLUSH_REQ:
                 case MSG_FLUSH_ACK:
-                case MSG_REGION: ok = ok && len == 0; break;
-                default: ok = false;
+                case MSG_REGION:
+                    ok = ok && len == 0;
+                    break;
+                default:
+                    ok = false;
                 }
                 if (!ok) {
                     conn_fail(c, "connection failed: %s", "a malformed message header");
@@ -550,7 +584,8 @@ static bool process_rx(kvf_conn_t *c)
                 need = HDR_LEN + (size_t)len + TAG_LEN;
             }
             break;
-        default: return false;
+        default:
+            return false;
         }
         if (avail < need) {
             if (c->rb_off) { /* keep the unconsumed bytes at the front */
@@ -608,7 +643,8 @@ static bool process_rx(kvf_conn_t *c)
         }
         case C_WAIT_HELLO:
             if (!greeting_ok(p)) {
-                conn_fail(c, "fabric authentication failed: %s", "the peer is not a kvfence fabric listener");
+                conn_fail(c, "fabric authentication failed: %s",
+                          "the peer is not a kvfence fabric listener");
                 return false;
             }
             memcpy(c->gs, p, HELLO_LEN);
@@ -623,7 +659,8 @@ static bool process_rx(kvf_conn_t *c)
             uint8_t want[PROOF_LEN];
             derive(x, "server", c, want);
             if (crypto_verify_32(want, p) != 0) {
-                conn_fail(c, "fabric authentication failed: %s", "the peer did not prove the cluster key");
+                conn_fail(c, "fabric authentication failed: %s",
+                          "the peer did not prove the cluster key");
                 return false;
             }
             conn_open(c, false);
@@ -637,10 +674,12 @@ static bool process_rx(kvf_conn_t *c)
             uint64_t arg = get_le64(p + 8);
             uint8_t n[crypto_aead_aes256gcm_NPUBBYTES];
             aead_nonce(c->seq_rx, n);
-            int bad_tag = c->aes ? crypto_aead_aes256gcm_decrypt_detached(p + HDR_LEN, NULL, p + HDR_LEN, len,
-                                                                          p + HDR_LEN + len, p, HDR_LEN, n, c->k_rx)
+            int bad_tag = c->aes ? crypto_aead_aes256gcm_decrypt_detached(
+                                       p + HDR_LEN, NULL, p + HDR_LEN, len, p + HDR_LEN + len, p,
+                                       HDR_LEN, n, c->k_rx)
                                  : crypto_aead_chacha20poly1305_ietf_decrypt_detached(
-                                       p + HDR_LEN, NULL, p + HDR_LEN, len, p + HDR_LEN + len, p, HDR_LEN, n, c->k_rx);
+                                       p + HDR_LEN, NULL, p + HDR_LEN, len, p + HDR_LEN + len, p,
+                                       HDR_LEN, n, c->k_rx);
             if (bad_tag) {
                 conn_fail(c, "connection failed: %s", "a message failed authentication");
                 return false;
@@ -651,7 +690,8 @@ static bool process_rx(kvf_conn_t *c)
             if (!conn_release(c) || c->failed || c->closing) return false;
             break;
         }
-        default: return false;
+        default:
+            return false;
         }
     }
 }
@@ -663,7 +703,9 @@ static void dispatch(kvf_conn_t *c, uint8_t kind, uint64_t arg, uint8_t *p, size
     case MSG_FRAME:
         if (x->ev.on_frame) x->ev.on_frame(x->ev.ctx, c, p, len);
         break;
-    case MSG_WRITE: memcpy((uint8_t *)x->rma_base + arg, p, len); break;
+    case MSG_WRITE:
+        memcpy((uint8_t *)x->rma_base + arg, p, len);
+        break;
     case MSG_FLUSH_REQ:
         if (send_ctl(c, MSG_FLUSH_ACK, arg) < 0)
             conn_fail(c, "connection failed: %s", "out of memory");
@@ -687,7 +729,8 @@ static void dispatch(kvf_conn_t *c, uint8_t kind, uint64_t arg, uint8_t *p, size
             if (x->ev.on_remote_ready) x->ev.on_remote_ready(x->ev.ctx, c);
         }
         break;
-    default: break;
+    default:
+        break;
     }
 }
 
@@ -702,7 +745,8 @@ static void conn_read(kvf_conn_t *c)
         if (n == 0) {
             if (c->state == C_WAIT_PROOF) /* the listener refused our proof */
                 conn_fail(c, "fabric authentication failed: %s",
-                          "the listener closed the connection after our proof (not the same cluster key?)");
+                          "the listener closed the connection after our proof (not the same "
+                          "cluster key?)");
             else
                 conn_fail(c, "connection failed: %s", "the peer closed the connection");
             break;
@@ -781,7 +825,8 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
     x->cipher = crypto_aead_aes256gcm_is_available() ? CIPHER_AES : CIPHER_CHACHA;
 #if defined(KVF_TEST_BUILD)
     /* Test builds: KVF_TEST_FABRIC_CHACHA=1 offers ChaCha20-Poly1305 only (both ciphers tested). */
-    if (getenv("KVF_TEST_FABRIC_CHACHA") && atoi(getenv("KVF_TEST_FABRIC_CHACHA"))) x->cipher = CIPHER_CHACHA;
+    if (getenv("KVF_TEST_FABRIC_CHACHA") && atoi(getenv("KVF_TEST_FABRIC_CHACHA")))
+        x->cipher = CIPHER_CHACHA;
 #endif
     x->rng = 0x9e3779b97f4a7c15ull;
     int rc = 0;
@@ -805,8 +850,8 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
         if (x->lfd >= 0) setsockopt(x->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
         if (x->lfd < 0 || bind(x->lfd, (struct sockaddr *)&ss, sl) < 0 || listen(x->lfd, 128) < 0) {
             if (err && err_len)
-                snprintf(err, err_len, "cannot listen on %s:%u: %s", cfg->listen_host, cfg->listen_port,
-                         strerror(errno));
+                snprintf(err, err_len, "cannot listen on %s:%u: %s", cfg->listen_host,
+                         cfg->listen_port, strerror(errno));
             rc = KVF_E_TRANSPORT;
             goto fail;
         }
@@ -901,7 +946,8 @@ int kvf_xport_progress(kvf_xport_t *x)
         }
         /* An earlier event of this batch may have freed c: look it up first. */
         kvf_conn_t *live = x->conns;
-        while (live && live != c) live = live->next;
+        while (live && live != c)
+            live = live->next;
         if (!live || c->fd < 0) continue;
         uint32_t e = evs[i].events;
         if (c->state == C_CONNECTING && (e & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
@@ -943,8 +989,8 @@ int kvf_xport_next_ms(const kvf_xport_t *x)
     return best <= now ? 0 : (int)(best - now > 60000 ? 60000 : best - now);
 }
 
-int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out,
-                      char *err, size_t err_len)
+int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out, char *err,
+                      size_t err_len)
 {
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -954,12 +1000,14 @@ int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_
     }
     int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        if (err && err_len) snprintf(err, err_len, "cannot connect to %s:%u: %s", host, port, strerror(errno));
+        if (err && err_len)
+            snprintf(err, err_len, "cannot connect to %s:%u: %s", host, port, strerror(errno));
         return KVF_E_TRANSPORT;
     }
     tune_socket(fd, x->keepalive_ms);
     if (connect(fd, (struct sockaddr *)&ss, sl) < 0 && errno != EINPROGRESS) {
-        if (err && err_len) snprintf(err, err_len, "cannot connect to %s:%u: %s", host, port, strerror(errno));
+        if (err && err_len)
+            snprintf(err, err_len, "cannot connect to %s:%u: %s", host, port, strerror(errno));
         close(fd);
         return KVF_E_TRANSPORT;
     }
@@ -1206,14 +1254,22 @@ int kvf_xport_faults_from_env(struct kvf_xport_faults *out)
         char *end = NULL;
         long long v = strtoll(eq + 1, &end, 10);
         if (!end || *end) return -EINVAL;
-        if (strcmp(t, "put_delay_ms") == 0) out->put_delay_ms = (uint32_t)v;
-        else if (strcmp(t, "frame_delay_ms") == 0) out->frame_delay_ms = (uint32_t)v;
-        else if (strcmp(t, "frame_drop_pct") == 0) out->frame_drop_pct = (uint32_t)v;
-        else if (strcmp(t, "frame_dup_pct") == 0) out->frame_dup_pct = (uint32_t)v;
-        else if (strcmp(t, "flush_never") == 0) out->flush_never = (uint32_t)v;
-        else if (strcmp(t, "fail_put") == 0) out->fail_put_status = (int)v;
-        else if (strcmp(t, "seed") == 0) out->seed = (uint64_t)v;
-        else return -EINVAL;
+        if (strcmp(t, "put_delay_ms") == 0)
+            out->put_delay_ms = (uint32_t)v;
+        else if (strcmp(t, "frame_delay_ms") == 0)
+            out->frame_delay_ms = (uint32_t)v;
+        else if (strcmp(t, "frame_drop_pct") == 0)
+            out->frame_drop_pct = (uint32_t)v;
+        else if (strcmp(t, "frame_dup_pct") == 0)
+            out->frame_dup_pct = (uint32_t)v;
+        else if (strcmp(t, "flush_never") == 0)
+            out->flush_never = (uint32_t)v;
+        else if (strcmp(t, "fail_put") == 0)
+            out->fail_put_status = (int)v;
+        else if (strcmp(t, "seed") == 0)
+            out->seed = (uint64_t)v;
+        else
+            return -EINVAL;
     }
     return 0;
 #else

@@ -95,17 +95,19 @@ static void pump(struct side *a, struct side *b, uint64_t ms)
 }
 
 /* Pumps until cond holds or ms pass; returns cond. */
-#define PUMP_UNTIL(a, b, ms, cond)                                                                  \
-    ({                                                                                              \
-        uint64_t until_ = now_ms() + (ms);                                                          \
-        while (!(cond) && now_ms() < until_) pump((a), (b), 2);                                    \
-        (cond);                                                                                     \
+#define PUMP_UNTIL(a, b, ms, cond)                                                                 \
+    ({                                                                                             \
+        uint64_t until_ = now_ms() + (ms);                                                         \
+        while (!(cond) && now_ms() < until_)                                                       \
+            pump((a), (b), 2);                                                                     \
+        (cond);                                                                                    \
     })
 
 static int raw_connect(uint16_t port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     ASSERT_OK(connect(fd, (struct sockaddr *)&a, sizeof(a)));
     return fd;
 }
@@ -123,7 +125,8 @@ static long raw_read_all(int fd, struct side *s, uint8_t *buf, size_t cap, uint6
         uint8_t tmp[256];
         ssize_t n = recv(fd, tmp, sizeof tmp, 0);
         if (n <= 0) return (long)got;
-        for (ssize_t i = 0; i < n && got < cap; i++) buf[got++] = tmp[i];
+        for (ssize_t i = 0; i < n && got < cap; i++)
+            buf[got++] = tmp[i];
     }
     return -1;
 }
@@ -135,7 +138,8 @@ static bool real_peer_joins(struct side *srv, const uint8_t *key)
     char err[256] = "";
     side_open(&cl, false, key, NULL, 0);
     kvf_conn_t *c;
-    if (kvf_xport_connect(cl.x, "127.0.0.1", kvf_xport_port(srv->x), &c, err, sizeof err) < 0) return false;
+    if (kvf_xport_connect(cl.x, "127.0.0.1", kvf_xport_port(srv->x), &c, err, sizeof err) < 0)
+        return false;
     int before = srv->frames;
     ASSERT_OK(kvf_conn_send(c, "ping", 4));
     bool ok = PUMP_UNTIL(srv, &cl, 5000, srv->frames > before);
@@ -198,7 +202,8 @@ static void test_stranger_learns_only_the_greeting(void)
     for (int round = 0; round < 2; round++) {
         int fd = raw_connect(kvf_xport_port(srv.x));
         uint8_t hello[40] = "KVFFAB1C";
-        for (int i = 8; i < 40; i++) hello[i] = (uint8_t)(i * 7 + round);
+        for (int i = 8; i < 40; i++)
+            hello[i] = (uint8_t)(i * 7 + round);
         ASSERT_TRUE(send(fd, hello, sizeof hello, 0) == (ssize_t)sizeof hello);
         /* The greeting arrives; then a wrong proof ends the stream. */
         uint64_t until = now_ms() + 3000;
@@ -253,8 +258,10 @@ static void test_junk_survived(void)
     /* Truncated and oversized handshakes. */
     uint8_t big[70000];
     memcpy(big, "KVFFAB1A", 8);
-    for (size_t i = 8; i < sizeof big; i++) big[i] = (uint8_t)(i * 131);
-    for (size_t n = 1; n < 40; n += 7) send_and_close(port, big, n, &srv);
+    for (size_t i = 8; i < sizeof big; i++)
+        big[i] = (uint8_t)(i * 131);
+    for (size_t n = 1; n < 40; n += 7)
+        send_and_close(port, big, n, &srv);
     send_and_close(port, big, 72, &srv);
     send_and_close(port, big, sizeof big, &srv);
     /* Random packets. */
@@ -291,9 +298,11 @@ static void test_flood_of_silent_joins(void)
     uint64_t t0 = now_ms();
     ASSERT_TRUE(real_peer_joins(&srv, key_a));
     uint64_t took = now_ms() - t0;
-    printf("# a real peer joined in %llu ms beside %d silent connections\n", (unsigned long long)took, N);
+    printf("# a real peer joined in %llu ms beside %d silent connections\n",
+           (unsigned long long)took, N);
     ASSERT_TRUE(took < 2000);
-    for (int i = 0; i < N; i++) close(fds[i]);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
     kvf_xport_destroy(srv.x);
 }
 
@@ -302,7 +311,7 @@ static void test_flood_of_silent_joins(void)
 struct proxy {
     int lfd;
     uint16_t port, target;
-    size_t at;     /* client→server byte offset to alter */
+    size_t at;                /* client→server byte offset to alter */
     size_t dup_from, dup_len; /* replay: these bytes again, right after them */
     bool flip;
     pthread_t th;
@@ -313,7 +322,9 @@ static void *proxy_main(void *arg)
     struct proxy *p = arg;
     int a = accept(p->lfd, NULL, NULL);
     int b = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in s = {.sin_family = AF_INET, .sin_port = htons(p->target), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in s = {.sin_family = AF_INET,
+                            .sin_port = htons(p->target),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (a < 0 || connect(b, (struct sockaddr *)&s, sizeof s) < 0) return NULL;
     static uint8_t seen[1 << 16];
     size_t off = 0;
@@ -365,7 +376,7 @@ static void proxy_start(struct proxy *p, uint16_t target)
 
 /* The client's stream: 40 + 32 handshake bytes, then sealed messages of 16 + len + 16 bytes.
  * Frames of 20 bytes: message k (from 0) starts at 72 + 52k. */
-#define HS_BYTES 72u
+#define HS_BYTES  72u
 #define FRAME_MSG 52u
 
 static void run_altered(struct proxy *p, int *frames_out, int *errors_out, char frames[][64])
@@ -386,7 +397,8 @@ static void run_altered(struct proxy *p, int *frames_out, int *errors_out, char 
     pump(&srv, &cl, 200);
     *frames_out = srv.frames;
     *errors_out = srv.errors;
-    for (int i = 0; i < srv.frames && i < 8; i++) memcpy(frames[i], srv.frame[i], 64);
+    for (int i = 0; i < srv.frames && i < 8; i++)
+        memcpy(frames[i], srv.frame[i], 64);
     kvf_conn_close(c);
     if (srv.accepted) kvf_conn_close(srv.accepted);
     kvf_xport_destroy(cl.x);
@@ -420,7 +432,8 @@ static void test_tampered_frame_fails_connection(void)
 
 static void test_replayed_frame_refused(void)
 {
-    struct proxy p = {.dup_from = HS_BYTES + 2 * FRAME_MSG, .dup_len = FRAME_MSG}; /* frame 2 again */
+    struct proxy p = {.dup_from = HS_BYTES + 2 * FRAME_MSG,
+                      .dup_len = FRAME_MSG}; /* frame 2 again */
     int frames, errors;
     char got[8][64];
     run_altered(&p, &frames, &errors, got);
@@ -450,7 +463,8 @@ static void test_altered_write_lands_nothing(void)
     ASSERT_OK(kvf_conn_put(c, src, sizeof src, 512, NULL, NULL));
     PUMP_UNTIL(&srv, &cl, 3000, srv.errors > 0);
     ASSERT_EQ_INT(srv.errors, 1);
-    for (size_t i = 0; i < sizeof region; i++) ASSERT_EQ_INT(region[i], 0x5a);
+    for (size_t i = 0; i < sizeof region; i++)
+        ASSERT_EQ_INT(region[i], 0x5a);
     kvf_conn_close(c);
     if (srv.accepted) kvf_conn_close(srv.accepted);
     kvf_xport_destroy(cl.x);
