@@ -82,6 +82,8 @@ struct kvf_engine_info {
     uint64_t foreign_tails; /* counter: prompts whose last page carried bytes they did not write */
     uint64_t hash_slices;   /* counter: slices of long prompts' pages hashed between loop turns */
     uint64_t bad_frames;    /* counter: control frames from the prefill that did not decode */
+    uint64_t decoded_tokens; /* counter: tokens the decode steps produced, every sequence (a
+                                cancelled request's stop here: the cancellation tests read it) */
 };
 
 #define KVF_PREFILL_HOST_MAX 64

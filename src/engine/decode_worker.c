@@ -126,6 +126,7 @@ struct kvf_decode_worker {
     uint64_t next_tick_ms;
     uint64_t rejected_before_handoff;
     uint64_t foreign_tails; /* committed prompts whose last page carried bytes it did not write */
+    uint64_t decoded_tokens; /* tokens the decode steps produced */
     struct kvf_actions acts;
     bool in_actions;      /* run_actions is executing the list (a nested call only appends) */
     struct kvf_msg_scratch scratch;
@@ -1018,6 +1019,7 @@ static void finish_step(struct kvf_decode_worker *w)
         }
         g->last = o->tok;
         g->n_out++;
+        w->decoded_tokens++;
         push_token(g, o->tok, o->lp, o->n_top, o->ids, o->lps);
         after_token(w, g, o->tok);
     }
@@ -1065,6 +1067,7 @@ static void publish_info(struct kvf_decode_worker *w)
     in->stale_msgs = ds.stale;
     in->rejected_before_handoff = ds.rejected + w->rejected_before_handoff;
     in->foreign_tails = w->foreign_tails;
+    in->decoded_tokens = w->decoded_tokens;
     in->hash_slices = w->hash_slices;
     in->bad_frames = w->bad_frames;
     pthread_mutex_unlock(&w->mu);

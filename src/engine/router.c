@@ -510,6 +510,7 @@ static void publish(struct kvf_router *r)
         in.foreign_tails += s->foreign_tails;
         in.hash_slices += s->hash_slices;
         in.bad_frames += s->bad_frames;
+        in.decoded_tokens += s->decoded_tokens;
     }
     in.bad_frames += r->bad_frames;
     /* Prefill workers: each configured one, up when some live decode worker holds it up. */

@@ -205,7 +205,7 @@ long kvf_rpc_put_event(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_
     X(decode_by_state[4]) X(queued) X(running) X(prefills) X(prefills_up)
 #define INFO_U64S(X)                                                                              \
     X(fences) X(verify_failed) X(stale_msgs) X(rejected_before_handoff) X(holds) X(quarantines)   \
-    X(committed) X(failed) X(foreign_tails) X(hash_slices) X(bad_frames)
+    X(committed) X(failed) X(foreign_tails) X(hash_slices) X(bad_frames) X(decoded_tokens)
 
 long kvf_rpc_put_status(uint8_t *buf, size_t cap, const struct kvf_rpc_status *st)
 {

@@ -657,7 +657,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         " s:{s:I, s:I, s:I, s:I, s:o},"
         " s:{s:I, s:I, s:I},"
         " s:s, s:I, s:I, s:I,"
-        " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
+        " s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I},"
         " s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
@@ -674,7 +674,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         "stale_msgs", (json_int_t)in.stale_msgs, "rejected_before_handoff",
         (json_int_t)in.rejected_before_handoff, "quarantines", (json_int_t)in.quarantines,
         "foreign_tails", (json_int_t)in.foreign_tails, "bad_frames", (json_int_t)in.bad_frames,
-        "hash_slices", (json_int_t)in.hash_slices,
+        "hash_slices", (json_int_t)in.hash_slices, "decoded_tokens", (json_int_t)in.decoded_tokens,
         "http", "connections", (json_int_t)atomic_load(&s->guard.open), "closed_slow_headers",
         (json_int_t)atomic_load(&s->guard.closed_head), "closed_slow_body",
         (json_int_t)atomic_load(&s->guard.closed_body), "closed_slow_reader",

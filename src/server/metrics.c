@@ -217,6 +217,8 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
            (unsigned long long)in->failed);
     scalar(o, "hash_slices_total", "counter", "Slices of long prompts' pages hashed between turns.",
            (unsigned long long)in->hash_slices);
+    scalar(o, "decode_tokens_total", "counter", "Tokens the decode steps produced, every sequence.",
+           (unsigned long long)in->decoded_tokens);
 }
 
 /* Split roles: one series per worker the router was given, labelled role and worker (HOST:PORT),

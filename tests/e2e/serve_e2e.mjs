@@ -411,30 +411,49 @@ await test('row 17: streamed text is valid UTF-8 and equals the whole response (
   }
 });
 
-// Cancellation by client disconnect: the pool returns to all free, and the server still serves.
+// Cancellation by client disconnect: the request's generation stops (the decode steps' token
+// counter, /health counters.decoded_tokens, ends far short of the 399 steps the 400 tokens asked
+// for take), the pool returns to all free, and the server still serves.
 const longPrompt = Array.from({ length: 120 }, (_, i) => `w${i % 97}`).join(' '); // ~550 byte tokens
-async function afterCancel(srv) {
+const decoded = async (srv) => (await health(srv)).counters.decoded_tokens;
+async function afterCancel(srv, t0 = null, what = '') {
   await idle(srv);
+  if (t0 !== null) {
+    const made = (await decoded(srv)) - t0;
+    // 400 tokens take 399 decode steps (the first comes from the prefill); a server that ignores
+    // the disconnect makes all 399 (seen with cancels switched off). The clean binary: 2 to 5.
+    console.log(`# ${what}: ${made} of 399 decode tokens made before the cancel stopped it (bound 200)`);
+    assert.ok(made < 200, `${what}: ${made} tokens decoded: the cancel did not stop generation`);
+  }
   const ref = reference(S15, 'Hello', samplings(8)[0]);
   sameAsRun(await served(srv, 'Hello', samplings(8)[0]), { ...ref, max: 8 }, 'after the cancel');
 }
 await test('cancel mid-stream (client closes after 3 chunks)', async () => {
   const ac = new AbortController();
+  const t0 = await decoded(S);
   // logprobs: a chunk per token even where the token's text is empty (s15m's <extra_N> pieces).
   const st = await S.client.completions.create({ model: 'm', prompt: 'Hello', max_tokens: 400, temperature: 0, ignore_eos: true, stream: true, logprobs: 0 }, { signal: ac.signal });
   let k = 0;
   // The client ends the iteration (quietly or with an abort error, by version) and closes.
   try { for await (const _ of st) if (++k === 3) ac.abort(); } catch (e) { assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === 'AbortError', String(e)); }
   assert.equal(k, 3, 'chunks read after the abort');
-  await afterCancel(S);
+  await afterCancel(S, t0, 'mid-stream');
 });
-await test('cancel a non-streaming request in progress', async () => {
+await test('cancel a non-streaming request in progress (confirmed decoding before the cancel)', async () => {
   const ac = new AbortController();
+  const t0 = await decoded(S);
   const p = S.client.completions.create({ model: 'm', prompt: 'Hello', max_tokens: 400, temperature: 0, ignore_eos: true }, { signal: ac.signal });
-  await sleep(400);
+  p.catch(() => {});
+  // In decode, by the server's own state: running, and its tokens being produced.
+  for (let i = 0; ; i++) {
+    const h = await health(S);
+    if (h.running > 0 && h.counters.decoded_tokens > t0) break;
+    assert.ok(i < 400, `the request never reached decode: ${JSON.stringify(h)}`);
+    await sleep(10);
+  }
   ac.abort();
   await assert.rejects(p, (e) => e instanceof OpenAI.APIUserAbortError);
-  await afterCancel(S);
+  await afterCancel(S, t0, 'non-streaming');
 });
 await test('cancel during prefill (a long prompt, closed after 50 ms)', async () => {
   for (const ms of [50, 250]) {
