@@ -142,7 +142,6 @@ struct kvf_conn {
     size_t remote_bytes; /* the peer's region, from its REGION message */
     struct msg *flushes; /* flush records awaiting their FLUSH_ACK */
     uint64_t next_flush_id;
-    uint32_t ops; /* puts queued and not yet handed to the kernel */
     kvf_conn_t *prev, *next;
 };
 
@@ -311,7 +310,6 @@ static void finish_queued(kvf_conn_t *c, int status)
     while (done) {
         struct msg *m = done;
         done = m->next;
-        if (m->kind == MSG_WRITE && !m->is_flush) c->ops--;
         if (m->done) m->done(m->done_arg, status);
         msg_free(m);
     }
@@ -438,7 +436,6 @@ static void conn_write(kvf_conn_t *c)
         c->q_head = m->next;
         if (!c->q_head) c->q_tail = NULL;
         if (m->kind == MSG_WRITE) {
-            c->ops--;
             int status = 0;
 #if defined(KVF_TEST_BUILD)
             status = c->x->faults.fail_put_status;
@@ -1107,7 +1104,6 @@ int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off
     if (!m) return -ENOMEM;
     m->done = done;
     m->done_arg = arg;
-    c->ops++;
 #if defined(KVF_TEST_BUILD)
     if (c->x->faults.put_delay_ms) {
         delay(c->x, m, now_ms() + c->x->faults.put_delay_ms);
