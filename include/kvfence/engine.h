@@ -143,13 +143,16 @@ struct kvf_worker_config {
     uint32_t n_threads;           /* compute threads, the loop thread included */
     uint32_t max_context;         /* the served limit: prompt + output tokens of one request */
     uint32_t max_batch;           /* decode: sequences per step; prefill: ignored */
+    uint32_t prefill_chunk;       /* prefill: prompt tokens per chunk (0 = 256) */
     uint32_t max_queue;           /* decode: requests waiting for a slot before -EAGAIN */
     uint32_t max_reqs;            /* live requests (decode slots; prefill records) */
     const char *listen_host;      /* prefill: where to listen */
     uint16_t listen_port;         /* prefill: 0 = ephemeral */
     const char *prefill_host;     /* decode: the prefill worker's address */
     uint16_t prefill_port;
-    uint64_t grant_timeout_ms;    /* decode: 0 = 10000 */
+    uint64_t grant_timeout_ms;    /* decode: the no-progress bound: a prompt whose prefill reports
+                                     no progress for this long fails and that prefill is fenced
+                                     (0 = 5000) */
     uint64_t hold_timeout_ms;     /* decode: 0 = 30000 */
     uint64_t admit_timeout_ms;    /* decode: how long a request may wait for pages or a prefill
                                      before it fails (0 = 30000) */

@@ -184,6 +184,10 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
 int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs);
 int kvf_fwd_compute(kvf_fwd_t *f);
 int kvf_fwd_commit(kvf_fwd_t *f, kvf_pool_t *pool);
+/* Layers this context has computed since it was created (every sequence of a batch together),
+ * readable from any thread while a kvf_fwd_compute runs: the evidence that a long compute is
+ * advancing (a prefill worker reports it to decode as progress). */
+uint64_t kvf_fwd_layers_done(const kvf_fwd_t *f);
 
 /* The kernel variant in use: "avx2+vnni", "avx2" or "scalar". Chosen once per process from the
  * CPU; the environment variable KVF_KERNELS=avx2 or =scalar asks for a lesser one (read at the

@@ -51,7 +51,8 @@ enum kvf_msg_type {
     KVF_MSG_CANCEL_ACK = 6, /* prefill → decode: every posted write completed remotely */
     KVF_MSG_REJECT = 7,     /* prefill → decode: refused before posting any write */
     KVF_MSG_FAIL = 8,       /* prefill → decode: failed after posting; writes drained */
-    KVF_MSG__END = 9,
+    KVF_MSG_PROGRESS = 9,   /* prefill → decode: the prompt's compute is advancing (liveness only) */
+    KVF_MSG__END = 10,
 };
 
 
@@ -148,6 +149,14 @@ struct kvf_msg_done {
     float top_logprobs[KVF_PROTO_MAX_LOGPROBS];
 };
 
+/* PROGRESS (prefill → decode): the writer is computing this prompt and advancing. It proves
+ * nothing about pages and commits nothing: it only renews the grant's no-progress deadline.
+ * Both counts never decrease over one grant and never exceed the grant's. */
+struct kvf_msg_progress {
+    uint32_t tokens_done;  /* prompt tokens whose K/V is computed (posted or about to be) */
+    uint32_t pages_posted; /* pages whose write has been posted */
+};
+
 /* One message, decoded or to be encoded. Arrays are borrowed (see each body). */
 struct kvf_msg {
     enum kvf_msg_type type;
@@ -159,6 +168,7 @@ struct kvf_msg {
         struct kvf_msg_new nreq;     /* NEW */
         struct kvf_msg_grant grant;  /* GRANT */
         struct kvf_msg_done done;    /* DONE */
+        struct kvf_msg_progress progress; /* PROGRESS */
         int32_t reason;              /* CANCEL, REJECT, FAIL: a negative kvfence code; CANCEL_ACK: 0 */
     } u;
 };
@@ -274,7 +284,9 @@ struct kvf_decode_config {
     uint32_t max_context;        /* tokens: prompt_len + max_tokens must not exceed it (H7) */
     uint32_t max_grant_pages;    /* pages in one grant (≤ KVF_PROTO_MAX_PAGES) */
     uint16_t max_peers;          /* writer peers 0..max_peers-1 (the pool's max_peers) */
-    uint64_t grant_timeout_ms;   /* GRANTED longer than this: cancel, hold, fail (0 = 10000) */
+    uint64_t grant_timeout_ms;   /* the no-progress bound: a GRANTED request with no PROGRESS (or
+                                    DONE) from its writer for this long fails (cancel, hold, proof
+                                    or fence, as any failure) (0 = 5000) */
     uint64_t hold_timeout_ms;    /* the pool's hold timeout (only mutants read it; 0 = 30000) */
     uint64_t nonce_seed;         /* nonces are nonce_seed + 1, + 2, ... */
     const struct kvf_alloc_ops *alloc; /* NULL = kvf_default_alloc */
@@ -291,6 +303,8 @@ struct kvf_decode_stats {
     uint64_t stale;                /* counter: stale, duplicate or unknown messages ignored */
     uint64_t verify_failed;        /* counter: DONEs that failed a count, trailer or checksum check */
     uint64_t fences_requested;     /* counter */
+    uint64_t progress;             /* counter: PROGRESS messages that renewed a grant */
+    uint64_t expired;              /* counter: grants that saw no progress within the bound */
 };
 
 int kvf_decode_create(const struct kvf_decode_config *cfg, kvf_decode_t **out);
@@ -350,7 +364,7 @@ int kvf_decode_grow(kvf_decode_t *d, kvf_req_id_t req, struct kvf_page_ref *out)
  * the prompt's pages, then the grown ones. KVF_E_PROTO_UNKNOWN_REQ. */
 int kvf_decode_pages(const kvf_decode_t *d, kvf_req_id_t req, const struct kvf_page_ref **pages,
                      uint32_t *n_pages);
-/* Timers: grant timeouts, hold timeouts (quarantine → FENCE_PEER). */
+/* Timers: no-progress deadlines (fail, hold), hold timeouts (quarantine → FENCE_PEER). */
 int kvf_decode_tick(kvf_decode_t *d, uint64_t now_ms, struct kvf_actions *acts);
 /* Heartbeat lost: every request granted to `peer` fails now; its pages wait for the fence that
  * this asks for (H13). */
@@ -379,6 +393,7 @@ struct kvf_prefill_stats {
     uint32_t live;                          /* gauge: COMPUTING .. DRAINING and DONE */
     uint32_t by_state[KVF_PREQ__NSTATES];   /* gauge */
     uint64_t granted, rejected, done, acks, fails; /* counters */
+    uint64_t progress;                      /* counter: PROGRESS messages sent */
     uint64_t stale;                         /* counter: stale or duplicate messages ignored */
 };
 
@@ -402,6 +417,13 @@ int kvf_prefill_on_msg(kvf_prefill_t *p, uint64_t now_ms, const struct kvf_msg *
 int kvf_prefill_page_ready(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint64_t nonce,
                            uint32_t index, uint64_t checksum, uint32_t first_token,
                            struct kvf_actions *acts);
+/* The engine's compute of (req, nonce) advanced: tokens_done prompt tokens have their K/V (a
+ * chunk, or a layer of one, finished — or, for a request still queued, the engine is computing
+ * others ahead of it). Sends PROGRESS (the counts never fall) while the request is COMPUTING or
+ * WRITING; KVF_E_PROTO_STALE, nothing sent, in any other state. The engine calls it on real
+ * progress of its compute only: it is what keeps decode from fencing a writer. */
+int kvf_prefill_progress(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint64_t nonce,
+                         uint32_t tokens_done, struct kvf_actions *acts);
 /* The compute of (req, nonce) failed or was refused (err < 0): REJECT when nothing was posted,
  * else drain and FAIL. */
 int kvf_prefill_compute_failed(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint64_t nonce,

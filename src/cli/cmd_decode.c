@@ -18,7 +18,7 @@ static void usage(FILE *f)
             "usage: kvfence decode --model F.gguf --listen HOST:PORT [--prefill HOST:PORT[,...]]\n"
             "                      [--context-length N] [--kv-memory SIZE] [--threads N]\n"
             "                      [--max-queue N] [--admit-timeout MS] [--compute-lock FILE]\n"
-            "                      [--grant-timeout MS] [--hold-timeout MS]\n"
+            "                      [--progress-timeout MS] [--hold-timeout MS]\n"
             "                      [--cluster-key FILE | --insecure-fabric]\n\n"
             "Runs a decode worker: routers connect to HOST:PORT (TCP, authenticated by the cluster\n"
             "key) and submit requests;\n"
@@ -35,10 +35,13 @@ static void usage(FILE *f)
             "  --compute-lock FILE   workers on the same cores given the same file take turns\n"
             "                        computing, one forward call at a time (as the workers of\n"
             "                        `kvfence serve` do), instead of halving each other\n"
-            "  --grant-timeout MS    a prompt whose pages were granted and not written and verified\n"
-            "                        within this fails; its writer must then prove it stopped\n"
-            "                        (default 10000)\n"
-            "  --hold-timeout MS     pages whose writer gave no such proof within this are\n"
+            "  --progress-timeout MS  a prompt whose prefill worker reports no progress for MS\n"
+            "                        fails and that worker is fenced: its connection closed, a\n"
+            "                        new one at a new epoch (default 5000); a prompt that is\n"
+            "                        being computed, however long, never fails by time\n"
+            "                        (--grant-timeout: the older name)\n"
+            "  --hold-timeout MS     pages of a cancelled prompt whose writer did not prove it\n"
+            "                        stopped within this are\n"
             "                        quarantined and the writer fenced: its connection closed, a\n"
             "                        new one at a new epoch (default 30000). Neither timeout frees\n"
             "                        a page by itself: only a proof or the fence does\n"
@@ -79,7 +82,8 @@ int kvf_cmd_decode(int argc, char **argv)
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
         else if (strcmp(a, "--max-queue") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &max_queue);
         else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
-        else if (strcmp(a, "--grant-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
+        else if (strcmp(a, "--progress-timeout") == 0 || strcmp(a, "--grant-timeout") == 0)
+            bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
         else if (strcmp(a, "--hold-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &hold_ms);
         else {
             fprintf(stderr, "kvfence decode: unknown option '%s'\n", a);

@@ -17,6 +17,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence prefill --model F.gguf --listen HOST:PORT [--context-length N]\n"
                "                       [--threads N] [--kv-memory SIZE] [--compute-lock FILE]\n"
+               "                       [--prefill-chunk N]\n"
                "                       [--cluster-key FILE | --insecure-fabric]\n\n"
                "Runs a prefill worker: decode workers connect to HOST:PORT (TCP; they prove the\n"
                "cluster key, and it proves it to them) and grant\n"
@@ -25,6 +26,9 @@ static void usage(FILE *f)
                "length). Prints \"listening HOST PORT\" on stdout once it accepts connections.\n"
                "--compute-lock FILE: workers on the same cores given the same file take turns\n"
                "computing, one forward call at a time, instead of halving each other.\n"
+               "--prefill-chunk N: prompt tokens computed per turn (default 256); each chunk's\n"
+               "pages go to decode while the next is computed, and prompts take turns by chunks,\n"
+               "the shortest first, so a short prompt does not wait for a long one.\n"
                "Every option can also be set as KVFENCE_<OPTION> in the environment; the command\n"
                "line wins. SIGINT or SIGTERM stops it (its connections close; decode fences them).\n\n"
                KVF_CLI_FABRIC_HELP);
@@ -33,7 +37,7 @@ static void usage(FILE *f)
 int kvf_cmd_prefill(int argc, char **argv)
 {
     const char *model_path = NULL, *listen = NULL, *lock_path = NULL;
-    uint32_t threads = 0, ctx_len = 0;
+    uint32_t threads = 0, ctx_len = 0, chunk = 0;
     uint64_t kv_bytes = 0;
     struct kvf_cli_fabric fab = {0};
     for (int i = 1; i < argc; i++) {
@@ -56,6 +60,7 @@ int kvf_cmd_prefill(int argc, char **argv)
         else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len);
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
+        else if (strcmp(a, "--prefill-chunk") == 0) bad = kvf_cli_parse_u32(v, 16, 4096, &chunk);
         else {
             fprintf(stderr, "kvfence prefill: unknown option '%s'\n", a);
             usage(stderr);
@@ -115,7 +120,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     }
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = 16, .n_pages = n_pages,
                                    .n_threads = threads, .max_context = ctx_len, .listen_host = host,
-                                   .listen_port = (uint16_t)port, .max_reqs = 64,
+                                   .listen_port = (uint16_t)port, .max_reqs = 64, .prefill_chunk = chunk,
                                    .fabric_key = kvf_cli_fabric_key(&fab)};
     if (lock_path && kvf_cli_compute_lock("prefill", lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)

@@ -62,7 +62,7 @@ static void usage(FILE *f)
             "                     [--max-queue N] [--admit-timeout MS] [--api-keys FILE | --no-auth]\n"
             "                     [--tenant-max-running N] [--tenant-max-queued N]\n"
             "                     [--tenant-max-kv-tokens N]\n"
-            "                     [--grant-timeout MS] [--hold-timeout MS]\n\n"
+            "                     [--progress-timeout MS] [--hold-timeout MS] [--prefill-chunk N]\n\n"
             "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
             "one process, joined by the handoff protocol over loopback TCP (its fabric authenticated by a\n"
             "key drawn at start that never leaves the process).\n\n"
@@ -79,8 +79,13 @@ static void usage(FILE *f)
             "                        429 with Retry-After (default 256)\n"
             "  --admit-timeout MS    how long a request may wait for KV pages before it gets 503\n"
             "                        (default 30000)\n"
-            "  --grant-timeout MS    a prompt not written and verified within MS of its grant\n"
-            "                        fails (default 10000)\n"
+            "  --progress-timeout MS  a prompt whose prefill reports no progress for MS fails\n"
+            "                        and that prefill is fenced (default 5000); a prompt that is\n"
+            "                        being computed, however long, never fails by time\n"
+            "                        (--grant-timeout: the older name)\n"
+            "  --prefill-chunk N     prompt tokens computed per turn (default 256): each chunk's\n"
+            "                        pages go to decode while the next is computed, and prompts\n"
+            "                        take turns by chunks, the shortest first\n"
             "  --hold-timeout MS     its pages, without the writer's proof that it stopped within\n"
             "                        MS more, are quarantined and the writer fenced (default\n"
             "                        30000); a timeout never frees a page by itself\n"
@@ -187,7 +192,7 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
 int kvf_cmd_serve(int argc, char **argv)
 {
     const char *model_path = NULL, *data_dir = NULL;
-    uint32_t threads = 0, ctx_len = 0, admit_ms = 0, grant_ms = 0, hold_ms = 0;
+    uint32_t threads = 0, ctx_len = 0, admit_ms = 0, grant_ms = 0, hold_ms = 0, chunk = 0;
     uint64_t kv_bytes = 1ull << 30;
     bool ctx_given = false;
     struct kvf_cli_http http = {.port = 8080};
@@ -215,7 +220,9 @@ int kvf_cmd_serve(int argc, char **argv)
         else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
         else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
         else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
-        else if (strcmp(a, "--grant-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
+        else if (strcmp(a, "--progress-timeout") == 0 || strcmp(a, "--grant-timeout") == 0)
+            bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
+        else if (strcmp(a, "--prefill-chunk") == 0) bad = kvf_cli_parse_u32(v, 16, 4096, &chunk);
         else if (strcmp(a, "--hold-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &hold_ms);
         else {
             fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
@@ -262,7 +269,8 @@ int kvf_cmd_serve(int argc, char **argv)
     if (kvf_cli_pool_limit("serve", m, SERVE_PAGE_TOKENS, kv_bytes, ctx_given ? ctx_len : 0, &limit,
                            &n_pages) < 0)
         goto out;
-    /* The prefill pool holds one prompt at the limit (prompts are computed one at a time). */
+    /* The prefill pool holds one prompt at the limit: a prompt that long is computed alone,
+     * shorter ones take turns (a prompt takes its pages when it starts). */
     uint32_t prefill_pages = (limit + SERVE_PAGE_TOKENS - 1) / SERVE_PAGE_TOKENS + 1;
     /* The internal fabric (prefill and decode on 127.0.0.1) takes only peers that prove a key
      * drawn now and never leaving the process: another local user who reaches the port is
@@ -277,7 +285,8 @@ int kvf_cmd_serve(int argc, char **argv)
                                    .max_context = limit, .listen_host = "127.0.0.1",
                                    .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
                                    .max_queue = http.max_queue, .admit_timeout_ms = admit_ms,
-                                   .grant_timeout_ms = grant_ms, .hold_timeout_ms = hold_ms};
+                                   .grant_timeout_ms = grant_ms, .hold_timeout_ms = hold_ms,
+                                   .prefill_chunk = chunk};
     if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;

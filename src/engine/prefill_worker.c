@@ -3,13 +3,29 @@
  * put each finished page into the granted decode page → flush → DONE with the first token.
  *
  * Threads: one loop thread owns everything here — the pool, the protocol machines (one per
- * decode connection), the UCX worker, the jobs; the fwd's compute threads run only inside
- * kvf_fwd_run on the loop thread. Transport callbacks run inside kvf_xport_progress on the loop
- * thread and only queue what happened (frames, flush completions, failures); the loop handles
- * the queue after progress returns, so no handler re-enters UCX from inside a callback.
+ * decode connection), the transport, the jobs. One compute thread runs the math of one chunk at
+ * a time (kvf_fwd_compute, with the fwd's own helper threads) while the loop goes on handling
+ * messages, posting the pages earlier chunks finished, and reporting progress; the loop prepares
+ * each chunk and commits it (kvf_fwd_prepare / kvf_fwd_commit), so the pool is touched by the
+ * loop only. Transport callbacks run inside kvf_xport_progress on the loop thread and only queue
+ * what happened (frames, flush completions, failures); the loop handles the queue after progress
+ * returns, so no handler re-enters the transport from inside a callback.
  *
  * One job (one GRANT):
- *   queued ──compute (chunks)──▶ pages ready one by one ──▶ puts posted ──▶ flush ──▶ DONE sent
+ *   queued ──pages taken──▶ chunks computed in turns with other jobs' ──▶ each page posted as
+ *   soon as a chunk completes it ──▶ last chunk: first token ──▶ flush ──▶ DONE sent
+ *
+ * Chunk policy (docs/PROTOCOL.md, "Long prompts"): one chunk of `prefill_chunk` tokens per turn;
+ * the next turn goes to the job with the fewest prompt tokens left (a short prompt arriving
+ * behind long ones gets the next chunk, so its first token does not wait for theirs), except
+ * that a job passed over PF_MAX_PASSES turns in a row takes the next one (a long prompt behind a
+ * stream of short ones still advances). A job takes its source pages — the whole prompt's — when
+ * it starts; one that cannot get them yet waits while the started ones go on.
+ *
+ * Progress: while the compute advances (a layer or a chunk finished, a put completed), every
+ * PF_PROGRESS_MS the loop reports each job it holds to decode (PROGRESS), which renews the grant;
+ * a stopped or hung compute reports nothing, and decode fences this worker after its
+ * no-progress bound.
  * The job's source pages are held by the job (HOLDER_SEQ) and, while a put reads one, by the put
  * (HOLDER_XFER_SRC, released on the machine's RELEASE_SRC at local completion: H5). A job ends
  * when the machine is done with it and no put of it is outstanding.
@@ -27,7 +43,9 @@
 
 #include "engine_internal.h"
 
-#define PF_CHUNK 256u      /* prompt tokens per forward call */
+#define PF_CHUNK 256u      /* prompt tokens per forward call, unless prefill_chunk says */
+#define PF_MAX_PASSES 4u   /* turns a started job may be passed over in a row */
+#define PF_PROGRESS_MS 250u /* at most this often, each job's PROGRESS (while compute advances) */
 #define PF_MAX_SESS 8u     /* decode connections at once */
 #define PF_FRAME_CAP (KVF_PROTO_MAX_MSG_BYTES)
 
@@ -59,6 +77,11 @@ struct pjob {
     struct pput *puts;                 /* [n_pages] */
     uint32_t puts_out;                 /* puts posted and not complete locally */
     bool computed, aborted, finished;  /* finished: the machine no longer needs it */
+    bool started;                      /* has its source pages; chunks may run */
+    bool in_step;                      /* a chunk of it is on the compute thread */
+    uint32_t pos;                      /* prompt tokens computed */
+    uint32_t reported;                 /* pages reported ready (posted) */
+    uint32_t passes;                   /* turns passed over in a row since it started */
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     bool placeholder; /* mutant: recomputed as one token after the engine refused it */
 #endif
@@ -121,10 +144,30 @@ struct kvf_prefill_worker {
     float *logits;
     void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
     uint64_t bad_frames;          /* counter: control frames that did not decode */
+    uint32_t chunk;               /* prompt tokens per chunk */
+    /* The compute thread: one chunk at a time. step_state moves IDLE → GO (loop) → DONE
+     * (compute) → IDLE (loop, at the commit); the other fields are the loop's, read by the
+     * compute thread only between GO and DONE. */
+    pthread_t cthread;
+    bool cthread_started;
+    pthread_mutex_t cmu;
+    pthread_cond_t ccv;
+    enum { STEP_IDLE, STEP_GO, STEP_DONE } step_state;
+    bool compute_quit;
+    int step_rc;
+    struct pjob *step_job;
+    struct kvf_fwd_seq step_seq;
+    uint32_t step_len;
+    bool step_last;
+    /* Progress: what the compute had done at the last report, and when that was. */
+    uint64_t seen_layers, seen_puts, puts_done, last_progress_ms;
+    bool chunk_done; /* a chunk finished since the last report */
     pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
     uint32_t info_pages, info_free;
 #if defined(KVF_TEST_BUILD)
     struct pforge *forge; /* KVF_TEST_FORGE: see "Test builds: forgeries" below; NULL = off */
+    uint32_t test_chunk_ms; /* KVF_TEST_CHUNK_MS: each chunk's compute takes this much longer (a
+                               slow but live prefill, for the long-prompt tests) */
 #endif
 };
 
@@ -420,7 +463,7 @@ static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
 /* A job goes when the machine is done with it and no put still reads its pages. */
 static void job_maybe_free(struct kvf_prefill_worker *w, struct pjob *j)
 {
-    if (j->used && j->finished && j->puts_out == 0 && !j->flush_out) job_free(w, j);
+    if (j->used && j->finished && j->puts_out == 0 && !j->flush_out && !j->in_step) job_free(w, j);
 }
 
 static void unqueue(struct kvf_prefill_worker *w, struct pjob *j)
@@ -436,6 +479,16 @@ static void unqueue(struct kvf_prefill_worker *w, struct pjob *j)
     j->next_queued = NULL;
 }
 
+static void queue_push(struct kvf_prefill_worker *w, struct pjob *j)
+{
+    j->next_queued = NULL;
+    if (w->queue_tail)
+        w->queue_tail->next_queued = j;
+    else
+        w->queue_head = j;
+    w->queue_tail = j;
+}
+
 /* --- Actions of a prefill machine. ---------------------------------------------------------- */
 
 static void run_actions(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_msg *grant);
@@ -448,6 +501,7 @@ static void on_put_done(void *arg, int status)
     struct pjob *j = p->job;
     if (--p->left > 0) return;
     j->puts_out--;
+    w->puts_done++;
     if (j->s && j->s->m) {
         kvf_prefill_write_local_done(j->s->m, j->req, j->nonce, p->index, &w->acts);
         run_actions(w, j->s, NULL);
@@ -622,11 +676,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
                     j->n_tokens = g->n_tokens;
                     j->n_pages = g->n_pages;
                     memcpy(j->dst, g->pages, g->n_pages * sizeof(*j->dst));
-                    if (w->queue_tail)
-                        w->queue_tail->next_queued = j;
-                    else
-                        w->queue_head = j;
-                    w->queue_tail = j;
+                    queue_push(w, j);
                 } else {
                     free(j->tokens);
                     free(j->dst);
@@ -701,23 +751,23 @@ static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t id
     run_actions(w, j->s, NULL);
 }
 
-static void compute_job(struct kvf_prefill_worker *w, struct pjob *j);
-
 static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err)
 {
+    unqueue(w, j);
     kvf_prefill_compute_failed(j->s->m, kvf__now_ms(), j->req, j->nonce, err, &w->acts);
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     /* Mutant, the engine's half: the machine asks for the refused request again (its
      * placeholder): one token, computed into the first of its pages, which goes through the
      * handoff as if it were the prompt. */
-    for (uint32_t i = 0; i < w->acts.n && !j->placeholder; i++) {
+    for (uint32_t i = 0; i < w->acts.n && !j->placeholder && j->started; i++) {
         struct kvf_action *a = &w->acts.v[i];
         if (a->kind != KVF_ACT_COMPUTE || !kvf_req_id_eq(a->req, j->req) || a->nonce != j->nonce) continue;
         a->kind = (enum kvf_action_kind)0; /* taken here: run_actions skips it */
         j->placeholder = true;
         j->n_tokens = 1;
+        j->pos = j->reported = 0;
         run_actions(w, j->s, NULL);
-        compute_job(w, j);
+        queue_push(w, j);
         return;
     }
 #endif
@@ -735,8 +785,8 @@ static bool pages_in_use(const struct kvf_prefill_worker *w)
 }
 
 /* Source pages for j. 1 when it has them; 0 when the pool is short only for now (pages still
- * held by earlier jobs' puts in flight come back as those complete): the job waits at the head
- * of the queue; a negative code when it can never fit (then it fails: REJECT). */
+ * held by other jobs, or by earlier jobs' puts in flight, come back as those complete): the job
+ * waits; a negative code when it can never fit (then it fails: REJECT). */
 static int take_pages(struct kvf_prefill_worker *w, struct pjob *j)
 {
     struct kvf_owner own = {j->req, j->tenant};
@@ -747,45 +797,179 @@ static int take_pages(struct kvf_prefill_worker *w, struct pjob *j)
     return rc;
 }
 
-static void compute_job(struct kvf_prefill_worker *w, struct pjob *j)
+/*
+ * The job whose chunk runs next (the policy in the header): the started job passed over
+ * PF_MAX_PASSES turns in a row, if any, else the one with the fewest prompt tokens left; a job
+ * not started yet takes its pages first, and one that cannot get them now is skipped for this
+ * turn (*waiting: the caller polls again soon). NULL when nothing can run.
+ */
+static struct pjob *pick_job(struct kvf_prefill_worker *w, bool *waiting)
 {
-    uint32_t pt = w->geo.page_tokens;
-    int rc;
-    uint32_t reported = 0;
+    *waiting = false;
+    for (struct pjob *j = w->queue_head, *nx; j; j = nx) {
+        nx = j->next_queued;
+        if (j->aborted || j->finished || !j->s || j->s->failed) unqueue(w, j);
+    }
+    uint32_t skipped = 0;
+    for (;;) {
+        struct pjob *best = NULL, *starved = NULL;
+        uint32_t k = 0;
+        for (struct pjob *j = w->queue_head; j; j = j->next_queued, k++) {
+            if (k < 64 && (skipped >> k & 1u)) continue;
+            if (j->started && j->passes >= PF_MAX_PASSES && !starved) starved = j;
+            if (!best || j->n_tokens - j->pos < best->n_tokens - best->pos) best = j;
+        }
+        struct pjob *j = starved ? starved : best;
+        if (!j) return NULL;
+        if (j->started) return j;
+        int got = take_pages(w, j);
+        if (got == 0) {
+            uint32_t idx = 0;
+            for (struct pjob *q = w->queue_head; q && q != j; q = q->next_queued) idx++;
+            if (idx >= 64) return NULL; /* deep in a long queue: wait for pages like the rest */
+            skipped |= 1u << idx;
+            *waiting = true;
+            continue;
+        }
+        if (got < 0) {
+            compute_failed(w, j, got);
+            continue;
+        }
+        j->started = true;
 #if defined(KVF_TEST_BUILD)
-    if (forge_refuse(w, j)) {
-        compute_failed(w, j, KVF_E_ENGINE);
+        if (forge_refuse(w, j)) {
+            compute_failed(w, j, KVF_E_ENGINE);
+            continue;
+        }
+        forge_short(w, j);
+#endif
+        return j;
+    }
+}
+
+/* Starts the next chunk on the compute thread; false when none could start. */
+static bool start_chunk(struct kvf_prefill_worker *w, bool *waiting)
+{
+    struct pjob *j = pick_job(w, waiting);
+    if (!j) return false;
+    for (struct pjob *q = w->queue_head; q; q = q->next_queued)
+        if (q != j && q->started) q->passes++;
+    j->passes = 0;
+    uint32_t left = j->n_tokens - j->pos, len = left < w->chunk ? left : w->chunk;
+    bool last = len == left;
+    w->step_seq = (struct kvf_fwd_seq){j->req, j->tokens + j->pos, len, j->pos, j->src, j->n_pages,
+                                       last ? w->logits : NULL, 0};
+    int rc = kvf_fwd_prepare(w->fwd, w->pool, &w->step_seq, 1);
+    if (rc != 1) {
+        if (rc >= 0) { /* prepared with nothing to run: end the batch before failing the job */
+            kvf_fwd_compute(w->fwd);
+            kvf_fwd_commit(w->fwd, w->pool);
+        }
+        compute_failed(w, j, rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
+        return false;
+    }
+    j->in_step = true;
+    w->step_job = j;
+    w->step_len = len;
+    w->step_last = last;
+    pthread_mutex_lock(&w->cmu);
+    w->step_state = STEP_GO;
+    pthread_cond_broadcast(&w->ccv);
+    pthread_mutex_unlock(&w->cmu);
+    return true;
+}
+
+static void *compute_main(void *arg)
+{
+    struct kvf_prefill_worker *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->cmu);
+        while (w->step_state != STEP_GO && !w->compute_quit) pthread_cond_wait(&w->ccv, &w->cmu);
+        bool quit = w->step_state != STEP_GO;
+        pthread_mutex_unlock(&w->cmu);
+        if (quit) return NULL;
+        kvf__compute_enter(&w->cfg);
+        int rc = kvf_fwd_compute(w->fwd);
+        kvf__compute_leave(&w->cfg);
+#if defined(KVF_TEST_BUILD)
+        if (w->test_chunk_ms) usleep(w->test_chunk_ms * 1000u);
+#endif
+        pthread_mutex_lock(&w->cmu);
+        w->step_rc = rc;
+        w->step_state = STEP_DONE;
+        pthread_mutex_unlock(&w->cmu);
+        kvf__wake(w->wake_fd);
+    }
+}
+
+static int step_state(struct kvf_prefill_worker *w)
+{
+    pthread_mutex_lock(&w->cmu);
+    int st = (int)w->step_state;
+    pthread_mutex_unlock(&w->cmu);
+    return st;
+}
+
+/* The chunk's end (the compute thread finished it): the fills go up, the pages it completed
+ * are posted, and after the last chunk the first token is drawn and the rest is posted. */
+static void finish_chunk(struct kvf_prefill_worker *w)
+{
+    int rc = kvf_fwd_commit(w->fwd, w->pool);
+    struct pjob *j = w->step_job;
+    w->step_job = NULL;
+    j->in_step = false;
+    pthread_mutex_lock(&w->cmu);
+    if (w->step_rc < 0 && rc >= 0) rc = w->step_rc;
+    w->step_state = STEP_IDLE;
+    pthread_mutex_unlock(&w->cmu);
+    w->chunk_done = true;
+    if (j->finished || j->aborted || !j->s || j->s->failed) {
+        job_maybe_free(w, j);
         return;
     }
-    forge_short(w, j);
-#endif
-    for (uint32_t pos = 0; pos < j->n_tokens;) {
-        uint32_t len = j->n_tokens - pos < PF_CHUNK ? j->n_tokens - pos : PF_CHUNK;
-        bool last = pos + len == j->n_tokens;
-        struct kvf_fwd_seq seq = {j->req, j->tokens + pos, len, pos, j->src, j->n_pages,
-                                  last ? w->logits : NULL, 0};
-        rc = kvf__fwd_run_locked(&w->cfg, w->fwd, w->pool, &seq, 1);
-        if (rc != 1 || seq.status != 0) {
-            compute_failed(w, j, rc < 0 ? rc : (seq.status ? seq.status : KVF_E_ENGINE));
-            return;
-        }
-        pos += len;
-        if (last) break;
+    if (rc != 1 || w->step_seq.status != 0) {
+        compute_failed(w, j, rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
+        return;
+    }
+    uint32_t pt = w->geo.page_tokens;
+    j->pos += w->step_len;
+    if (!w->step_last) {
         /* Pages the chunk completed go now (H8: never a page whose compute is unfinished). */
-        for (; (reported + 1) * pt <= pos; reported++) page_ready(w, j, reported, 0);
-        if (j->aborted) return;
+        for (; (j->reported + 1) * pt <= j->pos && !j->aborted; j->reported++) page_ready(w, j, j->reported, 0);
+        return;
     }
     float lp = 0.0f;
-    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp,
-                                &j->n_top, j->top_ids,
-                                j->top_lps);
+    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp, &j->n_top,
+                                j->top_ids, j->top_lps);
     if (tok < 0) {
         compute_failed(w, j, tok);
         return;
     }
+    unqueue(w, j);
     j->first_logprob = lp;
     j->computed = true;
-    for (; reported < j->n_pages && !j->aborted; reported++) page_ready(w, j, reported, (uint32_t)tok);
+    for (; j->reported < j->n_pages && !j->aborted; j->reported++) page_ready(w, j, j->reported, (uint32_t)tok);
+}
+
+/* Every PF_PROGRESS_MS while the compute advances (a layer or a chunk finished, a put
+ * completed), each job this worker holds is reported to its decode worker: PROGRESS renews the
+ * grant. A stopped or hung compute advances nothing, so nothing is sent for it. */
+static void send_progress(struct kvf_prefill_worker *w)
+{
+    uint64_t now = kvf__now_ms();
+    if (now - w->last_progress_ms < PF_PROGRESS_MS) return;
+    uint64_t layers = kvf_fwd_layers_done(w->fwd);
+    if (layers == w->seen_layers && w->puts_done == w->seen_puts && !w->chunk_done) return;
+    w->seen_layers = layers;
+    w->seen_puts = w->puts_done;
+    w->chunk_done = false;
+    w->last_progress_ms = now;
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
+        struct pjob *j = &w->jobs[i];
+        if (!j->used || j->finished || !j->s || j->s->failed || !j->s->m) continue;
+        if (kvf_prefill_progress(j->s->m, now, j->req, j->nonce, j->pos, &w->acts) == 0)
+            run_actions(w, j->s, NULL);
+    }
 }
 
 /* --- Sessions and frames. -------------------------------------------------------------------- */
@@ -947,23 +1131,18 @@ static void *loop(void *arg)
         w->info_pages = ps.n_pages;
         w->info_free = ps.by_state[KVF_PAGE_FREE];
         pthread_mutex_unlock(&w->info_mu);
-        if (w->queue_head) {
-            struct pjob *j = w->queue_head;
-            int got = j->aborted || !j->s || j->s->failed ? -ECANCELED : take_pages(w, j);
-            if (got == 0) {
-                /* Waits for pages that puts in flight still read; their completions wake us. */
-                kvf__loop_wait(w->x, w->wake_fd, 5);
-                continue;
-            }
-            unqueue(w, j);
-            if (got == 1)
-                compute_job(w, j);
-            else if (got != -ECANCELED)
-                compute_failed(w, j, got);
-            continue;
-        }
-        kvf__loop_wait(w->x, w->wake_fd, 200);
+        if (step_state(w) == STEP_DONE) finish_chunk(w);
+        bool waiting = false, stepping = step_state(w) != STEP_IDLE;
+        if (!stepping && w->queue_head) stepping = start_chunk(w, &waiting);
+        send_progress(w);
+        /* While a chunk runs the compute thread's end wakes us; the progress reports need a
+         * turn at least every PF_PROGRESS_MS. A job waiting for pages that puts in flight still
+         * read polls soon (their completions come through the transport). */
+        kvf__loop_wait(w->x, w->wake_fd, waiting ? 5 : stepping || w->queue_head ? (int)PF_PROGRESS_MS : 200);
     }
+    /* A chunk still on the compute thread finishes before anything is torn down. */
+    while (step_state(w) == STEP_GO) kvf__loop_wait(w->x, w->wake_fd, 50);
+    if (step_state(w) == STEP_DONE) finish_chunk(w);
     return NULL;
 }
 
@@ -971,6 +1150,13 @@ static void *loop(void *arg)
 
 static void destroy(struct kvf_prefill_worker *w)
 {
+    if (w->cthread_started) { /* the loop left no chunk running */
+        pthread_mutex_lock(&w->cmu);
+        w->compute_quit = true;
+        pthread_cond_broadcast(&w->ccv);
+        pthread_mutex_unlock(&w->cmu);
+        pthread_join(w->cthread, NULL);
+    }
     /* Endpoints first (forced: the fence), so nothing can still be written or read. */
     for (uint32_t i = 0; i < PF_MAX_SESS; i++)
         if (w->sess[i].used) w->sess[i].failed = true;
@@ -1006,6 +1192,8 @@ static void destroy(struct kvf_prefill_worker *w)
 #endif
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->info_mu);
+    pthread_mutex_destroy(&w->cmu);
+    pthread_cond_destroy(&w->ccv);
     free(w);
 }
 
@@ -1016,6 +1204,9 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     if (!w) return -ENOMEM;
     w->cfg = *cfg;
     pthread_mutex_init(&w->info_mu, NULL);
+    pthread_mutex_init(&w->cmu, NULL);
+    pthread_cond_init(&w->ccv, NULL);
+    w->chunk = cfg->prefill_chunk ? cfg->prefill_chunk : PF_CHUNK;
     if (!w->cfg.max_reqs) w->cfg.max_reqs = 64;
     w->wake_fd = kvf__wake_open();
     int rc = w->wake_fd < 0 ? w->wake_fd : 0;
@@ -1033,7 +1224,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     /* KVF_POISON=1 poisons this pool's freed pages whoever started the worker (serve too). */
     if (getenv("KVF_POISON") && atoi(getenv("KVF_POISON"))) pc.poison_on_free = true;
 #endif
-    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, PF_CHUNK, 1, NULL};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->chunk, 1, NULL};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
         snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
@@ -1068,8 +1259,13 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
         struct kvf_xport_faults f;
         if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
         forge_init(w);
+        const char *cm = getenv("KVF_TEST_CHUNK_MS");
+        w->test_chunk_ms = cm ? (uint32_t)atoi(cm) : 0;
     }
 #endif
+    if (rc == 0 && (rc = -pthread_create(&w->cthread, NULL, compute_main, w)) < 0)
+        snprintf(err, err_len, "cannot start the prefill compute thread");
+    if (rc == 0) w->cthread_started = true;
     if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
         snprintf(err, err_len, "cannot start the prefill loop thread");
     if (rc < 0) {

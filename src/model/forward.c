@@ -38,6 +38,7 @@
 
 struct kvf_fwd {
     const kvf_model_t *m;
+    uint64_t layers_done;     /* layers computed, ever: read by other threads (atomic access) */
     const struct kvf_alloc_ops *alloc; /* where this and the arena came from */
     uint8_t *arena;           /* every scratch buffer below, 64-byte aligned, one allocation */
     size_t arena_bytes;
@@ -694,6 +695,7 @@ int kvf_fwd_compute(kvf_fwd_t *f)
         kvf__tpool_run(f->tp, job_gate_up, &j, mm_chunks);
         norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, reads_act16(&L->w_down));
         kvf__tpool_run(f->tp, job_down, &j, mm_chunks);
+        __atomic_fetch_add(&f->layers_done, 1, __ATOMIC_RELAXED);
     }
 
     if (n_out > 0) {
@@ -712,6 +714,11 @@ int kvf_fwd_compute(kvf_fwd_t *f)
     }
 
     return (int)n_ok;
+}
+
+uint64_t kvf_fwd_layers_done(const kvf_fwd_t *f)
+{
+    return __atomic_load_n(&f->layers_done, __ATOMIC_RELAXED);
 }
 
 int kvf_fwd_commit(kvf_fwd_t *f, kvf_pool_t *pool)

@@ -102,6 +102,7 @@ enum {
     FIRST_LP_BYTES = 4 + 4 + 8 * KVF_PROTO_MAX_LOGPROBS, /* logprob, n_top, (id, logprob) × 20 */
     DONE_BODY = 3 * 4 + FIRST_LP_BYTES,         /* tokens_written, first_token, n_pages, logprobs */
     REASON_BODY = 4,
+    PROGRESS_BODY = 2 * 4,                      /* tokens_done, pages_posted */
     PAGE_REF_BYTES = 12,                        /* page u32, tag u64 */
 };
 
@@ -116,6 +117,7 @@ const char *kvf_msg_type_name(int type)
     case KVF_MSG_CANCEL_ACK: return "KVF_MSG_CANCEL_ACK";
     case KVF_MSG_REJECT: return "KVF_MSG_REJECT";
     case KVF_MSG_FAIL: return "KVF_MSG_FAIL";
+    case KVF_MSG_PROGRESS: return "KVF_MSG_PROGRESS";
     default: return "?";
     }
 }
@@ -144,6 +146,7 @@ static long body_size(const struct kvf_msg *m)
     case KVF_MSG_CANCEL_ACK:
     case KVF_MSG_REJECT:
     case KVF_MSG_FAIL: return REASON_BODY;
+    case KVF_MSG_PROGRESS: return PROGRESS_BODY;
     default: return KVF_E_PROTO_TYPE;
     }
 }
@@ -230,6 +233,10 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         for (uint32_t i = 0; i < d->n_pages; i++, p += 8) put_u64(p, d->checksums[i]);
         break;
     }
+    case KVF_MSG_PROGRESS:
+        put_u32(p, m->u.progress.tokens_done);
+        put_u32(p + 4, m->u.progress.pages_posted);
+        break;
     default:
         put_u32(p, (uint32_t)m->u.reason);
         break;
@@ -357,6 +364,16 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         p += DONE_BODY;
         for (uint32_t i = 0; i < d->n_pages; i++, p += 8) s->checksums[i] = get_u64(p);
         d->checksums = d->n_pages ? s->checksums : NULL;
+        break;
+    }
+    case KVF_MSG_PROGRESS: {
+        if (have != PROGRESS_BODY) return KVF_E_PROTO_BOUNDS;
+        out->u.progress.tokens_done = get_u32(p);
+        out->u.progress.pages_posted = get_u32(p + 4);
+        /* Counts beyond the protocol's bounds cannot have come from a well-formed peer. */
+        if (out->u.progress.tokens_done > KVF_PROTO_MAX_TOKENS ||
+            out->u.progress.pages_posted > KVF_PROTO_MAX_PAGES)
+            return KVF_E_PROTO_BOUNDS;
         break;
     }
     default: {

@@ -25,7 +25,9 @@
  *                            DRAINING → FAILED
  *   ... CANCEL_ACK           DRAINING → FAILED
  *   kvf_decode_cancel        GRANTED → DRAINING; RUNNING → FAILED (no grants: pages freed)
- *   kvf_decode_tick          GRANTED → DRAINING (grant timeout); quarantine → FENCE_PEER
+ *   ... PROGRESS             GRANTED: the no-progress deadline renewed (nothing else changes)
+ *   kvf_decode_tick          GRANTED → DRAINING (no progress within the bound); quarantine →
+ *                            FENCE_PEER
  *   kvf_decode_peer_down     GRANTED → DRAINING (no CANCEL: the peer is gone) + FENCE_PEER
  *   kvf_decode_peer_fenced   GRANTED → FAILED, DRAINING → FAILED (the pool revoked the grants)
  *   kvf_decode_finish        RUNNING → DONE
@@ -35,7 +37,7 @@
  * tags; a RUNNING request's pages are OWNED by it with no grant; a DRAINING request's pages whose
  * grant it still counts are HELD or QUARANTINED with its writer's grant. The client hears of
  * every ending (DELIVER_FIRST or FAIL_REQ) at the moment the request stops succeeding, never
- * later than a grant timeout or a heartbeat; the pages follow only on proof or fence.
+ * later than the no-progress bound or a heartbeat; the pages follow only on proof or fence.
  *
  * Work bounds: submit, finish and cancel are O(pages of the request); on_msg is O(requests) to
  * find the request plus O(page data) per page to verify a DONE; tick, peer_down and
@@ -69,7 +71,9 @@ struct dreq {
     bool *granted;              /* [seq_pages]: this page's grant is still outstanding */
     uint32_t n_granted;
     uint32_t reserved;          /* pages still promised for the output */
-    uint64_t deadline_ms;       /* GRANTED: the grant timeout */
+    uint64_t deadline_ms;       /* GRANTED: the no-progress deadline (renewed by PROGRESS) */
+    uint32_t progress_tokens;   /* GRANTED: the counts of the last PROGRESS, which never fall */
+    uint32_t progress_pages;
     uint64_t drain_since_ms;    /* DRAINING: when the request stopped succeeding */
 };
 
@@ -125,7 +129,7 @@ int kvf_decode_create(const struct kvf_decode_config *cfg, kvf_decode_t **out)
     memset(d, 0, sizeof(*d));
     d->cfg = *cfg;
     d->alloc = a;
-    if (!d->cfg.grant_timeout_ms) d->cfg.grant_timeout_ms = 10000;
+    if (!d->cfg.grant_timeout_ms) d->cfg.grant_timeout_ms = 5000;
     if (!d->cfg.hold_timeout_ms) d->cfg.hold_timeout_ms = 30000;
     const struct kvf_pool_geometry *g = kvf_pool_geometry(cfg->pool);
     d->page_tokens = g->page_tokens;
@@ -405,6 +409,7 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
     r->n_granted = n_prompt;
     r->reserved = n_total - n_prompt;
     r->deadline_ms = now_ms + d->cfg.grant_timeout_ms;
+    r->progress_tokens = r->progress_pages = 0;
 
     struct kvf_action *a = push(acts, KVF_ACT_SEND, req);
     a->peer = peer;
@@ -592,6 +597,25 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
             return 0;
         }
         break;
+    case KVF_MSG_PROGRESS: {
+        /* Liveness only: the writer's compute of this prompt advanced. It renews the deadline and
+         * nothing else — it proves no write landed or drained, so it never commits, frees or
+         * ends a grant. Counts that fall or exceed the grant's are a peer's error: ignored. */
+        const struct kvf_msg_progress *pg = &m->u.progress;
+        if (r->state == KVF_DREQ_GRANTED && pg->tokens_done <= r->prompt_len &&
+            pg->pages_posted <= r->n_pages && pg->tokens_done >= r->progress_tokens &&
+            pg->pages_posted >= r->progress_pages) {
+            r->progress_tokens = pg->tokens_done;
+            r->progress_pages = pg->pages_posted;
+#if !defined(KVF_MUTANT_PROGRESS_IGNORED) /* mutant: a clock over the whole prefill, as before */
+            r->deadline_ms = now_ms + d->cfg.grant_timeout_ms;
+#endif
+            d->st.progress++;
+            return 0;
+        }
+        if (r->state == KVF_DREQ_DRAINING) return 0; /* sent before the writer saw the CANCEL */
+        break;
+    }
     default: break;
     }
     d->st.stale++;
@@ -673,8 +697,14 @@ int kvf_decode_tick(kvf_decode_t *d, uint64_t now_ms, struct kvf_actions *acts)
     if (rc < 0) return rc;
     for (uint32_t i = 0; i < d->cfg.max_reqs; i++) {
         struct dreq *r = &d->reqs[i];
-        if (r->state == KVF_DREQ_GRANTED && now_ms >= r->deadline_ms)
+        if (r->state == KVF_DREQ_GRANTED && now_ms >= r->deadline_ms) {
+            /* No progress within the bound: the writer is stopped, hung or cut off (a live one
+             * reports progress on every grant it holds while its compute advances). The request
+             * fails now; its pages wait, HELD, for the writer's proof or, past the hold timeout,
+             * the fence — a writer that was only slow to be heard still proves it stopped. */
+            d->st.expired++;
             start_draining(d, r, now_ms, KVF_E_PROTO_TIMEOUT, true, acts);
+        }
 #if defined(KVF_MUTANT_FREE_AT_HOLD_TIMEOUT)
         /* Mutant: time is taken as proof. */
         if (r->state == KVF_DREQ_DRAINING && now_ms >= r->drain_since_ms + d->cfg.hold_timeout_ms) {

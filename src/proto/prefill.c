@@ -46,6 +46,7 @@ struct preq {
     struct kvf_page_ref *pages; /* [max_grant_pages] */
     uint64_t *checksums;        /* [max_grant_pages] */
     uint32_t computed, posted;
+    uint32_t progress_tokens;  /* the tokens_done of the last PROGRESS sent */
     uint32_t first_token;
     bool flush_out;            /* a FLUSH is outstanding */
     bool acked;                /* the CANCEL of this (req, nonce) was answered */
@@ -415,6 +416,27 @@ int kvf_prefill_page_ready(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, 
         e->state = KVF_PREQ_FLUSHING;
         flush(acts, e);
     }
+    return 0;
+}
+
+int kvf_prefill_progress(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint64_t nonce,
+                         uint32_t tokens_done, struct kvf_actions *acts)
+{
+    (void)now_ms;
+    int rc = room(p, acts);
+    if (rc < 0) return rc;
+    struct preq *e = find(p, req, nonce);
+    /* Only a request still being computed or written: after its FLUSH the DONE is on its way,
+     * and a cancelled, failed or cleared one owes nothing but its proof. */
+    if (!p->connected || !e || (e->state != KVF_PREQ_COMPUTING && e->state != KVF_PREQ_WRITING))
+        return KVF_E_PROTO_STALE;
+    if (tokens_done > e->expected) tokens_done = e->expected;
+    if (tokens_done < e->progress_tokens) tokens_done = e->progress_tokens; /* counts never fall */
+    e->progress_tokens = tokens_done;
+    struct kvf_action *a = send(p, acts, req, nonce, KVF_MSG_PROGRESS, 0);
+    a->msg.u.progress.tokens_done = tokens_done;
+    a->msg.u.progress.pages_posted = e->posted;
+    p->st.progress++;
     return 0;
 }
 

@@ -283,6 +283,15 @@ function lateTinyCases(t) {
   }
   return cases;
 }
+// Long prompts on hist: 64 to 200 words (tokens), mostly the tenant's canary, short outputs.
+function longCases(t) {
+  const cases = [];
+  for (const n of [64, 100, 150, 200]) {
+    cases.push({ t, model: HIST, prompt: histPrompt(t, n), s: GREEDY(randInt(4, 24)) });
+    cases.push({ t, model: HIST, prompt: histPrompt(t, n + 5), s: SEEDED_HIST(randInt(4, 24), randInt(1, 1e6)) });
+  }
+  return cases;
+}
 const TINY_PROMPTS = ['Hello there', 'Once upon a time', 'x', 'The quick brown fox jumps over the lazy dog', '12 34 56',
   'A longer prompt with several words in it to fill more than one page of the pool'];
 function tinyCases(t) {
@@ -475,7 +484,7 @@ const TOPOLOGIES = {
       const timeouts = SERVE_TIMEOUTS ? ['--grant-timeout', String(ph.grantMs ?? 3000), '--hold-timeout', String(ph.holdTimeoutMs ?? 4000)] : [];
       const p = startProc(`${ph.name}-serve`, ['serve', '--model', ph.model, '--host', '127.0.0.1', '--port', '0', '--threads', '1',
         '--kv-memory', poolBytes(ph.model, ph.pages), ...commonFlags, '--max-queue', String(ph.maxQueue), '--admit-timeout', String(ph.admitMs),
-        ...timeouts], ph.env);
+        ...timeouts, ...(ph.prefillFlags ?? [])], ph.env);
       const m = await waitOut(p, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 120000);
       return { url: `http://127.0.0.1:${m[1]}`, procs: [p], all: [p], prefills: [] };
     },
@@ -497,7 +506,8 @@ const TOPOLOGIES = {
       if (ph.needTimeouts && !timeouts.length) throw new Error(`${ph.name} needs decode's --grant-timeout and --hold-timeout`);
       const envOf = (role, i) => ({ ...ph.env, ...(ph.envOf?.(role, i) ?? {}) });
       const ports = [await freePort(), await freePort(), await freePort()];
-      const prefillArgs = (i) => ['prefill', '--model', ph.model, '--listen', `127.0.0.1:${ports[i]}`, '--context-length', String(CTX), '--threads', '1'];
+      const prefillArgs = (i) => ['prefill', '--model', ph.model, '--listen', `127.0.0.1:${ports[i]}`, '--context-length', String(CTX), '--threads', '1',
+        ...(ph.prefillFlags ?? [])];
       const decodeArgs = ['decode', '--model', ph.model, '--listen', `127.0.0.1:${ports[2]}`, '--context-length', String(CTX),
         '--kv-memory', poolBytes(ph.model, ph.pages), '--threads', '1', '--max-queue', String(ph.maxQueue),
         '--admit-timeout', String(ph.admitMs), ...timeouts];
@@ -548,7 +558,7 @@ async function runPhase(ph) {
   }
   ph.env = {
     ...(ph.kvfFaults ? { KVF_FAULTS: ph.kvfFaults } : {}), ...(ph.forge ? { KVF_TEST_FORGE: ph.forge } : {}),
-    ...(UNVERIFIED ? { KVF_TEST_UNVERIFIED: '1' } : {}),
+    ...(UNVERIFIED ? { KVF_TEST_UNVERIFIED: '1' } : {}), ...(ph.extraEnv ?? {}),
   };
   const t0 = Date.now();
   console.log(`# phase ${ph.name}: ${ph.topology}, ${path.basename(ph.model)}, pool ${ph.pages} pages, KVF_FAULTS=${ph.kvfFaults ?? ''} KVF_TEST_FORGE=${ph.forge ?? ''}`);
@@ -762,6 +772,21 @@ for (const topo of ['serve', 'split']) {
     phases.push(late(HIST, TENANTS.flatMap(lateCases), 24, SOAK ? 160 : 48));
     phases.push(late(TINY, TENANTS.flatMap(lateTinyCases), 24, SOAK ? 120 : 40));
   }
+  // Long prompts: prompts of 4 to 13 chunks (--prefill-chunk 16, 64 to 200 tokens), each chunk
+  // taking 40 ms longer than its compute (KVF_TEST_CHUNK_MS: a slow but live prefill), six at a
+  // time, so the prompts' chunks interleave and a prompt's grant lasts several times the 1 s
+  // no-progress bound. Every prompt must be served right — none fails for want of progress while
+  // its prefill advances — with disconnects between chunks (queued, mid-prefill, mid-stream) and
+  // the canary tenants' content checks.
+  phases.push({
+    name: `${topo}-long-prompts`, topology: topo, model: HIST, pages: 40, maxQueue: 24, admitMs: 20000,
+    cases: TENANTS.flatMap(longCases), grantMs: 1000, prefillFlags: ['--prefill-chunk', '16'],
+    extraEnv: { KVF_TEST_CHUNK_MS: '40' }, allowErrors: false, quiesceMs: 30000,
+    async workload(ph) {
+      bump(report.faults, 'long prompts: 4..13 chunks, chunks 40 ms slow, bound 1 s');
+      await traffic(ph, SOAK ? 120 : 36, 6);
+    },
+  });
   // A random-weight model: bit-exact tokens and logprobs, cancels and exhaustion, no worker fault.
   phases.push({
     name: `${topo}-tiny-exact`, topology: topo, model: TINY, pages: 48, maxQueue: 24, admitMs: 1500,

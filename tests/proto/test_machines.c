@@ -634,14 +634,15 @@ static void test_hold_timeout_quarantines_then_fence_frees(void)
     struct kvf_msg g;
     submit(&r, R1, 6, &g);
     r.a.n = 0;
-    ASSERT_OK(kvf_decode_tick(r.d, GRANT_MS, &r.a)); /* no DONE in time: the grant timeout */
-    ASSERT_EQ_INT(act(&r, KVF_ACT_FAIL_REQ, 0)->err, KVF_E_PROTO_TIMEOUT);
+    ASSERT_OK(kvf_decode_cancel(r.d, 0, R1, KVF_E_PROTO_CANCELLED, &r.a)); /* the client left */
+    ASSERT_EQ_INT(act(&r, KVF_ACT_FAIL_REQ, 0)->err, KVF_E_PROTO_CANCELLED);
     ASSERT_NOT_NULL(act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL));
+    ASSERT_NULL(act(&r, KVF_ACT_FENCE_PEER, 0));
     expect_pages(&r, &g, KVF_PAGE_HELD);
     r.a.n = 0;
-    ASSERT_OK(kvf_decode_tick(r.d, GRANT_MS + HOLD_MS - 1, &r.a));
+    ASSERT_OK(kvf_decode_tick(r.d, HOLD_MS - 1, &r.a));
     ASSERT_EQ_INT(r.a.n, 0);
-    ASSERT_OK(kvf_decode_tick(r.d, GRANT_MS + HOLD_MS, &r.a));
+    ASSERT_OK(kvf_decode_tick(r.d, HOLD_MS, &r.a));
     const struct kvf_action *f = act(&r, KVF_ACT_FENCE_PEER, 0);
     ASSERT_NOT_NULL(f);
     ASSERT_EQ_INT(f->peer, PEER);
@@ -649,7 +650,7 @@ static void test_hold_timeout_quarantines_then_fence_frees(void)
     expect_pages(&r, &g, KVF_PAGE_QUARANTINED);
     /* Asked once, not on every tick. */
     r.a.n = 0;
-    ASSERT_OK(kvf_decode_tick(r.d, GRANT_MS + HOLD_MS + 10000, &r.a));
+    ASSERT_OK(kvf_decode_tick(r.d, HOLD_MS + 10000, &r.a));
     ASSERT_EQ_INT(r.a.n, 0);
     expect_pages(&r, &g, KVF_PAGE_QUARANTINED);
     /* A late ack does not free a quarantined page. */
@@ -659,6 +660,86 @@ static void test_hold_timeout_quarantines_then_fence_frees(void)
     ASSERT_EQ_INT(kvf_decode_req_state(r.d, R1), KVF_DREQ_DRAINING);
     ASSERT_OK(kvf_decode_peer_fenced(r.d, 20001, (struct kvf_peer_epoch){PEER, 1}, &r.a));
     expect_quiescent(&r);
+    rig_free(&r);
+}
+
+/* Liveness by progress: a PROGRESS of the grant renews its deadline however long the prompt
+ * takes; one of another nonce or epoch, or with counts that fall or exceed the grant's, does
+ * not; PROGRESS never commits, proves or frees. Silence for the whole bound fails the request;
+ * its pages are held for a proof or, past the hold timeout, the fence. */
+static void test_progress_renews_silence_fences(void)
+{
+    struct rig r;
+    rig_init(&r);
+    struct kvf_msg g;
+    submit(&r, R1, 10, &g); /* three pages of 4 slots */
+    r.a.n = 0;
+    ASSERT_OK(kvf_prefill_on_msg(r.p, 0, &g, &r.a));
+    /* The prefill machine reports progress while computing, with counts that never fall. */
+    uint64_t now = 0;
+    for (uint32_t k = 1; k <= 8; k++) {
+        now += GRANT_MS - 1;
+        r.a.n = 0;
+        ASSERT_OK(kvf_prefill_progress(r.p, now, g.req, g.nonce, k, &r.a));
+        const struct kvf_action *pa = act(&r, KVF_ACT_SEND, KVF_MSG_PROGRESS);
+        ASSERT_NOT_NULL(pa);
+        struct kvf_msg pm = wire(&pa->msg);
+        ASSERT_EQ_INT(pm.u.progress.tokens_done, k);
+        r.a.n = 0;
+        ASSERT_OK(kvf_decode_on_msg(r.d, now, PEER, &pm, &r.a));
+        ASSERT_EQ_INT(r.a.n, 0); /* nothing but the deadline changes */
+        ASSERT_OK(kvf_decode_tick(r.d, now + GRANT_MS - 1, &r.a));
+        ASSERT_EQ_INT(r.a.n, 0);
+        ASSERT_EQ_INT(kvf_decode_req_state(r.d, R1), KVF_DREQ_GRANTED);
+    }
+    /* 8 × (GRANT_MS − 1) ms in: far past one bound, still granted. Messages that do not renew: */
+    struct kvf_msg bad[] = {
+        {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce + 1, .epoch = 1, .u.progress = {9, 0}},
+        {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 2, .u.progress = {9, 0}},
+        {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {7, 0}},
+        {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {11, 0}},
+        {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {9, 4}},
+    };
+    struct kvf_decode_stats ds;
+    kvf_decode_stats(r.d, &ds);
+    uint64_t stale0 = ds.stale;
+    for (size_t i = 0; i < KVF_ARRAY_LEN(bad); i++) {
+        r.a.n = 0;
+        ASSERT_ERR(kvf_decode_on_msg(r.d, now + 1, PEER, &bad[i], &r.a), KVF_E_PROTO_STALE);
+        ASSERT_EQ_INT(r.a.n, 0);
+    }
+    kvf_decode_stats(r.d, &ds);
+    ASSERT_EQ_U64(ds.stale, stale0 + KVF_ARRAY_LEN(bad));
+    ASSERT_EQ_U64(ds.progress, 8);
+    /* Silence: at the bound after the last good PROGRESS the request fails; its pages are
+     * held (not freed: time proves nothing), and after the hold timeout quarantined and the
+     * writer's fence asked for. */
+    r.a.n = 0;
+    ASSERT_OK(kvf_decode_tick(r.d, now + GRANT_MS - 1, &r.a));
+    ASSERT_EQ_INT(r.a.n, 0);
+    ASSERT_OK(kvf_decode_tick(r.d, now + GRANT_MS, &r.a));
+    ASSERT_EQ_INT(act(&r, KVF_ACT_FAIL_REQ, 0)->err, KVF_E_PROTO_TIMEOUT);
+    ASSERT_NOT_NULL(act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL));
+    expect_pages(&r, &g, KVF_PAGE_HELD);
+    kvf_decode_stats(r.d, &ds);
+    ASSERT_EQ_U64(ds.expired, 1);
+    /* A PROGRESS after the expiry changes nothing: no renewal, no proof. */
+    struct kvf_msg late = {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {10, 0}};
+    r.a.n = 0;
+    ASSERT_OK(kvf_decode_on_msg(r.d, now + GRANT_MS + 1, PEER, &late, &r.a));
+    ASSERT_EQ_INT(r.a.n, 0);
+    expect_pages(&r, &g, KVF_PAGE_HELD);
+    ASSERT_OK(kvf_decode_tick(r.d, now + GRANT_MS + HOLD_MS, &r.a));
+    const struct kvf_action *f = act(&r, KVF_ACT_FENCE_PEER, 0);
+    ASSERT_NOT_NULL(f);
+    ASSERT_EQ_INT(f->epoch, 1);
+    expect_pages(&r, &g, KVF_PAGE_QUARANTINED);
+    ASSERT_OK(kvf_decode_peer_fenced(r.d, now + GRANT_MS + HOLD_MS + 1, (struct kvf_peer_epoch){PEER, 1}, &r.a));
+    expect_quiescent(&r);
+    /* The prefill machine sends no PROGRESS for a request past its compute and writes. */
+    r.a.n = 0;
+    ASSERT_ERR(kvf_prefill_progress(r.p, now, (kvf_req_id_t){7, 7}, 1, 1, &r.a), KVF_E_PROTO_STALE);
+    ASSERT_EQ_INT(r.a.n, 0);
     rig_free(&r);
 }
 
@@ -858,6 +939,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_reject_only_without_writes),
     KVF_CASE(test_stale_ignored_late_proof_counts),
     KVF_CASE(test_hold_timeout_quarantines_then_fence_frees),
+    KVF_CASE(test_progress_renews_silence_fences),
     KVF_CASE(test_peer_down_fails_fast_fence_frees),
     KVF_CASE(test_fence_fails_every_grant_of_the_epoch),
     KVF_CASE(test_no_room_changes_nothing),

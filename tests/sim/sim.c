@@ -6,7 +6,8 @@
  *   I2  no page is free or reassigned while an unfenced writer has a write in flight to it: every
  *       in-flight write's page is still granted to that writer with that tag (checked at post,
  *       after every step, and when the write lands).
- *   I3  every request ends for its client (first token or a clear error) within a bound.
+ *   I3  every request ends for its client (first token or a clear error) within a bound of its
+ *       submission or of its writer's last progress.
  *   I4  quiescence: every page free, nothing reserved or granted, no live request on either side,
  *       every source page back; and the pool's and both machines' checkers hold after every step.
  *   I5  a put reads its source page only while the request still holds it (H5).
@@ -14,6 +15,8 @@
  *   I7  a commit never rests on a writer epoch that has been fenced.
  *   I8  a request whose messages all arrived and whose writer never failed ends its grants by
  *       proof: its pages are never quarantined (a drain proof was not lost, H2).
+ *   I9  a request whose messages all arrived and whose writer never failed never fails for want
+ *       of progress, however long its prompt takes (a slow but live writer is never failed).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -36,7 +39,7 @@ const struct sim_config sim_pressured = {
 static const char *const ev_names[] = {
     "tick", "heartbeat", "submit", "client-cancel", "finish", "msg->decode", "msg->prefill",
     "page-ready", "put-local-done", "put-lands", "flush-done", "prefill-clear", "crash",
-    "restart", "hang", "partition", "fence", "prefill-reset", "connect",
+    "restart", "hang", "partition", "fence", "prefill-reset", "connect", "progress",
 };
 
 void start_fault(struct world *W, int p)
@@ -149,7 +152,9 @@ void step(struct world *W, struct ev *e)
         }
         if (!decode_msg(W, e, &m, &sc)) break;
         trace(W, "  decode receives %s from peer %d epoch %u", kvf_msg_type_name(m.type), e->peer, m.epoch);
-        kvf_decode_on_msg(W->dec, W->now, (uint16_t)e->peer, &m, &W->acts);
+        if (kvf_decode_on_msg(W->dec, W->now, (uint16_t)e->peer, &m, &W->acts) == 0 &&
+            m.type == KVF_MSG_PROGRESS && find_req(W, m.req) >= 0)
+            W->req[find_req(W, m.req)].progress_t = W->now;
         decode_actions(W);
         break;
     case EV_TO_PREFILL:
@@ -168,6 +173,11 @@ void step(struct world *W, struct ev *e)
         if (e->gen != P->gen) break;
         if (peer_busy(W, e, e->peer)) break;
         on_page_ready(W, e);
+        break;
+    case EV_PROGRESS:
+        if (e->gen != P->gen) break;
+        if (peer_busy(W, e, e->peer)) break;
+        on_progress(W, e);
         break;
     case EV_LOCAL: {
         struct swrite *w = &W->w[e->w];
@@ -355,6 +365,7 @@ void setup(struct world *W, uint64_t seed)
         r->early_clear = chance(W, 0.05);
         if (r->forge || r->corrupt) r->faulted = true;
         if (chance(W, 0.03)) r->prompt = MAX_CONTEXT + 1; /* over the limit: refused at once */
+        r->slow = chance(W, 0.15) && r->prompt > PT;
         struct ev *e = ev_new(W, rnd(W, 0, W->cfg->submit_window_ms), EV_SUBMIT);
         e->ridx = i;
         uint64_t at = e->t;

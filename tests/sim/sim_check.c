@@ -122,8 +122,10 @@ void check_all(struct world *W)
     }
     for (int i = 0; i < W->n_req; i++) {
         const struct sreq *r = &W->req[i];
-        if (r->submitted && !r->outcome && W->now > r->submit_t + OUTCOME_BOUND_MS)
-            violate(W, "I3: request %d has had no answer for %" PRIu64 " ms", i, W->now - r->submit_t);
+        uint64_t since = r->progress_t > r->submit_t ? r->progress_t : r->submit_t;
+        if (r->submitted && !r->outcome && W->now > since + OUTCOME_BOUND_MS)
+            violate(W, "I3: request %d has had no answer for %" PRIu64 " ms (%" PRIu64 " since its last progress)",
+                    i, W->now - r->submit_t, W->now - since);
     }
 }
 

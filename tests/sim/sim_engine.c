@@ -101,6 +101,9 @@ void decode_actions(struct world *W)
         case KVF_ACT_FAIL_REQ:
             if (!r) break;
             trace(W, "  req %d fails: %s", ri, kvf_strerror(a->err));
+            if (all_checks(W) && !r->faulted && a->err == KVF_E_PROTO_TIMEOUT)
+                violate(W, "I9: request %d failed for want of progress although its writer was live "
+                           "and every message of it arrived", ri);
             if (!r->outcome) {
                 r->outcome = true;
                 r->err = a->err;
@@ -134,7 +137,7 @@ void free_src(struct src *s)
 
 void schedule_page(struct world *W, int p, int ri, uint32_t index)
 {
-    struct ev *e = ev_new(W, rnd(W, 1, 30), EV_PAGE_READY);
+    struct ev *e = ev_new(W, W->req[ri].slow ? rnd(W, 400, 1400) : rnd(W, 1, 30), EV_PAGE_READY);
     e->peer = p;
     e->gen = W->peer[p].gen;
     e->ridx = ri;
@@ -231,7 +234,9 @@ void prefill_actions(struct world *W, int p)
         case KVF_ACT_COMPUTE:
             if (!r) break;
             r->job_aborted = false;
+            r->pages_done = 0;
             schedule_page(W, p, ri, 0);
+            schedule_progress(W, p, ri);
             break;
         case KVF_ACT_ABORT_COMPUTE:
             if (r) r->job_aborted = true;
@@ -336,8 +341,35 @@ void on_page_ready(struct world *W, const struct ev *e)
         W->acts.n = 0;
         return;
     }
+    r->pages_done = e->index + 1;
     prefill_actions(W, e->peer);
     if (e->index + 1 < r->n_pages && !r->job_aborted) schedule_page(W, e->peer, e->ridx, e->index + 1);
+}
+
+/* While it computes, the prefill engine reports its progress every PROGRESS_MS (the engine's
+ * compute advances in layers; here a page's tokens count once the page is done). */
+void schedule_progress(struct world *W, int p, int ri)
+{
+    struct ev *e = ev_new(W, PROGRESS_MS, EV_PROGRESS);
+    e->peer = p;
+    e->gen = W->peer[p].gen;
+    e->ridx = ri;
+    e->nonce = W->req[ri].nonce;
+    ev_push(W);
+}
+
+void on_progress(struct world *W, const struct ev *e)
+{
+    struct speer *P = &W->peer[e->peer];
+    struct sreq *r = &W->req[e->ridx];
+    if (r->job_aborted || e->nonce != r->nonce) return;
+    uint32_t done = r->pages_done * PT < r->prompt ? r->pages_done * PT : r->prompt;
+    if (kvf_prefill_progress(P->sm, W->now, r->id, e->nonce, done, &W->acts) < 0) {
+        W->acts.n = 0;
+        return; /* past its writes (or gone): no more reports */
+    }
+    prefill_actions(W, e->peer);
+    schedule_progress(W, e->peer, e->ridx);
 }
 
 void write_event_done(struct swrite *w, bool local)

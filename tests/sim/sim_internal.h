@@ -28,17 +28,18 @@ enum {
     MSG_MAX = 320,
     HB_MS = 100,
     TICK_MS = 50,
-    GRANT_TIMEOUT_MS = 2000,
+    GRANT_TIMEOUT_MS = 2000, /* decode's no-progress bound */
+    PROGRESS_MS = 300,       /* a computing prefill reports progress this often */
     HOLD_TIMEOUT_MS = 3000,
     END_MS = 200000,
-    OUTCOME_BOUND_MS = GRANT_TIMEOUT_MS + 2 * HB_MS + 2 * TICK_MS,
+    OUTCOME_BOUND_MS = GRANT_TIMEOUT_MS + 2 * HB_MS + 2 * TICK_MS, /* after submit or progress */
 };
 
 enum evk {
     EV_TICK, EV_HB, /* periodic */
     EV_SUBMIT, EV_CANCEL, EV_FINISH, EV_TO_DECODE, EV_TO_PREFILL, EV_PAGE_READY, EV_LOCAL,
     EV_LAND, EV_FLUSH, EV_CLEAR, EV_CRASH, EV_RESTART, EV_HANG, EV_PARTITION, EV_FENCE, EV_RESET,
-    EV_CONNECT,
+    EV_CONNECT, EV_PROGRESS,
 };
 
 struct ev {
@@ -64,6 +65,10 @@ struct sreq {
     bool corrupt;        /* a landed byte of it is flipped */
     bool early_clear;    /* the prefill engine gives up on it */
     bool job_aborted;
+    bool slow;           /* a long prompt: each page takes 400..1,400 ms to compute, so the whole
+                            prompt outlasts the no-progress bound and lives by PROGRESS */
+    uint32_t pages_done; /* pages the prefill engine computed for the current attempt */
+    uint64_t progress_t; /* when decode last accepted a PROGRESS of it */
     uint64_t nonce;
     uint32_t epoch, n_pages;
     struct kvf_page_ref pages[MAX_GRANT];
@@ -164,6 +169,8 @@ void post_write(struct world *W, int p, const struct kvf_action *a, int ri);
 void prefill_actions(struct world *W, int p);
 void on_submit(struct world *W, int ri);
 void on_page_ready(struct world *W, const struct ev *e);
+void schedule_progress(struct world *W, int p, int ri);
+void on_progress(struct world *W, const struct ev *e);
 void write_event_done(struct swrite *w, bool local);
 bool in_flight(const struct swrite *w);
 void on_local(struct world *W, const struct ev *e);
