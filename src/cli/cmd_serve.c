@@ -78,7 +78,7 @@ static void usage(FILE *f)
             "  --max-queue N         requests in flight (running or waiting) before new ones get\n"
             "                        429 with Retry-After (default 256)\n"
             "  --admit-timeout MS    how long a request may wait for KV pages before it gets 503\n"
-            "                        (default 30000)\n"
+            "                        pool_exhausted (default 30000)\n"
             "  --grant-timeout MS    a prompt not written and verified within MS of its grant\n"
             "                        fails (default 10000)\n"
             "  --hold-timeout MS     its pages, without the writer's proof that it stopped within\n"
