@@ -61,6 +61,8 @@ enum kvf_err {
     /* transport, engine, server: appended by those modules. */
     KVF_E_TRANSPORT = -1301,
     KVF_E_ENGINE = -1401,
+    KVF_E_ENGINE_NO_PREFILL = -1402, /* no prefill worker connected for the admission wait */
+    KVF_E_ENGINE_NO_DECODE = -1403,  /* router: no decode worker connected for the admission wait */
     KVF_E_SERVER = -1501,
 };
 

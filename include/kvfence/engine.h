@@ -61,7 +61,8 @@ struct kvf_gen_event {
     uint32_t n_top;         /* TOKEN: entries in top_ids / top_logprobs */
     int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
     float top_logprobs[KVF_GEN_MAX_LOGPROBS];
-    int err;                /* END: 0, or a negative kvfence code saying why it failed */
+    int err;                /* END: 0, or a negative kvfence code saying why it failed (the
+                               HTTP answer of each: kvf__srv_engine_error, docs/SERVER.md) */
     bool stopped;           /* END with err 0: true if a stop id ended it, false if max_tokens */
 };
 
@@ -155,7 +156,8 @@ struct kvf_worker_config {
                                      (0 = 5000) */
     uint64_t hold_timeout_ms;     /* decode: 0 = 30000 */
     uint64_t admit_timeout_ms;    /* decode: how long a request may wait for pages or a prefill
-                                     before it fails (0 = 30000) */
+                                     before it fails: -EBUSY, or KVF_E_ENGINE_NO_PREFILL when no
+                                     prefill is connected then (0 = 30000) */
     uint32_t keepalive_ms;        /* transport keepalive (0 = 100) */
     uint32_t hash_slice_bytes;    /* decode: a DONE over more page bytes than this is hashed in
                                      slices of this size, one per loop turn (0 = 8 MiB) */
@@ -262,7 +264,9 @@ struct kvf_router_config {
     uint32_t max_context, page_tokens, n_vocab;
     uint32_t max_queue;               /* requests not yet ended, at most (0 = 256): else -EAGAIN */
     uint64_t admit_timeout_ms;        /* a request waiting for a live decode worker longer than
-                                         this ends with KVF_E_PROTO_PEER_DOWN (0 = 30000) */
+                                         this ends with KVF_E_ENGINE_NO_DECODE, or
+                                         KVF_E_ENGINE_NO_PREFILL when decode workers are up but
+                                         none has a prefill (0 = 30000) */
     uint32_t keepalive_ms;            /* 0 = 100 */
     const uint8_t *fabric_key;        /* as in kvf_worker_config */
 };

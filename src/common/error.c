@@ -53,6 +53,8 @@ const char *kvf_strerror(int err)
     case KVF_E_MODEL_PAGE: return "model: KV page tag or fill check failed";
     case KVF_E_TRANSPORT: return "transport error";
     case KVF_E_ENGINE: return "engine error";
+    case KVF_E_ENGINE_NO_PREFILL: return "engine: no prefill worker connected";
+    case KVF_E_ENGINE_NO_DECODE: return "engine: no decode worker connected";
     case KVF_E_SERVER: return "server error";
     default: break;
     }

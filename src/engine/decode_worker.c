@@ -822,8 +822,10 @@ static uint32_t pages_for(const struct kvf_decode_worker *w, uint64_t tokens)
 }
 
 /* Moves pending requests into the machine, oldest first, while a slot, the pages for prompt +
- * max_tokens and a live prefill are there. A request that waits past admit_timeout_ms fails
- * (503 at the router); a cancelled one ends at once — nothing of it moved yet. */
+ * max_tokens and a live prefill are there. A request that waits past admit_timeout_ms fails,
+ * saying what it waited for: -EBUSY (a prefill was connected: the pages or a slot never came
+ * free) or KVF_E_ENGINE_NO_PREFILL (no prefill worker connected then); a cancelled one ends at
+ * once — nothing of it moved yet. */
 static void admit(struct kvf_decode_worker *w)
 {
     uint64_t now = kvf__now_ms();
@@ -850,7 +852,7 @@ static void admit(struct kvf_decode_worker *w)
         else if (w->stop)
             end_err = -ESHUTDOWN;
         else if (now - g->since_ms > w->cfg.admit_timeout_ms)
-            end_err = any_up ? -EBUSY : KVF_E_PROTO_PEER_DOWN;
+            end_err = any_up ? -EBUSY : KVF_E_ENGINE_NO_PREFILL;
         else if (best >= 0 && kvf_pool_available(w->pool) >= pages_for(w, (uint64_t)g->p.n_prompt + g->p.max_tokens))
             go = true;
         if (!end_err && !go) {

@@ -431,8 +431,17 @@ static int pick_dec(const struct kvf_router *r)
     return best;
 }
 
+static bool any_dec_up(const struct kvf_router *r)
+{
+    for (uint32_t i = 0; i < r->cfg.n_decodes; i++)
+        if (r->decs[i].hello_ok) return true;
+    return false;
+}
+
 /* Pending requests go to decode workers, oldest first; a cancelled one ends at once (nothing
- * of it moved yet), one that waited too long for a live decode worker fails. */
+ * of it moved yet), one that waited too long for a live decode worker fails, saying what was
+ * missing: KVF_E_ENGINE_NO_DECODE (no decode worker connected) or KVF_E_ENGINE_NO_PREFILL
+ * (decode workers connected, none of them with a live prefill). */
 static void admit(struct kvf_router *r)
 {
     uint64_t now = kvf__now_ms();
@@ -444,7 +453,7 @@ static void admit(struct kvf_router *r)
         else if (atomic_load(&r->stop))
             err = -ESHUTDOWN;
         else if ((d = pick_dec(r)) < 0 && now - g->since_ms > r->cfg.admit_timeout_ms)
-            err = KVF_E_PROTO_PEER_DOWN;
+            err = any_dec_up(r) ? KVF_E_ENGINE_NO_PREFILL : KVF_E_ENGINE_NO_DECODE;
         if (!err && d < 0) break; /* FIFO: wait for a decode worker */
         r->pending_head = g->next;
         if (!r->pending_head) r->pending_tail = NULL;

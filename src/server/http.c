@@ -522,9 +522,15 @@ static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection
         return send_body(c, 503, NULL);
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    if (e->status == 429 || e->status == 503) {
+    /* Retry-After: the error's own (an engine reason's), else the server's on a 429 or 503. */
+    unsigned retry = 0;
+    if (e->retry_after_s > 0)
+        retry = (unsigned)e->retry_after_s;
+    else if (e->retry_after_s == KVF__SRV_RETRY_DEFAULT && (e->status == 429 || e->status == 503))
+        retry = s->cfg.retry_after_s;
+    if (retry) {
         char ra[16];
-        snprintf(ra, sizeof ra, "%u", s->cfg.retry_after_s);
+        snprintf(ra, sizeof ra, "%u", retry);
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, ra);
     }
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
@@ -909,6 +915,7 @@ static void request_end(struct kvf_server *s, const char *id, size_t ti, struct 
 {
     struct kvf__srv_tenant *t = &s->tenants.t[ti];
     atomic_fetch_add(&t->outcomes[o], 1);
+    kvf__srv_metrics_error(&s->metrics, code);
     if (!run) {
         kvf__srv_log(&s->cfg, "event=rejected id=%s tenant=%s outcome=%s status=%d code=%s", id,
                      t->name, kvf__srv_outcome_name[o], status, code ? code : "-");
@@ -967,7 +974,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (atomic_load(&st->s->stopping)) {
             kvf__srv_run_cancel(st->run);
             struct kvf__srv_err e;
-            kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+            kvf__srv_engine_error(-ESHUTDOWN, &e);
             kvf__srv_sse_put(&st->out, kvf__srv_err_json(&e));
             st->finished = true;
             continue;
@@ -1049,7 +1056,7 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
     enum MHD_Result ok;
     while (!kvf__srv_run_done(run)) {
         if (atomic_load(&s->stopping)) {
-            kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+            kvf__srv_engine_error(-ESHUTDOWN, &e);
             status = 503;
             code = e.code;
             ok = send_error(s, c, &e, NULL);
@@ -1136,7 +1143,8 @@ static int tenant_slot(struct kvf_server *s, struct MHD_Connection *c, struct co
         if (kvf__srv_tenant_wait(T, q->ti, &q->share, kv_cap, KVF_SERVER_POLL_MS) == 0) return 0;
         if (atomic_load(&s->stopping)) {
             kvf__srv_tenant_leave_queue(T, q->ti);
-            return kvf__srv_fail(e, 503, NULL, "shutting_down", "the server is shutting down");
+            kvf__srv_engine_error(-ESHUTDOWN, e);
+            return -1;
         }
         if (peer_gone(fd)) {
             kvf__srv_tenant_leave_queue(T, q->ti);
@@ -1189,7 +1197,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         return refuse(s, c, q, &e);
     if (atomic_load(&s->stopping)) {
         kvf__srv_req_free(&req);
-        kvf__srv_fail(&e, 503, NULL, "shutting_down", "the server is shutting down");
+        kvf__srv_engine_error(-ESHUTDOWN, &e);
         return refuse(s, c, q, &e);
     }
     /* What it takes of its tenant's share: each choice is a sequence, each reserves its prompt

@@ -5,6 +5,10 @@
  * keys, "_none" for requests refused before they had a tenant):
  *   requests_total{tenant,outcome}         generation requests by how they ended (401s of any
  *                                          endpoint under tenant "_none", outcome unauthorized)
+ *   request_errors_total{reason}           generation requests that failed though well formed
+ *                                          (429, 5xx), by reason (the error's code:
+ *                                          kvf__srv_reasons); every reason's series from the
+ *                                          start, 0 until it happens
  *   prompt_tokens_total{tenant}, generation_tokens_total{tenant}
  *   tenant_requests{tenant,state}          running / waiting for the tenant's share
  *   tenant_sequences{tenant}, tenant_kv_tokens{tenant}
@@ -18,7 +22,7 @@
  *   bad_frames_total, foreign_tails_total, rejected_before_handoff_total, quarantines_total,
  *   holds_total, handoffs_committed_total, handoffs_failed_total, hash_slices_total
  * Engine figures are read from one ops->info call per scrape. Work: O(tenants × outcomes +
- * buckets) lines per scrape.
+ * reasons + buckets) lines per scrape.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,6 +51,21 @@ void kvf__srv_metrics_init(struct kvf__srv_metrics *m)
     m->ttft.le = ttft_le, m->ttft.n = NELEM(ttft_le);
     m->tpot.le = tpot_le, m->tpot.n = NELEM(tpot_le);
     m->e2e.le = e2e_le, m->e2e.n = NELEM(e2e_le);
+    for (int k = 0; k < KVF__SRV_N_REASONS; k++)
+        atomic_init(&m->errors[k], 0);
+}
+
+/* request_errors_total counts the failures of requests that were fine as sent (429 and 5xx);
+ * the 400 reasons are the client's, counted as outcome "invalid" in requests_total. */
+static bool counted(int k)
+{
+    return kvf__srv_reasons[k].status >= 429;
+}
+
+void kvf__srv_metrics_error(struct kvf__srv_metrics *m, const char *code)
+{
+    int k = kvf__srv_reason_by_code(code);
+    if (k >= 0 && counted(k)) atomic_fetch_add(&m->errors[k], 1);
 }
 
 void kvf__srv_metrics_destroy(struct kvf__srv_metrics *m)
@@ -126,6 +145,13 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
         for (int k = 0; k < KVF__SRV_N_OUTCOMES; k++)
             put(o, "kvfence_requests_total{tenant=\"%s\",outcome=\"%s\"} %llu\n", T->t[t].name,
                 kvf__srv_outcome_name[k], atomic_load(&T->t[t].outcomes[k]));
+    head(o, "request_errors_total", "counter",
+         "Generation requests that failed though well formed (429, 5xx), by reason: the "
+         "error's code.");
+    for (int k = 0; k < KVF__SRV_N_REASONS; k++)
+        if (counted(k))
+            put(o, "kvfence_request_errors_total{reason=\"%s\"} %llu\n", kvf__srv_reasons[k].code,
+                atomic_load(&m->errors[k]));
     head(o, "prompt_tokens_total", "counter", "Prompt tokens of submitted requests.");
     for (size_t t = 1; t < T->n; t++)
         put(o, "kvfence_prompt_tokens_total{tenant=\"%s\"} %llu\n", T->t[t].name,

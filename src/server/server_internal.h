@@ -41,8 +41,11 @@ void kvf__sbuf_puts(struct kvf__sbuf *b, const char *s);
 void kvf__sbuf_free(struct kvf__sbuf *b);
 
 /* --- Errors as the API reports them. --------------------------------------------------------- */
+#define KVF__SRV_RETRY_DEFAULT 0    /* Retry-After: the server's retry_after_s on a 429 or 503 */
+#define KVF__SRV_RETRY_NONE    (-1) /* no Retry-After: a retry cannot help */
 struct kvf__srv_err {
     int status;          /* HTTP status */
+    int retry_after_s;   /* Retry-After in seconds (> 0), or KVF__SRV_RETRY_DEFAULT or _NONE */
     const char *type;    /* "invalid_request_error", "server_error", ... (static) */
     const char *param;   /* the offending field, or NULL (static) */
     const char *code;    /* a short machine code, or NULL (static) */
@@ -189,7 +192,39 @@ bool kvf__srv_run_sse(struct kvf__srv_run *r, struct kvf__sbuf *out);
 /* Appends "data: <j compact>\n\n" and drops j (a NULL j or no memory sets out->oom). */
 void kvf__srv_sse_put(struct kvf__sbuf *out, json_t *j);
 
-/* The text of an engine error for a client (no internals). */
+/* --- Why a request failed (util.c). -------------------------------------------------------- */
+/* Each way a request can fail that is not the client's request itself being malformed: the
+ * engine's codes and the server's own queue, memory and shutdown. One error code each, one
+ * series of kvfence_request_errors_total each (docs/SERVER.md has the table). */
+enum kvf__srv_reason {
+    KVF__SRV_R_QUEUE_FULL = 0,          /* -EAGAIN, or the server's max_queue */
+    KVF__SRV_R_POOL_EXHAUSTED,          /* -EBUSY */
+    KVF__SRV_R_NO_PREFILL,              /* KVF_E_ENGINE_NO_PREFILL */
+    KVF__SRV_R_NO_DECODE,               /* KVF_E_ENGINE_NO_DECODE */
+    KVF__SRV_R_PREFILL_STALLED,         /* KVF_E_PROTO_TIMEOUT */
+    KVF__SRV_R_WORKER_DOWN,             /* KVF_E_PROTO_PEER_DOWN */
+    KVF__SRV_R_WORKER_FAILED,           /* KVF_E_PROTO_FAILED */
+    KVF__SRV_R_KV_VERIFICATION_FAILED,  /* KVF_E_PROTO_COUNT, _TRAILER, _CHECKSUM */
+    KVF__SRV_R_OUT_OF_MEMORY,           /* -ENOMEM */
+    KVF__SRV_R_SHUTTING_DOWN,           /* -ESHUTDOWN, KVF_E_PROTO_CANCELLED */
+    KVF__SRV_R_CONTEXT_LENGTH_EXCEEDED, /* KVF_E_PROTO_REJECTED */
+    KVF__SRV_R_INVALID_REQUEST,         /* -EINVAL */
+    KVF__SRV_R_INTERNAL_ERROR,          /* anything else */
+    KVF__SRV_N_REASONS
+};
+struct kvf__srv_reason_info {
+    int status;          /* HTTP status */
+    const char *code;    /* the error's code, and the metric's reason label */
+    int retry_after_s;   /* as in struct kvf__srv_err */
+    const char *message; /* what ran out or stopped */
+};
+extern const struct kvf__srv_reason_info kvf__srv_reasons[KVF__SRV_N_REASONS];
+/* The reason of an engine code (KVF__SRV_R_INTERNAL_ERROR for one it does not know). */
+enum kvf__srv_reason kvf__srv_reason_of(int err);
+/* The reason whose code is code, or -1 (code may be NULL). */
+int kvf__srv_reason_by_code(const char *code);
+/* Fills e with the answer to an engine code: its reason's status, code, message (with the
+ * engine's own text for a failed verification or an unknown code) and Retry-After. */
 void kvf__srv_engine_error(int err, struct kvf__srv_err *e);
 
 /* --- Tenants (tenant.c). ------------------------------------------------------------------ */
@@ -298,12 +333,16 @@ struct kvf__srv_hist {
 struct kvf__srv_metrics {
     pthread_mutex_t mu;       /* guards the histograms */
     struct kvf__srv_hist ttft, tpot, e2e;
+    atomic_ullong errors[KVF__SRV_N_REASONS]; /* generation requests failed, by reason */
 };
 void kvf__srv_metrics_init(struct kvf__srv_metrics *m);
 void kvf__srv_metrics_destroy(struct kvf__srv_metrics *m);
 /* Records a finished run's latencies (µs figures; tokens: all choices'). */
 void kvf__srv_metrics_observe(struct kvf__srv_metrics *m, const struct kvf__srv_run *r,
                               int64_t end_us);
+/* Counts a generation request that ended with the error code code, if it names a reason
+ * (NULL or another code: nothing). */
+void kvf__srv_metrics_error(struct kvf__srv_metrics *m, const char *code);
 /* The whole /metrics body into out. */
 void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants *T,
                              const struct kvf_engine_info *in, uint32_t in_flight,

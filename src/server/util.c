@@ -45,6 +45,7 @@ int kvf__srv_fail(struct kvf__srv_err *e, int status, const char *param, const c
                   const char *fmt, ...)
 {
     e->status = status;
+    e->retry_after_s = KVF__SRV_RETRY_DEFAULT;
     e->param = param;
     e->code = code;
     if (status == 429)
@@ -68,52 +69,111 @@ json_t *kvf__srv_err_json(const struct kvf__srv_err *e)
                      e->type, "param", e->param, "code", e->code);
 }
 
-void kvf__srv_engine_error(int err, struct kvf__srv_err *e)
+/*
+ * Why a request failed, as its client and /metrics see it: one row per reason, its code the
+ * error's `code` and the label of kvfence_request_errors_total. A row's message names what ran
+ * out or stopped, never a request's text. Retry-After: a retry can help where the row gives
+ * seconds (KVF__SRV_RETRY_DEFAULT: the server's retry_after_s, as for its own 429s); where it
+ * cannot (the client's request is wrong, the server is going away), none is sent.
+ */
+const struct kvf__srv_reason_info kvf__srv_reasons[KVF__SRV_N_REASONS] = {
+    [KVF__SRV_R_QUEUE_FULL] = {429, "queue_full", KVF__SRV_RETRY_DEFAULT,
+                               "the server's queue of requests is full; retry later"},
+    /* -EBUSY: the decode worker's bounded admission wait ended with no room for the prompt
+     * and max_tokens (BAD_INPUTS row 27). Pages come free as running requests finish. */
+    [KVF__SRV_R_POOL_EXHAUSTED] = {503, "pool_exhausted", 2,
+                                   "no KV pool pages became free for this request (its prompt and "
+                                   "max_tokens) within the admission wait; retry later"},
+    /* No prefill worker connected for the whole admission wait: one starting or reconnecting
+     * takes seconds. */
+    [KVF__SRV_R_NO_PREFILL] = {503, "no_prefill", 5,
+                               "no prefill worker is connected, so the prompt cannot be "
+                               "prefilled; retry later"},
+    [KVF__SRV_R_NO_DECODE] = {503, "no_decode", 5,
+                              "no decode worker is connected to the router; retry later"},
+    /* KVF_E_PROTO_TIMEOUT: the grant expired, the prefill having sent no progress on the
+     * prompt within its bound. */
+    [KVF__SRV_R_PREFILL_STALLED] = {503, "prefill_stalled", 2,
+                                    "the prefill worker stopped making progress on this prompt; "
+                                    "retry later"},
+    /* KVF_E_PROTO_PEER_DOWN: the worker's connection was lost or fenced while it held the
+     * request; the others serve, and it is connected again within a couple of seconds. */
+    [KVF__SRV_R_WORKER_DOWN] = {502, "worker_down", 2,
+                                "the worker serving this request went down (its connection was "
+                                "lost or fenced); retry later"},
+    [KVF__SRV_R_WORKER_FAILED] = {502, "worker_failed", 1,
+                                  "the prefill worker reported a failure on this prompt; retry "
+                                  "later"},
+    /* The prompt's pages failed the handoff's check (H6, H9, H10): a writer's fault, not the
+     * client's, and none of those bytes was read. Retrying is safe. */
+    [KVF__SRV_R_KV_VERIFICATION_FAILED] = {502, "kv_verification_failed", 1,
+                                           "the prompt's KV pages failed verification; none of "
+                                           "them was used"},
+    [KVF__SRV_R_OUT_OF_MEMORY] = {503, "out_of_memory", 2,
+                                  "the server is out of memory; retry later"},
+    [KVF__SRV_R_SHUTTING_DOWN] = {503, "shutting_down", KVF__SRV_RETRY_NONE,
+                                  "the server is shutting down"},
+    [KVF__SRV_R_CONTEXT_LENGTH_EXCEEDED] = {400, "context_length_exceeded", KVF__SRV_RETRY_NONE,
+                                            "the request does not fit the served context limit"},
+    [KVF__SRV_R_INVALID_REQUEST] = {400, "invalid_request", KVF__SRV_RETRY_NONE,
+                                    "the engine refused the request"},
+    [KVF__SRV_R_INTERNAL_ERROR] = {500, "internal_error", KVF__SRV_RETRY_NONE,
+                                   "the request failed"},
+};
+
+enum kvf__srv_reason kvf__srv_reason_of(int err)
 {
     switch (err) {
     case -EAGAIN:
-        kvf__srv_fail(e, 429, NULL, "queue_full", "the server is at capacity; retry later");
-        break;
-    case -EINVAL:
-        kvf__srv_fail(e, 400, NULL, "invalid_request", "the engine refused the request");
-        break;
-    case KVF_E_PROTO_REJECTED:
-        kvf__srv_fail(e, 400, NULL, "context_length_exceeded",
-                      "the request does not fit the served context limit");
-        break;
-    case -ESHUTDOWN:
-    case KVF_E_PROTO_CANCELLED:
-        kvf__srv_fail(e, 503, NULL, "shutting_down", "the server is shutting down");
-        break;
-    case -EBUSY: /* waited the bounded admission time for pages (BAD_INPUTS row 27) */
-        kvf__srv_fail(e, 503, NULL, "pool_exhausted",
-                      "no KV pages became free in time for this request; retry later");
-        break;
+        return KVF__SRV_R_QUEUE_FULL;
+    case -EBUSY:
+        return KVF__SRV_R_POOL_EXHAUSTED;
+    case KVF_E_ENGINE_NO_PREFILL:
+        return KVF__SRV_R_NO_PREFILL;
+    case KVF_E_ENGINE_NO_DECODE:
+        return KVF__SRV_R_NO_DECODE;
     case KVF_E_PROTO_TIMEOUT:
-        kvf__srv_fail(e, 503, NULL, "unavailable",
-                      "no capacity became free in time; retry later");
-        break;
+        return KVF__SRV_R_PREFILL_STALLED;
     case KVF_E_PROTO_PEER_DOWN:
+        return KVF__SRV_R_WORKER_DOWN;
     case KVF_E_PROTO_FAILED:
-        kvf__srv_fail(e, 502, NULL, "worker_failed", "a worker failed while serving the request");
-        break;
-    case -ENOMEM:
-        kvf__srv_fail(e, 503, NULL, "out_of_memory", "the server is out of memory");
-        break;
+        return KVF__SRV_R_WORKER_FAILED;
     case KVF_E_PROTO_COUNT:
     case KVF_E_PROTO_TRAILER:
     case KVF_E_PROTO_CHECKSUM:
-        /* The prompt's pages failed the handoff's check (H6, H9, H10): a writer's fault, not the
-         * client's, and none of those bytes was read. Retrying is safe. */
-        kvf__srv_fail(e, 502, NULL, "kv_verification_failed",
-                      "the prompt's KV pages failed verification (%s); none of them was used",
-                      kvf_strerror(err));
-        break;
+        return KVF__SRV_R_KV_VERIFICATION_FAILED;
+    case -ENOMEM:
+        return KVF__SRV_R_OUT_OF_MEMORY;
+    /* The engine cancels what is left when it stops. */
+    case -ESHUTDOWN:
+    case KVF_E_PROTO_CANCELLED:
+        return KVF__SRV_R_SHUTTING_DOWN;
+    case KVF_E_PROTO_REJECTED:
+        return KVF__SRV_R_CONTEXT_LENGTH_EXCEEDED;
+    case -EINVAL:
+        return KVF__SRV_R_INVALID_REQUEST;
     default:
-        kvf__srv_fail(e, 500, NULL, "internal_error", "the request failed (%s)",
-                      kvf_strerror(err));
-        break;
+        return KVF__SRV_R_INTERNAL_ERROR;
     }
+}
+
+int kvf__srv_reason_by_code(const char *code)
+{
+    for (int k = 0; code && k < KVF__SRV_N_REASONS; k++)
+        if (strcmp(kvf__srv_reasons[k].code, code) == 0) return k;
+    return -1;
+}
+
+void kvf__srv_engine_error(int err, struct kvf__srv_err *e)
+{
+    enum kvf__srv_reason k = kvf__srv_reason_of(err);
+    const struct kvf__srv_reason_info *ri = &kvf__srv_reasons[k];
+    /* The engine's reason, where the row alone does not say which check or which failure. */
+    if (k == KVF__SRV_R_KV_VERIFICATION_FAILED || k == KVF__SRV_R_INTERNAL_ERROR)
+        kvf__srv_fail(e, ri->status, NULL, ri->code, "%s (%s)", ri->message, kvf_strerror(err));
+    else
+        kvf__srv_fail(e, ri->status, NULL, ri->code, "%s", ri->message);
+    e->retry_after_s = ri->retry_after_s;
 }
 
 int kvf__srv_random(void *buf, size_t n)

@@ -92,6 +92,13 @@ async function post(srv, p, body, opt = {}) {
   try { json = JSON.parse(text); } catch { /* SSE or empty */ }
   return { status: r.status, headers: r.headers, text, json };
 }
+// kvfence_request_errors_total by reason, from GET /metrics.
+async function requestErrors(srv) {
+  const text = await (await fetch(`${srv.url}/metrics`)).text();
+  const out = {};
+  for (const m of text.matchAll(/^kvfence_request_errors_total\{reason="([a-z_]+)"\} (\d+)$/gm)) out[m[1]] = Number(m[2]);
+  return out;
+}
 async function health(srv) {
   const r = await fetch(`${srv.url}/health`);
   return r.json();
@@ -506,7 +513,10 @@ await test('the served limit: limit tokens is served, limit + 1 is a 400 with th
   await idle(C);
 });
 
-await test('rows 26, 27: queue full → 429 with Retry-After; pool exhausted → bounded wait, 503; the running request unaffected; a queued request cancelled', async () => {
+await test('rows 26, 27: queue full → 429 queue_full with Retry-After; pool exhausted → bounded wait, 503 pool_exhausted with Retry-After: 2; each counted in /metrics; the running request unaffected; a queued request cancelled', async () => {
+  const e0 = await requestErrors(C);
+  for (const r of ['queue_full', 'pool_exhausted', 'no_prefill', 'prefill_stalled', 'worker_down', 'shutting_down'])
+    assert.equal(typeof e0[r], 'number', `kvfence_request_errors_total{reason="${r}"} is there from the start`);
   // A holds the whole pool (prompt + max_tokens = the limit) and runs for a while.
   const s = { max_tokens: LIMIT - reference(S15, 'Hello', { max_tokens: 1 }).prompt_ids.length, temperature: 0 };
   const refA = reference(S15, 'Hello', s);
@@ -534,10 +544,20 @@ await test('rows 26, 27: queue full → 429 with Retry-After; pool exhausted →
   const r429 = await post(C, '/v1/completions', { prompt: 'Hi', max_tokens: 4 });
   assert.equal(r429.status, 429, r429.text);
   assert.ok(Number(r429.headers.get('retry-after')) >= 1, 'Retry-After');
-  await assert.rejects(C.client.completions.create({ model: 'm', prompt: 'Hi', max_tokens: 4 }), (e) => e instanceof OpenAI.RateLimitError);
-  await assert.rejects(b, (e) => e instanceof OpenAI.InternalServerError && e.status === 503 && e.code === 'pool_exhausted');
+  assert.equal(r429.json?.error?.code, 'queue_full', r429.text);
+  assert.equal(r429.json.error.type, 'rate_limit_error');
+  await assert.rejects(C.client.completions.create({ model: 'm', prompt: 'Hi', max_tokens: 4 }), (e) => e instanceof OpenAI.RateLimitError && e.code === 'queue_full');
+  let pe = null;
+  await assert.rejects(b, (e) => { pe = e; return e instanceof OpenAI.InternalServerError && e.status === 503 && e.code === 'pool_exhausted'; });
   const waited = Date.now() - t0;
   assert.ok(waited >= 500 && waited < 10000, `503 after ${waited} ms (admission bound 600 ms)`);
+  assert.equal(pe.headers.get('retry-after'), '2', 'pool_exhausted: Retry-After 2');
+  assert.equal(pe.type, 'server_error');
+  assert.match(pe.message, /no KV pool pages became free for this request/, pe.message);
+  const e1 = await requestErrors(C);
+  assert.equal(e1.queue_full - e0.queue_full, 2, 'both 429s counted as queue_full');
+  assert.equal(e1.pool_exhausted - e0.pool_exhausted, 1, 'the 503 counted as pool_exhausted');
+  for (const r of Object.keys(e0)) if (r !== 'queue_full' && r !== 'pool_exhausted') assert.equal(e1[r], e0[r], `${r} unchanged`);
   // A queued request whose client goes away.
   const q = C.client.completions.create({ model: 'm', prompt: 'Hi', max_tokens: 4 }, { signal: ac.signal });
   for (let i = 0; (await health(C)).queued < 1; i++) { assert.ok(i < 200, 'never queued'); await sleep(10); }

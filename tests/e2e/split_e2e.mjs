@@ -18,6 +18,9 @@
 //     granted prompts again; the same for a decode worker; the decode pools end all free;
 //   - a decode worker serving another model, and a prefill worker with another context limit,
 //     are refused with the mismatch named (the logs and /health);
+//   - with no prefill worker up, a request waits the admission bound and gets 503 no_prefill
+//     with Retry-After (no decode worker up: no_decode), counted in /metrics; requests failed by
+//     a killed worker are answered worker_down (or another worker fault's code) and counted so;
 //   - SIGTERM of the router with requests in flight: they finish, it exits 0; the workers too;
 //   - with --readme: the README's one-host commands, run as printed (ports and paths made free),
 //     print what the README shows.
@@ -200,6 +203,15 @@ async function until(what, pred, ms = 30000) {
     await sleep(50);
   }
 }
+// kvfence_request_errors_total by reason, from a router's /metrics.
+async function requestErrors(url) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const out = {};
+  for (const m of text.matchAll(/^kvfence_request_errors_total\{reason="([a-z_]+)"\} (\d+)$/gm)) out[m[1]] = Number(m[2]);
+  return { out, text };
+}
+// What a request that failed because a worker died may be told (docs/SERVER.md).
+const WORKER_FAULT_CODES = new Set(['worker_down', 'prefill_stalled', 'no_prefill', 'worker_failed', 'kv_verification_failed']);
 const allUp = (h) => h.status === 200 && h.body.workers.every((w) => w.up);
 const idle = (h) => h.body.decode.free === h.body.decode.pages && h.body.decode.reserved === 0 && h.body.in_flight === 0 && h.body.running === 0;
 
@@ -262,9 +274,10 @@ await test('/metrics: valid under promtool, one series per worker, figures equal
 
 // Under load, a worker dies: each request is right or clearly failed; nothing else is disturbed.
 async function churn(victim, expectFailures) {
-  const outcomes = { ok: 0, failed: 0 };
+  const outcomes = { ok: 0, failed: 0, codes: {} };
   const jobs = [];
   const before = await health();
+  const errs0 = (await requestErrors(URL_)).out;
   for (let k = 0; k < 16; k++) {
     const i = k % cases.length;
     const s = { ...cases[i].s, max_tokens: victim[0] === 'd' ? 1500 : 160 };
@@ -272,7 +285,14 @@ async function churn(victim, expectFailures) {
     jobs.push(served(client, cases[i].prompt, s, { stream: k % 2 === 1 }).then(
       (g) => { sameAsRun(g, ref, `request ${k}`); outcomes.ok++; },
       (e) => {
-        assert.ok(e.status === 502 || e.status === 503 || /terminated|aborted|worker/i.test(String(e.message)), `request ${k}: not a clear error: ${e.status} ${e.message}`);
+        // Answered with an error (a status, or an SSE error event: the SDK's APIError with the
+        // event's code) naming a worker fault, or a stream cut short.
+        const code = e.code ?? e.error?.code;
+        if (code !== undefined || e.status !== undefined)
+          assert.ok(WORKER_FAULT_CODES.has(code) && (e.status === undefined || e.status === 502 || e.status === 503), `request ${k}: not a worker fault's answer: ${e.status} ${code} ${e.message}`);
+        else
+          assert.match(String(e.message), /terminated|aborted/i, `request ${k}: not a clear error: ${e.message}`);
+        outcomes.codes[code ?? 'cut'] = (outcomes.codes[code ?? 'cut'] ?? 0) + 1;
         outcomes.failed++;
       }));
   }
@@ -288,13 +308,26 @@ async function churn(victim, expectFailures) {
   // everything cannot pass.
   assert.ok(outcomes.ok >= 4, `only ${outcomes.ok} of 16 completed equal to kvfence run (floor 4)`);
   if (expectFailures) assert.ok(outcomes.failed > 0, 'the killed decode worker had running requests: they must fail');
+  // Each failure answered is counted under the code its client was told (a stream when the
+  // server lets go of it, just after its last bytes); a stream seen cut short may be counted
+  // under any reason, and nothing else is counted.
+  const told = Object.entries(outcomes.codes).filter(([c]) => c !== 'cut');
+  let errs1, sum;
+  for (let t = Date.now() + 5000; ; await sleep(50)) {
+    errs1 = (await requestErrors(URL_)).out;
+    sum = Object.keys(errs0).reduce((a, r) => a + errs1[r] - errs0[r], 0);
+    if (told.every(([c, k]) => errs1[c] - errs0[c] >= k) || Date.now() > t) break;
+  }
+  for (const [c, k] of told) assert.ok(errs1[c] - errs0[c] >= k, `kvfence_request_errors_total{reason="${c}"} grew ${errs1[c] - errs0[c]}, ${k} told ${JSON.stringify(outcomes.codes)}`);
+  assert.ok(sum <= outcomes.failed, `${sum} errors counted for ${outcomes.failed} failed requests`);
   return outcomes;
 }
 
 for (const victim of ['p1', 'd1']) {
   await test(`SIGKILL of ${victim} under load: each request equals kvfence run or fails clearly; restarted, it is used again`, async () => {
     const o = await churn(victim, victim[0] === 'd' || slowPuts);
-    console.log(`# ${victim} killed: ${o.ok} completed and equal to kvfence run, ${o.failed} failed with a clear error`);
+    console.log(`# ${victim} killed: ${o.ok} completed and equal to kvfence run, ${o.failed} failed with a clear error ${JSON.stringify(o.codes)}`);
+    if (victim[0] === 'd') assert.ok((o.codes.worker_down ?? 0) > 0, `the decode worker's running requests: 502 worker_down ${JSON.stringify(o.codes)}`);
     const role = victim[0] === 'p' ? 'prefill' : 'decode';
     await until(`${victim} seen down`, (h) => !worker_(h, role, addr[victim]).up);
     // Meanwhile the others serve.
@@ -343,6 +376,54 @@ await test('a decode worker of another model and a prefill with another context 
   await stopClean(r2);
   await stopClean(dx);
   await stopClean(px);
+});
+
+await test('no prefill worker up: 503 no_prefill with Retry-After 5; no decode worker up: 503 no_decode; each counted in /metrics (promtool-valid)', async () => {
+  // A decode worker whose only prefill (as its router names it) has nothing listening, and a
+  // router that waits 1 s for a decode worker with a live prefill.
+  const dport = await freePort();
+  const deadPrefill = `127.0.0.1:${await freePort()}`, deadDecode = `127.0.0.1:${await freePort()}`;
+  const dy = await worker('decode', 'dy', '127.0.0.1', dport, MODEL, null, ['--admit-timeout', '1000']);
+  const r3 = launch('router3', ['router', '--model', MODEL, '--port', '0', '--decode', `127.0.0.1:${dport}`, '--prefill', deadPrefill, '--admit-timeout', '1000']);
+  const r4 = launch('router4', ['router', '--model', MODEL, '--port', '0', '--decode', deadDecode, '--prefill', deadPrefill, '--admit-timeout', '1000']);
+  const u3 = `http://127.0.0.1:${(await waitFor(r3, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
+  const u4 = `http://127.0.0.1:${(await waitFor(r4, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000, 'err'))[1]}`;
+  for (let t = Date.now() + 20000; ; await sleep(100)) {
+    const h = await (await fetch(`${u3}/health`)).json();
+    if (h.workers.find((w) => w.role === 'decode').up) break;
+    if (Date.now() > t) throw new Error(`dy not up at router3: ${JSON.stringify(h.workers)}`);
+  }
+  await sleep(500); // its status (no prefill up) reaches the router
+  for (const [u, code, says] of [[u3, 'no_prefill', /no prefill worker is connected/], [u4, 'no_decode', /no decode worker is connected/]]) {
+    const e0 = (await requestErrors(u)).out;
+    assert.ok(Object.keys(e0).length >= 10 && Object.values(e0).every((v) => v === 0), `every reason at 0 from the start: ${JSON.stringify(e0)}`);
+    const t0 = Date.now();
+    const r = await fetch(`${u}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ model: 'm', prompt: 'Hello', max_tokens: 4 }) });
+    const waited = Date.now() - t0;
+    const j = await r.json();
+    assert.equal(r.status, 503, JSON.stringify(j));
+    assert.equal(r.headers.get('retry-after'), '5', `${code}: Retry-After`);
+    assert.equal(j.error.code, code, JSON.stringify(j));
+    assert.equal(j.error.type, 'server_error');
+    assert.match(j.error.message, says);
+    assert.ok(waited >= 900 && waited < 10000, `${code} after ${waited} ms (admission bound 1000 ms)`);
+    const c = new OpenAI({ baseURL: `${u}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+    // Streamed: the 200 went out at submit, so the same error comes as the stream's error event.
+    await assert.rejects((async () => { for await (const _ of await c.completions.create({ model: 'm', prompt: 'Hello', max_tokens: 4, stream: true })); })(),
+      (e) => e instanceof OpenAI.APIError && e.code === code && says.test(e.message));
+    // (A stream is counted when the server lets go of it, just after its last bytes.)
+    let e1, text;
+    for (let t = Date.now() + 5000; ; await sleep(50)) {
+      ({ out: e1, text } = await requestErrors(u));
+      if (e1[code] === 2 || Date.now() > t) break;
+    }
+    for (const k of Object.keys(e0)) assert.equal(e1[k], k === code ? 2 : 0, `kvfence_request_errors_total{reason="${k}"}`);
+    const pc = spawnSync('promtool', ['check', 'metrics'], { input: text, encoding: 'utf8' });
+    assert.equal(pc.status, 0, `promtool check metrics: ${pc.error ?? ''}${pc.stdout}${pc.stderr}`);
+  }
+  await stopClean(r3);
+  await stopClean(r4);
+  await stopClean(dy);
 });
 
 await test('SIGTERM of the router with requests in flight: they finish equal to kvfence run, exit 0', async () => {

@@ -170,6 +170,9 @@ static bool wait_up(struct rig *r, uint64_t ms)
     return false;
 }
 
+/* The decode worker's admission wait (admit_timeout_ms) for the next rig_start. */
+static uint64_t rig_admit_ms = 20000;
+
 /* decode_key NULL: the prefill's key, and the decode worker must come up; else that key, and the
  * caller checks what becomes of it. */
 static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char *faults, uint32_t decode_pages,
@@ -199,7 +202,7 @@ static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char
                                   .n_pages = decode_pages, .n_threads = 1, .max_context = CTX,
                                   .prefill_host = prefill_host(), .prefill_port = r->port,
                                   .max_batch = 16, .grant_timeout_ms = grant_ms,
-                                  .hold_timeout_ms = hold_ms, .admit_timeout_ms = 20000,
+                                  .hold_timeout_ms = hold_ms, .admit_timeout_ms = rig_admit_ms,
 #if defined(KVF_TEST_BUILD)
                                   .poison_free = true,
 #endif
@@ -388,6 +391,69 @@ static void test_kill_prefill_mid_transfer(void)
     rig_stop(&r);
 }
 
+/* A request that waits out the admission bound says what it waited for: no prefill connected
+ * (KVF_E_ENGINE_NO_PREFILL), or, with one connected, no pages (-EBUSY) — the HTTP server
+ * answers them differently (no_prefill, pool_exhausted). */
+static void test_admit_timeout_names_cause(void)
+{
+    struct rig r;
+    rig_admit_ms = 500;
+    /* 8 pages of PT tokens: one request of prompt + max_tokens = 8 × PT takes them all, and
+     * holds them past the bound (its prefill's writes are 1.5 s late). */
+    rig_start(&r, "put_delay_ms=1500", 8, 10000, 30000);
+    rig_admit_ms = 20000;
+    struct req big, small;
+    make_req(&big, 41, r.n_vocab);
+    big.p.max_tokens = 8 * PT - big.p.n_prompt;
+    big.p.ignore_eos = true;
+    make_req(&small, 42, r.n_vocab);
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &big.p, &big.g));
+    struct kvf_engine_info in;
+    uint64_t until = now_ms() + 10000;
+    do {
+        info(&r, &in);
+        if (in.decode_free == in.decode_reserved) break; /* nothing left to admit with */
+        usleep(2000);
+    } while (now_ms() < until);
+    ASSERT_EQ_INT(in.decode_free, in.decode_reserved);
+    uint64_t t0 = now_ms();
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &small.p, &small.g));
+    drain(&r, &small);
+    printf("# pages short: %s after %llu ms\n", kvf_strerror(small.err),
+           (unsigned long long)(now_ms() - t0));
+    ASSERT_EQ_INT(small.err, -EBUSY);
+    drain(&r, &big);
+    ASSERT_OK(big.err);
+    /* The prefill gone: a request waits the bound for one, then fails naming that. */
+    kill(r.child, SIGKILL);
+    waitpid(r.child, NULL, 0);
+    r.child = 0;
+    until = now_ms() + 10000;
+    do {
+        info(&r, &in);
+        if (!in.prefill_up) break;
+        usleep(5000);
+    } while (now_ms() < until);
+    ASSERT_FALSE(in.prefill_up);
+    make_req(&small, 43, r.n_vocab);
+    t0 = now_ms();
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &small.p, &small.g));
+    drain(&r, &small);
+    uint64_t waited = now_ms() - t0;
+    printf("# no prefill: %s after %llu ms\n", kvf_strerror(small.err), (unsigned long long)waited);
+    ASSERT_EQ_INT(small.err, KVF_E_ENGINE_NO_PREFILL);
+    ASSERT_TRUE(waited >= 500 && waited < 5000);
+    /* Back: served again. */
+    r.child = start_prefill(&r, NULL);
+    ASSERT_TRUE(wait_up(&r, 10000));
+    make_req(&small, 44, r.n_vocab);
+    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &small.p, &small.g));
+    drain(&r, &small);
+    ASSERT_OK(small.err);
+    check_against_solo(&r, &small);
+    rig_stop(&r);
+}
+
 static void test_hang_prefill_past_hold_timeout(void)
 {
     struct rig r;
@@ -503,6 +569,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_soak_thousand_handoffs),
     KVF_CASE(test_kill_prefill_mid_transfer),
     KVF_CASE(test_hang_prefill_past_hold_timeout),
+    KVF_CASE(test_admit_timeout_names_cause),
 };
 
 int main(int argc, char **argv)

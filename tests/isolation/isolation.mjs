@@ -308,7 +308,7 @@ function clientFor(srv, t) {
   if (!srv.clients.has(t.name)) srv.clients.set(t.name, new OpenAI({ baseURL: `${srv.url}/v1`, apiKey: t.key, maxRetries: 0, timeout: 120000 }));
   return srv.clients.get(t.name);
 }
-const ALLOWED_CLIENT_ERRORS = new Set(['queue_full', 'tenant_limit', 'pool_exhausted', 'unavailable']);
+const ALLOWED_CLIENT_ERRORS = new Set(['queue_full', 'tenant_limit', 'pool_exhausted', 'prefill_stalled']);
 // plan: { stream, abort: null | {ms} | {chunks}, expect: 'ok' | 'limit+1', label }
 async function request(ph, c, plan) {
   const t = c.t;

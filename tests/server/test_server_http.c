@@ -809,6 +809,50 @@ static int open_stream(uint16_t port, const char *body)
     return fd;
 }
 
+/* The value of the series `series` (name and labels, as written) in GET /metrics, or -1 if it
+ * is not there. */
+static long long metric_value(uint16_t port, const char *series)
+{
+    struct http_resp r;
+    http_do(port, "GET", "/metrics", NULL, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    long long v = -1;
+    size_t n = strlen(series);
+    for (const char *p = r.body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, series, n) == 0 && p[n] == ' ') {
+            v = strtoll(p + n + 1, NULL, 10);
+            break;
+        }
+    http_resp_free(&r);
+    return v;
+}
+
+static long long errors_of(uint16_t port, const char *reason)
+{
+    char series[128];
+    snprintf(series, sizeof series, "kvfence_request_errors_total{reason=\"%s\"}", reason);
+    return metric_value(port, series);
+}
+
+/* errors_of, waited for up to 2 s to reach want: a stream is counted when the server lets go of
+ * it, just after its last bytes went out. */
+static long long errors_reach(uint16_t port, const char *reason, long long want)
+{
+    long long v = errors_of(port, reason);
+    for (int i = 0; i < 200 && v != want; i++) {
+        usleep(10000);
+        v = errors_of(port, reason);
+    }
+    return v;
+}
+
+/* The Retry-After header of a response's head, or -1 without one. */
+static int retry_after(const struct http_resp *r)
+{
+    const char *h = strcasestr(r->head, "\r\nretry-after:");
+    return h ? atoi(h + 14) : -1;
+}
+
 static void test_queue_full(void)
 {
     struct srv s;
@@ -823,7 +867,9 @@ static void test_queue_full(void)
     ASSERT_EQ_INT(r.status, 429);
     ASSERT_TRUE(strcasestr(r.head, "retry-after: 1") != NULL);
     ASSERT_TRUE(strstr(r.body, "rate_limit_error") != NULL);
+    ASSERT_TRUE(strstr(r.body, "\"code\":\"queue_full\"") != NULL);
     http_resp_free(&r);
+    ASSERT_EQ_INT(errors_of(s.port, "queue_full"), 1);
     ASSERT_EQ_INT(fake_live(&s.f), 1); /* the running request is unaffected */
     close(fd);
     ASSERT_TRUE(fake_wait_live(&s.f, 0, 5000));
@@ -850,24 +896,73 @@ static void test_engine_errors(void)
     s.f.end_err = KVF_E_PROTO_PEER_DOWN;
     s.f.end_after = 2;
     srv_start(&s);
+    /* Every reason's series is there before anything failed, at 0; the client's own 400s are
+     * not reasons of this counter. */
+    static const char *const reasons[] = {
+        "queue_full",      "pool_exhausted", "no_prefill",    "no_decode",
+        "prefill_stalled", "worker_down",    "worker_failed", "kv_verification_failed",
+        "out_of_memory",   "shutting_down",  "internal_error"};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(reasons); i++)
+        if (errors_of(s.port, reasons[i]) != 0) KVF_FAIL("%s: not 0 at the start", reasons[i]);
+    ASSERT_EQ_INT(errors_of(s.port, "context_length_exceeded"), -1);
     struct http_resp r;
     http_do(s.port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":5}", &r);
     ASSERT_EQ_INT(r.status, 502);
     ASSERT_TRUE(strstr(r.body, "\"server_error\"") != NULL);
+    ASSERT_TRUE(strstr(r.body, "\"code\":\"worker_down\"") != NULL);
+    ASSERT_TRUE(strstr(r.body, "went down") != NULL);
+    ASSERT_EQ_INT(retry_after(&r), 2);
     http_resp_free(&r);
-    /* Streaming: the tokens so far, then an error event, no [DONE]. */
+    ASSERT_EQ_INT(errors_of(s.port, "worker_down"), 1);
+    /* Streaming: the tokens so far, then an error event with the same code, no [DONE]. */
     http_do(s.port, "POST", "/v1/completions",
             "{\"prompt\":\"hello\",\"max_tokens\":5,\"stream\":true}", &r);
     ASSERT_EQ_INT(r.status, 200);
     ASSERT_TRUE(strstr(r.body, "data: {\"error\"") != NULL);
+    ASSERT_TRUE(strstr(r.body, "\"code\":\"worker_down\"") != NULL);
     ASSERT_TRUE(strstr(r.body, "[DONE]") == NULL);
     http_resp_free(&r);
+    ASSERT_EQ_INT(errors_reach(s.port, "worker_down", 2), 2);
+    /* Each reason the engine gives after submit: status, code, Retry-After, one count. */
+    static const struct {
+        int err, status;
+        const char *code;
+        int retry;
+    } ends[] = {
+        {-EBUSY, 503, "pool_exhausted", 2},
+        {KVF_E_ENGINE_NO_PREFILL, 503, "no_prefill", 5},
+        {KVF_E_ENGINE_NO_DECODE, 503, "no_decode", 5},
+        {KVF_E_PROTO_TIMEOUT, 503, "prefill_stalled", 2},
+        {KVF_E_PROTO_FAILED, 502, "worker_failed", 1},
+        {-EIO, 500, "internal_error", -1},
+    };
+    for (size_t i = 0; i < KVF_ARRAY_LEN(ends); i++) {
+        pthread_mutex_lock(&s.f.mu);
+        s.f.end_err = ends[i].err;
+        s.f.end_after = 0;
+        pthread_mutex_unlock(&s.f.mu);
+        http_do(s.port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":5}", &r);
+        printf("# %s: %d, Retry-After %d, %s\n", ends[i].code, r.status, retry_after(&r), r.body);
+        ASSERT_EQ_INT(r.status, ends[i].status);
+        char want[64];
+        snprintf(want, sizeof want, "\"code\":\"%s\"", ends[i].code);
+        ASSERT_TRUE(strstr(r.body, want) != NULL);
+        ASSERT_EQ_INT(retry_after(&r), ends[i].retry);
+        http_resp_free(&r);
+        ASSERT_EQ_INT(errors_of(s.port, ends[i].code), 1);
+    }
+    /* Refused at submit: shutting down is no reason to retry here, so no Retry-After. */
     pthread_mutex_lock(&s.f.mu);
     s.f.submit_err = -ESHUTDOWN;
     pthread_mutex_unlock(&s.f.mu);
     http_do(s.port, "POST", "/v1/completions", "{\"prompt\":\"hello\"}", &r);
     ASSERT_EQ_INT(r.status, 503);
+    ASSERT_TRUE(strstr(r.body, "\"code\":\"shutting_down\"") != NULL);
+    ASSERT_EQ_INT(retry_after(&r), -1);
     http_resp_free(&r);
+    ASSERT_EQ_INT(errors_of(s.port, "shutting_down"), 1);
+    ASSERT_EQ_INT(errors_of(s.port, "worker_down"), 2);
+    ASSERT_EQ_INT(errors_of(s.port, "queue_full"), 0);
     srv_stop(&s);
     /* A handoff that failed its check is the writer's fault, named as such: 502, never a 500. */
     static const int verify_errs[] = {KVF_E_PROTO_COUNT, KVF_E_PROTO_TRAILER, KVF_E_PROTO_CHECKSUM};

@@ -1,7 +1,7 @@
 /*
  * The server's pure parts, without HTTP: the body scan (UTF-8, nesting), request validation
- * and defaults, the default chat rendering, and stop-string matching across token boundaries
- * (a run driven directly over the fake engine).
+ * and defaults, the default chat rendering, stop-string matching across token boundaries (a
+ * run driven directly over the fake engine), and the answer to each engine error code.
  */
 #include "server/server_internal.h"
 #include "server_test_util.h"
@@ -256,9 +256,87 @@ static void test_forwarded_client(void)
     ASSERT_EQ_INT(n, 0);
 }
 
+/* Every engine code's answer, written out here rather than read from kvf__srv_reasons: a
+ * change to the mapping (a status, a code, a Retry-After, a message that no longer says what
+ * ran out or stopped) fails this table. retry: seconds, 0 the server's own value (a 429's), -1
+ * none. */
+static void test_engine_error_map(void)
+{
+    static const struct {
+        int err, status;
+        const char *code, *type;
+        int retry;
+        const char *says; /* the message names the cause */
+    } want[] = {
+        {-EAGAIN, 429, "queue_full", "rate_limit_error", 0, "queue"},
+        {-EBUSY, 503, "pool_exhausted", "server_error", 2, "KV pool pages"},
+        {KVF_E_ENGINE_NO_PREFILL, 503, "no_prefill", "server_error", 5,
+         "no prefill worker is connected"},
+        {KVF_E_ENGINE_NO_DECODE, 503, "no_decode", "server_error", 5,
+         "no decode worker is connected"},
+        {KVF_E_PROTO_TIMEOUT, 503, "prefill_stalled", "server_error", 2,
+         "the prefill worker stopped making progress on this prompt"},
+        {KVF_E_PROTO_PEER_DOWN, 502, "worker_down", "server_error", 2, "went down"},
+        {KVF_E_PROTO_FAILED, 502, "worker_failed", "server_error", 1,
+         "the prefill worker reported a failure"},
+        {KVF_E_PROTO_COUNT, 502, "kv_verification_failed", "server_error", 1,
+         "tokens written differ from tokens reserved"},
+        {KVF_E_PROTO_TRAILER, 502, "kv_verification_failed", "server_error", 1,
+         "trailer does not match"},
+        {KVF_E_PROTO_CHECKSUM, 502, "kv_verification_failed", "server_error", 1,
+         "checksum mismatch"},
+        {-ENOMEM, 503, "out_of_memory", "server_error", 2, "out of memory"},
+        {-ESHUTDOWN, 503, "shutting_down", "server_error", -1, "shutting down"},
+        {KVF_E_PROTO_CANCELLED, 503, "shutting_down", "server_error", -1, "shutting down"},
+        {KVF_E_PROTO_REJECTED, 400, "context_length_exceeded", "invalid_request_error", -1,
+         "context limit"},
+        {-EINVAL, 400, "invalid_request", "invalid_request_error", -1, "refused"},
+        {KVF_E_POOL_FULL, 500, "internal_error", "server_error", -1, "pool: "},
+        {-EIO, 500, "internal_error", "server_error", -1, "(Input/output error)"},
+    };
+    bool reached[KVF__SRV_N_REASONS] = {false};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(want); i++) {
+        struct kvf__srv_err e;
+        memset(&e, 0x5a, sizeof e);
+        kvf__srv_engine_error(want[i].err, &e);
+        printf("# %d: %d %s Retry-After %d: %s\n", want[i].err, e.status, e.code, e.retry_after_s,
+               e.message);
+        ASSERT_EQ_INT(e.status, want[i].status);
+        ASSERT_STREQ(e.code, want[i].code);
+        ASSERT_STREQ(e.type, want[i].type);
+        ASSERT_NULL(e.param);
+        ASSERT_EQ_INT(e.retry_after_s, want[i].retry == 0  ? KVF__SRV_RETRY_DEFAULT
+                                       : want[i].retry < 0 ? KVF__SRV_RETRY_NONE
+                                                           : want[i].retry);
+        if (!strstr(e.message, want[i].says))
+            KVF_FAIL("%s: message \"%s\" does not say \"%s\"", e.code, e.message, want[i].says);
+        ASSERT_TRUE(strstr(e.message, "no capacity") == NULL);
+        /* The reason the metric counts is the one the client was told. */
+        int k = kvf__srv_reason_by_code(e.code);
+        ASSERT_EQ_INT(k, kvf__srv_reason_of(want[i].err));
+        reached[k] = true;
+        /* The OpenAI shape: {"error": {"message", "type", "param": null, "code"}}. */
+        json_t *j = kvf__srv_err_json(&e);
+        json_t *o = json_object_get(j, "error");
+        ASSERT_STREQ(json_string_value(json_object_get(o, "message")), e.message);
+        ASSERT_STREQ(json_string_value(json_object_get(o, "type")), want[i].type);
+        ASSERT_STREQ(json_string_value(json_object_get(o, "code")), want[i].code);
+        ASSERT_TRUE(json_is_null(json_object_get(o, "param")));
+        json_decref(j);
+    }
+    /* Every reason is some code's, and no two reasons share a code (the metric's label). */
+    for (int k = 0; k < KVF__SRV_N_REASONS; k++) {
+        if (!reached[k]) KVF_FAIL("reason %s is no code's", kvf__srv_reasons[k].code);
+        ASSERT_EQ_INT(kvf__srv_reason_by_code(kvf__srv_reasons[k].code), k);
+    }
+    ASSERT_EQ_INT(kvf__srv_reason_by_code("tenant_limit"), -1);
+    ASSERT_EQ_INT(kvf__srv_reason_by_code(NULL), -1);
+}
+
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_scan_utf8),    KVF_CASE(test_scan_depth),    KVF_CASE(test_req_defaults),
-    KVF_CASE(test_chat_render),  KVF_CASE(test_stop_matching), KVF_CASE(test_forwarded_client),
+    KVF_CASE(test_scan_utf8),        KVF_CASE(test_scan_depth),    KVF_CASE(test_req_defaults),
+    KVF_CASE(test_chat_render),      KVF_CASE(test_stop_matching), KVF_CASE(test_forwarded_client),
+    KVF_CASE(test_engine_error_map),
 };
 
 int main(int argc, char **argv)
