@@ -184,15 +184,27 @@ int kvf_gguf_writer_write(kvf_gguf_writer_t *w, const char *path, char *err, siz
  * activations stay near unit size through every layer; norm weights are near 1 and always F32.
  * The same (shape, type, seed) gives the same bytes.
  * ------------------------------------------------------------------------------------------- */
+/* Llama 3's long-context RoPE as a model's config.json gives it (rope_scaling, rope_type
+ * "llama3"). mkmodel writes it as llama.cpp's converters do: per-pair factors in
+ * rope_freqs.weight, 1 for pairs whose wavelength is under original_ctx / high_freq_factor,
+ * `factor` for those over original_ctx / low_freq_factor, and a smooth blend between. */
+struct kvf_mkmodel_llama3_rope {
+    float factor, low_freq_factor, high_freq_factor;
+    uint32_t original_ctx; /* original_max_position_embeddings, tokens */
+};
+
 struct kvf_mkmodel_shape {
     const char *name;
     uint32_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_vocab, n_ctx;
     bool tied_output; /* no output.weight: the output projection is token_embd.weight */
     const char *arch; /* general.architecture: "llama" (NULL), "qwen2" or "qwen3" */
     uint32_t head_dim; /* written as <arch>.attention.key_length; 0: dim / n_heads */
-    bool rope_scaled;  /* RoPE base 500000, Llama 3's per-pair factors (rope_freqs.weight: 8, low
-                          1, high 4) over an original context of 64 tokens, and a linear scaling
-                          of 2 (<arch>.rope.scaling.type) */
+    /* RoPE: the base (<arch>.rope.freq_base, > 1), Llama 3's per-pair factors (NULL: none) and
+     * a linear scaling of the positions (<arch>.rope.scaling.type "linear" with this factor;
+     * 0: none). */
+    float rope_base;
+    const struct kvf_mkmodel_llama3_rope *rope_llama3;
+    float rope_linear;
 };
 
 /* tiny (64/2/4/2/172/512/2048, untied output), s15m (288/6/6/6/768/32000/2048, tied),
@@ -201,8 +213,16 @@ struct kvf_mkmodel_shape {
  * widths are whole K-quant super-blocks: ktiny (llama 256/2/4/2/512/512/2048, untied),
  * qwen2-tiny (256/2/4/2/512/512/2048, tied, Q/K/V biases), qwen3-tiny (256/2/4/2/768/512/2048,
  * untied, heads of 128 so q_dim 512 ≠ dim, Q/K norms), rope-tiny (ktiny's widths with every RoPE
- * scaling kvfence reads: rope_scaled); or NULL for an unknown name. */
+ * scaling kvfence reads: base 500000, Llama 3's factors 8, low 1, high 4 over an original
+ * context of 64, and linear 2). The shapes of released models, random weights in their
+ * geometry: llama3.2-1b (2048/16/32/8/8192/128256/131072, tied, base 500000 and Llama 3's
+ * factors 32, low 1, high 4 over 8192), qwen2.5-0.5b (qwen2 896/24/14/2/4864/151936/32768,
+ * tied), qwen3-0.6b (qwen3 1024/28/16/8/3072/151936/40960, heads of 128, tied) and llama3-8b
+ * (4096/32/32/8/14336/128256/8192, untied, base 500000). NULL for an unknown name. */
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name);
+
+/* The i-th shape kvf_mkmodel_shape_by_name knows, for listing them all; NULL past the last. */
+const struct kvf_mkmodel_shape *kvf_mkmodel_shape_at(size_t i);
 
 /* The file type "Q4_K_M" for kvf_mkmodel_write (not a tensor type): the 2-D weights mostly
  * Q4_K, the output projection (the embedding when tied) and attn_v and ffn_down of a few layers

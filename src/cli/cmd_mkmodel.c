@@ -34,6 +34,16 @@ static void mkmodel_usage(FILE *f)
                "              norms (separate output.weight)\n"
                "  rope-tiny   256/2/4/2/512/512/2048, llama with scaled RoPE: base 500000,\n"
                "              Llama 3's per-pair factors (rope_freqs.weight) and linear 2\n"
+               "released models' geometry, random weights:\n"
+               "  llama3.2-1b   2048/16/32/8/8192/128256/131072, llama, output tied, RoPE base\n"
+               "                500000 with Llama 3's factors (32, low 1, high 4, original\n"
+               "                context 8192) in rope_freqs.weight\n"
+               "  qwen2.5-0.5b  896/24/14/2/4864/151936/32768, qwen2: Q/K/V biases, RoPE base\n"
+               "                1000000 (output tied)\n"
+               "  qwen3-0.6b    1024/28/16/8/3072/151936/40960, qwen3: heads of 128 (q_dim\n"
+               "                2048), Q/K norms, RoPE base 1000000 (output tied)\n"
+               "  llama3-8b     4096/32/32/8/14336/128256/8192, llama, RoPE base 500000\n"
+               "                (separate output.weight); f32 is 32 GB, q4_k_m 4.9 GB\n"
                "--type q8_0 quantizes every 2-D weight whose rows are whole 32-value blocks;\n"
                "the others and all norms stay f32. --type q4_k_m mixes as llama.cpp's Q4_K_M:\n"
                "Q6_K for the output projection (the embedding when tied) and for attn_v and\n"
@@ -81,10 +91,10 @@ int kvf_cmd_mkmodel(int argc, char **argv)
     }
     const struct kvf_mkmodel_shape *shape = kvf_mkmodel_shape_by_name(shape_name);
     if (!shape) {
-        fprintf(stderr,
-                "kvfence mkmodel: unknown shape '%s' (tiny, s15m, smol135m, hist, ktiny, "
-                "qwen2-tiny, qwen3-tiny, rope-tiny)\n",
-                shape_name);
+        fprintf(stderr, "kvfence mkmodel: unknown shape '%s' (", shape_name);
+        for (size_t i = 0; (shape = kvf_mkmodel_shape_at(i)); i++)
+            fprintf(stderr, "%s%s", i ? ", " : "", shape->name);
+        fprintf(stderr, ")\n");
         return 2;
     }
     uint32_t type;

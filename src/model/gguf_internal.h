@@ -60,4 +60,12 @@ int kvf__mkmodel_hist_write(const char *path, uint32_t type, char *err, size_t e
 /* The counted words, without the leading "▁", in token order (a static array); the count. */
 uint32_t kvf__mkmodel_hist_words(const char *const **out);
 
+/* Writes what kvf_mkmodel_write puts before the weights, and nothing else: the same metadata
+ * keys and values (hyper-parameters, vocab) and the same rope_freqs.weight, so that a test reads
+ * a shape's hyper-parameters back without writing gigabytes of weights. Not a model (no
+ * weights), and not for hist (its writer is its own). On failure no file is left at `path` and
+ * `err` explains. */
+int kvf__mkmodel_write_meta(const char *path, const struct kvf_mkmodel_shape *s, uint32_t type,
+                            char *err, size_t err_len);
+
 #endif

@@ -33,21 +33,39 @@
 #include "kvfence/gguf.h"
 #include "kvfence/quant.h"
 
+/* rope-tiny's factors: Llama 3's over a context of 64, so that a short test reaches them. */
+static const struct kvf_mkmodel_llama3_rope rope_tiny_llama3 = {8.0f, 1.0f, 4.0f, 64};
+/* Llama 3.1's and 3.2's rope_scaling as their config.json ships it. */
+static const struct kvf_mkmodel_llama3_rope llama32_rope = {32.0f, 1.0f, 4.0f, 8192};
+
 static const struct kvf_mkmodel_shape shapes[] = {
-    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false, NULL, 0, false},
-    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true, NULL, 0, false},
-    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true, NULL, 0, false},
-    {"ktiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0, false},
-    {"qwen2-tiny", 256, 2, 4, 2, 512, 512, 2048, true, "qwen2", 0, false},
-    {"qwen3-tiny", 256, 2, 4, 2, 768, 512, 2048, false, "qwen3", 128, false},
-    {"rope-tiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0, true},
+    {"tiny", 64, 2, 4, 2, 172, 512, 2048, false, NULL, 0, 10000.0f, NULL, 0.0f},
+    {"s15m", 288, 6, 6, 6, 768, 32000, 2048, true, NULL, 0, 10000.0f, NULL, 0.0f},
+    {"smol135m", 576, 30, 9, 3, 1536, 49152, 8192, true, NULL, 0, 10000.0f, NULL, 0.0f},
+    {"ktiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0, 10000.0f, NULL, 0.0f},
+    /* Qwen's own base, so that the halves RoPE is tested at the base those models use. */
+    {"qwen2-tiny", 256, 2, 4, 2, 512, 512, 2048, true, "qwen2", 0, 1e6f, NULL, 0.0f},
+    {"qwen3-tiny", 256, 2, 4, 2, 768, 512, 2048, false, "qwen3", 128, 1e6f, NULL, 0.0f},
+    {"rope-tiny", 256, 2, 4, 2, 512, 512, 2048, false, NULL, 0, 500000.0f, &rope_tiny_llama3, 2.0f},
+    /* Released models' geometry (their config.json), with random weights. */
+    {"llama3.2-1b", 2048, 16, 32, 8, 8192, 128256, 131072, true, NULL, 0, 500000.0f, &llama32_rope,
+     0.0f},
+    {"qwen2.5-0.5b", 896, 24, 14, 2, 4864, 151936, 32768, true, "qwen2", 0, 1e6f, NULL, 0.0f},
+    {"qwen3-0.6b", 1024, 28, 16, 8, 3072, 151936, 40960, true, "qwen3", 128, 1e6f, NULL, 0.0f},
+    {"llama3-8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, NULL, 0, 500000.0f, NULL, 0.0f},
 };
+
+const struct kvf_mkmodel_shape *kvf_mkmodel_shape_at(size_t i)
+{
+    if (i < KVF_ARRAY_LEN(shapes)) return &shapes[i];
+    return i == KVF_ARRAY_LEN(shapes) ? &kvf__mkmodel_hist_shape : NULL;
+}
 
 const struct kvf_mkmodel_shape *kvf_mkmodel_shape_by_name(const char *name)
 {
-    for (size_t i = 0; name && i < KVF_ARRAY_LEN(shapes); i++)
-        if (strcmp(shapes[i].name, name) == 0) return &shapes[i];
-    if (name && strcmp(name, kvf__mkmodel_hist_shape.name) == 0) return &kvf__mkmodel_hist_shape;
+    const struct kvf_mkmodel_shape *s;
+    for (size_t i = 0; name && (s = kvf_mkmodel_shape_at(i)); i++)
+        if (strcmp(s->name, name) == 0) return s;
     return NULL;
 }
 
@@ -251,23 +269,25 @@ static int add_hparams(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, 
     if (rc == 0 && s->head_dim) rc = kvf_gguf_writer_add_u32(w, KEY("attention.key_length"), hd);
     if (rc == 0 && s->head_dim) rc = kvf_gguf_writer_add_u32(w, KEY("attention.value_length"), hd);
     if (rc == 0) rc = kvf_gguf_writer_add_u32(w, KEY("rope.dimension_count"), hd);
-    /* Qwen's own base, so that the halves RoPE is tested at the base those models use. */
-    float base = s->arch ? 1000000.0f : s->rope_scaled ? 500000.0f : 10000.0f;
-    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("rope.freq_base"), base);
-    if (rc == 0 && s->rope_scaled) rc = kvf_gguf_writer_add_str(w, KEY("rope.scaling.type"), "linear", 6);
-    if (rc == 0 && s->rope_scaled) rc = kvf_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), 2.0f);
+    if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("rope.freq_base"), s->rope_base);
+    if (rc == 0 && s->rope_linear != 0.0f)
+        rc = kvf_gguf_writer_add_str(w, KEY("rope.scaling.type"), "linear", 6);
+    if (rc == 0 && s->rope_linear != 0.0f)
+        rc = kvf_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), s->rope_linear);
     float eps = s->arch ? 1e-6f : 1e-5f;
     if (rc == 0) rc = kvf_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), eps);
 #undef KEY
     return rc;
 }
 
-/* Llama 3's RoPE factors as its converters compute them from rope_scaling (factor, low and high
- * frequency factors, original context): 1 for pairs whose wavelength is under orig / high,
- * `factor` for those over orig / low, and a smooth blend between. */
-static void llama3_rope_factors(float *out, uint32_t hd, double base, double factor, double low,
-                                double high, double orig)
+/* Llama 3's RoPE factors as its converters compute them from rope_scaling (r): 1 for pairs
+ * whose wavelength is under original_ctx / high_freq_factor, `factor` for those over
+ * original_ctx / low_freq_factor, and a smooth blend between. out: [hd / 2]. */
+static void llama3_rope_factors(float *out, uint32_t hd, double base,
+                                const struct kvf_mkmodel_llama3_rope *r)
 {
+    const double factor = r->factor, low = r->low_freq_factor, high = r->high_freq_factor;
+    const double orig = r->original_ctx;
     for (uint32_t i = 0; i < hd / 2; i++) {
         double wavelen = 6.283185307179586 / pow(base, -2.0 * i / hd);
         if (wavelen < orig / high) {
@@ -281,6 +301,57 @@ static void llama3_rope_factors(float *out, uint32_t hd, double base, double fac
     }
 }
 
+/* Adds rope_freqs.weight (F32 [hd / 2]) when the shape has Llama 3's factors. factors[cap] is
+ * the tensor's storage, borrowed by the writer until it writes. */
+static int add_rope_freqs(kvf_gguf_writer_t *w, const struct kvf_mkmodel_shape *s, uint32_t hd,
+                          float *factors, size_t cap)
+{
+    if (!s->rope_llama3) return 0;
+    if (hd / 2 > cap) return -EINVAL;
+    llama3_rope_factors(factors, hd, s->rope_base, s->rope_llama3);
+    const uint64_t ne[1] = {hd / 2};
+    return kvf_gguf_writer_add_tensor(w, "rope_freqs.weight", KVF_GGML_F32, 1, ne, factors, NULL,
+                                      NULL);
+}
+
+/* A shape mkmodel can write (and the loader will take): heads that divide, a known
+ * architecture, room for the byte vocab, and RoPE parameters in their ranges. */
+static bool shape_ok(const struct kvf_mkmodel_shape *s, uint32_t type)
+{
+    const struct kvf_mkmodel_llama3_rope *r = s->rope_llama3;
+    return (type == KVF_GGML_F32 || type == KVF_GGML_Q8_0 || type == KVF_MKMODEL_Q4_K_M ||
+            type == KVF_MKMODEL_Q5_K_M) &&
+           s->n_heads != 0 && s->n_kv_heads != 0 && (s->head_dim || s->dim % s->n_heads == 0) &&
+           s->n_heads % s->n_kv_heads == 0 &&
+           (!s->arch || strcmp(s->arch, "qwen2") == 0 || strcmp(s->arch, "qwen3") == 0) &&
+           s->n_vocab >= 259 && s->n_layers != 0 && s->n_layers <= 1000 && s->rope_base > 1.0f &&
+           (s->rope_linear == 0.0f || s->rope_linear >= 1.0f) &&
+           (!r || (r->factor >= 1.0f && r->low_freq_factor > 0.0f &&
+                   r->high_freq_factor > r->low_freq_factor && r->original_ctx > 0));
+}
+
+int kvf__mkmodel_write_meta(const char *path, const struct kvf_mkmodel_shape *s, uint32_t type,
+                            char *err, size_t err_len)
+{
+    if (err && err_len) err[0] = '\0';
+    if (!path || !s || !shape_ok(s, type))
+        return kvf__gguf_fail(err, err_len, -EINVAL, "invalid shape or type");
+    kvf_gguf_writer_t *w;
+    int rc = kvf_gguf_writer_create(0, &w);
+    if (rc < 0) return kvf__gguf_fail(err, err_len, rc, "out of memory");
+    float rope_factors[512];
+    const uint32_t hd = s->head_dim ? s->head_dim : s->dim / s->n_heads;
+    rc = add_hparams(w, s, type);
+    if (rc == 0) rc = add_vocab(w, s->n_vocab);
+    if (rc == 0) rc = add_rope_freqs(w, s, hd, rope_factors, KVF_ARRAY_LEN(rope_factors));
+    if (rc < 0)
+        kvf__gguf_fail(err, err_len, rc, "building the model description: %s", kvf_strerror(rc));
+    else
+        rc = kvf_gguf_writer_write(w, path, err, err_len);
+    kvf_gguf_writer_destroy(w);
+    return rc;
+}
+
 int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint32_t type,
                       uint64_t seed, char *err, size_t err_len)
 {
@@ -288,13 +359,7 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
     /* The hist model is constructed, not drawn: its own writer (seed unused). */
     if (s && s->name && strcmp(s->name, kvf__mkmodel_hist_shape.name) == 0)
         return kvf__mkmodel_hist_write(path, type, err, err_len);
-    if (!path || !s ||
-        (type != KVF_GGML_F32 && type != KVF_GGML_Q8_0 && type != KVF_MKMODEL_Q4_K_M &&
-         type != KVF_MKMODEL_Q5_K_M) ||
-        s->n_heads == 0 || s->n_kv_heads == 0 || (!s->head_dim && s->dim % s->n_heads != 0) ||
-        s->n_heads % s->n_kv_heads != 0 ||
-        (s->arch && strcmp(s->arch, "qwen2") != 0 && strcmp(s->arch, "qwen3") != 0) ||
-        s->n_vocab < 259 || s->n_layers == 0 || s->n_layers > 1000)
+    if (!path || !s || !shape_ok(s, type))
         return kvf__gguf_fail(err, err_len, -EINVAL, "invalid shape or type");
     struct build b = {.type = type, .seed = seed};
     b.cap_gens = 3 + 14 * (size_t)s->n_layers;
@@ -314,16 +379,8 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
         mat_type(&b, dim, s->tied_output));
     add(&b, "output_norm.weight", dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
     float rope_factors[512];
-    if (s->rope_scaled && b.rc == 0) {
-        const uint64_t ne[1] = {hd / 2};
-        if (hd / 2 > KVF_ARRAY_LEN(rope_factors))
-            b.rc = -EINVAL;
-        else
-            llama3_rope_factors(rope_factors, (uint32_t)hd, 500000.0, 8.0, 1.0, 4.0, 64.0);
-        if (b.rc == 0)
-            b.rc = kvf_gguf_writer_add_tensor(b.w, "rope_freqs.weight", KVF_GGML_F32, 1, ne,
-                                              rope_factors, NULL, NULL);
-    }
+    if (b.rc == 0)
+        b.rc = add_rope_freqs(b.w, s, (uint32_t)hd, rope_factors, KVF_ARRAY_LEN(rope_factors));
     if (!s->tied_output)
         add(&b, "output.weight", dim, s->n_vocab, 0.0f, emb_amp, mat_type(&b, dim, true));
     for (uint32_t l = 0; l < s->n_layers && b.rc == 0; l++) {

@@ -113,7 +113,7 @@ static const char *const words[] = {
 _Static_assert(KVF_ARRAY_LEN(words) + 2 <= HALF, "the first half holds every word's slot");
 
 const struct kvf_mkmodel_shape kvf__mkmodel_hist_shape = {
-    "hist", DIM, 1, DIM / 64, DIM / 64, FFN, N_VOCAB, 4096, false, NULL, 0, false,
+    "hist", DIM, 1, DIM / 64, DIM / 64, FFN, N_VOCAB, 4096, false, NULL, 0, 10000.0f, NULL, 0.0f,
 };
 
 uint32_t kvf__mkmodel_hist_words(const char *const **out)

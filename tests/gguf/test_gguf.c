@@ -2,6 +2,7 @@
  * back and rewritten byte for byte, truncation at every byte offset, and hostile headers. */
 #include "gguf_test_util.h"
 #include "kvf_test.h"
+#include "model/gguf_internal.h"
 
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
@@ -524,6 +525,147 @@ static void test_mkmodel_s15m(void)
     scratch_done();
 }
 
+/* The shapes of released models hold their config.json's numbers, and what mkmodel writes for
+ * them says so. The files themselves are gigabytes: what is read back here is their metadata
+ * and rope_freqs.weight alone (kvf__mkmodel_write_meta, the writer kvf_mkmodel_write uses). */
+static void check_released_meta(const struct kvf_mkmodel_shape *s, const char *arch,
+                                uint32_t head_dim, float eps)
+{
+    char path[512], err[256], key[96];
+    scratch_path(path, sizeof path, "meta.gguf");
+    ASSERT_OK(kvf__mkmodel_write_meta(path, s, KVF_MKMODEL_Q4_K_M, err, sizeof err));
+    kvf_gguf_t *g;
+    ASSERT_OK(kvf_gguf_open(path, &g, err, sizeof err));
+    const char *str;
+    size_t n;
+    uint32_t v;
+    float f;
+    ASSERT_OK(kvf_gguf_get_str(g, "general.architecture", &str, &n));
+    ASSERT_TRUE(n == strlen(arch) && memcmp(str, arch, n) == 0);
+    ASSERT_OK(kvf_gguf_get_u32(g, "general.file_type", &v));
+    ASSERT_EQ_INT(v, 15);
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    const struct {
+        const char *suffix;
+        uint32_t want;
+    } u[] = {{"context_length", s->n_ctx},         {"embedding_length", s->dim},
+             {"block_count", s->n_layers},         {"feed_forward_length", s->ffn_dim},
+             {"attention.head_count", s->n_heads}, {"attention.head_count_kv", s->n_kv_heads},
+             {"rope.dimension_count", head_dim},   {"vocab_size", s->n_vocab}};
+    for (size_t i = 0; i < KVF_ARRAY_LEN(u); i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, u[i].suffix);
+        ASSERT_OK(kvf_gguf_get_u32(g, key, &v));
+        ASSERT_EQ_INT(v, u[i].want);
+    }
+    /* key_length only where heads are not dim / n_heads (qwen3). */
+    if (head_dim != s->dim / s->n_heads) {
+        ASSERT_OK(kvf_gguf_get_u32(g, KEY("attention.key_length"), &v));
+        ASSERT_EQ_INT(v, head_dim);
+        ASSERT_OK(kvf_gguf_get_u32(g, KEY("attention.value_length"), &v));
+        ASSERT_EQ_INT(v, head_dim);
+    } else {
+        ASSERT_TRUE(kvf_gguf_get_u32(g, KEY("attention.key_length"), &v) < 0);
+    }
+    ASSERT_OK(kvf_gguf_get_f32(g, KEY("rope.freq_base"), &f));
+    ASSERT_TRUE(f == s->rope_base);
+    ASSERT_TRUE(kvf_gguf_get_str(g, KEY("rope.scaling.type"), &str, &n) < 0);
+    ASSERT_OK(kvf_gguf_get_f32(g, KEY("attention.layer_norm_rms_epsilon"), &f));
+    ASSERT_TRUE(f == eps);
+#undef KEY
+    /* Llama 3's factors as the converters write them: for heads of 64 at base 500000 over an
+     * original context of 8192, pairs 0..14 (wavelength under 8192 / 4) keep 1, pairs 18..31
+     * (over 8192 / 1) take 32, and pairs 15..17 blend, rising. */
+    const struct kvf_gguf_tensor *rf = kvf_gguf_find_tensor(g, "rope_freqs.weight");
+    ASSERT_EQ_U64(kvf_gguf_n_tensors(g), s->rope_llama3 ? 1 : 0);
+    if (s->rope_llama3) {
+        ASSERT_NOT_NULL(rf);
+        ASSERT_EQ_INT(rf->type, KVF_GGML_F32);
+        ASSERT_EQ_U64(rf->ne[0], head_dim / 2);
+        const float *r = rf->data;
+        for (uint32_t i = 0; i < head_dim / 2; i++) {
+            bool blend = i >= 15 && i <= 17;
+            ASSERT_TRUE(blend ? r[i] > r[i - 1] && r[i] < 32.0f : r[i] == (i <= 14 ? 1.0f : 32.0f));
+        }
+    }
+    /* The generated vocab reads as a tokenizer: text goes to BOS and byte tokens (a leading
+     * "▁", U+2581, then 'H' and 'i'), and the last id is an <extra_N>. */
+    kvf_tokenizer_t *tok;
+    ASSERT_OK(kvf_tokenizer_create(g, &tok, err, sizeof err));
+    ASSERT_EQ_INT(kvf_tokenizer_n_vocab(tok), s->n_vocab);
+    int32_t ids[8];
+    ASSERT_EQ_INT(kvf_tokenizer_encode(tok, "Hi", 2, kvf_tokenizer_wants_bos(tok), ids, 8), 6);
+    const int32_t want_ids[] = {1, 3 + 0xe2, 3 + 0x96, 3 + 0x81, 3 + 'H', 3 + 'i'};
+    ASSERT_MEMEQ(ids, want_ids, sizeof want_ids);
+    kvf_tokenizer_destroy(tok);
+    ASSERT_OK(kvf_gguf_get_arr_str(g, "tokenizer.ggml.tokens", s->n_vocab - 1, &str, &n));
+    ASSERT_TRUE(n > 7 && memcmp(str, "<extra_", 7) == 0);
+    kvf_gguf_close(g);
+    unlink(path);
+}
+
+static void test_mkmodel_released(void)
+{
+    static const struct {
+        const char *name, *arch; /* arch as written in general.architecture */
+        uint32_t dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab, n_ctx;
+        bool tied;
+        float rope_base, eps;
+        bool llama3_rope; /* factor 32, low 1, high 4, original context 8192 */
+    } want[] = {
+        {"llama3.2-1b", "llama", 2048, 16, 32, 8, 64, 8192, 128256, 131072, true, 500000.0f, 1e-5f,
+         true},
+        {"qwen2.5-0.5b", "qwen2", 896, 24, 14, 2, 64, 4864, 151936, 32768, true, 1e6f, 1e-6f,
+         false},
+        {"qwen3-0.6b", "qwen3", 1024, 28, 16, 8, 128, 3072, 151936, 40960, true, 1e6f, 1e-6f,
+         false},
+        {"llama3-8b", "llama", 4096, 32, 32, 8, 128, 14336, 128256, 8192, false, 500000.0f, 1e-5f,
+         false},
+    };
+    for (size_t i = 0; i < KVF_ARRAY_LEN(want); i++) {
+        const struct kvf_mkmodel_shape *s = kvf_mkmodel_shape_by_name(want[i].name);
+        ASSERT_NOT_NULL(s);
+        const char *arch = s->arch ? s->arch : "llama";
+        uint32_t hd = s->head_dim ? s->head_dim : s->dim / s->n_heads;
+        ASSERT_TRUE(strcmp(arch, want[i].arch) == 0);
+        ASSERT_TRUE(s->dim == want[i].dim && s->n_layers == want[i].n_layers &&
+                    s->n_heads == want[i].n_heads && s->n_kv_heads == want[i].n_kv_heads &&
+                    hd == want[i].head_dim && s->ffn_dim == want[i].ffn_dim &&
+                    s->n_vocab == want[i].n_vocab && s->n_ctx == want[i].n_ctx &&
+                    s->tied_output == want[i].tied && s->rope_base == want[i].rope_base &&
+                    s->rope_linear == 0.0f);
+        ASSERT_TRUE((s->rope_llama3 != NULL) == want[i].llama3_rope);
+        if (s->rope_llama3)
+            ASSERT_TRUE(
+                s->rope_llama3->factor == 32.0f && s->rope_llama3->low_freq_factor == 1.0f &&
+                s->rope_llama3->high_freq_factor == 4.0f && s->rope_llama3->original_ctx == 8192);
+        check_released_meta(s, want[i].arch, want[i].head_dim, want[i].eps);
+    }
+    /* Every shape is listed, each once, by the list the CLI prints for an unknown name. */
+    size_t n = 0;
+    for (const struct kvf_mkmodel_shape *s; (s = kvf_mkmodel_shape_at(n)); n++)
+        ASSERT_TRUE(kvf_mkmodel_shape_by_name(s->name) == s);
+    ASSERT_EQ_INT(n, 12);
+    /* The metadata-only file carries the full file's rope_freqs.weight, byte for byte. */
+    const struct kvf_mkmodel_shape *rt = kvf_mkmodel_shape_by_name("rope-tiny");
+    char a[512], b[512], err[256];
+    scratch_path(a, sizeof a, "rope_full.gguf");
+    scratch_path(b, sizeof b, "rope_meta.gguf");
+    ASSERT_OK(kvf_mkmodel_write(a, rt, KVF_GGML_Q8_0, 3, err, sizeof err));
+    ASSERT_OK(kvf__mkmodel_write_meta(b, rt, KVF_GGML_Q8_0, err, sizeof err));
+    kvf_gguf_t *ga, *gb;
+    ASSERT_OK(kvf_gguf_open(a, &ga, err, sizeof err));
+    ASSERT_OK(kvf_gguf_open(b, &gb, err, sizeof err));
+    const struct kvf_gguf_tensor *ta = kvf_gguf_find_tensor(ga, "rope_freqs.weight");
+    const struct kvf_gguf_tensor *tb = kvf_gguf_find_tensor(gb, "rope_freqs.weight");
+    ASSERT_TRUE(ta && tb && ta->n_bytes == tb->n_bytes);
+    ASSERT_MEMEQ(ta->data, tb->data, ta->n_bytes);
+    kvf_gguf_close(ga);
+    kvf_gguf_close(gb);
+    unlink(a);
+    unlink(b);
+    scratch_done();
+}
+
 /* ---- truncation ---- */
 
 /* Opens every prefix of buf, each in its own exact-size allocation so ASan sees any over-read.
@@ -892,7 +1034,8 @@ static void test_random_mutations(void)
     uint8_t *buf = read_all(path, &len);
     mutate_and_open(buf, len, len, &r, iters);
     free(buf);
-    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true, NULL, 0, false};
+    const struct kvf_mkmodel_shape micro = {"micro", 32,   1,    2, 1,        32,   259,
+                                            64,      true, NULL, 0, 10000.0f, NULL, 0.0f};
     ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_Q8_0, 1, err, sizeof err));
     buf = read_all(path, &len);
     kvf_gguf_t *g;
@@ -925,8 +1068,10 @@ static void test_fuzz_seeds(void)
     if (!dir) dir = scratch_dir();
     char path[600], err[256];
     /* A micro Llama (dim 32, one layer, 259-token byte vocab) in both weight types. */
-    const struct kvf_mkmodel_shape micro = {"micro", 32, 1, 2, 1, 32, 259, 64, true, NULL, 0, false};
-    const struct kvf_mkmodel_shape micro2 = {"micro2", 32, 1, 2, 2, 32, 259, 64, false, NULL, 0, false};
+    const struct kvf_mkmodel_shape micro = {"micro", 32,   1,    2, 1,        32,   259,
+                                            64,      true, NULL, 0, 10000.0f, NULL, 0.0f};
+    const struct kvf_mkmodel_shape micro2 = {"micro2", 32,    1,    2, 2,        32,   259,
+                                             64,       false, NULL, 0, 10000.0f, NULL, 0.0f};
     static const char *const names[] = {"micro_f32", "micro_q8_0", "micro2_q8_0", "all_types"};
     snprintf(path, sizeof path, "%s/%s", dir, names[0]);
     ASSERT_OK(kvf_mkmodel_write(path, &micro, KVF_GGML_F32, 1, err, sizeof err));
@@ -1014,11 +1159,11 @@ static void test_fuzz_seeds(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_roundtrip_all_types),   KVF_CASE(test_rewrite_identical),
-    KVF_CASE(test_mkmodel_tiny),          KVF_CASE(test_mkmodel_s15m),
-    KVF_CASE(test_truncate_every_offset), KVF_CASE(test_hostile_headers),
-    KVF_CASE(test_writer_failure),        KVF_CASE(test_fuzz_seeds),
-    KVF_CASE(test_random_mutations),
+    KVF_CASE(test_roundtrip_all_types), KVF_CASE(test_rewrite_identical),
+    KVF_CASE(test_mkmodel_tiny),        KVF_CASE(test_mkmodel_s15m),
+    KVF_CASE(test_mkmodel_released),    KVF_CASE(test_truncate_every_offset),
+    KVF_CASE(test_hostile_headers),     KVF_CASE(test_writer_failure),
+    KVF_CASE(test_fuzz_seeds),          KVF_CASE(test_random_mutations),
 };
 
 int main(int argc, char **argv)
