@@ -154,7 +154,7 @@ async function health(url) {
   const r = await fetch(`${url}/health`, { signal: AbortSignal.timeout(10000) });
   return r.json();
 }
-const held = (h) => (h.decode?.by_state?.HELD ?? 0) + (h.decode?.by_state?.QUARANTINED ?? 0);
+const held = (h) => (h.decode?.by_state?.KVF_PAGE_HELD ?? 0) + (h.decode?.by_state?.KVF_PAGE_QUARANTINED ?? 0);
 // Every pool all free, nothing reserved, held or quarantined, nothing in flight.
 async function quiesce(url, ms) {
   const until = Date.now() + ms;

@@ -416,7 +416,7 @@ async function quiesce(ph, ms) {
   for (;;) {
     try { h = await health(ph.srv); } catch (e) { h = { error: String(e) }; }
     const idle = h.decode && h.decode.free === h.decode.pages && h.decode.reserved === 0 && h.in_flight === 0 &&
-      h.running === 0 && h.queued === 0 && st(h, 'HELD') === 0 && st(h, 'QUARANTINED') === 0 &&
+      h.running === 0 && h.queued === 0 && st(h, 'KVF_PAGE_HELD') === 0 && st(h, 'KVF_PAGE_QUARANTINED') === 0 &&
       (!h.prefill || !h.prefill.pages || h.prefill.free === h.prefill.pages) && h.prefill_up !== false &&
       (h.workers ?? []).every((w) => w.up);
     if (idle) return h;
