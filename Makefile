@@ -19,7 +19,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release debug asan test mutants isolation fuzz soak bench-overhead bench-split format clean
+.PHONY: all deps build release release-kvfence debug asan test mutants isolation fuzz soak bench-overhead bench-split format clean
 
 all: deps release
 
@@ -31,6 +31,11 @@ release:
 	cmake --build --preset release -j $(JOBS)
 
 build: release
+
+# The release binary alone (long_e2e's long prompts run on it).
+release-kvfence:
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target kvfence
 
 # Serves the readable test model on http://127.0.0.1:8080 (README.md, "Serving"); SERVE_ARGS adds
 # options, e.g. make serve SERVE_ARGS="--port 9000".
@@ -48,7 +53,7 @@ asan:
 # The test suite: every CTest test of the ASan/UBSan build (unit, sim, model, mutants, fuzz corpus
 # replays, ...), then each libFuzzer target for TEST_FUZZ_SECONDS.
 TEST_FUZZ_SECONDS ?= 20
-test: deps asan release
+test: deps asan release-kvfence
 	ctest --preset asan -j $(JOBS)
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 

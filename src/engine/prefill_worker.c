@@ -82,6 +82,7 @@ struct pjob {
     uint32_t pos;                      /* prompt tokens computed */
     uint32_t reported;                 /* pages reported ready (posted) */
     uint32_t passes;                   /* turns passed over in a row since it started */
+    uint32_t first_token;              /* computed: the token drawn after the last chunk */
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     bool placeholder; /* mutant: recomputed as one token after the engine refused it */
 #endif
@@ -931,13 +932,8 @@ static void finish_chunk(struct kvf_prefill_worker *w)
         compute_failed(w, j, rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
         return;
     }
-    uint32_t pt = w->geo.page_tokens;
     j->pos += w->step_len;
-    if (!w->step_last) {
-        /* Pages the chunk completed go now (H8: never a page whose compute is unfinished). */
-        for (; (j->reported + 1) * pt <= j->pos && !j->aborted; j->reported++) page_ready(w, j, j->reported, 0);
-        return;
-    }
+    if (!w->step_last) return; /* its completed pages are posted once the next chunk runs */
     float lp = 0.0f;
     int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp, &j->n_top,
                                 j->top_ids, j->top_lps);
@@ -947,8 +943,24 @@ static void finish_chunk(struct kvf_prefill_worker *w)
     }
     unqueue(w, j);
     j->first_logprob = lp;
+    j->first_token = (uint32_t)tok;
     j->computed = true;
-    for (; j->reported < j->n_pages && !j->aborted; j->reported++) page_ready(w, j, j->reported, (uint32_t)tok);
+}
+
+/* Posts the pages that finished chunks completed (never a page whose compute is unfinished: H8),
+ * and a computed job's last ones with its first token. Called after the next chunk has started,
+ * so sealing and sending these pages overlaps that chunk's compute. */
+static void post_completed(struct kvf_prefill_worker *w)
+{
+    uint32_t pt = w->geo.page_tokens;
+    for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
+        struct pjob *j = &w->jobs[i];
+        if (!j->used || j->finished || j->aborted || !j->s || j->s->failed) continue;
+        if (j->computed)
+            for (; j->reported < j->n_pages && !j->aborted; j->reported++) page_ready(w, j, j->reported, j->first_token);
+        else
+            for (; (j->reported + 1) * pt <= j->pos && !j->aborted; j->reported++) page_ready(w, j, j->reported, 0);
+    }
 }
 
 /* Every PF_PROGRESS_MS while the compute advances (a layer or a chunk finished, a put
@@ -1134,6 +1146,7 @@ static void *loop(void *arg)
         if (step_state(w) == STEP_DONE) finish_chunk(w);
         bool waiting = false, stepping = step_state(w) != STEP_IDLE;
         if (!stepping && w->queue_head) stepping = start_chunk(w, &waiting);
+        post_completed(w);
         send_progress(w);
         /* While a chunk runs the compute thread's end wakes us; the progress reports need a
          * turn at least every PF_PROGRESS_MS. A job waiting for pages that puts in flight still
@@ -1143,6 +1156,7 @@ static void *loop(void *arg)
     /* A chunk still on the compute thread finishes before anything is torn down. */
     while (step_state(w) == STEP_GO) kvf__loop_wait(w->x, w->wake_fd, 50);
     if (step_state(w) == STEP_DONE) finish_chunk(w);
+    post_completed(w);
     return NULL;
 }
 

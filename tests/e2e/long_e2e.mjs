@@ -107,7 +107,7 @@ async function complete(url, prompt, maxTokens, { abortMs } = {}) {
   const t0 = Date.now();
   const ac = new AbortController();
   const timer = abortMs !== undefined ? setTimeout(() => ac.abort(), abortMs) : null;
-  const got = { ids: [], lps: [], ttft: null, total: null, status: null, err: null, aborted: false };
+  const got = { ids: [], lps: [], ttft: null, total: null, status: null, err: null, aborted: false, times: [] };
   try {
     const r = await fetch(`${url}/v1/completions`, {
       method: 'POST', headers: { 'content-type': 'application/json' }, signal: ac.signal,
@@ -132,6 +132,7 @@ async function complete(url, prompt, maxTokens, { abortMs } = {}) {
         if (x?.logprobs?.tokens?.length) {
           if (got.ttft === null) got.ttft = Date.now() - t0;
           got.ids.push(...x.logprobs.tokens.map(idOf));
+          for (let k = 0; k < x.logprobs.tokens.length; k++) got.times.push(Date.now() - t0);
           got.lps.push(...x.logprobs.token_logprobs.map(Math.fround));
         }
       }
@@ -209,16 +210,24 @@ await test('four ~2,100-token prompts at once, each equal to its solo run; a sho
   const longs = [];
   for (let i = 0; i < 4; i++) longs.push(await promptOf(URL_, 2100 + 37 * i, 100 + i));
   const short = await promptOf(URL_, 40, 7);
+  const running = await promptOf(URL_, 30, 8);
+  // A stream already decoding when the long prompts arrive: its gaps between tokens.
+  const rj = complete(URL_, running, 96);
+  await sleep(300);
   const t0 = Date.now();
   const jobs = longs.map((p) => complete(URL_, p, GEN).then((g) => ({ ...g, end: Date.now() - t0 })));
   await sleep(1500); // the long ones are being computed
   const ts = Date.now() - t0;
   const sj = complete(URL_, short, 4).then((g) => ({ ...g, end: Date.now() - t0 }));
-  const [s, ...ls] = await Promise.all([sj, ...jobs]);
+  const [s, rg, ...ls] = await Promise.all([sj, rj, ...jobs]);
   assertSame(s, reference(KVF, MODEL, short, 4), 'the short prompt');
+  assertSame(rg, reference(KVF, MODEL, running, 96), 'the running stream');
+  const gaps = rg.times.slice(1).map((t, k) => t - rg.times[k]).sort((a, b) => a - b);
+  const gp = (q) => gaps[Math.min(gaps.length - 1, Math.floor(q * gaps.length))];
   for (const [i, g] of ls.entries()) assertSame(g, reference(KVF, MODEL, longs[i], GEN), `long prompt ${i}`);
   const firstLongEnd = Math.min(...ls.map((g) => g.end));
   const shortFirst = ts + s.ttft;
+  figures.push(`a stream decoding while they were computed: gaps between its tokens p50 ${gp(0.5)} ms, p90 ${gp(0.9)} ms, max ${gaps[gaps.length - 1]} ms`);
   figures.push(`4 x ~2,100-token prompts at once: latencies ${ls.map((g) => (g.total / 1000).toFixed(1)).join(', ')} s; a 40-token prompt sent 1.5 s in: TTFT ${(s.ttft / 1000).toFixed(2)} s (its first token at ${(shortFirst / 1000).toFixed(1)} s, the first long one done at ${(firstLongEnd / 1000).toFixed(1)} s)`);
   assert.ok(shortFirst < firstLongEnd, `the short prompt's first token at ${shortFirst} ms, after a long one finished at ${firstLongEnd} ms`);
 });
