@@ -10,6 +10,7 @@
 #   make isolation  the isolation suite's long run (tests/isolation, docs/ISOLATION.md), alone
 #   make fuzz     the libFuzzer targets for a bounded time (FUZZ_SECONDS each, default 60)
 #   make soak     long randomized runs, outside `make test`
+#   make long     long_e2e with the llama3.2-1b shape's 4,000-token prompt (outside make test)
 #   make bench-split  the serve bench against the split roles (router, prefill and decode
 #                 processes sharing the cores through --compute-lock) and `kvfence serve`, in
 #                 alternation; prints the ratio
@@ -19,7 +20,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release release-kvfence debug asan test mutants isolation fuzz soak bench-overhead bench-split format clean
+.PHONY: all deps build release release-kvfence debug asan test long mutants isolation fuzz soak bench-overhead bench-split format clean
 
 all: deps release
 
@@ -59,6 +60,11 @@ test: deps asan release-kvfence
 
 mutants: deps
 	KVF_MUTANT_ISOLATION=$${KVF_MUTANT_ISOLATION:-1} bash scripts/mutants.sh
+
+# Long prompts end to end, with the llama3.2-1b shape's 4,000-token prompt that make test leaves
+# out for its time (tests/e2e/long_e2e.mjs --big 1).
+long: deps release asan
+	node tests/e2e/long_e2e.mjs --kvfence build/kvfence --test-kvfence build-asan/kvfence --work build-asan/tests/e2e/work_long_big --big 1
 
 # The real processes under chaos, tenants with canaries, every response against its solo run:
 # the long run (at most 10 minutes); make test runs the smoke.

@@ -21,6 +21,7 @@
  *                chunks than half the tokens;
  *   tpot_p50_ms  per request, (latency − TTFT) / (completion tokens − 1); without --stream,
  *                latency / completion tokens;
+ *   latency_p50_ms  per request, request sent → the last byte of its answer;
  *   errors       requests that failed: a connection error, a status other than 200, an error
  *                object in the stream, a timeout (--timeout-s, default 300), or fewer
  *                completion tokens than G.
@@ -106,7 +107,7 @@ struct conn {
 };
 
 struct sb_stats {
-    double *ttft, *tpot;
+    double *ttft, *tpot, *lat;
     unsigned long n_ok, errors, tokens, chunks;
 };
 
@@ -446,6 +447,7 @@ static void finish_request(struct sb_run *r, struct conn *c, bool ok)
     }
     double lat_ms = (double)(now - c->t_sent) / 1e6;
     unsigned long i = r->st.n_ok++;
+    r->st.lat[i] = lat_ms;
     r->st.tokens += (unsigned long)c->completion_tokens;
     r->st.chunks += c->chunks;
     if (r->o->stream) {
@@ -573,6 +575,13 @@ int kvf_bench_serve(int argc, char **argv)
         if (st == 200 && h.p && strstr(h.p, "\"ok\"")) {
             const char *v = strstr(h.p, "\"n_vocab\":");
             if (v) n_vocab = (uint32_t)strtoul(v + 10, NULL, 10);
+            if (!v) {
+                /* Another server (the C/C++ one, compared side by side) names it in /v1/models. */
+                struct sbuf mm = {0};
+                if (http_get(&o, "/v1/models", &mm) == 200 && mm.p && (v = strstr(mm.p, "\"n_vocab\":")))
+                    n_vocab = (uint32_t)strtoul(v + 10, NULL, 10);
+                free(mm.p);
+            }
         }
         free(h.p);
         if (!n_vocab) usleep(100000);
@@ -590,7 +599,8 @@ int kvf_bench_serve(int argc, char **argv)
     r.conns = calloc(o.conc, sizeof(*r.conns));
     r.st.ttft = calloc(o.requests, sizeof(double));
     r.st.tpot = calloc(o.requests, sizeof(double));
-    if (!r.conns || !r.st.ttft || !r.st.tpot) return 1;
+    r.st.lat = calloc(o.requests, sizeof(double));
+    if (!r.conns || !r.st.ttft || !r.st.tpot || !r.st.lat) return 1;
     for (unsigned long i = 0; i < o.conc; i++) r.conns[i].fd = -1;
     run_load(&r);
     for (unsigned long i = 0; i < o.conc; i++) {
@@ -603,6 +613,7 @@ int kvf_bench_serve(int argc, char **argv)
     double ttft99 = o.stream ? pct(r.st.ttft, r.st.n_ok, 0.99) : NAN;
     double tpot50 = pct(r.st.tpot, r.st.n_ok, 0.5);
     double tpot99 = pct(r.st.tpot, r.st.n_ok, 0.99);
+    double lat50 = pct(r.st.lat, r.st.n_ok, 0.5), lat99 = pct(r.st.lat, r.st.n_ok, 0.99);
     printf("serve  %s:%s  concurrency=%lu requests=%lu (+%lu warm-up) prompt=%lu gen=%lu %s\n",
            o.host, o.port, o.conc, o.requests, o.warmup, o.prompt, o.gen,
            o.stream ? "streaming" : "not streaming");
@@ -610,13 +621,14 @@ int kvf_bench_serve(int argc, char **argv)
            r.st.errors, r.st.tokens, wall_s);
     printf("ttft ms  p50 %.1f  p99 %.1f   tpot ms  p50 %.2f  p99 %.2f   requests/s %.2f\n", ttft50,
            ttft99, tpot50, tpot99, wall_s > 0 ? (double)r.st.n_ok / wall_s : 0);
+    printf("latency ms  p50 %.1f  p99 %.1f (request sent to its last byte)\n", lat50, lat99);
     if (o.stream && r.st.chunks * 2 < r.st.tokens)
         printf("note: %lu chunks for %lu tokens — the model's pieces decode to (almost) nothing, "
                "so the first chunk came with the last token and TTFT is the whole latency; "
                "--logprobs makes every token visible\n", r.st.chunks, r.st.tokens);
     printf("result bench=serve tok_s=%.1f ttft_p50_ms=%.1f ttft_p99_ms=%.1f tpot_p50_ms=%.2f "
-           "errors=%lu\n",
-           tok_s, ttft50, ttft99, tpot50, r.st.errors);
-    free(r.st.ttft), free(r.st.tpot);
+           "latency_p50_ms=%.1f errors=%lu\n",
+           tok_s, ttft50, ttft99, tpot50, lat50, r.st.errors);
+    free(r.st.ttft), free(r.st.tpot), free(r.st.lat);
     return r.st.errors ? 1 : 0;
 }

@@ -2,7 +2,7 @@
 // about twenty times slower): `kvfence serve`, and the split roles, on smol135m Q8_0 (8,192-token
 // context).
 //
-//   node long_e2e.mjs --kvfence EXE --work DIR [--test-kvfence EXE]
+//   node long_e2e.mjs --kvfence EXE --work DIR [--test-kvfence EXE] [--big 1]
 //
 // Checked, each on content (token ids and logprobs equal to `kvfence run` of the same prompt):
 //   - a prompt that fills the context (8,192 tokens less the 8 generated) is served;
@@ -21,6 +21,9 @@
 //     chunks each 60 ms slow and a 1.5 s bound: the prefill drops 10% of the frames it sends
 //     (PROGRESS among them). Every request equals its solo run or fails with a clear error;
 //     nothing leaks, nothing wedges.
+//   - with --big 1 (`make long`; outside `make test` for its time, about two minutes more): a
+//     4,000-token prompt on the llama3.2-1b shape (Q4_K_M), served by `kvfence serve`, equals
+//     `kvfence run`.
 // Prints TAP; exits 1 on any failure. Every process is killed on any exit.
 import { spawn, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -355,6 +358,22 @@ if (args['test-kvfence']) {
     await quiesce(url, 30000);
     figures.push(`lossy prefill (10% of its frames dropped): ${same} of 12 equal to their solo runs, the rest failed clearly ${JSON.stringify(codes)}`);
     for (const x of [r, d, p]) await stop(x);
+  });
+}
+
+if (args.big === '1') {
+  const BIG = path.join(W, 'llama3.2-1b-q4_k_m.gguf');
+  execFileSync(KVF, ['mkmodel', BIG, '--shape', 'llama3.2-1b', '--type', 'q4_k_m'], { stdio: 'ignore' });
+  await test('llama3.2-1b shape, Q4_K_M: a 4,000-token prompt served by kvfence serve equals kvfence run', async () => {
+    const b = launch('serve-1b', KVF, ['serve', '--model', BIG, '--host', '127.0.0.1', '--port', '0', '--threads', '2', '--context-length', '8192']);
+    const mb = await waitFor(b, /listening on (http:\/\/127\.0\.0\.1:\d+)/, 120000, 'err');
+    const p = await promptOf(mb[1], 4000, 91);
+    const got = await complete(mb[1], p, GEN);
+    await stop(b);
+    const ref = reference(KVF, BIG, p, GEN);
+    assert.equal(ref.prompt_len, 4000);
+    assertSame(got, ref, 'llama3.2-1b, 4,000 tokens');
+    figures.push(`llama3.2-1b Q4_K_M, a 4,000-token prompt: served in ${(got.total / 1000).toFixed(1)} s, TTFT ${(got.ttft / 1000).toFixed(1)} s`);
   });
 }
 
