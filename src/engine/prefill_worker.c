@@ -82,6 +82,7 @@ struct pjob {
     uint32_t pos;                      /* prompt tokens computed */
     uint32_t reported;                 /* pages reported ready (posted) */
     uint32_t passes;                   /* turns passed over in a row since it started */
+    bool no_pages;                     /* not started, and its pages are not free this turn */
     uint32_t first_token;              /* computed: the token drawn after the last chunk */
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     bool placeholder; /* mutant: recomputed as one token after the engine refused it */
@@ -811,12 +812,11 @@ static struct pjob *pick_job(struct kvf_prefill_worker *w, bool *waiting)
         nx = j->next_queued;
         if (j->aborted || j->finished || !j->s || j->s->failed) unqueue(w, j);
     }
-    uint32_t skipped = 0;
+    for (struct pjob *j = w->queue_head; j; j = j->next_queued) j->no_pages = false;
     for (;;) {
         struct pjob *best = NULL, *starved = NULL;
-        uint32_t k = 0;
-        for (struct pjob *j = w->queue_head; j; j = j->next_queued, k++) {
-            if (k < 64 && (skipped >> k & 1u)) continue;
+        for (struct pjob *j = w->queue_head; j; j = j->next_queued) {
+            if (j->no_pages) continue;
             if (j->started && j->passes >= PF_MAX_PASSES && !starved) starved = j;
             if (!best || j->n_tokens - j->pos < best->n_tokens - best->pos) best = j;
         }
@@ -825,10 +825,7 @@ static struct pjob *pick_job(struct kvf_prefill_worker *w, bool *waiting)
         if (j->started) return j;
         int got = take_pages(w, j);
         if (got == 0) {
-            uint32_t idx = 0;
-            for (struct pjob *q = w->queue_head; q && q != j; q = q->next_queued) idx++;
-            if (idx >= 64) return NULL; /* deep in a long queue: wait for pages like the rest */
-            skipped |= 1u << idx;
+            j->no_pages = true; /* not this turn: the others may run */
             *waiting = true;
             continue;
         }
