@@ -194,7 +194,7 @@ int kvf_bench_model(int argc, char **argv)
     }
     if (chunk > prompt) chunk = prompt;
     uint32_t max_tokens = (uint32_t)(chunk > batch ? chunk : batch);
-    struct kvf_fwd_config fc = {(uint32_t)threads, max_tokens, (uint32_t)batch, NULL};
+    struct kvf_fwd_config fc = {(uint32_t)threads, max_tokens, (uint32_t)batch, NULL, 0};
     if ((rc = kvf_fwd_create(m, &fc, &f)) < 0) {
         fprintf(stderr, "kvfence bench model: forward: %s\n", kvf_strerror(rc));
         goto out;

@@ -148,6 +148,9 @@ struct kvf_fwd_config {
     const struct kvf_alloc_ops *alloc; /* every allocation of the context (three: the context,
                                           one scratch arena, the thread table); NULL = default.
                                           Nothing is allocated after create. */
+    uint32_t max_context;   /* positions a sequence may reach (its attention scratch is sized
+                               for them; a sequence past them is refused, -EINVAL); 0 or more
+                               than the model's: the model's context */
 };
 
 /*

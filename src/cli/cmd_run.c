@@ -183,7 +183,7 @@ int kvf_cmd_run(int argc, char **argv)
     pc.tag_seed = 1;
     struct kvf_owner own = {{1, 0}, 0};
     uint32_t chunk = (uint32_t)n_prompt < RUN_CHUNK ? (uint32_t)n_prompt : RUN_CHUNK;
-    struct kvf_fwd_config fc = {(uint32_t)threads, chunk, 1, NULL};
+    struct kvf_fwd_config fc = {(uint32_t)threads, chunk, 1, NULL, 0};
     if ((rc = kvf_pool_create(&pc, &pool)) < 0 ||
         (rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, n_pages, false, pages)) < 0 ||
         (rc = kvf_fwd_create(m, &fc, &f)) < 0) {

@@ -1229,7 +1229,8 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
 #endif
     if (rc == 0 && (rc = kvf_decode_create(&dc, &w->d)) < 0)
         snprintf(err, err_len, "cannot create the decode machine: %s", kvf_strerror(rc));
-    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->cfg.max_batch, w->cfg.max_batch, NULL};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->cfg.max_batch, w->cfg.max_batch, NULL,
+                                cfg->max_context};
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
         snprintf(err, err_len, "cannot start the compute threads: %s", kvf_strerror(rc));
     if (rc == 0) {

@@ -1235,7 +1235,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     /* KVF_POISON=1 poisons this pool's freed pages whoever started the worker (serve too). */
     if (getenv("KVF_POISON") && atoi(getenv("KVF_POISON"))) pc.poison_on_free = true;
 #endif
-    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->chunk, 1, NULL};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->chunk, 1, NULL, cfg->max_context};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
         snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)

@@ -44,6 +44,7 @@ struct kvf_fwd {
     size_t arena_bytes;
     struct kvf_tpool *tp;
     uint32_t max_tokens, max_seqs;
+    uint32_t max_ctx;         /* positions a sequence may reach: the scratch is sized for it */
     uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers;
                                * the matrix products and a decode step's attention take one per
                                * thread (kvf_fwd_run) */
@@ -131,7 +132,7 @@ static size_t layout(kvf_fwd_t *f, uint8_t *base, uint32_t nth, size_t T, size_t
     size_t q_dim = (size_t)hp->n_heads * hp->head_dim, kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t widest = max3(hp->dim, q_dim, hp->ffn_dim), off = 0;
     f->xq.ld = (widest + KVF_QK - 1) / KVF_QK * KVF_QK;
-    f->scores_per_thread = kvf__attn_scratch_floats(hp->n_ctx, hp->n_heads, hp->head_dim);
+    f->scores_per_thread = kvf__attn_scratch_floats(f->max_ctx, hp->n_heads, hp->head_dim);
     f->x = carve(base, &off, T * hp->dim * sizeof(float));
     f->xb = carve(base, &off, T * (q_dim > hp->dim ? q_dim : hp->dim) * sizeof(float));
     f->o = carve(base, &off, T * hp->dim * sizeof(float));
@@ -145,7 +146,7 @@ static size_t layout(kvf_fwd_t *f, uint8_t *base, uint32_t nth, size_t T, size_t
     f->hu = carve(base, &off, T * hp->ffn_dim * sizeof(float));
     f->rope = carve(base, &off, T * hp->head_dim * sizeof(float));
     f->scores = carve(base, &off, (size_t)nth * f->scores_per_thread * sizeof(float));
-    f->attn_part = carve(base, &off, kvf__attn_part_floats(hp->n_ctx, hp->n_heads, hp->head_dim,
+    f->attn_part = carve(base, &off, kvf__attn_part_floats(f->max_ctx, hp->n_heads, hp->head_dim,
                                                            (uint32_t)T, f->n_chunks) * sizeof(float));
     f->wrow = carve(base, &off, (size_t)nth * widest * sizeof(float));
     f->outx = carve(base, &off, S * hp->dim * sizeof(float));
@@ -173,6 +174,7 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->m = m;
     f->max_tokens = cfg->max_tokens;
     f->max_seqs = cfg->max_seqs;
+    f->max_ctx = cfg->max_context && cfg->max_context < m->hp.n_ctx ? cfg->max_context : m->hp.n_ctx;
     f->n_chunks = nth > 1 ? 4 * nth : 1;
     /* Every scratch buffer in one arena from the allocation seam: one allocation to fail, and
      * nothing allocated after create (a step allocates nothing). */
@@ -209,12 +211,12 @@ void kvf_fwd_destroy(kvf_fwd_t *f)
  * -EINVAL for a malformed entry, KVF_E_MODEL_PAGE for a page that does not check.
  * O(pages of the sequence).
  */
-static int check_seq(const kvf_model_t *m, const kvf_pool_t *pool,
+static int check_seq(const kvf_model_t *m, uint32_t max_ctx, const kvf_pool_t *pool,
                      const struct kvf_pool_geometry *geo, const struct kvf_fwd_seq *s)
 {
     uint32_t pt = geo->page_tokens;
     if (!s->tokens || s->n_tokens == 0 || !s->pages) return -EINVAL;
-    if ((uint64_t)s->pos + s->n_tokens > m->hp.n_ctx) return -EINVAL;
+    if ((uint64_t)s->pos + s->n_tokens > max_ctx) return -EINVAL;
     uint32_t end = s->pos + s->n_tokens;
     if ((end + pt - 1) / pt > s->n_pages) return -EINVAL;
     for (uint32_t i = 0; i < s->n_tokens; i++)
@@ -585,7 +587,7 @@ int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *se
     uint32_t nt = 0, n_out = 0, n_ok = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {
         struct kvf_fwd_seq *sq = &seqs[s];
-        sq->status = check_seq(m, pool, geo, sq);
+        sq->status = check_seq(m, f->max_ctx, pool, geo, sq);
         /* One entry per request: two would write the same slots. O(n_seqs²), n_seqs is small. */
         for (uint32_t e = 0; e < s && sq->status == 0; e++)
             if (seqs[e].status == 0 && kvf_req_id_eq(seqs[e].req, sq->req)) sq->status = -EINVAL;

@@ -29,7 +29,7 @@ static inline uint32_t solo_run(const kvf_model_t *m, uint32_t pt, uint32_t ctx,
     ASSERT_NOT_NULL(pages);
     struct kvf_owner own = {{9, 9}, 1};
     ASSERT_OK(kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, n_pages, false, pages));
-    struct kvf_fwd_config fc = {1, ctx, 1, NULL};
+    struct kvf_fwd_config fc = {1, ctx, 1, NULL, 0};
     kvf_fwd_t *f;
     ASSERT_OK(kvf_fwd_create(m, &fc, &f));
     float *logits = malloc(n_vocab * sizeof(float));

@@ -150,7 +150,7 @@ static inline struct kvf_fwd_seq tseq_step(struct tseq *s, const int32_t *toks, 
 static inline kvf_fwd_t *tfwd_create(const kvf_model_t *m, uint32_t threads, uint32_t max_tokens,
                                      uint32_t max_seqs)
 {
-    struct kvf_fwd_config c = {threads, max_tokens, max_seqs, NULL};
+    struct kvf_fwd_config c = {threads, max_tokens, max_seqs, NULL, 0};
     kvf_fwd_t *f = NULL;
     ASSERT_OK(kvf_fwd_create(m, &c, &f));
     return f;

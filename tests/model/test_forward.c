@@ -530,7 +530,7 @@ static void test_bad_batches(void)
     struct kvf_fwd_seq s = tseq_step(&a, toks, 9, NULL);
     ASSERT_ERR(kvf_fwd_run(f, pool, &s, 1), -EINVAL); /* more tokens than max_tokens */
     s = tseq_step(&a, toks, 17, NULL);
-    struct kvf_fwd_config c = {1, 32, 2, NULL};
+    struct kvf_fwd_config c = {1, 32, 2, NULL, 0};
     kvf_fwd_t *f2 = NULL;
     ASSERT_OK(kvf_fwd_create(tm.m, &c, &f2));
     ASSERT_EQ_INT(kvf_fwd_run(f2, pool, &s, 1), 0); /* needs 2 pages, table has 1 */
@@ -552,6 +552,23 @@ static void test_bad_batches(void)
     ASSERT_EQ_INT(info.fill, 3);
     tseq_release(pool, &a);
     kvf_fwd_destroy(f2);
+    /* A context made for a served limit of 20 positions (its attention scratch sized for them)
+     * refuses a sequence that would pass it, and runs one that ends at it. */
+    struct kvf_fwd_config c20 = {1, 32, 1, NULL, 20};
+    kvf_fwd_t *f3 = NULL;
+    ASSERT_OK(kvf_fwd_create(tm.m, &c20, &f3));
+    struct tseq b;
+    tseq_alloc(pool, &b, 2, 2);
+    int32_t t21[21] = {0};
+    for (int i = 0; i < 21; i++) t21[i] = 5 + i;
+    s = tseq_step(&b, t21, 21, NULL);
+    ASSERT_EQ_INT(kvf_fwd_run(f3, pool, &s, 1), 0);
+    ASSERT_ERR(s.status, -EINVAL);
+    s = tseq_step(&b, t21, 20, NULL);
+    ASSERT_EQ_INT(kvf_fwd_run(f3, pool, &s, 1), 1);
+    ASSERT_EQ_INT(s.status, 0);
+    tseq_release(pool, &b);
+    kvf_fwd_destroy(f3);
     kvf_fwd_destroy(f);
     kvf_pool_destroy(pool);
     tmodel_close(&tm);
@@ -806,7 +823,7 @@ static void test_create_fails_cleanly_at_every_allocation(void)
     tmodel_open(&tm, "tiny", KVF_GGML_F32, 5);
     struct countdown cd = {0};
     struct kvf_alloc_ops ops = {cd_alloc, cd_free, &cd};
-    struct kvf_fwd_config c = {2, 32, 2, &ops};
+    struct kvf_fwd_config c = {2, 32, 2, &ops, 0};
     kvf_fwd_t *f = NULL;
     int n;
     for (n = 0; n < 32; n++) {

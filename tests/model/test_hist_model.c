@@ -262,7 +262,7 @@ static void check_model_rule(uint32_t type)
     struct hm h;
     hm_open(&h, type);
     kvf_fwd_t *f = NULL;
-    struct kvf_fwd_config c = {2, 512, 1, NULL};
+    struct kvf_fwd_config c = {2, 512, 1, NULL, 0};
     ASSERT_OK(kvf_fwd_create(h.m, &c, &f));
     int32_t *toks = malloc(MAX_TOKENS * sizeof *toks);
     ASSERT_NOT_NULL(toks);
@@ -407,7 +407,7 @@ static void check_leak(uint32_t type)
     struct hm h;
     hm_open(&h, type);
     kvf_fwd_t *f = NULL;
-    struct kvf_fwd_config c = {2, 128, 1, NULL};
+    struct kvf_fwd_config c = {2, 128, 1, NULL, 0};
     ASSERT_OK(kvf_fwd_create(h.m, &c, &f));
     char text[256];
     leak_run(&h, f, false, text, sizeof text);
