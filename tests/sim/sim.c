@@ -433,6 +433,8 @@ void sim_run(const struct sim_config *cfg, uint64_t seed, FILE *tr, struct sim_r
     for (int i = 0; i < W.n_req; i++) {
         if (W.req[i].outcome && W.req[i].ok) out->committed++;
         else if (W.req[i].outcome) out->failed++;
+        if (W.req[i].outcome && W.req[i].ok && W.req[i].outcome_t > W.req[i].submit_t + GRANT_TIMEOUT_MS)
+            out->outlived++; /* alive past the no-progress bound by PROGRESS alone */
     }
     teardown(&W);
 }

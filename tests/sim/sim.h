@@ -19,6 +19,8 @@ struct sim_result {
     uint64_t end_ms;      /* virtual time at quiescence */
     uint32_t committed, failed, fences, quarantines;
     uint32_t stale;       /* messages the decode machine ignored as stale, duplicate or unknown */
+    uint32_t outlived;    /* requests committed later than the no-progress bound after their
+                             submission: their grants lived by PROGRESS */
 };
 
 /*
