@@ -99,8 +99,20 @@ await test('401 without a valid key: typed AuthenticationError, nothing of the k
 await test('a key serves its tenant; the canary prompt is answered', async () => {
   const r = await A.completions.create({ model: 'm', prompt: `${CANARY_PROMPT} red red blue`, max_tokens: 4 });
   assert.equal(r.choices[0].finish_reason === 'length' || r.choices[0].finish_reason === 'stop', true);
-  const c = await B.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: `${CANARY_PROMPT} red` }], max_tokens: 3, stream: true });
-  for await (const _ of c) { /* drain */ }
+  assert.ok(r.choices[0].text.length > 0, 'an empty completion');
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 4, JSON.stringify(r.usage));
+  // The stream says what the same request says whole (greedy): its deltas, joined, and its end.
+  const messages = [{ role: 'user', content: `${CANARY_PROMPT} red` }];
+  const whole = await B.chat.completions.create({ model: 'm', messages, max_tokens: 3, temperature: 0 });
+  const c = await B.chat.completions.create({ model: 'm', messages, max_tokens: 3, temperature: 0, stream: true });
+  let text = '', finish = null;
+  for await (const ch of c) {
+    text += ch.choices?.[0]?.delta?.content ?? '';
+    finish = ch.choices?.[0]?.finish_reason ?? finish;
+  }
+  assert.ok(whole.choices[0].message.content.length > 0, 'an empty chat answer');
+  assert.equal(text, whole.choices[0].message.content, 'the stream differs from the whole answer');
+  assert.equal(finish, whole.choices[0].finish_reason);
 });
 
 await test('tenant limit: a burst of alpha gets 429 with Retry-After while bravo is served', async () => {
