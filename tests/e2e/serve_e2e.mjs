@@ -636,6 +636,14 @@ await test('chat template: rendered with the model\'s template, special tokens o
   const r = await Q.client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 3, temperature: 0 });
   assert.equal(r.usage.prompt_tokens, plain.length);
   assert.equal(r.choices[0].finish_reason === 'length' || r.choices[0].finish_reason === 'stop', true);
+  // The chat answer is the completion of the rendered prompt's tokens, token for token.
+  const comp = await Q.client.completions.create({ model: 'm', prompt: plain, max_tokens: 3, temperature: 0, logprobs: 0, return_tokens_as_token_ids: true });
+  const rc = await Q.client.chat.completions.create({ model: 'm', messages: [{ role: 'user', content: 'Hello' }], max_tokens: 3, temperature: 0, logprobs: true });
+  assert.ok(comp.usage.completion_tokens >= 1);
+  assert.equal(r.usage.completion_tokens, comp.usage.completion_tokens);
+  assert.equal(r.choices[0].message.content, comp.choices[0].text);
+  assert.equal(r.choices[0].finish_reason, comp.choices[0].finish_reason);
+  assert.deepEqual(rc.choices[0].logprobs.content.map((t) => Math.fround(t.logprob)), comp.choices[0].logprobs.token_logprobs.map(Math.fround));
 });
 await stopServe(Q);
 
