@@ -300,7 +300,7 @@ for m in "${mutants[@]}"; do
     [[ $pc == error* ]] && status=1
     [[ $pc == survived ]] && pc="not caught (not a content bug: see docs/MUTANTS.md)"
   fi
-  case $p in caught*|-) ;; *) status=1 ;; esac
+  case $p in caught*|-|"- ("*) ;; *) status=1 ;; esac
   rows+=("$m | $s | $c | $p | $pc | $i")
 done
 
