@@ -1,9 +1,9 @@
 # kvfence — a thin wrapper over CMake presets (CMakePresets.json).
 #   make          dependencies + release build (binary at build/kvfence)
 #   make serve    the release build, then `build/kvfence serve` (the README's curl examples)
-#   make test     dependencies + ASan/UBSan test build + the release build (long_e2e's long
-#                 prompts run on it) + every CTest test (among them `mutants`: the whole mutant
-#                 table, the isolation column included)
+#   make test     dependencies + ASan/UBSan test build + every CTest test (among them `mutants`:
+#                 the whole mutant table, the isolation column included; `release_kvfence`
+#                 builds the release binary long_e2e's long prompts run on)
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
 #                 (the isolation column builds each mutant's kvfence binary: KVF_ISO_MUTANTS
 #                 narrows it, KVF_MUTANT_ISOLATION=0 leaves it out)
@@ -54,7 +54,7 @@ asan:
 # The test suite: every CTest test of the ASan/UBSan build (unit, sim, model, mutants, fuzz corpus
 # replays, ...), then each libFuzzer target for TEST_FUZZ_SECONDS.
 TEST_FUZZ_SECONDS ?= 20
-test: deps asan release-kvfence
+test: deps asan
 	ctest --preset asan -j $(JOBS)
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 

@@ -68,6 +68,9 @@ declare -A iso_unreachable=()
 declare -A iso_not_content=(
   [progress_ignored]="a liveness bug: live prompts fail (503 prefill_stalled) and no byte is wrong"
 )
+# The isolation phase built to show a mutant of that kind (the long-prompt phase: prompts that
+# outlive the no-progress bound while their prefill is live).
+declare -A iso_phase=([progress_ignored]=long-prompts)
 # Mutants the spin model cannot express, and why: it is reported, not run.
 declare -A no_model=(
   [progress_ignored]="the model keeps no clock: its timeouts fire at any time, so a deadline that PROGRESS does not renew adds no behaviour"
@@ -152,6 +155,9 @@ isolation() { # name (empty = clean) [unverified] -> "caught on content: <what>"
   # The ordinary run of a mutant the unverified run is for stops at its first failure: its bug
   # cannot reach a reply there, and going on in search of one costs minutes (two 30 s hangs).
   [ "${2:-0}" = 0 ] && [ -n "$1" ] && [[ $unverified == *" $1 "* ]] && extra=(--fail-fast 1)
+  # A mutant that cannot show on content runs the phase built to show it, to its first failure
+  # (the clean binary runs every phase, that one included).
+  [ -n "$1" ] && [ -n "${iso_phase[$1]:-}" ] && extra=(--fail-fast 1 --phases "${iso_phase[$1]}")
   local out=build-mutants/${1:-clean}.$tag
   rm -f "$out.json"
   "$node_bin" tests/isolation/isolation.mjs --kvfence "$dir/kvfence" --node-modules build-node/node_modules \

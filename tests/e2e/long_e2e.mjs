@@ -36,7 +36,7 @@ for (let i = 2; i + 1 < process.argv.length; i += 2) args[process.argv[i].slice(
 for (const k of ['kvfence', 'work']) if (!args[k]) { console.log(`Bail out! --${k} is required`); process.exit(1); }
 const KVF = args.kvfence;
 if (!fs.existsSync(KVF)) {
-  console.log(`Bail out! ${KVF} does not exist: the long-prompt suite runs the release build (make release, which make test runs first)`);
+  console.log(`Bail out! ${KVF} does not exist: the long-prompt suite runs the release build (the CTest fixture release_kvfence, or make release)`);
   process.exit(1);
 }
 const W = args.work;
