@@ -136,6 +136,7 @@ struct kvf_gen_ops {
  */
 #include <pthread.h>
 
+struct kvf_transport_ops;
 struct kvf_worker_config {
     const kvf_model_t *model;     /* borrowed; outlives the worker */
     uint64_t model_fp;            /* the model's fingerprint, compared at connect */
@@ -169,6 +170,12 @@ struct kvf_worker_config {
     bool poison_free;             /* test builds: poison freed pages */
     const uint8_t *fabric_key;    /* the cluster key (KVF_FABRIC_KEY_BYTES, borrowed until start
                                      returns); NULL: none (kvfence/transport.h) */
+    const struct kvf_transport_ops *transport; /* the transport (kvfence/transport.h, the seam);
+                                                  NULL: the fabric */
+    void *transport_ctx;          /* given to transport->create */
+    bool manual;                  /* no threads: the caller runs the loop a turn at a time and each
+                                     compute step when it chooses (the simulator, tests/sim) */
+    uint64_t seed;                /* tags and ids; 0: from the clock and the process id */
 };
 
 typedef struct kvf_prefill_worker kvf_prefill_worker_t;
@@ -183,12 +190,28 @@ void kvf_prefill_worker_pool(kvf_prefill_worker_t *w, uint32_t *pages, uint32_t 
 /* Stops the loop (puts in flight end with the connection's forced close) and frees all. */
 void kvf_prefill_worker_stop(kvf_prefill_worker_t *w);
 
+/*
+ * Manual mode (cfg.manual): the worker starts no thread. turn runs one turn of the loop — the
+ * transport's progress and everything ready — without waiting, and returns 1 once the worker
+ * stopped and holds nothing (0 before); compute runs the pending compute step (a prefill chunk,
+ * a decode step) and returns 1, or 0 when none is pending; computing says whether one is. Stop
+ * frees the worker at once. The deterministic simulator runs the production loops this way on a
+ * simulated transport and clock (tests/sim/simnet.c). -EINVAL on a worker not in manual mode.
+ */
+int kvf_prefill_worker_turn(kvf_prefill_worker_t *w);
+int kvf_prefill_worker_compute(kvf_prefill_worker_t *w);
+bool kvf_prefill_worker_computing(kvf_prefill_worker_t *w);
+
 int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_worker_t **out,
                             char *err, size_t err_len);
 /* Stops admitting (submit: -ESHUTDOWN), cancels what is queued, lets running requests finish
  * for up to grace_ms, then cancels the rest, waits for their protocol endings (bounded by the
  * timeouts) and frees all. */
 void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms);
+/* Manual mode, as for the prefill worker above. */
+int kvf_decode_worker_turn(kvf_decode_worker_t *w);
+int kvf_decode_worker_compute(kvf_decode_worker_t *w);
+bool kvf_decode_worker_computing(kvf_decode_worker_t *w);
 /* The generation seam over a decode worker: pass the worker as `e`. */
 extern const struct kvf_gen_ops kvf_decode_gen_ops;
 

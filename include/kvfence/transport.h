@@ -50,6 +50,8 @@
 
 typedef struct kvf_xport kvf_xport_t;
 typedef struct kvf_conn kvf_conn_t;
+struct kvf_transport_ops;
+struct kvf_xport_faults;
 
 /* Completion of a put or a flush: status 0 or a negative code (the connection failed, was
  * closed, or a fault hook failed it). */
@@ -77,6 +79,9 @@ struct kvf_xport_config {
     size_t rma_bytes;
     const uint8_t *fabric_key; /* the cluster key, KVF_FABRIC_KEY_BYTES, copied at create; NULL:
                                   an all-zero key every peer knows (no authentication) */
+    const struct kvf_transport_ops *ops; /* the implementation (the seam, below); NULL: the
+                                            fabric, kvf_tcp_transport */
+    void *ops_ctx; /* passed to ops->create (the simulator's world) */
 };
 #define KVF_FABRIC_KEY_BYTES 32
 
@@ -89,7 +94,7 @@ int kvf_fabric_key_random(uint8_t out[KVF_FABRIC_KEY_BYTES]);
 /* len random bytes from the kernel's source (ids, seeds, key files). 0, or KVF_E_TRANSPORT. */
 int kvf_fabric_random(void *buf, size_t len);
 
-/* Creates the epoll set and (optionally) the listener, bound to listen_host only. On failure
+/* Creates the transport cfg->ops names (the fabric when NULL): for the fabric, the epoll set and (optionally) the listener, bound to listen_host only. On failure
  * nothing is left and err explains. */
 int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
                      kvf_xport_t **out, char *err, size_t err_len);
@@ -100,7 +105,7 @@ void kvf_xport_destroy(kvf_xport_t *x);
 uint16_t kvf_xport_port(const kvf_xport_t *x);
 /* The fd to poll for input, valid for the transport's life. */
 int kvf_xport_fd(const kvf_xport_t *x);
-/* Runs every ready completion and callback. Returns how many UCX events were progressed. */
+/* Runs every ready completion and callback. Returns how many events were handled. */
 int kvf_xport_progress(kvf_xport_t *x);
 /* 0: nothing pending, the loop may sleep on the fd (up to kvf_xport_next_ms); -EAGAIN: there is
  * more work, progress again. */
@@ -141,6 +146,54 @@ int kvf_conn_flush(kvf_conn_t *c, kvf_xport_done_fn done, void *arg);
 /* Closes c in the mode that fences the peer: forced, in peer-error mode. Outstanding operations
  * complete with an error first; c is freed before return. */
 void kvf_conn_close(kvf_conn_t *c);
+
+/* The transport's clock (milliseconds, monotonic): the worker loops read time only here, so a
+ * simulated transport runs them on simulated time. */
+uint64_t kvf_xport_now_ms(const kvf_xport_t *x);
+
+/* --- The seam. --------------------------------------------------------------------------------
+ *
+ * Every kvf_xport_* and kvf_conn_* call above dispatches through the ops of the object it is
+ * given (src/transport/seam.c); the engine's loops reach the network and the clock only through
+ * these calls. The fabric (src/transport/tcp.c) is the production implementation; the
+ * deterministic simulator (tests/sim/simnet.c) is the other, and runs the real worker loops on
+ * simulated links and time. An implementation's objects begin with the heads below, and it keeps
+ * every promise this header makes (callbacks only inside progress; puts in order with frames;
+ * a flush's success proves every earlier put applied; nothing applied after close returns).
+ */
+struct kvf_transport_ops {
+    const char *name;
+    int (*create)(void *ctx, const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
+                  kvf_xport_t **out, char *err, size_t err_len);
+    void (*destroy)(kvf_xport_t *x);
+    uint16_t (*port)(const kvf_xport_t *x);
+    int (*fd)(const kvf_xport_t *x);
+    int (*progress)(kvf_xport_t *x);
+    int (*arm)(kvf_xport_t *x);
+    int (*next_ms)(const kvf_xport_t *x);
+    uint64_t (*now_ms)(const kvf_xport_t *x);
+    int (*connect)(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out, char *err,
+                   size_t err_len);
+    bool (*failed)(const kvf_conn_t *c);
+    const char *(*error)(const kvf_conn_t *c);
+    size_t (*remote_bytes)(const kvf_conn_t *c);
+    int (*send)(kvf_conn_t *c, const void *buf, size_t len);
+    int (*put)(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off, kvf_xport_done_fn done,
+               void *arg);
+    int (*order)(kvf_conn_t *c);
+    int (*flush)(kvf_conn_t *c, kvf_xport_done_fn done, void *arg);
+    void (*close)(kvf_conn_t *c);
+    int (*set_faults)(kvf_xport_t *x, const struct kvf_xport_faults *f); /* NULL: -ENOTSUP */
+};
+struct kvf_xport_head {
+    const struct kvf_transport_ops *ops;
+};
+struct kvf_conn_head {
+    const struct kvf_transport_ops *ops;
+    void *user; /* kvf_conn_set_user */
+};
+/* The fabric: kvfence's authenticated, encrypted TCP stream. */
+extern const struct kvf_transport_ops kvf_tcp_transport;
 
 /* --- Test-only fault hooks (compiled out of release builds). ------------------------------- */
 

@@ -347,7 +347,7 @@ int kvf_decode_service_start(kvf_decode_worker_t *dw, const struct kvf_decode_se
     int rc = s->wake_fd < 0 ? s->wake_fd : (!s->frame || !s->prompt_room) ? -ENOMEM : 0;
     if (rc < 0) snprintf(err, err_len, "out of memory");
     if (rc == 0) {
-        struct kvf_xport_config xc = {cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key};
+        struct kvf_xport_config xc = {cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key, NULL, NULL};
         struct kvf_xport_events ev = {s, on_accept, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &s->x, err, err_len);
     }

@@ -94,6 +94,7 @@ struct kvf_decode_worker {
     struct kvf_worker_config cfg;
     pthread_t thread;
     bool started;
+    bool done; /* manual mode: the last turn found the worker stopped and empty */
     volatile int stop;
     int wake_fd;
     kvf_pool_t *pool;
@@ -164,6 +165,13 @@ struct kvf_decode_worker {
     bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only) */
 };
 
+/* The loop's clock is the transport's: real time on the fabric, simulated time in the simulator
+ * (before the transport exists and after it is gone — start and teardown — the process's). */
+static uint64_t now_ms(const struct kvf_decode_worker *w)
+{
+    return w->x ? kvf_xport_now_ms(w->x) : kvf__now_ms();
+}
+
 /* --- Handles (any thread). ------------------------------------------------------------------ */
 
 static void gen_unref(struct kvf_gen *g)
@@ -217,7 +225,7 @@ static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     if (rc == 0) {
         g->q.notify_fd = w->notify_on ? w->notify_fd : -1;
         g->req = (kvf_req_id_t){++w->next_req, w->req_hi};
-        g->since_ms = kvf__now_ms();
+        g->since_ms = now_ms(w);
         if (w->inbox_tail)
             w->inbox_tail->next = g;
         else
@@ -320,7 +328,7 @@ static void after_token(struct kvf_decode_worker *w, struct kvf_gen *g, int32_t 
 {
     bool stop = is_stop(g, tok);
     if (!stop && g->n_out < g->p.max_tokens) return;
-    kvf_decode_finish(w->d, kvf__now_ms(), g->req, &w->acts);
+    kvf_decode_finish(w->d, now_ms(w), g->req, &w->acts);
     run_actions(w, NULL);
     end_gen(w, g, 0, stop);
 }
@@ -339,9 +347,9 @@ static void fence(struct kvf_decode_worker *w, struct kvf_peer_epoch pe)
         p->conn = NULL;
         p->hello_ok = false;
         p->failed = false;
-        p->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS;
+        p->next_connect_ms = now_ms(w) + DW_RECONNECT_MS;
     }
-    kvf_decode_peer_fenced(w->d, kvf__now_ms(), pe, &w->acts);
+    kvf_decode_peer_fenced(w->d, now_ms(w), pe, &w->acts);
 }
 
 /*
@@ -438,7 +446,7 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
                 /* Bytes beyond what the prompt wrote travelled with it: they belong to no one
                  * this request may see. Fail it (its pages are freed, scrubbed or poisoned). */
                 w->foreign_tails++;
-                kvf_decode_cancel(w->d, kvf__now_ms(), g->req, KVF_E_PROTO_TRAILER, &w->acts);
+                kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_PROTO_TRAILER, &w->acts);
                 break;
             }
             g->state = G_RUNNING;
@@ -526,7 +534,7 @@ static void handle_frame(struct kvf_decode_worker *w, uint16_t peer, const uint8
         w->bad_frames++; /* does not decode: counted and dropped, never trusted */
         return;
     }
-    uint64_t now = kvf__now_ms();
+    uint64_t now = now_ms(w);
     if (m.type == KVF_MSG_HELLO) {
         struct kvf_msg_hello mine;
         hello(w, &mine);
@@ -592,7 +600,7 @@ static void verify_step(struct kvf_decode_worker *w)
     uint32_t n_pages;
     if (kvf_decode_done_pages(w->d, v->peer, &m, &pages, &n_pages) < 0 || n_pages != v->n) {
         /* No longer checked against pages (cancelled, fenced): the machine decides. */
-        kvf_decode_on_msg(w->d, kvf__now_ms(), v->peer, &m, &w->acts);
+        kvf_decode_on_msg(w->d, now_ms(w), v->peer, &m, &w->acts);
         run_actions(w, NULL);
         goto drop;
     }
@@ -601,7 +609,7 @@ static void verify_step(struct kvf_decode_worker *w)
         v->hashes[v->done] = XXH3_64bits(kvf_pool_page_data(w->pool, pages[v->done].page), bytes);
     w->hash_slices++;
     if (v->done < v->n) return;
-    kvf_decode_on_done_hashed(w->d, kvf__now_ms(), v->peer, &m, v->hashes, &w->acts);
+    kvf_decode_on_done_hashed(w->d, now_ms(w), v->peer, &m, v->hashes, &w->acts);
     run_actions(w, &m);
 drop:
     w->verify_head = v->next;
@@ -621,13 +629,13 @@ static void connect_prefill(struct kvf_decode_worker *w, uint16_t peer)
         p->conn = NULL;
         if (!p->why[0] || strncmp(p->why, "refused", 7) != 0)
             snprintf(p->why, sizeof p->why, "cannot connect: %s", err);
-        p->next_connect_ms = kvf__now_ms() + DW_RECONNECT_MS * 5;
+        p->next_connect_ms = now_ms(w) + DW_RECONNECT_MS * 5;
         return;
     }
     p->epoch = epoch;
     p->failed = false;
     p->hello_ok = false;
-    p->hello_deadline_ms = kvf__now_ms() + DW_HELLO_MS;
+    p->hello_deadline_ms = now_ms(w) + DW_HELLO_MS;
     struct kvf_msg m = {.type = KVF_MSG_HELLO, .epoch = epoch};
     hello(w, &m.u.hello);
     kvf__send_msg(p->conn, &m, w->frame, KVF_PROTO_MAX_MSG_BYTES);
@@ -649,7 +657,7 @@ static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
     }
     /* Every request granted to the peer fails now (H13); its pages wait for the fence, which
      * this asks for and which run_actions performs: the forced close. */
-    kvf_decode_peer_down(w->d, kvf__now_ms(), peer, &w->acts);
+    kvf_decode_peer_down(w->d, now_ms(w), peer, &w->acts);
     run_actions(w, NULL);
     if (p->conn) {
         /* peer_down asked to fence the current epoch; if it had been fenced already the close
@@ -663,7 +671,7 @@ static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
     uint32_t f = p->failures < 5 ? p->failures : 5;
     p->failures++;
     uint64_t wait = (uint64_t)DW_RECONNECT_MS << f;
-    p->next_connect_ms = kvf__now_ms() + (wait < 2000 ? wait : 2000);
+    p->next_connect_ms = now_ms(w) + (wait < 2000 ? wait : 2000);
     p->failed = false;
 }
 
@@ -828,7 +836,7 @@ static uint32_t pages_for(const struct kvf_decode_worker *w, uint64_t tokens)
  * once — nothing of it moved yet. */
 static void admit(struct kvf_decode_worker *w)
 {
-    uint64_t now = kvf__now_ms();
+    uint64_t now = now_ms(w);
     /* The prefill for the next request: of the live ones, the one with the fewest prompts
      * granted and not yet delivered (its queue). */
     uint32_t granted[KVF_DECODE_MAX_PREFILLS] = {0};
@@ -907,7 +915,7 @@ static void handle_cancels(struct kvf_decode_worker *w)
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
         struct kvf_gen *g = w->live[i];
         if (!g || g->in_step || (!cancelled(g) && !w->stop)) continue;
-        kvf_decode_cancel(w->d, kvf__now_ms(), g->req, KVF_E_PROTO_CANCELLED, &w->acts);
+        kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_PROTO_CANCELLED, &w->acts);
         run_actions(w, NULL);
     }
 }
@@ -933,7 +941,7 @@ static bool start_step(struct kvf_decode_worker *w)
         if (pos / pt >= n_pages) {
             int rc = kvf_decode_grow(w->d, g->req, NULL);
             if (rc < 0) {
-                kvf_decode_cancel(w->d, kvf__now_ms(), g->req, rc, &w->acts);
+                kvf_decode_cancel(w->d, now_ms(w), g->req, rc, &w->acts);
                 run_actions(w, NULL);
                 continue;
             }
@@ -948,7 +956,7 @@ static bool start_step(struct kvf_decode_worker *w)
     int rc = kvf_fwd_prepare(w->fwd, w->pool, w->seqs, n);
     if (rc < 0) {
         for (uint32_t i = 0; i < n; i++) {
-            kvf_decode_cancel(w->d, kvf__now_ms(), w->batch[i]->req, rc, &w->acts);
+            kvf_decode_cancel(w->d, now_ms(w), w->batch[i]->req, rc, &w->acts);
             run_actions(w, NULL);
         }
         return false;
@@ -963,6 +971,31 @@ static bool start_step(struct kvf_decode_worker *w)
     return true;
 }
 
+/* The step's math and its tokens (the compute thread's part; in manual mode the caller's). */
+static void compute_step(struct kvf_decode_worker *w, uint32_t n)
+{
+    kvf__compute_enter(&w->cfg);
+    kvf_fwd_compute(w->fwd);
+    kvf__compute_leave(&w->cfg);
+#if defined(KVF_TEST_BUILD)
+    if (w->test_step_ms) usleep(w->test_step_ms * 1000u);
+#endif
+    /* Draw the tokens here too: sampling reads only the logits and the request's fixed
+     * parameters and output index, which the loop leaves alone for the batch's requests. */
+    for (uint32_t i = 0; i < n; i++) {
+        struct step_out *o = &w->step_out[i];
+        const struct kvf_gen *g = w->batch[i];
+        o->tok = w->seqs[i].status != 0 ? w->seqs[i].status
+                                          : kvf__sample_token(w->seqs[i].logits, w->n_vocab,
+                                                              &g->sampling, g->n_out,
+                                                              w->sample_scratch, &o->lp,
+                                                              &o->n_top, o->ids, o->lps);
+    }
+    pthread_mutex_lock(&w->cmu);
+    w->step_state = STEP_DONE;
+    pthread_mutex_unlock(&w->cmu);
+}
+
 static void *compute_main(void *arg)
 {
     struct kvf_decode_worker *w = arg;
@@ -973,26 +1006,7 @@ static void *compute_main(void *arg)
         uint32_t n = w->step_n;
         pthread_mutex_unlock(&w->cmu);
         if (quit) return NULL;
-        kvf__compute_enter(&w->cfg);
-        kvf_fwd_compute(w->fwd);
-        kvf__compute_leave(&w->cfg);
-#if defined(KVF_TEST_BUILD)
-        if (w->test_step_ms) usleep(w->test_step_ms * 1000u);
-#endif
-        /* Draw the tokens here too: sampling reads only the logits and the request's fixed
-         * parameters and output index, which the loop leaves alone for the batch's requests. */
-        for (uint32_t i = 0; i < n; i++) {
-            struct step_out *o = &w->step_out[i];
-            const struct kvf_gen *g = w->batch[i];
-            o->tok = w->seqs[i].status != 0 ? w->seqs[i].status
-                                              : kvf__sample_token(w->seqs[i].logits, w->n_vocab,
-                                                                  &g->sampling, g->n_out,
-                                                                  w->sample_scratch, &o->lp,
-                                                                  &o->n_top, o->ids, o->lps);
-        }
-        pthread_mutex_lock(&w->cmu);
-        w->step_state = STEP_DONE;
-        pthread_mutex_unlock(&w->cmu);
+        compute_step(w, n);
         kvf__wake(w->wake_fd);
     }
 }
@@ -1015,7 +1029,7 @@ static void finish_step(struct kvf_decode_worker *w)
         struct step_out *o = &w->step_out[i];
         g->in_step = false;
         if (o->tok < 0) {
-            kvf_decode_cancel(w->d, kvf__now_ms(), g->req, o->tok, &w->acts);
+            kvf_decode_cancel(w->d, now_ms(w), g->req, o->tok, &w->acts);
             run_actions(w, NULL);
             continue;
         }
@@ -1082,51 +1096,89 @@ static bool any_live(const struct kvf_decode_worker *w)
     return false;
 }
 
+/* One turn of the loop: everything ready now, without waiting. Returns true once the worker
+ * stopped and nothing is left; *may_sleep says whether the loop may sleep on the transport. */
+static bool turn(struct kvf_decode_worker *w, bool *may_sleep)
+{
+    uint64_t now = now_ms(w);
+    take_adds(w);
+    for (uint16_t i = 0; i < w->n_peers; i++)
+        if (!w->peers[i].conn && !w->peers[i].retired && now >= w->peers[i].next_connect_ms && !w->stop)
+            connect_prefill(w, i);
+    kvf_xport_progress(w->x);
+    while (w->frames_head) {
+        struct pframe *f = w->frames_head;
+        w->frames_head = f->next;
+        if (!w->frames_head) w->frames_tail = NULL;
+        handle_frame(w, f->peer, f->buf, f->len);
+        free(f->buf);
+        free(f);
+    }
+    for (uint16_t i = 0; i < w->n_peers; i++) {
+        struct dpeer *p = &w->peers[i];
+        if (p->conn && !p->hello_ok && now >= p->hello_deadline_ms) p->failed = true;
+        if (p->failed) conn_lost(w, i);
+    }
+    if (now >= w->next_tick_ms) {
+        kvf_decode_tick(w->d, now, &w->acts);
+        run_actions(w, NULL);
+        w->next_tick_ms = now + DW_TICK_MS;
+    }
+    verify_step(w);
+    take_inbox(w);
+    if (w->stepping) finish_step(w);
+    handle_cancels(w);
+    admit(w);
+    bool stepped = w->stepping || start_step(w);
+    publish_info(w);
+    if (w->stop && !w->stepping && !w->pending_head && !any_live(w)) {
+        struct kvf_decode_stats ds;
+        kvf_decode_stats(w->d, &ds);
+        if (ds.live == 0) return true;
+    }
+    /* While the compute thread runs a step the loop sleeps on the transport and the wake fd
+     * (the compute thread writes it when the step is done). */
+    *may_sleep = (!stepped || w->stepping) && !w->verify_head;
+    return false;
+}
+
 static void *loop(void *arg)
 {
     struct kvf_decode_worker *w = arg;
     for (;;) {
-        uint64_t now = kvf__now_ms();
-        take_adds(w);
-        for (uint16_t i = 0; i < w->n_peers; i++)
-            if (!w->peers[i].conn && !w->peers[i].retired && now >= w->peers[i].next_connect_ms && !w->stop)
-                connect_prefill(w, i);
-        kvf_xport_progress(w->x);
-        while (w->frames_head) {
-            struct pframe *f = w->frames_head;
-            w->frames_head = f->next;
-            if (!w->frames_head) w->frames_tail = NULL;
-            handle_frame(w, f->peer, f->buf, f->len);
-            free(f->buf);
-            free(f);
-        }
-        for (uint16_t i = 0; i < w->n_peers; i++) {
-            struct dpeer *p = &w->peers[i];
-            if (p->conn && !p->hello_ok && now >= p->hello_deadline_ms) p->failed = true;
-            if (p->failed) conn_lost(w, i);
-        }
-        if (now >= w->next_tick_ms) {
-            kvf_decode_tick(w->d, now, &w->acts);
-            run_actions(w, NULL);
-            w->next_tick_ms = now + DW_TICK_MS;
-        }
-        verify_step(w);
-        take_inbox(w);
-        if (w->stepping) finish_step(w);
-        handle_cancels(w);
-        admit(w);
-        bool stepped = w->stepping || start_step(w);
-        publish_info(w);
-        if (w->stop && !w->stepping && !w->pending_head && !any_live(w)) {
-            struct kvf_decode_stats ds;
-            kvf_decode_stats(w->d, &ds);
-            if (ds.live == 0) break;
-        }
-        /* While the compute thread runs a step the loop sleeps on the transport and the wake
-         * fd (the compute thread writes it when the step is done). */
-        if ((!stepped || w->stepping) && !w->verify_head) kvf__loop_wait(w->x, w->wake_fd, DW_TICK_MS);
+        bool may_sleep = false;
+        if (turn(w, &may_sleep)) break;
+        if (may_sleep) kvf__loop_wait(w->x, w->wake_fd, DW_TICK_MS);
     }
     return NULL;
+}
+
+int kvf_decode_worker_turn(kvf_decode_worker_t *w)
+{
+    bool may_sleep = false;
+    if (!w->cfg.manual || w->done) return w->cfg.manual ? 1 : -EINVAL;
+    w->done = turn(w, &may_sleep);
+    return w->done;
+}
+
+int kvf_decode_worker_compute(kvf_decode_worker_t *w)
+{
+    if (!w->cfg.manual) return -EINVAL;
+    pthread_mutex_lock(&w->cmu);
+    bool go = w->step_state == STEP_GO;
+    uint32_t n = w->step_n;
+    pthread_mutex_unlock(&w->cmu);
+    if (!go) return 0;
+    compute_step(w, n);
+    return 1;
+}
+
+bool kvf_decode_worker_computing(kvf_decode_worker_t *w)
+{
+    pthread_mutex_lock(&w->cmu);
+    bool go = w->step_state == STEP_GO;
+    pthread_mutex_unlock(&w->cmu);
+    return go;
 }
 
 /* --- Start and stop. ------------------------------------------------------------------------- */
@@ -1208,7 +1260,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     w->n_vocab = hp->n_vocab;
     kvf_model_geometry(cfg->model, cfg->page_tokens, &w->geo);
     w->seq_pages = pages_for(w, cfg->max_context);
-    uint64_t seed = (uint64_t)kvf__now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    uint64_t seed = cfg->seed ? cfg->seed : (uint64_t)kvf__now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     w->req_hi = seed | 1;
     struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = KVF_DECODE_MAX_PREFILLS,
                                  .hold_timeout_ms = cfg->hold_timeout_ms, .tag_seed = seed >> 16,
@@ -1258,7 +1310,8 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     if (rc == 0) {
         size_t bytes = 0;
         void *base = kvf_pool_data(w->pool, &bytes);
-        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, base, bytes, cfg->fabric_key};
+        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, base, bytes, cfg->fabric_key,
+                                      cfg->transport, cfg->transport_ctx};
         struct kvf_xport_events ev = {w, NULL, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
     }
@@ -1283,19 +1336,19 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         w->info.page_tokens = cfg->page_tokens;
         w->info.prefill_pages = 0; /* another worker's: filled in by whoever knows it */
     }
-    if (rc == 0) {
+    if (rc == 0 && !cfg->manual) {
         if ((rc = -pthread_create(&w->compute, NULL, compute_main, w)) < 0)
             snprintf(err, err_len, "cannot start the decode compute thread");
         else
             w->compute_started = true;
     }
-    if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
+    if (rc == 0 && !cfg->manual && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
         snprintf(err, err_len, "cannot start the decode loop thread");
     if (rc < 0) {
         destroy(w);
         return rc;
     }
-    w->started = true;
+    w->started = !cfg->manual;
     *out = w;
     return 0;
 }
@@ -1306,6 +1359,11 @@ void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms)
     pthread_mutex_lock(&w->mu);
     w->closing = true;
     pthread_mutex_unlock(&w->mu);
+    if (w->cfg.manual) { /* the caller ran the turns it wanted: what is left ends here */
+        w->stop = 1;
+        destroy(w);
+        return;
+    }
     /* Running requests get grace_ms to finish; then every live one is cancelled through the
      * machine, and the loop exits once the machine holds no request (drains and fences are
      * bounded by the grant and hold timeouts). */

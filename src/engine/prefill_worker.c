@@ -175,6 +175,13 @@ struct kvf_prefill_worker {
 
 /* --- Deferred events (from transport callbacks). ------------------------------------------ */
 
+/* The loop's clock is the transport's: real time on the fabric, simulated time in the simulator
+ * (before the transport exists and after it is gone — start and teardown — the process's). */
+static uint64_t now_ms(const struct kvf_prefill_worker *w)
+{
+    return w->x ? kvf_xport_now_ms(w->x) : kvf__now_ms();
+}
+
 static void ev_push(struct kvf_prefill_worker *w, struct pev *e)
 {
     e->next = NULL;
@@ -448,7 +455,7 @@ static struct pjob *job_find(struct kvf_prefill_worker *w, struct psess *s, kvf_
 
 static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
 {
-    uint64_t now = kvf__now_ms();
+    uint64_t now = now_ms(w);
 #if defined(KVF_MUTANT_SRC_FREED_AT_POST)
     if (!j->src_let_go)
 #endif
@@ -510,7 +517,7 @@ static void on_put_done(void *arg, int status)
     } else {
         /* The session is gone: release the put's hold here, as RELEASE_SRC would. */
 #if !defined(KVF_MUTANT_SRC_FREED_AT_POST) /* the mutant's RELEASE_SRC came at the post */
-        kvf_pool_release(w->pool, j->src[p->index], KVF_HOLDER_XFER_SRC, kvf__now_ms());
+        kvf_pool_release(w->pool, j->src[p->index], KVF_HOLDER_XFER_SRC, now_ms(w));
 #endif
     }
     job_maybe_free(w, j);
@@ -580,7 +587,7 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
      * test builds) and taken by the next job. */
     if (a->index == j->n_pages - 1 && !j->src_let_go) {
         for (uint32_t i = 0; i < j->n_pages; i++)
-            if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, kvf__now_ms());
+            if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now_ms(w));
         j->src_let_go = true;
     }
 #endif
@@ -638,7 +645,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
             }
             if (a->msg.type == KVF_MSG_DONE && j) {
                 /* The first token went out: the machine keeps the record; the job may go. */
-                kvf_prefill_clear(s->m, kvf__now_ms(), j->req, j->nonce, &w->acts);
+                kvf_prefill_clear(s->m, now_ms(w), j->req, j->nonce, &w->acts);
                 j->finished = true;
                 job_maybe_free(w, j);
             }
@@ -691,7 +698,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
                 err = KVF_E_PROTO_BOUNDS; /* a GRANT without its prompt */
             }
             if (err < 0) /* refused before anything was posted: the machine answers REJECT */
-                kvf_prefill_compute_failed(s->m, kvf__now_ms(), a->req, a->nonce, err, &w->acts);
+                kvf_prefill_compute_failed(s->m, now_ms(w), a->req, a->nonce, err, &w->acts);
             break;
         }
         case KVF_ACT_ABORT_COMPUTE: {
@@ -719,7 +726,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
         case KVF_ACT_RELEASE_SRC: {
             struct pjob *j = job_find(w, s, a->req, a->nonce);
             if (j && a->index < j->n_pages)
-                kvf_pool_release(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC, kvf__now_ms());
+                kvf_pool_release(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC, now_ms(w));
             break;
         }
         default: break;
@@ -749,14 +756,14 @@ static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t id
             for (int kv = 0; kv < 2; kv++)
                 memset(page + kvf_geo_kv_offset(&w->geo, l, kv) + slots * row, 0, (pt - slots) * row);
     uint64_t sum = XXH3_64bits(page, w->data_bytes);
-    kvf_prefill_page_ready(j->s->m, kvf__now_ms(), j->req, j->nonce, idx, sum, first, &w->acts);
+    kvf_prefill_page_ready(j->s->m, now_ms(w), j->req, j->nonce, idx, sum, first, &w->acts);
     run_actions(w, j->s, NULL);
 }
 
 static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err)
 {
     unqueue(w, j);
-    kvf_prefill_compute_failed(j->s->m, kvf__now_ms(), j->req, j->nonce, err, &w->acts);
+    kvf_prefill_compute_failed(j->s->m, now_ms(w), j->req, j->nonce, err, &w->acts);
 #if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     /* Mutant, the engine's half: the machine asks for the refused request again (its
      * placeholder): one token, computed into the first of its pages, which goes through the
@@ -877,6 +884,21 @@ static bool start_chunk(struct kvf_prefill_worker *w, bool *waiting)
     return true;
 }
 
+/* The chunk's math (the compute thread's part; in manual mode the caller's). */
+static void compute_chunk(struct kvf_prefill_worker *w)
+{
+    kvf__compute_enter(&w->cfg);
+    int rc = kvf_fwd_compute(w->fwd);
+    kvf__compute_leave(&w->cfg);
+#if defined(KVF_TEST_BUILD)
+    if (w->test_chunk_ms && !w->cfg.manual) usleep(w->test_chunk_ms * 1000u);
+#endif
+    pthread_mutex_lock(&w->cmu);
+    w->step_rc = rc;
+    w->step_state = STEP_DONE;
+    pthread_mutex_unlock(&w->cmu);
+}
+
 static void *compute_main(void *arg)
 {
     struct kvf_prefill_worker *w = arg;
@@ -886,16 +908,7 @@ static void *compute_main(void *arg)
         bool quit = w->step_state != STEP_GO;
         pthread_mutex_unlock(&w->cmu);
         if (quit) return NULL;
-        kvf__compute_enter(&w->cfg);
-        int rc = kvf_fwd_compute(w->fwd);
-        kvf__compute_leave(&w->cfg);
-#if defined(KVF_TEST_BUILD)
-        if (w->test_chunk_ms) usleep(w->test_chunk_ms * 1000u);
-#endif
-        pthread_mutex_lock(&w->cmu);
-        w->step_rc = rc;
-        w->step_state = STEP_DONE;
-        pthread_mutex_unlock(&w->cmu);
+        compute_chunk(w);
         kvf__wake(w->wake_fd);
     }
 }
@@ -965,7 +978,7 @@ static void post_completed(struct kvf_prefill_worker *w)
  * grant. A stopped or hung compute advances nothing, so nothing is sent for it. */
 static void send_progress(struct kvf_prefill_worker *w)
 {
-    uint64_t now = kvf__now_ms();
+    uint64_t now = now_ms(w);
     if (now - w->last_progress_ms < PF_PROGRESS_MS) return;
     uint64_t layers = kvf_fwd_layers_done(w->fwd);
     if (layers == w->seen_layers && w->puts_done == w->seen_puts && !w->chunk_done) return;
@@ -1012,7 +1025,7 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
             struct kvf_msg reply = {.type = KVF_MSG_HELLO, .epoch = m.epoch};
             reply.u.hello = mine;
             kvf__send_msg(s->conn, &reply, w->frame, PF_FRAME_CAP);
-            s->refused_ms = kvf__now_ms() + 500;
+            s->refused_ms = now_ms(w) + 500;
             return;
         }
         struct kvf_msg reply = {.type = KVF_MSG_HELLO, .epoch = m.epoch};
@@ -1028,7 +1041,7 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
         return;
     }
     if (!s->hello_ok) return;
-    kvf_prefill_on_msg(s->m, kvf__now_ms(), &m, &w->acts);
+    kvf_prefill_on_msg(s->m, now_ms(w), &m, &w->acts);
     run_actions(w, s, &m);
 }
 
@@ -1111,7 +1124,7 @@ static void handle_events(struct kvf_prefill_worker *w)
         case PEV_FLUSHED: {
             struct pjob *j = e->job;
             if (j->used && j->s && !j->s->failed && j->nonce == e->nonce) {
-                kvf_prefill_flushed(j->s->m, kvf__now_ms(), j->req, j->nonce, &w->acts);
+                kvf_prefill_flushed(j->s->m, now_ms(w), j->req, j->nonce, &w->acts);
                 run_actions(w, j->s, NULL);
             }
             job_maybe_free(w, j);
@@ -1123,38 +1136,63 @@ static void handle_events(struct kvf_prefill_worker *w)
     }
 }
 
+/* One turn of the loop: everything ready now, without waiting. Returns how long the loop may
+ * sleep on the transport (ms). */
+static int turn(struct kvf_prefill_worker *w)
+{
+    kvf_xport_progress(w->x);
+    handle_events(w);
+    uint64_t now = now_ms(w);
+    for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+        if (w->sess[i].used && w->sess[i].refused_ms && now >= w->sess[i].refused_ms)
+            w->sess[i].failed = true;
+    sess_reap(w);
+    struct kvf_pool_stats ps;
+    kvf_pool_stats(w->pool, &ps);
+    pthread_mutex_lock(&w->info_mu);
+    w->info_pages = ps.n_pages;
+    w->info_free = ps.by_state[KVF_PAGE_FREE];
+    pthread_mutex_unlock(&w->info_mu);
+    if (step_state(w) == STEP_DONE) finish_chunk(w);
+    bool waiting = false, stepping = step_state(w) != STEP_IDLE;
+    if (!stepping && w->queue_head) stepping = start_chunk(w, &waiting);
+    post_completed(w);
+    send_progress(w);
+    /* While a chunk runs the compute thread's end wakes us; the progress reports need a turn at
+     * least every PF_PROGRESS_MS. A job waiting for pages that puts in flight still read polls
+     * soon (their completions come through the transport). */
+    return waiting ? 5 : stepping || w->queue_head ? (int)PF_PROGRESS_MS : 200;
+}
+
 static void *loop(void *arg)
 {
     struct kvf_prefill_worker *w = arg;
-    while (!w->stop) {
-        kvf_xport_progress(w->x);
-        handle_events(w);
-        uint64_t now = kvf__now_ms();
-        for (uint32_t i = 0; i < PF_MAX_SESS; i++)
-            if (w->sess[i].used && w->sess[i].refused_ms && now >= w->sess[i].refused_ms)
-                w->sess[i].failed = true;
-        sess_reap(w);
-        struct kvf_pool_stats ps;
-        kvf_pool_stats(w->pool, &ps);
-        pthread_mutex_lock(&w->info_mu);
-        w->info_pages = ps.n_pages;
-        w->info_free = ps.by_state[KVF_PAGE_FREE];
-        pthread_mutex_unlock(&w->info_mu);
-        if (step_state(w) == STEP_DONE) finish_chunk(w);
-        bool waiting = false, stepping = step_state(w) != STEP_IDLE;
-        if (!stepping && w->queue_head) stepping = start_chunk(w, &waiting);
-        post_completed(w);
-        send_progress(w);
-        /* While a chunk runs the compute thread's end wakes us; the progress reports need a
-         * turn at least every PF_PROGRESS_MS. A job waiting for pages that puts in flight still
-         * read polls soon (their completions come through the transport). */
-        kvf__loop_wait(w->x, w->wake_fd, waiting ? 5 : stepping || w->queue_head ? (int)PF_PROGRESS_MS : 200);
-    }
+    while (!w->stop) kvf__loop_wait(w->x, w->wake_fd, turn(w));
     /* A chunk still on the compute thread finishes before anything is torn down. */
     while (step_state(w) == STEP_GO) kvf__loop_wait(w->x, w->wake_fd, 50);
     if (step_state(w) == STEP_DONE) finish_chunk(w);
     post_completed(w);
     return NULL;
+}
+
+int kvf_prefill_worker_turn(kvf_prefill_worker_t *w)
+{
+    if (!w->cfg.manual) return -EINVAL;
+    (void)turn(w);
+    return 0;
+}
+
+int kvf_prefill_worker_compute(kvf_prefill_worker_t *w)
+{
+    if (!w->cfg.manual) return -EINVAL;
+    if (step_state(w) != STEP_GO) return 0;
+    compute_chunk(w);
+    return 1;
+}
+
+bool kvf_prefill_worker_computing(kvf_prefill_worker_t *w)
+{
+    return step_state(w) == STEP_GO;
 }
 
 /* --- Start and stop. ------------------------------------------------------------------------- */
@@ -1261,7 +1299,8 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     }
     if (rc == 0) {
         struct kvf_xport_config xc = {cfg->listen_host ? cfg->listen_host : "127.0.0.1",
-                                      cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key};
+                                      cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key,
+                                      cfg->transport, cfg->transport_ctx};
         struct kvf_xport_events ev = {w, on_accept, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
     }
@@ -1274,16 +1313,16 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
         w->test_chunk_ms = cm ? (uint32_t)atoi(cm) : 0;
     }
 #endif
-    if (rc == 0 && (rc = -pthread_create(&w->cthread, NULL, compute_main, w)) < 0)
+    if (rc == 0 && !cfg->manual && (rc = -pthread_create(&w->cthread, NULL, compute_main, w)) < 0)
         snprintf(err, err_len, "cannot start the prefill compute thread");
-    if (rc == 0) w->cthread_started = true;
-    if (rc == 0 && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
+    if (rc == 0 && !cfg->manual) w->cthread_started = true;
+    if (rc == 0 && !cfg->manual && (rc = -pthread_create(&w->thread, NULL, loop, w)) < 0)
         snprintf(err, err_len, "cannot start the prefill loop thread");
     if (rc < 0) {
         destroy(w);
         return rc;
     }
-    w->started = true;
+    w->started = !cfg->manual;
     *out = w;
     return 0;
 }

@@ -685,7 +685,7 @@ int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, ch
     r->cfg.decode_hosts = r->cfg.prefill_hosts = NULL;
     r->cfg.decode_ports = r->cfg.prefill_ports = NULL;
     if (rc == 0) {
-        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, NULL, 0, cfg->fabric_key};
+        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, NULL, 0, cfg->fabric_key, NULL, NULL};
         struct kvf_xport_events ev = {r, NULL, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &r->x, err, err_len);
     }

@@ -85,7 +85,7 @@ enum msg_kind {
     MSG_REGION = 5
 };
 
-/* A connection's lifecycle. The engine sees a connection from kvf_xport_connect (client) or
+/* A connection's lifecycle. The engine sees a connection from tcp_connect (client) or
  * from on_accept (server, once authenticated); a listener-side connection that fails before
  * OPEN is freed without the engine hearing of it. */
 enum conn_state {
@@ -118,13 +118,13 @@ struct msg {
 };
 
 struct kvf_conn {
+    struct kvf_conn_head head; /* the seam's: ops, user */
     kvf_xport_t *x;
     int fd;
     enum conn_state state;
     bool visible; /* the engine knows c (connect, or on_accept ran) */
     bool failed, closing, zombie;
     int holds; /* callbacks running with c on the stack: free is deferred */
-    void *user;
     char error[160];
     uint64_t deadline_ms;                 /* the handshake's */
     uint8_t gc[HELLO_LEN], gs[HELLO_LEN]; /* the two greetings: magic, cipher byte, nonce */
@@ -146,6 +146,7 @@ struct kvf_conn {
 };
 
 struct kvf_xport {
+    struct kvf_xport_head head; /* the seam's: ops */
     int ep;  /* epoll: the listener and every socket */
     int lfd; /* the listener, or -1 */
     uint16_t port;
@@ -162,6 +163,10 @@ struct kvf_xport {
     uint64_t rng;
     bool destroying;
 };
+
+static void tcp_destroy(kvf_xport_t *x);
+static void tcp_conn_close(kvf_conn_t *c);
+static int tcp_conn_flush(kvf_conn_t *c, kvf_xport_done_fn done, void *arg);
 
 static const uint8_t public_key[32]; /* no cluster key: everyone can prove this one */
 
@@ -330,6 +335,7 @@ static kvf_conn_t *conn_new(kvf_xport_t *x, int fd, enum conn_state st)
 {
     kvf_conn_t *c = calloc(1, sizeof(*c));
     if (!c) return NULL;
+    c->head.ops = &kvf_tcp_transport;
     c->x = x;
     c->fd = fd;
     c->state = st;
@@ -803,9 +809,10 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
     return 0;
 }
 
-int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
-                     kvf_xport_t **out, char *err, size_t err_len)
+static int tcp_create(void *ctx, const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
+                      kvf_xport_t **out, char *err, size_t err_len)
 {
+    (void)ctx;
     if (!cfg || !ev || !out) return -EINVAL;
     if (sodium_init() < 0) {
         if (err && err_len) snprintf(err, err_len, "libsodium failed to initialise");
@@ -813,6 +820,7 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
     }
     kvf_xport_t *x = calloc(1, sizeof(*x));
     if (!x) return -ENOMEM;
+    x->head.ops = &kvf_tcp_transport;
     x->ev = *ev;
     x->lfd = -1;
     x->rma_base = cfg->rma_base;
@@ -870,11 +878,11 @@ int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_
     *out = x;
     return 0;
 fail:
-    kvf_xport_destroy(x);
+    tcp_destroy(x);
     return rc;
 }
 
-void kvf_xport_destroy(kvf_xport_t *x)
+static void tcp_destroy(kvf_xport_t *x)
 {
     if (!x) return;
     x->destroying = true;
@@ -882,7 +890,7 @@ void kvf_xport_destroy(kvf_xport_t *x)
     while (x->conns) {
         kvf_conn_t *c = x->conns;
         if (c->visible) {
-            kvf_conn_close(c);
+            tcp_conn_close(c);
         } else {
             c->zombie = true;
             conn_hold(c);
@@ -903,12 +911,12 @@ void kvf_xport_destroy(kvf_xport_t *x)
     free(x);
 }
 
-uint16_t kvf_xport_port(const kvf_xport_t *x)
+static uint16_t tcp_port(const kvf_xport_t *x)
 {
     return x->port;
 }
 
-int kvf_xport_fd(const kvf_xport_t *x)
+static int tcp_fd(const kvf_xport_t *x)
 {
     return x->ep;
 }
@@ -926,7 +934,7 @@ static void expire_handshakes(kvf_xport_t *x, uint64_t now)
     }
 }
 
-int kvf_xport_progress(kvf_xport_t *x)
+static int tcp_progress(kvf_xport_t *x)
 {
     int n = 0;
     uint64_t now = now_ms();
@@ -967,7 +975,7 @@ int kvf_xport_progress(kvf_xport_t *x)
     return n;
 }
 
-int kvf_xport_arm(kvf_xport_t *x)
+static int tcp_arm(kvf_xport_t *x)
 {
     uint64_t now = now_ms();
     for (const struct msg *m = x->delayed; m; m = m->next)
@@ -975,7 +983,7 @@ int kvf_xport_arm(kvf_xport_t *x)
     return 0;
 }
 
-int kvf_xport_next_ms(const kvf_xport_t *x)
+static int tcp_next_ms(const kvf_xport_t *x)
 {
     uint64_t now = now_ms(), best = UINT64_MAX;
     for (const struct msg *m = x->delayed; m; m = m->next)
@@ -986,7 +994,7 @@ int kvf_xport_next_ms(const kvf_xport_t *x)
     return best <= now ? 0 : (int)(best - now > 60000 ? 60000 : best - now);
 }
 
-int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out, char *err,
+static int tcp_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out, char *err,
                       size_t err_len)
 {
     struct sockaddr_storage ss;
@@ -1023,27 +1031,15 @@ int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_
     return 0;
 }
 
-void kvf_conn_set_user(kvf_conn_t *c, void *user)
-{
-    c->user = user;
-}
-void *kvf_conn_user(const kvf_conn_t *c)
-{
-    return c->user;
-}
-bool kvf_conn_failed(const kvf_conn_t *c)
+static bool tcp_conn_failed(const kvf_conn_t *c)
 {
     return c->failed;
 }
-const char *kvf_conn_error(const kvf_conn_t *c)
+static const char *tcp_conn_error(const kvf_conn_t *c)
 {
     return c->failed ? c->error : "";
 }
-bool kvf_conn_remote_ready(const kvf_conn_t *c)
-{
-    return c->remote_bytes != 0;
-}
-size_t kvf_conn_remote_bytes(const kvf_conn_t *c)
+static size_t tcp_conn_remote_bytes(const kvf_conn_t *c)
 {
     return c->remote_bytes;
 }
@@ -1068,7 +1064,7 @@ static void delay(kvf_xport_t *x, struct msg *m, uint64_t due_ms)
     x->delayed = m;
 }
 
-int kvf_conn_send(kvf_conn_t *c, const void *buf, size_t len)
+static int tcp_conn_send(kvf_conn_t *c, const void *buf, size_t len)
 {
     if (c->failed || c->closing) return -ENOTCONN;
     if (len > KVF_XPORT_MAX_FRAME) return -EMSGSIZE;
@@ -1093,11 +1089,11 @@ int kvf_conn_send(kvf_conn_t *c, const void *buf, size_t len)
     return 0;
 }
 
-int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off,
+static int tcp_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off,
                  kvf_xport_done_fn done, void *arg)
 {
     if (c->failed || c->closing) return -ENOTCONN;
-    if (!kvf_conn_remote_ready(c)) return -EAGAIN;
+    if (c->remote_bytes == 0) return -EAGAIN;
     if (remote_off > c->remote_bytes || len > c->remote_bytes - remote_off) return -ERANGE;
     if (len > UINT32_MAX) return -EMSGSIZE;
     struct msg *m = msg_new(c, MSG_WRITE, remote_off, src, len, false);
@@ -1115,7 +1111,7 @@ int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off
     return 0;
 }
 
-int kvf_conn_order(kvf_conn_t *c)
+static int tcp_conn_order(kvf_conn_t *c)
 {
     /* One stream, applied in order: every put is already ordered behind the ones before it. */
     return c->failed || c->closing ? -ENOTCONN : 0;
@@ -1138,7 +1134,7 @@ static int post_flush(kvf_conn_t *c, struct msg *f)
     return 0;
 }
 
-int kvf_conn_flush(kvf_conn_t *c, kvf_xport_done_fn done, void *arg)
+static int tcp_conn_flush(kvf_conn_t *c, kvf_xport_done_fn done, void *arg)
 {
     if (c->failed || c->closing) return -ENOTCONN;
     struct msg *f = calloc(1, sizeof(*f));
@@ -1187,7 +1183,7 @@ static void run_delayed(kvf_xport_t *x)
     }
 }
 
-void kvf_conn_close(kvf_conn_t *c)
+static void tcp_conn_close(kvf_conn_t *c)
 {
     kvf_xport_t *x = c->x;
 #if defined(KVF_MUTANT_FENCE_WITHOUT_CLOSE)
@@ -1195,7 +1191,7 @@ void kvf_conn_close(kvf_conn_t *c)
      * writes keep landing, as when a target drops its bookkeeping instead of closing
      * (UCX_FENCES.md). */
     if (!x->destroying) {
-        c->user = NULL;
+        c->head.user = NULL;
         return;
     }
 #endif
@@ -1274,7 +1270,7 @@ int kvf_xport_faults_from_env(struct kvf_xport_faults *out)
 #endif
 }
 
-int kvf_xport_set_faults(kvf_xport_t *x, const struct kvf_xport_faults *f)
+static int tcp_set_faults(kvf_xport_t *x, const struct kvf_xport_faults *f)
 {
 #if defined(KVF_TEST_BUILD)
     x->faults = *f;
@@ -1286,3 +1282,31 @@ int kvf_xport_set_faults(kvf_xport_t *x, const struct kvf_xport_faults *f)
     return -ENOTSUP;
 #endif
 }
+
+static uint64_t tcp_now_ms(const kvf_xport_t *x)
+{
+    (void)x;
+    return now_ms();
+}
+
+const struct kvf_transport_ops kvf_tcp_transport = {
+    .name = "tcp",
+    .create = tcp_create,
+    .destroy = tcp_destroy,
+    .port = tcp_port,
+    .fd = tcp_fd,
+    .progress = tcp_progress,
+    .arm = tcp_arm,
+    .next_ms = tcp_next_ms,
+    .now_ms = tcp_now_ms,
+    .connect = tcp_connect,
+    .failed = tcp_conn_failed,
+    .error = tcp_conn_error,
+    .remote_bytes = tcp_conn_remote_bytes,
+    .send = tcp_conn_send,
+    .put = tcp_conn_put,
+    .order = tcp_conn_order,
+    .flush = tcp_conn_flush,
+    .close = tcp_conn_close,
+    .set_faults = tcp_set_faults,
+};

@@ -59,7 +59,7 @@ static int writer_main(const char *host, uint16_t port)
 {
     char err[256] = "";
     kvf_xport_t *x;
-    struct kvf_xport_config xc = {NULL, 0, 100, NULL, 0, NULL};
+    struct kvf_xport_config xc = {NULL, 0, 100, NULL, 0, NULL, NULL, NULL};
     struct kvf_xport_events ev = {NULL, NULL, NULL, NULL, w_error};
     if (kvf_xport_create(&xc, &ev, &x, err, sizeof(err)) < 0) {
         fprintf(stderr, "writer: %s\n", err);
@@ -120,7 +120,7 @@ static void target_open(struct target *t)
     t->mem = aligned_alloc(4096, REGION);
     ASSERT_NOT_NULL(t->mem);
     memset(t->mem, 0, REGION);
-    struct kvf_xport_config xc = {target_host(), 0, 100, t->mem, REGION, NULL};
+    struct kvf_xport_config xc = {target_host(), 0, 100, t->mem, REGION, NULL, NULL, NULL};
     struct kvf_xport_events ev = {t, t_accept, NULL, NULL, t_error};
     if (kvf_xport_create(&xc, &ev, &t->x, err, sizeof(err)) < 0) KVF_FAIL("target: %s", err);
 }

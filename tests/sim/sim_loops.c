@@ -1,0 +1,479 @@
+/*
+ * sim_loops.c — the deterministic simulator on the production worker loops.
+ *
+ * One decode worker and two prefill workers — src/engine's own loops, in manual mode — run on
+ * simnet (simnet.h: simulated links and clock behind the transport seam) with the tiny model's
+ * real forward pass, single-threaded: a seed replays a run exactly. Faults by seed: delays and
+ * late deliveries, lost flush acks, slow local completions, link resets, prefill compute stalls
+ * past the no-progress bound, prefill processes killed (their in-flight writes still land) and
+ * restarted, client cancels, a decode pool small enough that pages are reused at once.
+ *
+ * Checks, on content:
+ *   L1 every token a request receives, ended well or not, equals — token id and logprob, bit for
+ *      bit — the same position of the same request run alone in a world without faults;
+ *   L2 every request ends (nothing hangs), and in a seed without link or process faults every
+ *      request not cancelled completes whole;
+ *   L3 once all ended and the hold timeout passed: no decode page OWNED, GRANTED or HELD, every
+ *      page FREE or QUARANTINED; every live prefill pool all free;
+ *   L4 (over the run) a floor: at least half the requests not cancelled complete whole.
+ *
+ * Usage: test_sim_loops [--seeds N] [--first S] [--verbose]   (KVF_SIM_LOOPS_SEEDS overrides N)
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvfence/engine.h"
+#include "kvfence/gguf.h"
+#include "kvfence/model.h"
+#include "simnet.h"
+
+#define N_PF 2
+#define MAX_RQ 12
+#define PT 16
+#define CTX 256
+#define MAX_PROMPT 150
+#define MAX_OUT 24
+#define GRANT_MS 400
+#define HOLD_MS 1500
+#define LIMIT_MS 60000
+
+struct req {
+    int32_t prompt[MAX_PROMPT];
+    uint32_t n_prompt, max_tokens;
+    struct kvf_sample_params sp;
+    uint64_t submit_at, cancel_at; /* cancel_at 0: never */
+    kvf_gen_t *g;
+    bool submitted, ended;
+    int err;
+    uint32_t n_out;
+    int32_t toks[MAX_OUT];
+    float lps[MAX_OUT];
+    /* The reference: the same request alone, without faults. */
+    uint32_t rn;
+    int32_t rtoks[MAX_OUT];
+    float rlps[MAX_OUT];
+};
+
+enum fkind { F_KILL = 1, F_RESTART, F_RESET };
+struct fault {
+    uint64_t at;
+    enum fkind kind;
+    int pf;
+    bool done;
+};
+
+struct world {
+    uint64_t seed;
+    bool faults;
+    struct simnet *net;
+    const kvf_model_t *m;
+    uint32_t n_vocab;
+    kvf_prefill_worker_t *pw[N_PF];
+    uint16_t port[N_PF];
+    uint64_t pw_due[N_PF];
+    kvf_decode_worker_t *dw;
+    uint64_t dw_due;
+    struct req *rq;
+    uint32_t n_rq;
+    struct fault fl[4];
+    uint32_t n_fl;
+    uint32_t stall_pct;
+    bool link_faults; /* a kill or a reset happened */
+    bool quick;       /* the reference: the run ends when its request does */
+    char why[512];
+    bool verbose;
+};
+
+static int violate(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int violate(struct world *W, const char *fmt, ...)
+{
+    if (W->why[0]) return -1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(W->why, sizeof W->why, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static struct kvf_worker_config base_config(struct world *W)
+{
+    struct kvf_worker_config c = {.model = W->m, .model_fp = 42, .page_tokens = PT, .n_threads = 1,
+                                  .max_context = CTX, .max_batch = 4, .prefill_chunk = 32,
+                                  .max_queue = 64, .max_reqs = 16, .grant_timeout_ms = GRANT_MS,
+                                  .hold_timeout_ms = HOLD_MS, .admit_timeout_ms = 20000,
+                                  .transport = &simnet_transport, .transport_ctx = W->net,
+                                  .manual = true, .seed = W->seed * 2654435761u + 17};
+    return c;
+}
+
+static int start_prefill(struct world *W, int i, uint16_t port)
+{
+    char err[256] = "";
+    struct kvf_worker_config c = base_config(W);
+    c.n_pages = 40;
+    c.listen_host = "sim";
+    c.listen_port = port;
+    if (kvf_prefill_worker_start(&c, &W->pw[i], err, sizeof err) < 0)
+        return violate(W, "prefill %d would not start: %s", i, err);
+    W->port[i] = kvf_prefill_worker_port(W->pw[i]);
+    W->pw_due[i] = 0;
+    return 0;
+}
+
+static int world_start(struct world *W, uint64_t seed, bool faults)
+{
+    struct simnet_faults f = {.delay_max_ms = 8};
+    if (faults) {
+        f.late_pct = 2;
+        f.late_max_ms = 900;
+        f.lost_ack_pct = 3;
+        f.put_slow_pct = 5;
+        f.delay_max_ms = 20;
+    }
+    W->seed = seed;
+    W->faults = faults;
+    W->net = simnet_new(seed, &f);
+    for (int i = 0; i < N_PF; i++)
+        if (start_prefill(W, i, 0) < 0) return -1;
+    char err[256] = "";
+    struct kvf_worker_config c = base_config(W);
+    /* Small: a freed page is handed to the next request at once. */
+    c.n_pages = faults ? 36 : 64;
+    c.prefill_host = "sim";
+    c.prefill_port = W->port[0];
+    if (kvf_decode_worker_start(&c, &W->dw, err, sizeof err) < 0) return violate(W, "decode would not start: %s", err);
+    for (int i = 1; i < N_PF; i++)
+        if (kvf_decode_worker_add_prefill(W->dw, "sim", W->port[i]) < 0) return violate(W, "add_prefill failed");
+    return 0;
+}
+
+static void world_stop(struct world *W)
+{
+    for (uint32_t i = 0; i < W->n_rq; i++)
+        if (W->rq[i].g) {
+            kvf_decode_gen_ops.release(W->dw, W->rq[i].g);
+            W->rq[i].g = NULL;
+        }
+    if (W->dw) kvf_decode_worker_stop(W->dw, 0);
+    W->dw = NULL;
+    for (int i = 0; i < N_PF; i++)
+        if (W->pw[i]) kvf_prefill_worker_stop(W->pw[i]);
+    memset(W->pw, 0, sizeof W->pw);
+    simnet_free(W->net);
+    W->net = NULL;
+}
+
+static void submit(struct world *W, struct req *r)
+{
+    struct kvf_gen_params p = {.tenant = 1, .prompt = r->prompt, .n_prompt = r->n_prompt,
+                               .max_tokens = r->max_tokens, .sample = r->sp, .want_logprob = true,
+                               .ignore_eos = true};
+    r->submitted = true;
+    int rc = kvf_decode_gen_ops.submit(W->dw, &p, &r->g);
+    if (rc < 0) {
+        r->ended = true;
+        r->err = rc;
+        r->g = NULL;
+    }
+}
+
+static void poll_req(struct world *W, struct req *r)
+{
+    struct kvf_gen_event ev;
+    while (r->g && !r->ended && kvf_decode_gen_ops.next(W->dw, r->g, &ev, 0) == 1) {
+        if (ev.kind == KVF_GEN_TOKEN) {
+            if (r->n_out >= MAX_OUT) {
+                violate(W, "request got more tokens than it asked for");
+                return;
+            }
+            r->toks[r->n_out] = ev.token;
+            r->lps[r->n_out] = ev.logprob;
+            r->n_out++;
+        } else {
+            r->ended = true;
+            r->err = ev.err;
+        }
+    }
+}
+
+static void apply_fault(struct world *W, struct fault *f)
+{
+    f->done = true;
+    int i = f->pf;
+    switch (f->kind) {
+    case F_KILL:
+        if (!W->pw[i]) return;
+        if (W->verbose) printf("  %" PRIu64 " ms: prefill %d killed\n", simnet_now(W->net), i);
+        simnet_kill(simnet_listener(W->net, W->port[i]));
+        kvf_prefill_worker_stop(W->pw[i]);
+        W->pw[i] = NULL;
+        W->link_faults = true;
+        break;
+    case F_RESTART:
+        if (W->pw[i]) return;
+        if (W->verbose) printf("  %" PRIu64 " ms: prefill %d restarted\n", simnet_now(W->net), i);
+        start_prefill(W, i, W->port[i]);
+        break;
+    case F_RESET: {
+        kvf_xport_t *x = W->pw[i] ? simnet_listener(W->net, W->port[i]) : NULL;
+        if (!x) return;
+        if (W->verbose) printf("  %" PRIu64 " ms: prefill %d's links reset\n", simnet_now(W->net), i);
+        simnet_reset(x);
+        W->link_faults = true;
+        break;
+    }
+    }
+}
+
+static bool all_ended(const struct world *W)
+{
+    for (uint32_t i = 0; i < W->n_rq; i++)
+        if (!W->rq[i].ended) return false;
+    return true;
+}
+
+/* Runs the world until every request ended and the hold timeout passed, or the limit. */
+static int world_run(struct world *W)
+{
+    uint64_t t0 = simnet_now(W->net), end_at = 0;
+    for (uint64_t t = t0; t < t0 + LIMIT_MS; t++) {
+        simnet_set_now(W->net, t);
+        uint64_t rel = t - t0;
+        for (uint32_t i = 0; i < W->n_fl; i++)
+            if (!W->fl[i].done && rel >= W->fl[i].at) apply_fault(W, &W->fl[i]);
+        for (uint32_t i = 0; i < W->n_rq; i++) {
+            struct req *r = &W->rq[i];
+            if (!r->submitted && rel >= r->submit_at) submit(W, r);
+            if (r->g && !r->ended && r->cancel_at && rel >= r->cancel_at) {
+                kvf_decode_gen_ops.cancel(W->dw, r->g);
+                r->cancel_at = 0;
+            }
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < N_PF; i++) {
+                if (!W->pw[i]) continue;
+                kvf_prefill_worker_turn(W->pw[i]);
+                if (kvf_prefill_worker_computing(W->pw[i])) {
+                    if (!W->pw_due[i]) {
+                        bool stall = W->faults && simnet_rand(W->net, 0, 99) < W->stall_pct;
+                        W->pw_due[i] = t + (stall ? simnet_rand(W->net, 300, 2500) : simnet_rand(W->net, 1, 15));
+                        if (stall) W->link_faults = true;
+                    }
+                    if (t >= W->pw_due[i]) {
+                        kvf_prefill_worker_compute(W->pw[i]);
+                        W->pw_due[i] = 0;
+                    }
+                }
+            }
+            kvf_decode_worker_turn(W->dw);
+            if (kvf_decode_worker_computing(W->dw)) {
+                if (!W->dw_due) W->dw_due = t + simnet_rand(W->net, 1, 4);
+                if (t >= W->dw_due) {
+                    kvf_decode_worker_compute(W->dw);
+                    W->dw_due = 0;
+                }
+            }
+        }
+        for (uint32_t i = 0; i < W->n_rq; i++) poll_req(W, &W->rq[i]);
+        if (W->why[0]) return -1;
+        bool faults_left = false;
+        for (uint32_t i = 0; i < W->n_fl; i++) faults_left |= !W->fl[i].done;
+        if (!end_at && all_ended(W) && !faults_left) end_at = t + (W->quick ? 0 : HOLD_MS + 500);
+        if (end_at && t >= end_at) return 0;
+    }
+    for (uint32_t i = 0; i < W->n_rq; i++)
+        if (!W->rq[i].ended)
+            return violate(W, "L2: request %u (%u prompt tokens) never ended (%u tokens so far)", i,
+                           W->rq[i].n_prompt, W->rq[i].n_out);
+    return 0;
+}
+
+static int check_end(struct world *W)
+{
+    struct kvf_engine_info in;
+    kvf_decode_gen_ops.info(W->dw, &in);
+    uint32_t *s = in.decode_by_state;
+    if (s[KVF_PAGE_OWNED] || s[KVF_PAGE_GRANTED] || s[KVF_PAGE_HELD] ||
+        s[KVF_PAGE_FREE] + s[KVF_PAGE_QUARANTINED] != in.decode_pages)
+        return violate(W, "L3: decode pool after the run: %u free, %u owned, %u granted, %u held, %u quarantined of %u",
+                       s[KVF_PAGE_FREE], s[KVF_PAGE_OWNED], s[KVF_PAGE_GRANTED], s[KVF_PAGE_HELD],
+                       s[KVF_PAGE_QUARANTINED], in.decode_pages);
+    for (int i = 0; i < N_PF; i++) {
+        if (!W->pw[i]) continue;
+        uint32_t pages = 0, free_pages = 0;
+        kvf_prefill_worker_pool(W->pw[i], &pages, &free_pages);
+        if (pages != free_pages) return violate(W, "L3: prefill %d's pool after the run: %u of %u free", i, free_pages, pages);
+    }
+    return 0;
+}
+
+/* The reference of one request: alone, in a world without faults. */
+static int reference(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, struct req *r, char *why, size_t why_len)
+{
+    struct world W = {.m = m, .n_vocab = n_vocab, .quick = true};
+    struct req one = *r;
+    one.submit_at = 0;
+    one.cancel_at = 0;
+    W.rq = &one;
+    W.n_rq = 1;
+    int rc = world_start(&W, seed ^ 0x5eed, false);
+    if (rc == 0) rc = world_run(&W);
+    if (rc == 0 && (one.err || one.n_out != one.max_tokens))
+        rc = violate(&W, "the reference run failed: %s, %u of %u tokens", kvf_strerror(one.err), one.n_out, one.max_tokens);
+    world_stop(&W);
+    if (rc < 0) {
+        snprintf(why, why_len, "%s", W.why);
+        return -1;
+    }
+    r->rn = one.n_out;
+    memcpy(r->rtoks, one.toks, sizeof r->rtoks);
+    memcpy(r->rlps, one.lps, sizeof r->rlps);
+    return 0;
+}
+
+struct totals {
+    uint64_t reqs, cancelled, ok, failed, tokens, kills, resets;
+};
+
+static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool verbose, struct totals *T,
+                    char *why, size_t why_len)
+{
+    struct world W = {.m = m, .n_vocab = n_vocab, .verbose = verbose, .stall_pct = 4};
+    struct req rq[MAX_RQ];
+    memset(rq, 0, sizeof rq);
+    /* The plan comes from its own generator, so it does not depend on the run. */
+    struct simnet *plan = simnet_new(seed ^ 0xA5A5A5A5ull, &(struct simnet_faults){.delay_max_ms = 1});
+    uint32_t n = (uint32_t)simnet_rand(plan, 3, MAX_RQ);
+    for (uint32_t i = 0; i < n; i++) {
+        struct req *r = &rq[i];
+        r->n_prompt = (uint32_t)(simnet_rand(plan, 0, 3) == 0 ? simnet_rand(plan, 60, MAX_PROMPT) : simnet_rand(plan, 1, 40));
+        for (uint32_t k = 0; k < r->n_prompt; k++) r->prompt[k] = (int32_t)simnet_rand(plan, 0, n_vocab - 1);
+        r->max_tokens = (uint32_t)simnet_rand(plan, 1, MAX_OUT);
+        r->sp = (struct kvf_sample_params){simnet_rand(plan, 0, 1) ? 0.0f : 0.9f, 0, 1.0f, simnet_rand(plan, 1, 1000)};
+        r->submit_at = simnet_rand(plan, 0, 800);
+        if (simnet_rand(plan, 0, 99) < 15) r->cancel_at = r->submit_at + simnet_rand(plan, 0, 300);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (reference(m, n_vocab, seed * 131 + i, &rq[i], why, why_len) < 0) {
+            simnet_free(plan);
+            return -1;
+        }
+    W.rq = rq;
+    W.n_rq = n;
+    if (simnet_rand(plan, 0, 99) < 35) { /* a prefill killed, later restarted */
+        int pf = (int)simnet_rand(plan, 0, N_PF - 1);
+        uint64_t at = simnet_rand(plan, 20, 1200);
+        W.fl[W.n_fl++] = (struct fault){at, F_KILL, pf, false};
+        W.fl[W.n_fl++] = (struct fault){at + simnet_rand(plan, 100, 900), F_RESTART, pf, false};
+        T->kills++;
+    }
+    if (simnet_rand(plan, 0, 99) < 25) { /* a prefill's links reset */
+        W.fl[W.n_fl++] = (struct fault){simnet_rand(plan, 20, 1200), F_RESET, (int)simnet_rand(plan, 0, N_PF - 1), false};
+        T->resets++;
+    }
+    simnet_free(plan);
+    int rc = world_start(&W, seed, true);
+    if (rc == 0) rc = world_run(&W);
+    if (rc == 0) rc = check_end(&W);
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        struct req *r = &rq[i];
+        for (uint32_t k = 0; k < r->n_out && rc == 0; k++)
+            if (k >= r->rn || r->toks[k] != r->rtoks[k] || memcmp(&r->lps[k], &r->rlps[k], sizeof(float)) != 0)
+                rc = violate(&W, "L1: request %u (%u prompt tokens) token %u: %d (logprob %.9g), alone it is %d (%.9g)", i,
+                             r->n_prompt, k, r->toks[k], (double)r->lps[k], k < r->rn ? r->rtoks[k] : -1,
+                             k < r->rn ? (double)r->rlps[k] : 0.0);
+        bool whole = r->err == 0 && r->n_out == r->max_tokens;
+        if (rc == 0 && r->err == 0 && r->n_out != r->max_tokens && !r->cancel_at)
+            rc = violate(&W, "L1: request %u ended well with %u of %u tokens", i, r->n_out, r->max_tokens);
+        T->reqs++;
+        T->tokens += r->n_out;
+        if (whole) T->ok++;
+        else T->failed++;
+        if (verbose && !whole) printf("  request %u: %u prompt tokens, %u of %u tokens, %s\n", i, r->n_prompt, r->n_out, r->max_tokens, r->err ? kvf_strerror(r->err) : "ended early");
+    }
+    /* L2's second half: without link or process faults (a late delivery or a lost ack counts:
+     * either can outlast the no-progress bound), every request not cancelled ends whole. */
+    struct simnet_stats st0;
+    simnet_stats(W.net, &st0);
+    if (st0.late || st0.acks_lost) W.link_faults = true;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        struct req *r = &rq[i];
+        bool was_cancelled = r->err == KVF_E_PROTO_CANCELLED || r->err == -ECANCELED;
+        if (was_cancelled) T->cancelled++;
+        if (!W.link_faults && !was_cancelled && (r->err || r->n_out != r->max_tokens))
+            rc = violate(&W, "L2: request %u failed (%s) in a seed without link, process or compute faults", i,
+                         kvf_strerror(r->err));
+    }
+    if (verbose) {
+        struct simnet_stats st;
+        simnet_stats(W.net, &st);
+        printf("seed %" PRIu64 ": %u requests, %" PRIu64 " frames, %" PRIu64 " puts, %" PRIu64 " flushes, %" PRIu64
+               " acks lost, %" PRIu64 " late, %" PRIu64 " resets, %" PRIu64 " writes applied after a kill\n",
+               seed, n, st.frames, st.puts, st.flushes, st.acks_lost, st.late, st.resets, st.applied_after_kill);
+    }
+    if (rc < 0) snprintf(why, why_len, "%s", W.why);
+    world_stop(&W);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t seeds = 40, first = 1;
+    bool verbose = false;
+    if (getenv("KVF_SIM_LOOPS_SEEDS")) seeds = strtoull(getenv("KVF_SIM_LOOPS_SEEDS"), NULL, 10);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--seeds") && i + 1 < argc) seeds = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--first") && i + 1 < argc) first = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--verbose")) verbose = true;
+        else {
+            fprintf(stderr, "usage: %s [--seeds N] [--first S] [--verbose]\n", argv[0]);
+            return 2;
+        }
+    }
+    char dir[] = "/tmp/kvf_simloops_XXXXXX", path[64], err[256] = "";
+    if (!mkdtemp(dir)) return 1;
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    kvf_gguf_t *g = NULL;
+    kvf_model_t *m = NULL;
+    if (kvf_mkmodel_write(path, kvf_mkmodel_shape_by_name("tiny"), KVF_GGML_F32, 7, err, sizeof err) < 0 ||
+        kvf_gguf_open(path, &g, err, sizeof err) < 0 || kvf_model_load(g, &m, err, sizeof err) < 0) {
+        fprintf(stderr, "model: %s\n", err);
+        return 1;
+    }
+    unlink(path);
+    rmdir(dir);
+    uint32_t n_vocab = kvf_model_hparams(m)->n_vocab;
+    struct totals T = {0};
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int bad = 0;
+    for (uint64_t s = first; s < first + seeds; s++) {
+        char why[600] = "";
+        if (run_seed(m, n_vocab, s, verbose, &T, why, sizeof why) < 0) {
+            printf("VIOLATION at seed %" PRIu64 ": %s\n(replay: %s --first %" PRIu64 " --seeds 1 --verbose)\n", s, why,
+                   argv[0], s);
+            bad = 1;
+            break;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+    uint64_t not_cancelled = T.reqs - T.cancelled;
+    printf("sim_loops: %" PRIu64 " seeds in %.1f s (%.2f seeds/s) on the production loops: %" PRIu64 " requests, %" PRIu64
+           " whole, %" PRIu64 " cancelled, %" PRIu64 " failed, %" PRIu64 " tokens checked; %" PRIu64 " kills, %" PRIu64 " resets\n",
+           seeds, secs, (double)seeds / secs, T.reqs, T.ok, T.cancelled, T.failed - T.cancelled, T.tokens, T.kills, T.resets);
+    if (!bad && not_cancelled && T.ok * 2 < not_cancelled) {
+        printf("VIOLATION L4: %" PRIu64 " of %" PRIu64 " requests not cancelled completed whole (floor: half)\n", T.ok,
+               not_cancelled);
+        bad = 1;
+    }
+    kvf_model_free(m);
+    kvf_gguf_close(g);
+    return bad;
+}
