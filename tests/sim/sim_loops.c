@@ -42,6 +42,10 @@
 #define GRANT_MS 400
 #define HOLD_MS 1500
 #define LIMIT_MS 60000
+/* After the last request ended, the world runs this long (in 5 ms steps) before L3: past the
+ * hold timeout, and past the slowest bounded ending seen (a prefill whose decode fenced it can
+ * keep a job's source pages for a few seconds, until its session ends). */
+#define DRAIN_MS (HOLD_MS + 8000)
 
 struct req {
     int32_t prompt[MAX_PROMPT];
@@ -242,7 +246,7 @@ static bool all_ended(const struct world *W)
 static int world_run(struct world *W)
 {
     uint64_t t0 = simnet_now(W->net), end_at = 0;
-    for (uint64_t t = t0; t < t0 + LIMIT_MS; t++) {
+    for (uint64_t t = t0; t < t0 + LIMIT_MS; t += end_at ? 5 : 1) {
         simnet_set_now(W->net, t);
         uint64_t rel = t - t0;
         for (uint32_t i = 0; i < W->n_fl; i++)
@@ -284,7 +288,7 @@ static int world_run(struct world *W)
         if (W->why[0]) return -1;
         bool faults_left = false;
         for (uint32_t i = 0; i < W->n_fl; i++) faults_left |= !W->fl[i].done;
-        if (!end_at && all_ended(W) && !faults_left) end_at = t + (W->quick ? 0 : HOLD_MS + 500);
+        if (!end_at && all_ended(W) && !faults_left) end_at = t + (W->quick ? 0 : DRAIN_MS);
         if (end_at && t >= end_at) return 0;
     }
     for (uint32_t i = 0; i < W->n_rq; i++)
