@@ -426,9 +426,12 @@ int kvf_prefill_progress(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, ui
     int rc = room(p, acts);
     if (rc < 0) return rc;
     struct preq *e = find(p, req, nonce);
-    /* Only a request still being computed or written: after its FLUSH the DONE is on its way,
-     * and a cancelled, failed or cleared one owes nothing but its proof. */
-    if (!p->connected || !e || (e->state != KVF_PREQ_COMPUTING && e->state != KVF_PREQ_WRITING))
+    /* Only a request still being computed, written or flushed: its last pages' writes may take
+     * long on a slow link after the flush is posted (the DONE waits for the flush), and the
+     * writer's local completions of them are progress. A cancelled, failed or cleared one owes
+     * nothing but its proof. */
+    if (!p->connected || !e ||
+        (e->state != KVF_PREQ_COMPUTING && e->state != KVF_PREQ_WRITING && e->state != KVF_PREQ_FLUSHING))
         return KVF_E_PROTO_STALE;
     if (tokens_done > e->expected) tokens_done = e->expected;
     if (tokens_done < e->progress_tokens) tokens_done = e->progress_tokens; /* counts never fall */

@@ -1,6 +1,9 @@
 /* simnet.c — the deterministic transport (simnet.h). */
 #include "simnet.h"
 
+#include <inttypes.h>
+#include "kvfence/proto.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +83,7 @@ struct simnet {
     uint32_t n_xs;
     uint16_t next_port;
     struct simnet_stats st;
+    bool trace; /* KVF_SIMNET_TRACE: every frame as it arrives, decoded */
 };
 
 /* --- The world. ----------------------------------------------------------------------------- */
@@ -93,6 +97,7 @@ struct simnet *simnet_new(uint64_t seed, const struct simnet_faults *f)
     if (!n->f.delay_max_ms) n->f.delay_max_ms = 1;
     n->next_port = 40000;
     n->now = 1000;
+    n->trace = getenv("KVF_SIMNET_TRACE") != NULL;
     return n;
 }
 
@@ -453,8 +458,12 @@ static int sn_put(kvf_conn_t *cc, const void *src, size_t len, uint64_t off, kvf
     it->done = done;
     it->done_arg = arg;
     it->from = c;
-    it->local_ms = n->now + (chance(n, n->f.put_slow_pct) ? simnet_rand(n, 50, 300) : simnet_rand(n, 0, 3));
+    it->local_ms = n->now + (chance(n, n->f.put_slow_pct) ? simnet_rand(n, 20, 120) : simnet_rand(n, 0, 3));
     it->arrive_ms = it->local_ms + delay(n);
+    if (chance(n, n->f.put_late_pct)) {
+        n->st.late++;
+        it->arrive_ms = it->local_ms + simnet_rand(n, 100, n->f.late_max_ms > 100 ? n->f.late_max_ms : 100);
+    }
     it->next_local = NULL;
     struct item **pp = &c->local; /* local completions in posting order */
     while (*pp) pp = &(*pp)->next_local;
@@ -542,6 +551,16 @@ static void deliver(struct sxport *x, struct sconn *c, uint64_t now)
                 x->ev.on_remote_ready(x->ev.ctx, (kvf_conn_t *)(void *)c);
             break;
         case IT_FRAME:
+            if (n->trace) {
+                static struct kvf_page_ref pg[64];
+                static uint64_t sums[64];
+                static uint32_t toks[4096];
+                struct kvf_msg_scratch sc = {pg, 64, sums, 64, toks, 4096};
+                struct kvf_msg m;
+                if (kvf_msg_decode(it->bytes, it->len, &m, &sc) == (long)it->len)
+                    printf("    %" PRIu64 " ms: %s arrives at %s %u (req %" PRIu64 ")\n", now, kvf_msg_type_name(m.type),
+                           x->listening ? "prefill" : "decode", x->listening ? x->port : c->peer ? c->peer->x->port : 0, m.req.lo % 100000);
+            }
             if (c->visible) x->ev.on_frame(x->ev.ctx, (kvf_conn_t *)(void *)c, it->bytes, it->len);
             break;
         case IT_PUT:
