@@ -1,6 +1,7 @@
 /* cli_fabric.c — the cluster key of `router`, `prefill` and `decode`, and the rule that a fabric
- * listener beyond loopback needs one: --cluster-key FILE (or KVFENCE_CLUSTER_KEY_FILE), or an
- * explicit --insecure-fabric. Also `kvfence keygen FILE`, which writes a key file. */
+ * listener beyond loopback needs one: --cluster-key FILE (KVF_CLI_FABRIC_OPTS, so also
+ * KVFENCE_CLUSTER_KEY or KVFENCE_CLUSTER_KEY_FILE), or an explicit --insecure-fabric. Also
+ * `kvfence keygen FILE`, which writes a key file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -13,20 +14,6 @@
 #include "kvfence/transport.h"
 
 #define KEY_FILE_MAX 4096
-
-bool kvf_cli_fabric_flag(struct kvf_cli_fabric *f, const char *a)
-{
-    if (strcmp(a, "--insecure-fabric") != 0) return false;
-    f->insecure = true;
-    return true;
-}
-
-bool kvf_cli_fabric_option(struct kvf_cli_fabric *f, const char *a, const char *v)
-{
-    if (strcmp(a, "--cluster-key") != 0) return false;
-    f->key_path = v;
-    return true;
-}
 
 static bool host_is_loopback(const char *h)
 {
@@ -78,10 +65,6 @@ static int load_key(const char *cmd, struct kvf_cli_fabric *f)
 
 int kvf_cli_fabric_prepare(const char *cmd, struct kvf_cli_fabric *f, const char *listen_host)
 {
-    if (!f->key_path) {
-        const char *e = getenv("KVFENCE_CLUSTER_KEY_FILE");
-        if (e && *e) f->key_path = e;
-    }
     if (f->key_path) return load_key(cmd, f) < 0 ? 2 : 0;
     if (listen_host && !host_is_loopback(listen_host) && !f->insecure) {
         fprintf(stderr,
