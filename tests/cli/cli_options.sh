@@ -67,6 +67,11 @@ expect 2 "--model, --prefill and --decode are required" -- router --model $M --d
 expect 2 "--model and --prompt are required" -- run --prompt hi
 expect 2 "--print-logprobs goes with --print-token-ids" -- run --model $M --prompt hi --print-logprobs
 expect 2 "unexpected argument 'b.gguf'" -- mkmodel a.gguf b.gguf --shape tiny
+expect 2 "FILE is required" -- keygen
+expect 2 "unexpected argument 'b'" -- keygen a b
+expect 0 "usage: kvfence keygen FILE" -- keygen --help
+expect 0 "wrote a cluster key to $D/k.key" -- keygen "$D/k.key"
+expect 1 "$D/k.key: File exists" -- keygen "$D/k.key"
 
 # Where a value comes from: the command line over the environment over the older variable.
 L="--listen 127.0.0.1:0"
