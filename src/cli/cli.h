@@ -115,6 +115,9 @@ int kvf_cmd_run(int argc, char **argv);
 int kvf_cli_parse_size(const char *v, uint64_t *out);
 /* A decimal in [lo, hi]. 0, or -1. */
 int kvf_cli_parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out);
+int kvf_cli_parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* A float in [lo, hi] (strtof; NaN is refused). 0, or -1. */
+int kvf_cli_parse_float(const char *v, float lo, float hi, float *out);
 /* The model's fingerprint: XXH3 of the whole file, so workers agree only on the same bytes. */
 int kvf_cli_file_fp(const char *path, uint64_t *fp);
 

@@ -2,7 +2,6 @@
  * (struct kvf_cli_spec in cli.h). Work is bounded by the table and argv: each word is looked up
  * in at most n_opts rows, each row reads at most two environment variables. */
 #include <ctype.h>
-#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,25 +33,6 @@ static const struct kvf_cli_opt *find(const struct kvf_cli_spec *s, const char *
     return NULL;
 }
 
-static int parse_float(const char *v, float lo, float hi, float *out)
-{
-    char *end = NULL;
-    float x = strtof(v, &end);
-    if (!end || *end || end == v || !(x >= lo && x <= hi)) return -1;
-    *out = x;
-    return 0;
-}
-
-static int parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long long x = strtoull(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) return -1;
-    *out = (uint64_t)x;
-    return 0;
-}
-
 /* Stores v (the option written as `given`) into its field. 0, or -1 (printed). */
 static int set_value(const struct kvf_cli_spec *s, const struct kvf_cli_opt *o, const char *given,
                      const char *v, void *opts)
@@ -70,10 +50,10 @@ static int set_value(const struct kvf_cli_spec *s, const struct kvf_cli_opt *o, 
         bad = kvf_cli_parse_u32(v, (uint32_t)o->lo, (uint32_t)o->hi, dst);
         break;
     case KVF_CLI_U64:
-        bad = parse_u64(v, o->lo, o->hi, dst);
+        bad = kvf_cli_parse_u64(v, o->lo, o->hi, dst);
         break;
     case KVF_CLI_FLOAT:
-        bad = parse_float(v, o->flo, o->fhi, dst);
+        bad = kvf_cli_parse_float(v, o->flo, o->fhi, dst);
         break;
     case KVF_CLI_SIZE:
         bad = kvf_cli_parse_size(v, dst);

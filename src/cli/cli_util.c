@@ -40,6 +40,27 @@ int kvf_cli_parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
     return 0;
 }
 
+/* `run`'s parsers of --seed (strtoul) and of --temperature and --top-p, moved here beside the
+ * others unchanged: every number the CLI reads is parsed in this file. */
+int kvf_cli_parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return -1;
+    *out = (uint64_t)x;
+    return 0;
+}
+
+int kvf_cli_parse_float(const char *v, float lo, float hi, float *out)
+{
+    char *end = NULL;
+    float x = strtof(v, &end);
+    if (!end || *end || end == v || !(x >= lo && x <= hi)) return -1;
+    *out = x;
+    return 0;
+}
+
 /* The model's fingerprint: XXH3 of the whole file, so two workers agree only on the same bytes. */
 int kvf_cli_file_fp(const char *path, uint64_t *fp)
 {
