@@ -1,6 +1,7 @@
 /* cli.h — the kvfence binary's subcommands. Each lives in its own cmd_<name>.c and takes the
- * arguments after its name (argv[0] is the subcommand's name). It returns the process exit
- * status: 0 on success, 1 on failure, 2 on a usage error. Only the CLI prints and exits. */
+ * arguments after its name (argv[0] is the subcommand's name), which it reads through its option
+ * table (struct kvf_cli_spec, below; docs/CLI.md). It returns the process exit status: 0 on
+ * success, 1 on failure, 2 on a usage error. Only the CLI prints and exits. */
 #ifndef KVF_CLI_H
 #define KVF_CLI_H
 
