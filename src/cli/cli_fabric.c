@@ -1,7 +1,9 @@
 /* cli_fabric.c — the cluster key of `router`, `prefill` and `decode`, and the rule that a fabric
- * listener beyond loopback needs one: --cluster-key FILE (or KVFENCE_CLUSTER_KEY_FILE), or an
- * explicit --insecure-fabric. Also `kvfence keygen FILE`, which writes a key file. */
+ * listener beyond loopback needs one: --cluster-key FILE (KVF_CLI_FABRIC_OPTS, so also
+ * KVFENCE_CLUSTER_KEY or KVFENCE_CLUSTER_KEY_FILE), or an explicit --insecure-fabric. Also
+ * `kvfence keygen FILE`, which writes a key file. */
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,20 +15,6 @@
 #include "kvfence/transport.h"
 
 #define KEY_FILE_MAX 4096
-
-bool kvf_cli_fabric_flag(struct kvf_cli_fabric *f, const char *a)
-{
-    if (strcmp(a, "--insecure-fabric") != 0) return false;
-    f->insecure = true;
-    return true;
-}
-
-bool kvf_cli_fabric_option(struct kvf_cli_fabric *f, const char *a, const char *v)
-{
-    if (strcmp(a, "--cluster-key") != 0) return false;
-    f->key_path = v;
-    return true;
-}
 
 static bool host_is_loopback(const char *h)
 {
@@ -78,10 +66,6 @@ static int load_key(const char *cmd, struct kvf_cli_fabric *f)
 
 int kvf_cli_fabric_prepare(const char *cmd, struct kvf_cli_fabric *f, const char *listen_host)
 {
-    if (!f->key_path) {
-        const char *e = getenv("KVFENCE_CLUSTER_KEY_FILE");
-        if (e && *e) f->key_path = e;
-    }
     if (f->key_path) return load_key(cmd, f) < 0 ? 2 : 0;
     if (listen_host && !host_is_loopback(listen_host) && !f->insecure) {
         fprintf(stderr,
@@ -103,17 +87,26 @@ const uint8_t *kvf_cli_fabric_key(const struct kvf_cli_fabric *f)
     return f->have_key ? f->key : NULL;
 }
 
+struct keygen_opts {
+    const char *path;
+};
+
+static const struct kvf_cli_spec keygen_spec = {
+    .name = "keygen",
+    .opts_size = sizeof(struct keygen_opts),
+    .positional = "FILE",
+    .positional_off = offsetof(struct keygen_opts, path),
+    .positional_required = true,
+    .about = "Writes a new cluster key (32 random bytes, as 64 hex digits) to FILE, which must\n"
+             "not exist, readable by its owner only. Give the same file to every router,\n"
+             "prefill and decode of one service with --cluster-key FILE.\n",
+};
+
 int kvf_cmd_keygen(int argc, char **argv)
 {
-    if (argc != 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        FILE *o = argc == 2 ? stdout : stderr;
-        fprintf(o,
-                "usage: kvfence keygen FILE\n\n"
-                "Writes a new cluster key (32 random bytes, as 64 hex digits) to FILE, which must\n"
-                "not exist, readable by its owner only. Give the same file to every router,\n"
-                "prefill and decode of one service with --cluster-key FILE.\n");
-        return argc == 2 ? 0 : 2;
-    }
+    struct keygen_opts o = {0};
+    int exit_status = 0;
+    if (kvf_cli_parse(&keygen_spec, argc, argv, &o, &exit_status) < 0) return exit_status;
     uint8_t k[32];
     char hex[65];
     if (kvf_fabric_random(k, sizeof k) < 0) {
@@ -124,19 +117,19 @@ int kvf_cmd_keygen(int argc, char **argv)
         snprintf(hex + 2 * i, 3, "%02x", k[i]);
     hex[64] = '\n';
     memset(k, 0, sizeof k);
-    int fd = open(argv[1], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = open(o.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-        fprintf(stderr, "kvfence keygen: %s: %s\n", argv[1], strerror(errno));
+        fprintf(stderr, "kvfence keygen: %s: %s\n", o.path, strerror(errno));
         return 1;
     }
     bool ok = write(fd, hex, sizeof hex) == (ssize_t)sizeof hex;
     ok = close(fd) == 0 && ok;
     memset(hex, 0, sizeof hex);
     if (!ok) {
-        fprintf(stderr, "kvfence keygen: %s: write failed\n", argv[1]);
-        unlink(argv[1]);
+        fprintf(stderr, "kvfence keygen: %s: write failed\n", o.path);
+        unlink(o.path);
         return 1;
     }
-    fprintf(stderr, "kvfence keygen: wrote a cluster key to %s (mode 0600)\n", argv[1]);
+    fprintf(stderr, "kvfence keygen: wrote a cluster key to %s (mode 0600)\n", o.path);
     return 0;
 }

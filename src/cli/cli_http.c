@@ -1,40 +1,20 @@
-/* cli_http.c — the HTTP front shared by `serve` and `router`: its options, the API-key rule for
- * the listening address, the model's chat template, starting the server and saying so. */
+/* cli_http.c — the HTTP front shared by `serve` and `router`: the rules between its options
+ * (KVF_CLI_HTTP_OPTS in cli.h), the API-key rule for the listening address, the model's chat
+ * template, starting the server and saying so. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 
-int kvf_cli_http_option(const char *cmd, struct kvf_cli_http *h, const char *a, const char *v)
+/* Repeatable: the lists are joined, checked by the server at start. */
+int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies)
 {
-    int bad = 0;
-    if (strcmp(a, "--host") == 0) h->host = v;
-    else if (strcmp(a, "--port") == 0) bad = kvf_cli_parse_u32(v, 0, 65535, &h->port);
-    else if (strcmp(a, "--max-queue") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->max_queue);
-    else if (strcmp(a, "--api-keys") == 0) h->keys_path = v;
-    else if (strcmp(a, "--tenant-max-running") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->tenant_running);
-    else if (strcmp(a, "--tenant-max-queued") == 0) bad = kvf_cli_parse_u32(v, 0, 1u << 20, &h->tenant_queued);
-    else if (strcmp(a, "--tenant-max-kv-tokens") == 0) bad = kvf_cli_parse_u32(v, 1, UINT32_MAX, &h->tenant_kv_tokens);
-    else if (strcmp(a, "--max-conn-per-ip") == 0) bad = kvf_cli_parse_u32(v, 1, 1u << 20, &h->max_conn_per_ip);
-    else if (strcmp(a, "--max-connections") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 16, &h->max_connections);
-    else if (strcmp(a, "--keyless-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->keyless_timeout_ms);
-    else if (strcmp(a, "--trusted-proxy") == 0) {
-        /* Repeatable: the lists are joined, checked by the server at start. */
-        size_t used = strlen(h->trusted_proxies), add = strlen(v);
-        bad = !add || used + add + 2 > sizeof h->trusted_proxies;
-        if (!bad) snprintf(h->trusted_proxies + used, sizeof h->trusted_proxies - used, "%s%s",
-                           used ? "," : "", v);
-    }
-    else if (strcmp(a, "--header-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->header_timeout_ms);
-    else if (strcmp(a, "--body-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->body_timeout_ms);
-    else if (strcmp(a, "--send-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &h->send_timeout_ms);
-    else return 0;
-    if (bad) {
-        fprintf(stderr, "kvfence %s: bad value '%s' for %s\n", cmd, v, a);
-        return -1;
-    }
-    return 1;
+    char *list = trusted_proxies;
+    size_t used = strlen(list), add = strlen(v);
+    if (!add || used + add + 2 > KVF_CLI_PROXIES_LEN) return -1;
+    snprintf(list + used, KVF_CLI_PROXIES_LEN - used, "%s%s", used ? "," : "", v);
+    return 0;
 }
 
 int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)

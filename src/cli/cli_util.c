@@ -1,5 +1,4 @@
 /* cli_util.c — option parsing and the model fingerprint, shared by the serving commands. */
-#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -7,7 +6,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,6 +37,27 @@ int kvf_cli_parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
     unsigned long x = strtoul(v, &end, 10);
     if (errno || end == v || *end || x < lo || x > hi) return -1;
     *out = (uint32_t)x;
+    return 0;
+}
+
+/* `run`'s parsers of --seed (strtoul) and of --temperature and --top-p, moved here beside the
+ * others unchanged: every number the CLI reads is parsed in this file. */
+int kvf_cli_parse_u64(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return -1;
+    *out = (uint64_t)x;
+    return 0;
+}
+
+int kvf_cli_parse_float(const char *v, float lo, float hi, float *out)
+{
+    char *end = NULL;
+    float x = strtof(v, &end);
+    if (!end || *end || end == v || !(x >= lo && x <= hi)) return -1;
+    *out = x;
     return 0;
 }
 
@@ -102,41 +121,6 @@ int kvf_cli_parse_addr(const char *v, char *host, size_t cap, uint16_t *port, bo
     memcpy(host, h, len);
     host[len] = 0;
     *port = (uint16_t)p;
-    return 0;
-}
-
-int kvf_cli_env_args(int argc, char **argv, const struct kvf_cli_flag *flags, size_t n_flags,
-                     int *out_argc, char ***out_argv)
-{
-    char **nv = calloc((size_t)argc + 2 * n_flags + 1, sizeof(char *));
-    if (!nv) return -1;
-    int n = 0;
-    nv[n++] = argv[0];
-    for (size_t f = 0; f < n_flags; f++) {
-        char var[64] = "KVFENCE_";
-        size_t k = strlen(var);
-        for (const char *c = flags[f].name + 2; *c && k + 1 < sizeof var; c++)
-            var[k++] = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
-        var[k] = 0;
-        char *v = getenv(var);
-        if (!v) continue;
-        if (!flags[f].boolean) {
-            nv[n++] = (char *)flags[f].name;
-            nv[n++] = v;
-            continue;
-        }
-        if (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes")) {
-            nv[n++] = (char *)flags[f].name;
-        } else if (strcmp(v, "0") && strcasecmp(v, "false") && strcasecmp(v, "no")) {
-            fprintf(stderr, "kvfence %s: %s=%s: want 1/true/yes or 0/false/no\n", argv[0], var, v);
-            free(nv);
-            return -1;
-        }
-    }
-    for (int i = 1; i < argc; i++) nv[n++] = argv[i];
-    nv[n] = NULL;
-    *out_argc = n;
-    *out_argv = nv;
     return 0;
 }
 

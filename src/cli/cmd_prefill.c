@@ -9,84 +9,73 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kvfence/common.h"
 #include "kvfence/engine.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: kvfence prefill --model F.gguf --listen HOST:PORT [--context-length N]\n"
-               "                       [--threads N] [--kv-memory SIZE] [--compute-lock FILE]\n"
-               "                       [--prefill-chunk N]\n"
-               "                       [--cluster-key FILE | --insecure-fabric]\n\n"
-               "Runs a prefill worker: decode workers connect to HOST:PORT (TCP; they prove the\n"
-               "cluster key, and it proves it to them) and grant\n"
-               "it pages to write. --context-length (default: the model's) must equal the decode\n"
-               "workers'. --kv-memory sizes its own pool (default: one prompt at the context\n"
-               "length). Prints \"listening HOST PORT\" on stdout once it accepts connections.\n"
-               "--compute-lock FILE: workers on the same cores given the same file take turns\n"
-               "computing, one forward call at a time, instead of halving each other.\n"
-               "--prefill-chunk N: prompt tokens computed per turn (default 256); each chunk's\n"
-               "pages go to decode while the next is computed, and prompts take turns by chunks,\n"
-               "the shortest first, so a short prompt does not wait for a long one.\n"
-               "Every option can also be set as KVFENCE_<OPTION> in the environment; the command\n"
-               "line wins. SIGINT or SIGTERM stops it (its connections close; decode fences them).\n\n"
-               KVF_CLI_FABRIC_HELP);
-}
+struct prefill_opts {
+    const char *model, *lock_path;
+    struct kvf_cli_addr listen;
+    uint32_t threads, ctx_len, chunk; /* 0: the default */
+    uint64_t kv_bytes;                /* 0: one prompt at the context length */
+    struct kvf_cli_fabric fab;
+};
+
+#define O(f) offsetof(struct prefill_opts, f)
+static const struct kvf_cli_opt prefill_opts[] = {
+    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
+     .env = "KVFENCE_MODEL", .flags = KVF_CLI_REQUIRED,
+     .help = "the model, the same file as the decode workers' and the router's"},
+    {.name = "--listen", .metavar = "HOST:PORT", .kind = KVF_CLI_ADDR, .off = O(listen),
+     .env = "KVFENCE_LISTEN", .flags = KVF_CLI_REQUIRED,
+     .help = "where decode workers connect (port 0: any free port)"},
+    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = O(ctx_len), .lo = 2,
+     .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH",
+     .help = "the most prompt + output tokens of one request (default: the model's); must equal "
+             "the decode workers' (checked at connect)"},
+    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = O(threads), .lo = 1,
+     .hi = 256, .env = "KVFENCE_THREADS", .help = "compute threads (default: every core)"},
+    {.name = "--kv-memory", .metavar = "SIZE", .kind = KVF_CLI_SIZE, .off = O(kv_bytes),
+     .env = "KVFENCE_KV_MEMORY",
+     .help = "its own pool, e.g. 512M (default: one prompt at the context length)"},
+    {.name = "--compute-lock", .metavar = "FILE", .kind = KVF_CLI_STR, .off = O(lock_path),
+     .env = "KVFENCE_COMPUTE_LOCK",
+     .help = "workers on the same cores given the same file take turns computing, one forward "
+             "call at a time, instead of halving each other"},
+    {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = O(chunk), .lo = 16,
+     .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK",
+     .help = "prompt tokens computed per turn (default 256); each chunk's pages go to decode "
+             "while the next is computed, and prompts take turns by chunks, the shortest first, "
+             "so a short prompt does not wait for a long one"},
+    KVF_CLI_FABRIC_OPTS(struct prefill_opts, fab),
+};
+#undef O
+
+static const struct kvf_cli_spec prefill_spec = {
+    .name = "prefill",
+    .opts = prefill_opts,
+    .n_opts = KVF_ARRAY_LEN(prefill_opts),
+    .opts_size = sizeof(struct prefill_opts),
+    .about =
+        "Runs a prefill worker: decode workers connect to HOST:PORT (TCP; they prove the cluster\n"
+        "key, and it proves it to them) and grant it pages to write. Prints \"listening HOST\n"
+        "PORT\" on stdout once it accepts connections.\n",
+    .after =
+        "Every option can also be set from the environment, as the variable in its brackets;\n"
+        "the command line wins. SIGINT or SIGTERM stops it (its connections close; decode\n"
+        "fences them).\n",
+};
 
 int kvf_cmd_prefill(int argc, char **argv)
 {
-    const char *model_path = NULL, *listen = NULL, *lock_path = NULL;
-    uint32_t threads = 0, ctx_len = 0, chunk = 0;
-    uint64_t kv_bytes = 0;
-    struct kvf_cli_fabric fab = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (kvf_cli_fabric_flag(&fab, a)) continue;
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvfence prefill: %s needs a value\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int bad = 0;
-        if (kvf_cli_fabric_option(&fab, a, v)) continue;
-        if (strcmp(a, "--model") == 0) model_path = v;
-        else if (strcmp(a, "--listen") == 0) listen = v;
-        else if (strcmp(a, "--compute-lock") == 0) lock_path = v;
-        else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
-        else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len);
-        else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
-        else if (strcmp(a, "--prefill-chunk") == 0) bad = kvf_cli_parse_u32(v, 16, 4096, &chunk);
-        else {
-            fprintf(stderr, "kvfence prefill: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "kvfence prefill: bad value '%s' for %s\n", v, a);
-            return 2;
-        }
-    }
-    if (!model_path || !listen) {
-        usage(stderr);
-        return 2;
-    }
-    char host[256];
-    uint32_t port = 0;
-    const char *colon = strrchr(listen, ':');
-    if (!colon || colon == listen || (size_t)(colon - listen) >= sizeof(host) ||
-        kvf_cli_parse_u32(colon + 1, 0, 65535, &port) < 0) {
-        fprintf(stderr, "kvfence prefill: --listen wants HOST:PORT, not '%s'\n", listen);
-        return 2;
-    }
-    memcpy(host, listen, (size_t)(colon - listen));
-    host[colon - listen] = 0;
-    int frc = kvf_cli_fabric_prepare("prefill", &fab, host);
+    struct prefill_opts o = {0};
+    int exit_status = 0;
+    if (kvf_cli_parse(&prefill_spec, argc, argv, &o, &exit_status) < 0) return exit_status;
+    const char *host = o.listen.host;
+    int frc = kvf_cli_fabric_prepare("prefill", &o.fab, host);
     if (frc) return frc;
+    uint32_t threads = o.threads, ctx_len = o.ctx_len;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (uint32_t)n : 1;
@@ -100,7 +89,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     kvf_model_t *m = NULL;
     kvf_prefill_worker_t *pw = NULL;
     uint64_t fp = 0;
-    if (kvf_cli_open_model("prefill", model_path, &g, &m, NULL, &fp) < 0) goto out;
+    if (kvf_cli_open_model("prefill", o.model, &g, &m, NULL, &fp) < 0) goto out;
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
     if (ctx_len == 0) ctx_len = hp->n_ctx;
     if (ctx_len > hp->n_ctx) {
@@ -111,7 +100,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     struct kvf_pool_geometry geo;
     kvf_model_geometry(m, 16, &geo);
     uint32_t need = (ctx_len + 15) / 16 + 1;
-    uint32_t n_pages = kv_bytes ? (uint32_t)(kv_bytes / kvf_geo_page_bytes(&geo)) : need;
+    uint32_t n_pages = o.kv_bytes ? (uint32_t)(o.kv_bytes / kvf_geo_page_bytes(&geo)) : need;
     if (n_pages < need) {
         fprintf(stderr, "kvfence prefill: --kv-memory holds %u pages, less than one prompt at the "
                         "context length %u (%u pages); raise --kv-memory or lower --context-length\n",
@@ -120,9 +109,10 @@ int kvf_cmd_prefill(int argc, char **argv)
     }
     struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = 16, .n_pages = n_pages,
                                    .n_threads = threads, .max_context = ctx_len, .listen_host = host,
-                                   .listen_port = (uint16_t)port, .max_reqs = 64, .prefill_chunk = chunk,
-                                   .fabric_key = kvf_cli_fabric_key(&fab)};
-    if (lock_path && kvf_cli_compute_lock("prefill", lock_path, &wc) < 0) goto out;
+                                   .listen_port = o.listen.port, .max_reqs = 64,
+                                   .prefill_chunk = o.chunk,
+                                   .fabric_key = kvf_cli_fabric_key(&o.fab)};
+    if (o.lock_path && kvf_cli_compute_lock("prefill", o.lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
 #endif

@@ -9,100 +9,70 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kvfence/common.h"
 
 #define ROUTER_PAGE_TOKENS 16u
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: kvfence router --model F.gguf --prefill HOST:PORT[,...] --decode HOST:PORT[,...]\n"
-            "                      [--host 127.0.0.1] [--port 8080] [--context-length N]\n"
-            "                      [--max-queue N] [--admit-timeout MS] [--api-keys FILE | --no-auth]\n"
-            "                      [--tenant-max-running N] [--tenant-max-queued N]\n"
-            "                      [--tenant-max-kv-tokens N] [--cluster-key FILE]\n\n"
-            "Runs the HTTP router (the same API as `kvfence serve`) over prefill and decode workers\n"
-            "in their own processes (`kvfence prefill`, `kvfence decode`), on this host or others.\n\n"
-            "  --model F.gguf        the same model file the workers serve (its fingerprint, context\n"
-            "                        and page geometry must agree: a worker that differs is refused\n"
-            "                        with the reason, in the log and in /health)\n"
-            "  --prefill LIST        the prefill workers, HOST:PORT separated by commas; every\n"
-            "                        decode worker connects to each and grants it prompts\n"
-            "  --decode LIST         the decode workers; a request goes to the live one with the\n"
-            "                        fewest of this router's requests in flight, then the most free\n"
-            "                        pages\n"
-            "  --host, --port        where to listen for HTTP (default 127.0.0.1:8080)\n"
-            "  --context-length N    the served limit (default: the model's); must equal the\n"
-            "                        workers'\n"
-            "  --max-queue N         requests in flight before 429 with Retry-After (default 256)\n"
-            "  --admit-timeout MS    how long a request may wait for a live decode worker with a\n"
-            "                        prefill before it fails with 503 no_decode or no_prefill\n"
-            "                        (default 30000)\n"
-            "  --api-keys FILE, --no-auth, --tenant-max-running N, --tenant-max-queued N,\n"
-            "  --tenant-max-kv-tokens N,\n"
-            "  --max-connections N, --max-conn-per-ip N, --trusted-proxy ADDR[/PREFIX][,...],\n"
-            "  --keyless-timeout MS, --header-timeout MS, --body-timeout MS, --send-timeout MS:\n"
-            "                        as for `kvfence serve`\n"
-            "  --cluster-key FILE    the key the workers were given (also KVFENCE_CLUSTER_KEY_FILE)\n\n"
-            "Every option can also be set as KVFENCE_<OPTION> in the environment (KVFENCE_DECODE for\n"
-            "--decode); the command line wins. GET /health lists every worker and whether it is\n"
-            "reachable; it answers 200 only when a decode worker with a live prefill worker is up.\n"
-            "SIGINT or SIGTERM stops accepting, lets requests in flight finish (up to 10 s),\n"
-            "cancels the rest, and exits 0.\n");
-}
+struct router_opts {
+    const char *model;
+    struct kvf_cli_addrs prefills, decodes;
+    uint32_t ctx_len, admit_ms; /* 0: the default */
+    struct kvf_cli_http http;
+    struct kvf_cli_fabric fab;
+};
+
+#define O(f) offsetof(struct router_opts, f)
+static const struct kvf_cli_opt router_opts[] = {
+    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
+     .env = "KVFENCE_MODEL", .flags = KVF_CLI_REQUIRED,
+     .help = "the same model file the workers serve (its fingerprint, context and page geometry "
+             "must agree: a worker that differs is refused with the reason, in the log and in "
+             "/health)"},
+    {.name = "--prefill", .metavar = "HOST:PORT[,...]", .kind = KVF_CLI_ADDRS, .off = O(prefills),
+     .env = "KVFENCE_PREFILL", .flags = KVF_CLI_REQUIRED,
+     .help = "the prefill workers, separated by commas; every decode worker connects to each and "
+             "grants it prompts"},
+    {.name = "--decode", .metavar = "HOST:PORT[,...]", .kind = KVF_CLI_ADDRS, .off = O(decodes),
+     .env = "KVFENCE_DECODE", .flags = KVF_CLI_REQUIRED,
+     .help = "the decode workers; a request goes to the live one with the fewest of this "
+             "router's requests in flight, then the most free pages"},
+    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = O(ctx_len), .lo = 2,
+     .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH",
+     .help = "the served limit (default: the model's); must equal the workers'"},
+    KVF_CLI_HTTP_OPTS(struct router_opts, http),
+    {.name = "--admit-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = O(admit_ms), .lo = 1,
+     .hi = 3600000, .env = "KVFENCE_ADMIT_TIMEOUT",
+     .help = "how long a request may wait for a live decode worker with a prefill before it "
+             "fails with 503 no_decode or no_prefill (default 30000)"},
+    KVF_CLI_FABRIC_OPTS(struct router_opts, fab),
+};
+#undef O
+
+static const struct kvf_cli_spec router_spec = {
+    .name = "router",
+    .opts = router_opts,
+    .n_opts = KVF_ARRAY_LEN(router_opts),
+    .opts_size = sizeof(struct router_opts),
+    .about =
+        "Runs the HTTP router (the same API as `kvfence serve`) over prefill and decode workers\n"
+        "in their own processes (`kvfence prefill`, `kvfence decode`), on this host or others.\n",
+    .after =
+        "Every option can also be set from the environment, as the variable in its brackets\n"
+        "(KVFENCE_DECODE for --decode); the command line wins. GET /health lists every worker\n"
+        "and whether it is reachable; it answers 200 only when a decode worker with a live\n"
+        "prefill worker is up. SIGINT or SIGTERM stops accepting, lets requests in flight finish\n"
+        "(up to 10 s), cancels the rest, and exits 0.\n",
+};
 
 int kvf_cmd_router(int argc, char **argv)
 {
-    const char *model_path = NULL, *prefills = NULL, *decodes = NULL;
-    uint32_t ctx_len = 0, admit_ms = 0;
-    struct kvf_cli_http http = {.port = 8080};
-    struct kvf_cli_fabric fab = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--no-auth") == 0) {
-            http.no_auth = true;
-            continue;
-        }
-        if (kvf_cli_fabric_flag(&fab, a)) continue;
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvfence router: %s needs a value\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int bad = 0, took = kvf_cli_http_option("router", &http, a, v);
-        if (took < 0) return 2;
-        if (took) continue;
-        if (kvf_cli_fabric_option(&fab, a, v)) continue;
-        if (strcmp(a, "--model") == 0) model_path = v;
-        else if (strcmp(a, "--prefill") == 0) prefills = v;
-        else if (strcmp(a, "--decode") == 0) decodes = v;
-        else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len);
-        else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
-        else {
-            fprintf(stderr, "kvfence router: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "kvfence router: bad value '%s' for %s\n", v, a);
-            return 2;
-        }
-    }
-    if (!model_path || !prefills || !decodes) {
-        fprintf(stderr, "kvfence router: --model, --prefill and --decode are required\n");
-        usage(stderr);
-        return 2;
-    }
-    struct kvf_cli_addrs pf, dc;
-    if (kvf_cli_parse_addrs("router", "--prefill", prefills, &pf) < 0 ||
-        kvf_cli_parse_addrs("router", "--decode", decodes, &dc) < 0)
-        return 2;
-    int prc = kvf_cli_fabric_prepare("router", &fab, NULL);
+    struct router_opts o = {0};
+    int exit_status = 0;
+    if (kvf_cli_parse(&router_spec, argc, argv, &o, &exit_status) < 0) return exit_status;
+    const struct kvf_cli_addrs *pf = &o.prefills, *dc = &o.decodes;
+    int prc = kvf_cli_fabric_prepare("router", &o.fab, NULL);
     if (prc) return prc;
-    prc = kvf_cli_http_prepare("router", &http);
+    prc = kvf_cli_http_prepare("router", &o.http);
     if (prc) return prc;
 
     sigset_t sigs;
@@ -115,34 +85,35 @@ int kvf_cmd_router(int argc, char **argv)
     kvf_router_t *r = NULL;
     kvf_server_t *srv = NULL;
     uint64_t fp = 0;
-    if (kvf_cli_open_model("router", model_path, &g, &m, &tok, &fp) < 0) goto out;
+    if (kvf_cli_open_model("router", o.model, &g, &m, &tok, &fp) < 0) goto out;
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
-    uint32_t limit = ctx_len ? ctx_len : hp->n_ctx;
+    uint32_t limit = o.ctx_len ? o.ctx_len : hp->n_ctx;
     if (limit > hp->n_ctx) {
         fprintf(stderr, "kvfence router: --context-length %u is beyond the model's context (%u)\n",
                 limit, hp->n_ctx);
         goto out;
     }
     const char *ph[KVF_CLI_MAX_ADDRS], *dh[KVF_CLI_MAX_ADDRS];
-    for (uint32_t i = 0; i < pf.n; i++) ph[i] = pf.host[i];
-    for (uint32_t i = 0; i < dc.n; i++) dh[i] = dc.host[i];
-    struct kvf_router_config rc = {.decode_hosts = dh, .decode_ports = dc.port, .n_decodes = dc.n,
-                                   .prefill_hosts = ph, .prefill_ports = pf.port,
-                                   .n_prefills = pf.n, .model_fp = fp, .max_context = limit,
+    for (uint32_t i = 0; i < pf->n; i++) ph[i] = pf->host[i];
+    for (uint32_t i = 0; i < dc->n; i++) dh[i] = dc->host[i];
+    struct kvf_router_config rc = {.decode_hosts = dh, .decode_ports = dc->port, .n_decodes = dc->n,
+                                   .prefill_hosts = ph, .prefill_ports = pf->port,
+                                   .n_prefills = pf->n, .model_fp = fp, .max_context = limit,
                                    .page_tokens = ROUTER_PAGE_TOKENS, .n_vocab = hp->n_vocab,
-                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms,
-                                   .fabric_key = kvf_cli_fabric_key(&fab)};
+                                   .max_queue = o.http.max_queue, .admit_timeout_ms = o.admit_ms,
+                                   .fabric_key = kvf_cli_fabric_key(&o.fab)};
     if (kvf_router_start(&rc, &r, err, sizeof err) < 0) {
         fprintf(stderr, "kvfence router: %s\n", err);
         goto out;
     }
-    if (kvf_cli_http_start("router", &http, model_path, g, tok, &kvf_router_gen_ops, r, &srv) < 0) goto out;
+    if (kvf_cli_http_start("router", &o.http, o.model, g, tok, &kvf_router_gen_ops, r, &srv) < 0)
+        goto out;
     fprintf(stderr,
             "kvfence router: listening on http://%s:%u — model %s (%s), context limit %u tokens, "
             "%u prefill and %u decode workers, chat: %s\n",
-            http.host, kvf_server_port(srv), http.model_name, kvf_model_type_name(m), limit, pf.n,
-            dc.n, http.chat_model ? "the model's template" : "default rendering");
-    kvf_cli_http_say_auth("router", &http);
+            o.http.host, kvf_server_port(srv), o.http.model_name, kvf_model_type_name(m), limit,
+            pf->n, dc->n, o.http.chat_model ? "the model's template" : "default rendering");
+    kvf_cli_http_say_auth("router", &o.http);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvfence router: %s: stopping (requests in flight get up to 10 s)\n",
@@ -154,7 +125,7 @@ out:
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
     kvf_gguf_close(g);
-    kvf_cli_http_free(&http);
+    kvf_cli_http_free(&o.http);
     if (status == 0) fprintf(stderr, "kvfence router: stopped\n");
     return status;
 }

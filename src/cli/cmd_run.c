@@ -1,6 +1,5 @@
 /* `kvfence run`: generates a completion from a GGUF model on the command line, without a
  * server — the same forward pass over pool pages that the workers run, for one request. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,39 +17,196 @@
 #define RUN_CHUNK 256u
 #define RUN_PAGE_TOKENS 16u
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: kvfence run --model F.gguf --prompt TEXT [--max-tokens N] [--temperature T]\n"
-            "                   [--top-k K] [--top-p P] [--seed S] [--threads N]\n"
-            "                   [--print-token-ids [--print-logprobs]]\n\n"
-            "Prints the completion of TEXT as it is generated (stopping at an end-of-generation\n"
-            "token or after N tokens, default 64; BOS first when the vocabulary asks for it). Temperature 0 (the default) is greedy; otherwise tokens\n"
-            "are drawn with top-k / top-p from a stream fixed by the seed (default 1), so a run\n"
-            "repeats exactly. --print-token-ids then prints two more lines:\n"
-            "  prompt_token_ids: <ids of the prompt>\n"
-            "  output_token_ids: <ids generated>\n"
-            "and --print-logprobs one more, each generated token's natural log probability at\n"
-            "temperature 1 (the figure a server's logprobs give, computed the same way):\n"
-            "  output_logprobs: <one %%.9g float per generated token>\n");
-}
+struct run_opts {
+    const char *model, *prompt;
+    uint32_t max_tokens, top_k, threads; /* threads 0: every core */
+    uint64_t seed;
+    float temperature, top_p;
+    bool print_ids, print_logprobs;
+};
 
-static int parse_ul(const char *v, unsigned long max, unsigned long *out)
+/* No environment variables: `run` is a one-shot tool whose every value is given where it runs
+ * (a deployment's KVFENCE_MODEL must not turn into its model). */
+#define O(f) offsetof(struct run_opts, f)
+static const struct kvf_cli_opt run_opts[] = {
+    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
+     .flags = KVF_CLI_REQUIRED, .help = "the model"},
+    {.name = "--prompt", .metavar = "TEXT", .kind = KVF_CLI_STR, .off = O(prompt),
+     .flags = KVF_CLI_REQUIRED, .help = "the text to complete"},
+    {.name = "--max-tokens", .metavar = "N", .kind = KVF_CLI_U32, .off = O(max_tokens), .lo = 0,
+     .hi = 1u << 20, .def = "64",
+     .help = "tokens generated at most; an end-of-generation token stops it sooner"},
+    {.name = "--temperature", .metavar = "T", .kind = KVF_CLI_FLOAT, .off = O(temperature),
+     .flo = 0.0f, .fhi = 100.0f, .def = "0", .help = "0 is greedy"},
+    {.name = "--top-k", .metavar = "K", .kind = KVF_CLI_U32, .off = O(top_k), .lo = 0,
+     .hi = 1u << 24, .help = "draw from the K most likely tokens only (default 0: all)"},
+    {.name = "--top-p", .metavar = "P", .kind = KVF_CLI_FLOAT, .off = O(top_p), .flo = 1e-6f,
+     .fhi = 1.0f, .def = "1", .help = "draw from the most likely tokens whose mass reaches P"},
+    {.name = "--seed", .metavar = "S", .kind = KVF_CLI_U64, .off = O(seed), .lo = 0,
+     .hi = UINT64_MAX, .def = "1", .help = "the sampling stream, so a run repeats exactly"},
+    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = O(threads), .lo = 0,
+     .hi = 256, .help = "compute threads (default 0: every core)"},
+    {.name = "--print-token-ids", .kind = KVF_CLI_FLAG, .off = O(print_ids),
+     .help = "then print the prompt's and the output's token ids (two lines)"},
+    {.name = "--print-logprobs", .kind = KVF_CLI_FLAG, .off = O(print_logprobs),
+     .help = "with --print-token-ids: then print each generated token's log probability"},
+};
+#undef O
+
+static const struct kvf_cli_spec run_spec = {
+    .name = "run",
+    .opts = run_opts,
+    .n_opts = KVF_ARRAY_LEN(run_opts),
+    .opts_size = sizeof(struct run_opts),
+    .about =
+        "Prints the completion of TEXT as it is generated (stopping at an end-of-generation\n"
+        "token or after N tokens; BOS first when the vocabulary asks for it). Temperature 0 is\n"
+        "greedy; otherwise tokens are drawn with top-k / top-p from a stream fixed by the seed,\n"
+        "so a run repeats exactly.\n",
+    .after =
+        "--print-token-ids prints two more lines:\n"
+        "  prompt_token_ids: <ids of the prompt>\n"
+        "  output_token_ids: <ids generated>\n"
+        "and --print-logprobs one more, each generated token's natural log probability at\n"
+        "temperature 1 (the figure a server's logprobs give, computed the same way):\n"
+        "  output_logprobs: <one %.9g float per generated token>\n",
+};
+
+/* What one run holds; run_free releases every part, each NULL or valid. */
+struct run {
+    kvf_gguf_t *g;
+    kvf_model_t *m;
+    kvf_tokenizer_t *tok;
+    kvf_pool_t *pool;
+    kvf_fwd_t *f;
+    const struct kvf_model_hparams *hp;
+    int32_t *ids;               /* (n_prompt + max_tokens + 1): the prompt, then the output */
+    struct kvf_page_ref *pages; /* (n_pages): every position's page, allocated up front */
+    float *logits;              /* (n_vocab): the last position's */
+    float *lps;                 /* (max_tokens + 1): each output token's log probability */
+    uint32_t n_prompt, max_tokens, n_pages, chunk;
+    size_t n_out;
+    struct kvf_owner own;
+};
+
+/* The model, its tokenizer, and the prompt's tokens, with max_tokens cut to the context. 0, or
+ * -1 (printed). BOS as the vocabulary asks, and every end-of-generation token ends the run: what
+ * the server does with a string prompt, so `run` is the reference a served completion is
+ * compared against. */
+static int run_open(struct run *r, const struct run_opts *o)
 {
-    char *end = NULL;
-    errno = 0;
-    unsigned long x = strtoul(v, &end, 10);
-    if (errno || !end || *end || end == v || x > max) return -1;
-    *out = x;
+    char err[256] = "";
+    if (kvf_gguf_open(o->model, &r->g, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvfence run: %s\n", err); /* err names the file */
+        return -1;
+    }
+    if (kvf_model_load(r->g, &r->m, err, sizeof(err)) < 0 ||
+        kvf_tokenizer_create(r->g, &r->tok, err, sizeof(err)) < 0) {
+        fprintf(stderr, "kvfence run: %s: %s\n", o->model, err);
+        return -1;
+    }
+    r->hp = kvf_model_hparams(r->m);
+    if (kvf_tokenizer_n_vocab(r->tok) > r->hp->n_vocab) {
+        fprintf(stderr, "kvfence run: %s: the vocabulary (%u) is larger than the model's (%u)\n",
+                o->model, kvf_tokenizer_n_vocab(r->tok), r->hp->n_vocab);
+        return -1;
+    }
+    size_t plen = strlen(o->prompt);
+    bool add_bos = kvf_tokenizer_wants_bos(r->tok);
+    int n = kvf_tokenizer_encode(r->tok, o->prompt, plen, add_bos, NULL, 0);
+    if (n < 0) {
+        fprintf(stderr, "kvfence run: the prompt cannot be tokenized: %s\n", kvf_strerror(n));
+        return -1;
+    }
+    if (n == 0) {
+        fprintf(stderr, "kvfence run: the prompt is empty and the model has no BOS token\n");
+        return -1;
+    }
+    if ((uint32_t)n >= r->hp->n_ctx) {
+        fprintf(stderr, "kvfence run: the prompt is %d tokens; the context holds %u\n", n,
+                r->hp->n_ctx);
+        return -1;
+    }
+    r->n_prompt = (uint32_t)n;
+    r->max_tokens = o->max_tokens;
+    if (r->max_tokens > r->hp->n_ctx - r->n_prompt) r->max_tokens = r->hp->n_ctx - r->n_prompt;
+    size_t total = (size_t)r->n_prompt + r->max_tokens;
+    r->n_pages = (uint32_t)((total + RUN_PAGE_TOKENS - 1) / RUN_PAGE_TOKENS);
+    r->ids = malloc((total + 1) * sizeof(int32_t));
+    r->pages = malloc(r->n_pages * sizeof(*r->pages));
+    r->logits = malloc(r->hp->n_vocab * sizeof(float));
+    r->lps = malloc(((size_t)r->max_tokens + 1) * sizeof(float));
+    if (!r->ids || !r->pages || !r->logits || !r->lps) {
+        fprintf(stderr, "kvfence run: out of memory\n");
+        return -1;
+    }
+    kvf_tokenizer_encode(r->tok, o->prompt, plen, add_bos, r->ids, r->n_prompt);
     return 0;
 }
 
-static int parse_f(const char *v, float lo, float hi, float *out)
+/* A pool of exactly the run's pages, all allocated to it, and the forward pass. 0, or -1. */
+static int run_engine(struct run *r, uint32_t threads)
 {
-    char *end = NULL;
-    float x = strtof(v, &end);
-    if (!end || *end || end == v || !(x >= lo && x <= hi)) return -1;
-    *out = x;
+    struct kvf_pool_config pc;
+    memset(&pc, 0, sizeof(pc));
+    kvf_model_geometry(r->m, RUN_PAGE_TOKENS, &pc.geo);
+    pc.n_pages = r->n_pages;
+    pc.max_peers = 1;
+    pc.tag_seed = 1;
+    r->own = (struct kvf_owner){{1, 0}, 0};
+    r->chunk = r->n_prompt < RUN_CHUNK ? r->n_prompt : RUN_CHUNK;
+    struct kvf_fwd_config fc = {threads, r->chunk, 1, NULL, 0};
+    int rc;
+    if ((rc = kvf_pool_create(&pc, &r->pool)) < 0 ||
+        (rc = kvf_pool_alloc(r->pool, &r->own, KVF_HOLDER_SEQ, r->n_pages, false, r->pages)) < 0 ||
+        (rc = kvf_fwd_create(r->m, &fc, &r->f)) < 0) {
+        fprintf(stderr, "kvfence run: cannot set up the engine: %s\n", kvf_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+/* The prompt, in chunks; then one token at a time, each sampled from the last logits and
+ * printed as soon as it makes whole text. At most n_prompt / chunk + max_tokens forward calls.
+ * 0, or -1 (printed). */
+static int run_generate(struct run *r, const struct kvf_sample_params *sp)
+{
+    struct kvf_detok dt;
+    kvf_detok_init(&dt);
+    char text[KVF_DETOK_MAX_OUT];
+    size_t total = (size_t)r->n_prompt + r->max_tokens;
+    uint32_t pos = 0;
+    while (pos < total) {
+        uint32_t len = pos < r->n_prompt ? r->n_prompt - pos : 1;
+        if (len > r->chunk) len = r->chunk;
+        bool last_of_prompt = pos + len >= r->n_prompt;
+        struct kvf_fwd_seq s = {r->own.req, r->ids + pos, len, pos, r->pages, r->n_pages,
+                                last_of_prompt ? r->logits : NULL, 0};
+        int rc = kvf_fwd_run(r->f, r->pool, &s, 1);
+        if (rc != 1 || s.status != 0) {
+            fprintf(stderr, "\nkvfence run: forward pass failed: %s\n",
+                    kvf_strerror(rc < 0 ? rc : s.status));
+            return -1;
+        }
+        pos += len;
+        if (!last_of_prompt) continue;
+        if (r->n_out == r->max_tokens) break;
+        int t = kvf_sample(r->logits, r->hp->n_vocab, sp, r->n_out);
+        if (t < 0) {
+            fprintf(stderr, "\nkvfence run: sampling failed: %s\n", kvf_strerror(t));
+            return -1;
+        }
+        r->lps[r->n_out] = kvf_sample_logprob(r->logits, r->hp->n_vocab, t);
+        r->ids[r->n_prompt + r->n_out++] = t;
+        if (kvf_tokenizer_is_eog(r->tok, t)) break;
+        size_t nb = kvf_detok_push(&dt, r->tok, t, text, sizeof(text));
+        fwrite(text, 1, nb, stdout);
+        fflush(stdout);
+        if (r->n_out == r->max_tokens) break;
+    }
+    size_t nb = kvf_detok_finish(&dt, text, sizeof(text));
+    fwrite(text, 1, nb, stdout);
+    printf("\n");
     return 0;
 }
 
@@ -61,194 +217,48 @@ static void print_ids(const char *label, const int32_t *ids, size_t n)
     printf("\n");
 }
 
+static void run_free(struct run *r)
+{
+    kvf_fwd_destroy(r->f);
+    kvf_pool_destroy(r->pool);
+    free(r->lps);
+    free(r->logits);
+    free(r->pages);
+    free(r->ids);
+    kvf_tokenizer_destroy(r->tok);
+    kvf_model_free(r->m);
+    kvf_gguf_close(r->g);
+}
+
 int kvf_cmd_run(int argc, char **argv)
 {
-    const char *path = NULL, *prompt = NULL;
-    unsigned long max_tokens = 64, seed = 1, top_k = 0, threads = 0;
-    float temperature = 0.0f, top_p = 1.0f;
-    bool print_ids_flag = false, print_lp_flag = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--print-token-ids") == 0) {
-            print_ids_flag = true;
-            continue;
-        }
-        if (strcmp(a, "--print-logprobs") == 0) {
-            print_lp_flag = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvfence run: %s needs a value\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int bad = 0;
-        if (strcmp(a, "--model") == 0) path = v;
-        else if (strcmp(a, "--prompt") == 0) prompt = v;
-        else if (strcmp(a, "--max-tokens") == 0) bad = parse_ul(v, 1u << 20, &max_tokens);
-        else if (strcmp(a, "--seed") == 0) bad = parse_ul(v, ~0ul, &seed);
-        else if (strcmp(a, "--top-k") == 0) bad = parse_ul(v, 1u << 24, &top_k);
-        else if (strcmp(a, "--threads") == 0) bad = parse_ul(v, 256, &threads);
-        else if (strcmp(a, "--temperature") == 0) bad = parse_f(v, 0.0f, 100.0f, &temperature);
-        else if (strcmp(a, "--top-p") == 0) bad = parse_f(v, 1e-6f, 1.0f, &top_p);
-        else {
-            fprintf(stderr, "kvfence run: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "kvfence run: bad value '%s' for %s\n", v, a);
-            return 2;
-        }
-    }
-    if (!path || !prompt) {
-        usage(stderr);
-        return 2;
-    }
-    if (print_lp_flag && !print_ids_flag) {
+    struct run_opts o = {0};
+    int exit_status = 0;
+    if (kvf_cli_parse(&run_spec, argc, argv, &o, &exit_status) < 0) return exit_status;
+    if (o.print_logprobs && !o.print_ids) {
         fprintf(stderr, "kvfence run: --print-logprobs goes with --print-token-ids\n");
         return 2;
     }
+    uint32_t threads = o.threads;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = n > 0 ? (unsigned long)n : 1;
+        threads = n > 0 ? (uint32_t)n : 1;
     }
-
-    char err[256] = "";
-    int rc, status = 1;
-    kvf_gguf_t *g = NULL;
-    kvf_model_t *m = NULL;
-    kvf_tokenizer_t *tok = NULL;
-    kvf_pool_t *pool = NULL;
-    kvf_fwd_t *f = NULL;
-    int32_t *ids = NULL;
-    struct kvf_page_ref *pages = NULL;
-    float *logits = NULL, *lps = NULL;
-    if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0) {
-        fprintf(stderr, "kvfence run: %s\n", err); /* err names the file */
-        goto out;
+    struct run r = {0};
+    struct kvf_sample_params sp = {o.temperature, o.top_k, o.top_p, o.seed};
+    int status = 1;
+    if (run_open(&r, &o) < 0 || run_engine(&r, threads) < 0 || run_generate(&r, &sp) < 0) goto out;
+    if (o.print_ids) {
+        print_ids("prompt_token_ids", r.ids, r.n_prompt);
+        print_ids("output_token_ids", r.ids + r.n_prompt, r.n_out);
     }
-    if ((rc = kvf_model_load(g, &m, err, sizeof(err))) < 0 ||
-        (rc = kvf_tokenizer_create(g, &tok, err, sizeof(err))) < 0) {
-        fprintf(stderr, "kvfence run: %s: %s\n", path, err);
-        goto out;
-    }
-    const struct kvf_model_hparams *hp = kvf_model_hparams(m);
-    if (kvf_tokenizer_n_vocab(tok) > hp->n_vocab) {
-        fprintf(stderr, "kvfence run: %s: the vocabulary (%u) is larger than the model's (%u)\n",
-                path, kvf_tokenizer_n_vocab(tok), hp->n_vocab);
-        goto out;
-    }
-    size_t plen = strlen(prompt);
-    /* BOS as the vocabulary asks, and every end-of-generation token ends the run: what the
-     * server does with a string prompt, so `run` is the reference a served completion is
-     * compared against. */
-    bool add_bos = kvf_tokenizer_wants_bos(tok);
-    int n_prompt = kvf_tokenizer_encode(tok, prompt, plen, add_bos, NULL, 0);
-    if (n_prompt < 0) {
-        fprintf(stderr, "kvfence run: the prompt cannot be tokenized: %s\n", kvf_strerror(n_prompt));
-        goto out;
-    }
-    if (n_prompt == 0) {
-        fprintf(stderr, "kvfence run: the prompt is empty and the model has no BOS token\n");
-        goto out;
-    }
-    if ((unsigned long)n_prompt >= hp->n_ctx) {
-        fprintf(stderr, "kvfence run: the prompt is %d tokens; the context holds %u\n", n_prompt,
-                hp->n_ctx);
-        goto out;
-    }
-    if (max_tokens > hp->n_ctx - (unsigned long)n_prompt) max_tokens = hp->n_ctx - (unsigned long)n_prompt;
-    size_t total = (size_t)n_prompt + max_tokens;
-    ids = malloc((total + 1) * sizeof(int32_t));
-    uint32_t n_pages = (uint32_t)((total + RUN_PAGE_TOKENS - 1) / RUN_PAGE_TOKENS);
-    pages = malloc(n_pages * sizeof(*pages));
-    logits = malloc(hp->n_vocab * sizeof(float));
-    lps = malloc((max_tokens + 1) * sizeof(float));
-    if (!ids || !pages || !logits || !lps) {
-        fprintf(stderr, "kvfence run: out of memory\n");
-        goto out;
-    }
-    kvf_tokenizer_encode(tok, prompt, plen, add_bos, ids, (size_t)n_prompt);
-
-    struct kvf_pool_config pc;
-    memset(&pc, 0, sizeof(pc));
-    kvf_model_geometry(m, RUN_PAGE_TOKENS, &pc.geo);
-    pc.n_pages = n_pages;
-    pc.max_peers = 1;
-    pc.tag_seed = 1;
-    struct kvf_owner own = {{1, 0}, 0};
-    uint32_t chunk = (uint32_t)n_prompt < RUN_CHUNK ? (uint32_t)n_prompt : RUN_CHUNK;
-    struct kvf_fwd_config fc = {(uint32_t)threads, chunk, 1, NULL, 0};
-    if ((rc = kvf_pool_create(&pc, &pool)) < 0 ||
-        (rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, n_pages, false, pages)) < 0 ||
-        (rc = kvf_fwd_create(m, &fc, &f)) < 0) {
-        fprintf(stderr, "kvfence run: cannot set up the engine: %s\n", kvf_strerror(rc));
-        goto out;
-    }
-
-    struct kvf_sample_params sp = {temperature, (uint32_t)top_k, top_p, seed};
-    struct kvf_detok dt;
-    kvf_detok_init(&dt);
-    char text[KVF_DETOK_MAX_OUT];
-    size_t n_out = 0;
-    uint32_t pos = 0;
-    /* The prompt, in chunks; then one token at a time, each sampled from the last logits. */
-    while (pos < total) {
-        uint32_t len = pos < (uint32_t)n_prompt ? (uint32_t)n_prompt - pos : 1;
-        if (len > chunk) len = chunk;
-        bool last_of_prompt = pos + len >= (uint32_t)n_prompt;
-        struct kvf_fwd_seq s = {own.req, ids + pos, len, pos, pages, n_pages,
-                                last_of_prompt ? logits : NULL, 0};
-        rc = kvf_fwd_run(f, pool, &s, 1);
-        if (rc != 1 || s.status != 0) {
-            fprintf(stderr, "\nkvfence run: forward pass failed: %s\n",
-                    kvf_strerror(rc < 0 ? rc : s.status));
-            goto out;
-        }
-        pos += len;
-        if (!last_of_prompt) continue;
-        if (n_out == max_tokens) break;
-        int t = kvf_sample(logits, hp->n_vocab, &sp, n_out);
-        if (t < 0) {
-            fprintf(stderr, "\nkvfence run: sampling failed: %s\n", kvf_strerror(t));
-            goto out;
-        }
-        lps[n_out] = kvf_sample_logprob(logits, hp->n_vocab, t);
-        ids[n_prompt + n_out++] = t;
-        if (kvf_tokenizer_is_eog(tok, t)) break;
-        size_t nb = kvf_detok_push(&dt, tok, t, text, sizeof(text));
-        fwrite(text, 1, nb, stdout);
-        fflush(stdout);
-        if (n_out == max_tokens) break;
-    }
-    size_t nb = kvf_detok_finish(&dt, text, sizeof(text));
-    fwrite(text, 1, nb, stdout);
-    printf("\n");
-    if (print_ids_flag) {
-        print_ids("prompt_token_ids", ids, (size_t)n_prompt);
-        print_ids("output_token_ids", ids + n_prompt, n_out);
-    }
-    if (print_lp_flag) {
+    if (o.print_logprobs) {
         printf("output_logprobs:");
-        for (size_t i = 0; i < n_out; i++) printf(" %.9g", (double)lps[i]);
+        for (size_t i = 0; i < r.n_out; i++) printf(" %.9g", (double)r.lps[i]);
         printf("\n");
     }
     status = 0;
-
 out:
-    kvf_fwd_destroy(f);
-    kvf_pool_destroy(pool);
-    free(lps);
-    free(logits);
-    free(pages);
-    free(ids);
-    kvf_tokenizer_destroy(tok);
-    kvf_model_free(m);
-    kvf_gguf_close(g);
+    run_free(&r);
     return status;
 }

@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "kvfence/common.h"
 #include "kvfence/transport.h"
 #include "kvfence/engine.h"
 #include "kvfence/gguf.h"
@@ -54,86 +55,72 @@ static void serve_info(void *e, struct kvf_engine_info *out)
 static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_cancel, serve_release,
                                              serve_info, NULL};
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: kvfence serve [--model F.gguf] [--host 127.0.0.1] [--port 8080] [--threads N]\n"
-            "                     [--kv-memory SIZE] [--context-length N] [--data-dir D]\n"
-            "                     [--max-queue N] [--admit-timeout MS] [--api-keys FILE | --no-auth]\n"
-            "                     [--tenant-max-running N] [--tenant-max-queued N]\n"
-            "                     [--tenant-max-kv-tokens N]\n"
-            "                     [--progress-timeout MS] [--hold-timeout MS] [--prefill-chunk N]\n\n"
-            "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
-            "one process, joined by the handoff protocol over loopback TCP (its fabric authenticated by a\n"
-            "key drawn at start that never leaves the process).\n\n"
-            "  --model F.gguf        the model; without it, kvfence writes (once) and serves its\n"
-            "                        readable test model 'hist' in the data directory\n"
-            "  --host, --port        where to listen (default 127.0.0.1:8080)\n"
-            "  --threads N           compute threads (default: every core)\n"
-            "  --kv-memory SIZE      the decode worker's KV pool, e.g. 512M, 2G (default 1G)\n"
-            "  --context-length N    the most prompt + output tokens of one request (default: the\n"
-            "                        model's, bounded by the pool)\n"
-            "  --data-dir D          where the default model lives (default $XDG_DATA_HOME/kvfence\n"
-            "                        or ~/.local/share/kvfence)\n"
-            "  --max-queue N         requests in flight (running or waiting) before new ones get\n"
-            "                        429 with Retry-After (default 256)\n"
-            "  --admit-timeout MS    how long a request may wait for KV pages before it gets 503\n"
-            "                        pool_exhausted (default 30000)\n"
-            "  --progress-timeout MS  a prompt whose prefill reports no progress for MS fails\n"
-            "                        with 503 prefill_stalled (default 5000); a prompt that is\n"
-            "                        being computed, however long, never fails by time\n"
-            "                        (--grant-timeout: the older name)\n"
-            "  --prefill-chunk N     prompt tokens computed per turn (default 256): each chunk's\n"
-            "                        pages go to decode while the next is computed, and prompts\n"
-            "                        take turns by chunks, the shortest first\n"
-            "  --hold-timeout MS     its pages, without the writer's proof that it stopped within\n"
-            "                        MS more, are quarantined and the writer fenced (default\n"
-            "                        30000); a timeout never frees a page by itself\n"
-            "  --api-keys FILE       one 'KEY TENANT' per line ('#' comments and blank lines\n"
-            "                        allowed); requests then need 'Authorization: Bearer KEY' (401\n"
-            "                        otherwise) and run as the key's tenant. /health and /metrics\n"
-            "                        need no key. FILE writable by group or others is refused;\n"
-            "                        readable by them, a warning (fix: chmod 600 FILE)\n"
-            "  --no-auth             serve without keys on an address beyond loopback (without\n"
-            "                        keys, serve listens only on 127.0.0.1, localhost or ::1)\n"
-            "  --tenant-max-running N  sequences one tenant may run at once: a request with n\n"
-            "                        choices runs n, /tokenize and /detokenize one (default: no\n"
-            "                        bound)\n"
-            "  --tenant-max-kv-tokens N  KV tokens one tenant's running requests may reserve at\n"
-            "                        once: a request reserves n x (prompt + max_tokens), in\n"
-            "                        whole pages. Default, with two or more tenants: the larger\n"
-            "                        of the pool / tenants and the pool less one request at the\n"
-            "                        context length for each other tenant, and at least one such\n"
-            "                        request; with one tenant, no bound\n"
-            "  --tenant-max-queued N   requests of one tenant that wait for its share before 429\n"
-            "                        with Retry-After (default 0; without --tenant-max-running,\n"
-            "                        a request waits for its KV share up to 30 s). A request that\n"
-            "                        can never fit its tenant's share gets 400 at once, naming\n"
-            "                        the bound\n"
-            "  --max-connections N   connections served at once (default 256); with --api-keys,\n"
-            "                        a quarter of them are kept for requests with a valid key\n"
-            "  --max-conn-per-ip N   connections of one client address at once (default 64)\n"
-            "  --trusted-proxy ADDR[/PREFIX][,...]  peers (repeatable) whose Forwarded or\n"
-            "                        X-Forwarded-For names the client: the last hop that is not\n"
-            "                        a trusted proxy; other peers are their own client\n"
-            "  --keyless-timeout MS  with --api-keys: a connection that has not shown a valid\n"
-            "                        key sends its request's headers within MS (default 2000)\n"
-            "                        Past any connection cap a request gets 503 with\n"
-            "                        Retry-After and the connection is closed after it\n"
-            "  --header-timeout MS, --body-timeout MS, --send-timeout MS: a request's headers\n"
-            "                        within MS of the accept (10000), its body within MS of the\n"
-            "                        headers (30000), a response left unread at most MS (30000);\n"
-            "                        past a bound the connection is closed (docs/SERVER.md)\n\n"
-            "Every option can also be set as KVFENCE_<OPTION> in the environment (KVFENCE_KV_MEMORY\n"
-            "for --kv-memory, KVFENCE_NO_AUTH=1); the command line wins.\n\n"
-            "Logs: one line per event on stderr, key=value (request id, tenant, outcome, token\n"
-            "counts); never prompt text, output, token ids or keys. GET /metrics: Prometheus.\n\n"
-            "Chat requests are rendered with the model's chat template (tokenizer.chat_template)\n"
-            "when it has one that kvfence's template interpreter takes; otherwise with the default\n"
-            "\"<role>: <content>\" lines (the startup message says which).\n\n"
-            "SIGINT or SIGTERM stops accepting, lets requests in flight finish (up to 10 s),\n"
-            "cancels the rest through the protocol, and exits 0.\n");
-}
+struct serve_opts {
+    const char *model, *data_dir;
+    uint32_t threads, ctx_len, admit_ms, grant_ms, hold_ms, chunk; /* 0: the default */
+    uint64_t kv_bytes;
+    struct kvf_cli_http http;
+};
+
+#define O(f) offsetof(struct serve_opts, f)
+static const struct kvf_cli_opt serve_opts[] = {
+    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
+     .env = "KVFENCE_MODEL",
+     .help = "the model; without it, kvfence writes (once) and serves its readable test model "
+             "'hist' in the data directory"},
+    {.name = "--data-dir", .metavar = "D", .kind = KVF_CLI_STR, .off = O(data_dir),
+     .env = "KVFENCE_DATA_DIR",
+     .help = "where the default model lives (default $XDG_DATA_HOME/kvfence or "
+             "~/.local/share/kvfence)"},
+    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = O(threads), .lo = 1,
+     .hi = 256, .env = "KVFENCE_THREADS", .help = "compute threads (default: every core)"},
+    {.name = "--kv-memory", .metavar = "SIZE", .kind = KVF_CLI_SIZE, .off = O(kv_bytes),
+     .def = "1G", .env = "KVFENCE_KV_MEMORY", .help = "the decode worker's KV pool, e.g. 512M, 2G"},
+    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = O(ctx_len), .lo = 2,
+     .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH",
+     .help = "the most prompt + output tokens of one request (default: the model's, bounded by "
+             "the pool)"},
+    KVF_CLI_HTTP_OPTS(struct serve_opts, http),
+    {.name = "--admit-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = O(admit_ms), .lo = 1,
+     .hi = 3600000, .env = "KVFENCE_ADMIT_TIMEOUT",
+     .help = "how long a request may wait for KV pages before it gets 503 pool_exhausted "
+             "(default 30000)"},
+    {.name = "--progress-timeout", .alias = "--grant-timeout", .metavar = "MS", .kind = KVF_CLI_U32,
+     .off = O(grant_ms), .lo = 100, .hi = 3600000, .env = "KVFENCE_PROGRESS_TIMEOUT",
+     .help = "a prompt whose prefill reports no progress for MS fails with 503 prefill_stalled "
+             "(default 5000); a prompt that is being computed, however long, never fails by time"},
+    {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = O(chunk), .lo = 16,
+     .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK",
+     .help = "prompt tokens computed per turn (default 256): each chunk's pages go to decode while "
+             "the next is computed, and prompts take turns by chunks, the shortest first"},
+    {.name = "--hold-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = O(hold_ms), .lo = 100,
+     .hi = 3600000, .env = "KVFENCE_HOLD_TIMEOUT",
+     .help = "its pages, without the writer's proof that it stopped within MS more, are "
+             "quarantined and the writer fenced (default 30000); a timeout never frees a page by "
+             "itself"},
+};
+#undef O
+
+static const struct kvf_cli_spec serve_spec = {
+    .name = "serve",
+    .opts = serve_opts,
+    .n_opts = KVF_ARRAY_LEN(serve_opts),
+    .opts_size = sizeof(struct serve_opts),
+    .about =
+        "Runs the router (OpenAI-compatible HTTP), one prefill worker and one decode worker in\n"
+        "one process, joined by the handoff protocol over loopback TCP (its fabric authenticated\n"
+        "by a key drawn at start that never leaves the process).\n",
+    .after =
+        "Every option can also be set from the environment, as the variable in its brackets\n"
+        "(KVFENCE_KV_MEMORY=2G, KVFENCE_NO_AUTH=1); the command line wins.\n\n"
+        "Logs: one line per event on stderr, key=value (request id, tenant, outcome, token\n"
+        "counts); never prompt text, output, token ids or keys. GET /metrics: Prometheus.\n\n"
+        "Chat requests are rendered with the model's chat template (tokenizer.chat_template)\n"
+        "when it has one that kvfence's template interpreter takes; otherwise with the default\n"
+        "\"<role>: <content>\" lines (the startup message says which).\n\n"
+        "SIGINT or SIGTERM stops accepting, lets requests in flight finish (up to 10 s),\n"
+        "cancels the rest through the protocol, and exits 0.\n",
+};
 
 static int mkdirs(const char *path)
 {
@@ -191,50 +178,12 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
 
 int kvf_cmd_serve(int argc, char **argv)
 {
-    const char *model_path = NULL, *data_dir = NULL;
-    uint32_t threads = 0, ctx_len = 0, admit_ms = 0, grant_ms = 0, hold_ms = 0, chunk = 0;
-    uint64_t kv_bytes = 1ull << 30;
-    bool ctx_given = false;
-    struct kvf_cli_http http = {.port = 8080};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--no-auth") == 0) {
-            http.no_auth = true;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kvfence serve: %s needs a value\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        int bad = 0, took = kvf_cli_http_option("serve", &http, a, v);
-        if (took < 0) return 2;
-        if (took) continue;
-        if (strcmp(a, "--model") == 0) model_path = v;
-        else if (strcmp(a, "--data-dir") == 0) data_dir = v;
-        else if (strcmp(a, "--threads") == 0) bad = kvf_cli_parse_u32(v, 1, 256, &threads);
-        else if (strcmp(a, "--context-length") == 0) bad = kvf_cli_parse_u32(v, 2, 1u << 20, &ctx_len), ctx_given = true;
-        else if (strcmp(a, "--kv-memory") == 0) bad = kvf_cli_parse_size(v, &kv_bytes);
-        else if (strcmp(a, "--admit-timeout") == 0) bad = kvf_cli_parse_u32(v, 1, 3600000, &admit_ms);
-        else if (strcmp(a, "--progress-timeout") == 0 || strcmp(a, "--grant-timeout") == 0)
-            bad = kvf_cli_parse_u32(v, 100, 3600000, &grant_ms);
-        else if (strcmp(a, "--prefill-chunk") == 0) bad = kvf_cli_parse_u32(v, 16, 4096, &chunk);
-        else if (strcmp(a, "--hold-timeout") == 0) bad = kvf_cli_parse_u32(v, 100, 3600000, &hold_ms);
-        else {
-            fprintf(stderr, "kvfence serve: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "kvfence serve: bad value '%s' for %s\n", v, a);
-            return 2;
-        }
-    }
-    int prc = kvf_cli_http_prepare("serve", &http);
+    struct serve_opts o = {0};
+    int exit_status = 0;
+    if (kvf_cli_parse(&serve_spec, argc, argv, &o, &exit_status) < 0) return exit_status;
+    const char *model_path = o.model;
+    uint32_t threads = o.threads;
+    int prc = kvf_cli_http_prepare("serve", &o.http);
     if (prc) return prc;
     if (threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -242,8 +191,8 @@ int kvf_cmd_serve(int argc, char **argv)
     }
     char default_path[512];
     if (!model_path) {
-        if (default_model(data_dir, default_path, sizeof(default_path)) < 0) {
-            kvf_cli_http_free(&http);
+        if (default_model(o.data_dir, default_path, sizeof(default_path)) < 0) {
+            kvf_cli_http_free(&o.http);
             return 1;
         }
         model_path = default_path;
@@ -266,7 +215,7 @@ int kvf_cmd_serve(int argc, char **argv)
     uint64_t fp = 0;
     if (kvf_cli_open_model("serve", model_path, &g, &m, &tok, &fp) < 0) goto out;
     uint32_t limit = 0, n_pages = 0;
-    if (kvf_cli_pool_limit("serve", m, SERVE_PAGE_TOKENS, kv_bytes, ctx_given ? ctx_len : 0, &limit,
+    if (kvf_cli_pool_limit("serve", m, SERVE_PAGE_TOKENS, o.kv_bytes, o.ctx_len, &limit,
                            &n_pages) < 0)
         goto out;
     /* The prefill pool holds one prompt at the limit: a prompt that long is computed alone,
@@ -284,9 +233,9 @@ int kvf_cmd_serve(int argc, char **argv)
                                    .fabric_key = fabric_key, .n_pages = prefill_pages, .n_threads = threads,
                                    .max_context = limit, .listen_host = "127.0.0.1",
                                    .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
-                                   .max_queue = http.max_queue, .admit_timeout_ms = admit_ms,
-                                   .grant_timeout_ms = grant_ms, .hold_timeout_ms = hold_ms,
-                                   .prefill_chunk = chunk};
+                                   .max_queue = o.http.max_queue, .admit_timeout_ms = o.admit_ms,
+                                   .grant_timeout_ms = o.grant_ms, .hold_timeout_ms = o.hold_ms,
+                                   .prefill_chunk = o.chunk};
     if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;
@@ -315,13 +264,15 @@ int kvf_cmd_serve(int argc, char **argv)
                         "over the fabric on 127.0.0.1 within 10 s\n");
         goto out;
     }
-    if (kvf_cli_http_start("serve", &http, model_path, g, tok, &serve_ops, dw, &srv) < 0) goto out;
+    if (kvf_cli_http_start("serve", &o.http, model_path, g, tok, &serve_ops, dw, &srv) < 0)
+        goto out;
     fprintf(stderr,
             "kvfence serve: listening on http://%s:%u — model %s (%s), context limit %u tokens, "
             "decode pool %u pages of %u tokens, %u threads, chat: %s\n",
-            http.host, kvf_server_port(srv), http.model_name, kvf_model_type_name(m), limit, n_pages,
-            SERVE_PAGE_TOKENS, threads, http.chat_model ? "the model's template" : "default rendering");
-    kvf_cli_http_say_auth("serve", &http);
+            o.http.host, kvf_server_port(srv), o.http.model_name, kvf_model_type_name(m), limit,
+            n_pages, SERVE_PAGE_TOKENS, threads,
+            o.http.chat_model ? "the model's template" : "default rendering");
+    kvf_cli_http_say_auth("serve", &o.http);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvfence serve: %s: stopping (requests in flight get up to 10 s)\n",
@@ -335,7 +286,7 @@ out:
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
     kvf_gguf_close(g);
-    kvf_cli_http_free(&http);
+    kvf_cli_http_free(&o.http);
     if (status == 0) fprintf(stderr, "kvfence serve: stopped\n");
     return status;
 }

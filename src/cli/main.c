@@ -17,50 +17,6 @@ static const struct kvf_cmd commands[] = {
     {"keygen", "write a new cluster key file for the fabric", kvf_cmd_keygen},
 };
 
-/* The options each serving command also takes from KVFENCE_<FLAG> (kvf_cli_env_args). */
-#define HTTP_FLAGS                                                                                \
-    {"--host", false}, {"--port", false}, {"--max-queue", false}, {"--api-keys", false},          \
-    {"--no-auth", true}, {"--tenant-max-running", false}, {"--tenant-max-queued", false},         \
-    {"--tenant-max-kv-tokens", false},                                                            \
-    {"--admit-timeout", false}, {"--context-length", false}, {"--model", false},                \
-    {"--max-conn-per-ip", false}, {"--header-timeout", false}, {"--body-timeout", false},          \
-    {"--send-timeout", false}, {"--max-connections", false}, {"--trusted-proxy", false},        \
-    {"--keyless-timeout", false}
-static const struct kvf_cli_flag serve_flags[] = {HTTP_FLAGS, {"--threads", false},
-                                                  {"--kv-memory", false}, {"--data-dir", false}};
-#define FABRIC_FLAGS {"--cluster-key", false}, {"--insecure-fabric", true}
-static const struct kvf_cli_flag router_flags[] = {HTTP_FLAGS, FABRIC_FLAGS, {"--prefill", false},
-                                                   {"--decode", false}};
-static const struct kvf_cli_flag prefill_flags[] = {
-    {"--model", false}, {"--listen", false}, {"--context-length", false}, {"--threads", false},
-    {"--kv-memory", false}, {"--compute-lock", false}, FABRIC_FLAGS};
-static const struct kvf_cli_flag decode_flags[] = {
-    {"--model", false},     {"--listen", false},    {"--context-length", false},
-    {"--threads", false},   {"--kv-memory", false}, {"--prefill", false},
-    {"--max-queue", false}, {"--admit-timeout", false}, {"--compute-lock", false}, FABRIC_FLAGS};
-static const struct {
-    const char *cmd;
-    const struct kvf_cli_flag *flags;
-    size_t n;
-} env_flags[] = {{"serve", serve_flags, KVF_ARRAY_LEN(serve_flags)},
-                 {"router", router_flags, KVF_ARRAY_LEN(router_flags)},
-                 {"prefill", prefill_flags, KVF_ARRAY_LEN(prefill_flags)},
-                 {"decode", decode_flags, KVF_ARRAY_LEN(decode_flags)}};
-
-static int run_cmd(const struct kvf_cmd *c, int argc, char **argv)
-{
-    for (size_t i = 0; i < KVF_ARRAY_LEN(env_flags); i++) {
-        if (strcmp(env_flags[i].cmd, c->name) != 0 || kvf_cli_wants_help(argc, argv)) continue;
-        int nc = 0;
-        char **nv = NULL;
-        if (kvf_cli_env_args(argc, argv, env_flags[i].flags, env_flags[i].n, &nc, &nv) < 0) return 2;
-        int rc = c->run(nc, nv);
-        free(nv);
-        return rc;
-    }
-    return c->run(argc, argv);
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence <command> [options]\n"
@@ -72,14 +28,8 @@ static void usage(FILE *f)
     fprintf(f, "\n`kvfence <command> --help` describes each command. Every option of serve,\n"
                "router, prefill and decode can also be set from the environment as\n"
                "KVFENCE_<OPTION> (upper case, '-' as '_': KVFENCE_KV_MEMORY=2G is --kv-memory 2G;\n"
-               "KVFENCE_NO_AUTH=1 is --no-auth); the command line wins.\n");
-}
-
-bool kvf_cli_wants_help(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return true;
-    return false;
+               "KVFENCE_NO_AUTH=1 is --no-auth; each command's --help names them); the command\n"
+               "line wins.\n");
 }
 
 int main(int argc, char **argv)
@@ -98,7 +48,7 @@ int main(int argc, char **argv)
         return 0;
     }
     for (size_t i = 0; i < KVF_ARRAY_LEN(commands); i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return run_cmd(&commands[i], argc - 1, argv + 1);
+        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "kvfence: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;
