@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# model/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT] — exhaustive spin
-# verification of model/handoff.pml.
+# spin/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT] — exhaustive spin
+# verification of spin/handoff.pml.
 #
 # With no argument the clean model is checked; with a mutant name (e.g. free_at_cancel, in any
 # case) the model is built with -DMUTANT_<NAME>. --content asserts P2 alone (-DCONTENT_ONLY: a
@@ -27,7 +27,7 @@ ack_lost_when_cleared no_count_check no_checksum_check stale_epoch_accepted src_
 fence_keeps_other_grants"
 
 usage() {
-    echo "usage: model/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT]" >&2
+    echo "usage: spin/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT]" >&2
     echo "mutants: $(echo $mutants)" >&2
 }
 
