@@ -18,7 +18,7 @@ PACKAGES=(
   libmicrohttpd-dev # HTTP server
   libjansson-dev    # JSON
   libxxhash-dev     # XXH3 page checksums
-  spin              # the Promela model checker for model/handoff.pml
+  spin              # the Promela model checker for spin/handoff.pml
   iproute2          # ip netns: the transport test across two network namespaces
   prometheus        # promtool check metrics: the /metrics format test
   slowhttptest      # slowloris, slow body and slow read attacks: the HTTP hardening test

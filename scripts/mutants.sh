@@ -12,9 +12,9 @@
 #     write-after-free and handoff mutants in $content_required) must be caught here, and the
 #     two in $unverified with decode committing pages unread (`--unverified 1`); for the others
 #     the column shows what content alone sees;
-#   - spin: `bash model/check.sh <name>` when model/check.sh exists (exit 1 = counterexample
+#   - spin: `bash spin/check.sh <name>` when spin/check.sh exists (exit 1 = counterexample
 #     found, 0 = verified clean, anything else = tool error), with the property that failed;
-#   - spin content-only: `model/check.sh --content <name>` (P2's check of the bytes alone; the
+#   - spin content-only: `spin/check.sh --content <name>` (P2's check of the bytes alone; the
 #     two in $unverified also `--unverified --forge-fenced`), required as the sim's column is,
 #     except where $spin_content_exempt gives the reason the model cannot show it;
 #   - isolation (KVF_MUTANT_ISOLATION=1; `make mutants` and `make test` set it): the isolation
@@ -80,7 +80,7 @@ declare -A no_model=(
 # the checksum taken before the post refuses them) and fence_keeps_other_grants (a fenced epoch's
 # DONE commits a kept grant whose writes the fence cut off; its pages fail the check). Each
 # content suite catches them with those checks off and the clean code passing so ("unverified":
-# test_sim --unverified 1, model/check.sh --unverified, isolation.mjs --unverified 1): the page
+# test_sim --unverified 1, spin/check.sh --unverified, isolation.mjs --unverified 1): the page
 # lifetime rules alone must keep the bytes right, and these bugs break them. In the isolation
 # column the ordinary run must catch them too (otherwise than on content).
 unverified=" src_freed_at_post fence_keeps_other_grants "
@@ -107,7 +107,7 @@ seeds=${KVF_MUTANT_SEEDS:-200000}
 clean_seeds=${KVF_CLEAN_SEEDS:-20000}
 jobs=${JOBS:-1}
 have_model=0
-[ -f model/check.sh ] && have_model=1
+[ -f spin/check.sh ] && have_model=1
 status=0
 
 # One build tree serves every mutant in turn: a mutant's switch is defined only for the files that
@@ -184,7 +184,7 @@ spin() { # name [check.sh options] -> "caught <trail> (<property>)" / "survived"
   local name=$1
   shift
   local log=build-mutants/${name:-clean}.spin$(printf '%s' "$*" | tr -d ' ').log
-  bash model/check.sh "$@" ${name:+"$name"} > "$log" 2>&1
+  bash spin/check.sh "$@" ${name:+"$name"} > "$log" 2>&1
   local rc=$?
   case $rc in
     1) local trail prop
@@ -315,7 +315,7 @@ echo "mutant | sim | sim content-only | spin | spin content-only | isolation"
 echo "--- | --- | --- | --- | --- | ---"
 printf '%s\n' "${rows[@]}"
 echo
-[ $have_model -eq 1 ] || echo "mutants: model/check.sh is not in this tree: the spin column is not run"
+[ $have_model -eq 1 ] || echo "mutants: spin/check.sh is not in this tree: the spin column is not run"
 [ "$iso" = 1 ] || echo "mutants: the isolation column is not run (KVF_MUTANT_ISOLATION=1, or make mutants, runs it)"
 echo "mutants: $(( $(date +%s) - t0 )) s; $([ $status -eq 0 ] && echo 'every mutant caught by every suite, clean runs pass' || echo 'FAILED: a mutant survived or a clean run failed')"
 exit $status

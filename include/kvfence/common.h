@@ -99,6 +99,34 @@ const char *kvf_strerror(int err);
 /* The version string, "MAJOR.MINOR.PATCH". */
 const char *kvf_version(void);
 
+/* The log sink. Library code never prints: every line it logs (a peer refused, a frame dropped,
+ * a test build's switch announced) goes through kvf_log() to the one process-wide sink, which
+ * the program sets; the CLI sets one that writes where the HTTP server's log goes. The default,
+ * until kvf_log_set() is called or after it is called with NULL, writes the line and a newline
+ * to stderr. A sink is called from any thread, concurrently, with one NUL-terminated line (no
+ * newline) of at most 1023 bytes; it must not block for long. */
+enum kvf_log_level {
+    KVF_LOG_ERROR, /* something failed that the operator must see */
+    KVF_LOG_WARN,  /* a peer or frame refused or dropped; the process goes on */
+    KVF_LOG_INFO,  /* a peer came or went; a test build's switch is on */
+};
+typedef void kvf_log_fn(void *arg, enum kvf_log_level level, const char *line);
+
+/* Sets the process's sink (NULL: the default, stderr). Lines logged concurrently go to the old
+ * sink or the new one, each whole. This function can't fail. */
+void kvf_log_set(kvf_log_fn *fn, void *arg);
+
+/* Formats one line (printf-style; a trailing newline is dropped, a longer line is cut at 1023
+ * bytes) and hands it to the sink. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void kvf_log(enum kvf_log_level level, const char *fmt, ...);
+
+/* kvf_log(KVF_LOG_INFO, "%s", line): the signature of struct kvf_server_config's log, so the
+ * HTTP server's lines go through the same sink. */
+void kvf_log_line(void *arg, const char *line);
+
 /* ALWAYS(x)/NEVER(x): a defensive check that is expected to hold. Debug and test builds stop
  * on a violation (kvf__check_failed: a message naming the check, then abort), so it is found in
  * testing — whatever NDEBUG says: the test builds are optimized and define it, which once made

@@ -101,7 +101,7 @@
 
 typedef struct kvf_pool kvf_pool_t;
 
-/* Page states. The Promela model (model/handoff.pml) uses these names verbatim. */
+/* Page states. The Promela model (spin/handoff.pml) uses these names verbatim. */
 enum kvf_page_state {
     KVF_PAGE_FREE = 0,
     KVF_PAGE_OWNED = 1,

@@ -2,7 +2,7 @@
  * kvfence/proto.h — the prefill→decode handoff protocol: message codec and the decode-side and
  * prefill-side state machines.
  *
- * The state and message names below are used verbatim by the Promela model (model/handoff.pml),
+ * The state and message names below are used verbatim by the Promela model (spin/handoff.pml),
  * so a trail from the model reads in the same words as a trace from the simulator. Append new
  * values at the end of each enum; never renumber (the numbers are on the wire and in traces).
  */

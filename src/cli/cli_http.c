@@ -53,16 +53,6 @@ int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)
     return 0;
 }
 
-/* The server's log sink: one line per event on stderr (stdio's stream lock keeps lines whole). */
-static void log_stderr(void *arg, const char *line)
-{
-    (void)arg;
-    flockfile(stderr);
-    fputs(line, stderr);
-    fputc('\n', stderr);
-    funlockfile(stderr);
-}
-
 int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *model_path,
                        kvf_gguf_t *g, const kvf_tokenizer_t *tok, const struct kvf_gen_ops *ops,
                        void *engine, kvf_server_t **srv)
@@ -91,7 +81,7 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
                                    .max_queue = h->max_queue, .chat_template = tmpl, .keys = h->keys,
                                    .tenant_max_running = h->tenant_running,
                                    .tenant_max_queued = h->tenant_queued,
-                                   .tenant_max_kv_tokens = h->tenant_kv_tokens, .log = log_stderr,
+                                   .tenant_max_kv_tokens = h->tenant_kv_tokens, .log = kvf_log_line,
                                    .max_conn_per_ip = h->max_conn_per_ip,
                                    .max_connections = h->max_connections,
                                    .keyless_timeout_ms = h->keyless_timeout_ms,

@@ -32,8 +32,21 @@ static void usage(FILE *f)
                "line wins.\n");
 }
 
+/* The process's log sink (kvf_log_set): the library's lines and the HTTP server's (which its
+ * config hands to kvf_log_line) go one per line to stderr; stdio's stream lock keeps lines whole. */
+static void log_stderr(void *arg, enum kvf_log_level level, const char *line)
+{
+    (void)arg;
+    (void)level;
+    flockfile(stderr);
+    fputs(line, stderr);
+    fputc('\n', stderr);
+    funlockfile(stderr);
+}
+
 int main(int argc, char **argv)
 {
+    kvf_log_set(log_stderr, NULL);
     if (argc < 2) {
         usage(stderr);
         return 2;

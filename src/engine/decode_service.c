@@ -145,7 +145,7 @@ static void handle_hello(struct kvf_decode_service *s, struct rconn *rc, const s
     if (reply.why[0]) {
         reply.status = KVF_E_PROTO_MISMATCH;
         if (strcmp(reply.why, s->last_refusal) != 0) /* each reason once: routers retry */
-            fprintf(stderr, "kvfence decode: refusing a router: %s\n", reply.why);
+            kvf_log(KVF_LOG_WARN, "kvfence decode: refusing a router: %s\n", reply.why);
         kvf__strlcpy(s->last_refusal, reply.why, sizeof s->last_refusal);
         send_bytes(s, rc, kvf_rpc_put_hello(s->frame, DS_FRAME_CAP, KVF_RPC_HELLO_D, &reply));
         rc->deadline_ms = kvf__now_ms() + DS_REFUSE_MS;
@@ -292,7 +292,7 @@ static void publish_named(struct kvf_decode_service *s)
     }
     dropped += (uint32_t)kvf_decode_worker_set_router_prefills(s->dw, all, n);
     if (dropped)
-        fprintf(stderr, "kvfence decode: the routers name %u prefill workers beyond the %d this decode "
+        kvf_log(KVF_LOG_WARN, "kvfence decode: the routers name %u prefill workers beyond the %d this decode "
                         "worker can use\n", dropped, KVF_DECODE_MAX_PREFILLS);
     s->named_dirty = false;
 }

@@ -381,7 +381,7 @@ static bool tail_is_clean(struct kvf_decode_worker *w, const struct kvf_gen *g)
 /*
  * KVF_TEST_AUDIT_TAIL=1 (test builds): what the unwritten slots of a committed prompt's last page
  * hold, read before the tail check as layer 0's V rows — for each slot whose largest V coordinate
- * is above 1/4, that coordinate — printed as one "test audit:" line on stderr. The readable
+ * is above 1/4, that coordinate — logged as one "test audit:" line (kvf_log). The readable
  * 'hist' model keeps word j's value at coordinate 256 + j and nothing elsewhere, so the isolation
  * suite reads there the words of whatever request's bytes travelled with the prompt
  * (docs/ISOLATION.md). Zeroed slots, and poison (negative halves), print nothing.
@@ -417,7 +417,7 @@ static void audit_tail(struct kvf_decode_worker *w, const struct kvf_gen *g)
         if (k > 0) len += (size_t)k;
     }
     if (found)
-        fprintf(stderr, "kvfence decode: test audit: %u of %u unwritten slots of a committed prompt's last page hold values, largest at coordinates%s\n",
+        kvf_log(KVF_LOG_WARN, "kvfence decode: test audit: %u of %u unwritten slots of a committed prompt's last page hold values, largest at coordinates%s\n",
                 found, pt - fill, at);
 }
 #endif
@@ -547,7 +547,7 @@ static void handle_frame(struct kvf_decode_worker *w, uint16_t peer, const uint8
             char full[KVF_PREFILL_WHY_MAX + 16];
             snprintf(full, sizeof full, "refused: %s", why);
             if (strcmp(full, p->why) != 0)
-                fprintf(stderr, "kvfence decode: refusing the prefill worker at %s:%u: %s\n", p->host,
+                kvf_log(KVF_LOG_WARN, "kvfence decode: refusing the prefill worker at %s:%u: %s\n", p->host,
                         p->port, why);
             kvf__strlcpy(p->why, full, sizeof p->why);
             p->failed = true; /* closed, and tried again later (it may be restarted right) */
@@ -649,7 +649,7 @@ static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
     } else if (p->conn && kvf_conn_failed(p->conn) && strstr(kvf_conn_error(p->conn), "authentication")) {
         /* Said once per change: the connection is tried again every few seconds. */
         if (strcmp(p->why, kvf_conn_error(p->conn)) != 0)
-            fprintf(stderr, "kvfence decode: not using the prefill worker at %s:%u: %s\n", p->host, p->port,
+            kvf_log(KVF_LOG_WARN, "kvfence decode: not using the prefill worker at %s:%u: %s\n", p->host, p->port,
                     kvf_conn_error(p->conn));
         kvf__strlcpy(p->why, kvf_conn_error(p->conn), sizeof p->why);
     } else if (!p->why[0]) {
@@ -740,7 +740,7 @@ static void take_adds(struct kvf_decode_worker *w)
                 if (closing)
                     w->named_dirty = true; /* tried again once the retired slots are closed */
                 else
-                    fprintf(stderr, "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
+                    kvf_log(KVF_LOG_WARN, "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
                             w->named[i].host, w->named[i].port, KVF_DECODE_MAX_PREFILLS);
                 continue;
             }
@@ -1276,7 +1276,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     if (getenv("KVF_TEST_UNVERIFIED") && atoi(getenv("KVF_TEST_UNVERIFIED"))) {
         dc.test_unverified = true;
         w->test_unverified = true;
-        fprintf(stderr, "kvfence decode: test build: KVF_TEST_UNVERIFIED: arriving pages are committed unread\n");
+        kvf_log(KVF_LOG_INFO, "kvfence decode: test build: KVF_TEST_UNVERIFIED: arriving pages are committed unread\n");
     }
 #endif
     if (rc == 0 && (rc = kvf_decode_create(&dc, &w->d)) < 0)
@@ -1323,7 +1323,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
         const char *e = getenv("KVF_TEST_STEP_MS");
         if (e && atoi(e) > 0 && atoi(e) <= 10000) {
             w->test_step_ms = (uint32_t)atoi(e);
-            fprintf(stderr, "kvfence decode: test build: every decode step lasts %u ms more\n", w->test_step_ms);
+            kvf_log(KVF_LOG_INFO, "kvfence decode: test build: every decode step lasts %u ms more\n", w->test_step_ms);
         }
     }
 #endif

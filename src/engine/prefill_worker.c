@@ -259,7 +259,8 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
  * failed session's epoch, with the grant's own request and nonce and page count, first token T
  * and zero checksums — a writer replaying its fenced epoch's answers. Decode must ignore them
  * (counted as stale): the fence ended those grants; accepted, T would head the reply.
- * Each forgery prints one "test forge:" line on stderr, which the suite counts. */
+ * Each forgery logs one "test forge:" line (kvf_log; the CLI writes it to stderr), which the
+ * suite counts. */
 #define PF_FORGE_REPLAYS 32
 struct pforge {
     uint32_t every, token, refuse, shorts, fenced;
@@ -300,7 +301,7 @@ static void forge_init(struct kvf_prefill_worker *w)
         else bad = true;
     }
     if (bad || every == 1 || refuse == 1 || shorts == 1 || fenced > 1 || (!every && !refuse && !shorts && !fenced)) {
-        fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S,fenced=0|1; N, R, S >= 2)\n", e);
+        kvf_log(KVF_LOG_WARN, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S,fenced=0|1; N, R, S >= 2)\n", e);
         return;
     }
     uint32_t seq_pages = (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens);
@@ -318,7 +319,7 @@ static void forge_init(struct kvf_prefill_worker *w)
     f->refuse = refuse;
     f->shorts = shorts;
     w->forge = f;
-    fprintf(stderr, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, fenced %u\n",
+    kvf_log(KVF_LOG_INFO, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, fenced %u\n",
             every, token, f->refuse, f->shorts, f->fenced);
 }
 
@@ -331,7 +332,7 @@ static bool forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
     if (j->placeholder) return false;
 #endif
     if (++f->computes % f->refuse != 0) return false;
-    fprintf(stderr, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
+    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
     return true;
 }
 
@@ -349,7 +350,7 @@ static void forge_short(struct kvf_prefill_worker *w, struct pjob *j)
 #endif
     if (++f->short_computes % f->shorts != 0) return;
     j->forged_short = true;
-    fprintf(stderr, "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages put)\n",
+    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages put)\n",
             j->n_tokens, 1u, j->n_pages);
 }
 
@@ -386,7 +387,7 @@ static void forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pj
         f->puts_out--; /* never posted: no completion comes */
         return;
     }
-    fprintf(stderr, "kvfence prefill: test forge: stale bytes written into a page granted to another request\n");
+    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: stale bytes written into a page granted to another request\n");
 }
 
 /* Before a DONE: the same DONE at the previous epoch and with an unknown nonce, first token T. */
@@ -401,7 +402,7 @@ static void forge_done(struct kvf_prefill_worker *w, struct psess *s, const stru
     m.epoch = done->epoch;
     m.nonce = done->nonce ^ 0x8000000000000000ull;
     kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-    fprintf(stderr, "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
+    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
 }
 
 /* A session failed (before its machine forgets its grants): keep what its DONEs would name. */
@@ -435,7 +436,7 @@ static void forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s)
         m.u.done.n_pages = f->replay[i].n_pages;
         m.u.done.checksums = f->zero_sums;
         kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-        fprintf(stderr, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the next connection\n");
+        kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the next connection\n");
     }
     f->n_replay = 0;
 }
@@ -1003,7 +1004,7 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
     long n = kvf_msg_decode(buf, len, &m, &w->scratch);
     if (n != (long)len) {
         w->bad_frames++; /* does not decode: counted and dropped, never trusted */
-        fprintf(stderr, "kvfence prefill: dropped a control frame that does not decode (%s); %llu so far\n",
+        kvf_log(KVF_LOG_WARN, "kvfence prefill: dropped a control frame that does not decode (%s); %llu so far\n",
                 kvf_strerror((int)n), (unsigned long long)w->bad_frames);
         return;
     }
@@ -1020,7 +1021,7 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
             /* Our HELLO goes back so the decode worker can name the mismatch too; nothing else
              * from this connection is read, and it closes shortly. Logged once per reason. */
             if (strcmp(why, w->last_refusal) != 0)
-                fprintf(stderr, "kvfence prefill: refusing a decode worker: %s\n", why);
+                kvf_log(KVF_LOG_WARN, "kvfence prefill: refusing a decode worker: %s\n", why);
             kvf__strlcpy(w->last_refusal, why, sizeof w->last_refusal);
             struct kvf_msg reply = {.type = KVF_MSG_HELLO, .epoch = m.epoch};
             reply.u.hello = mine;

@@ -303,7 +303,7 @@ static void handle_frame(struct kvf_router *r, int di, const uint8_t *buf, size_
             char full[KVF_PREFILL_WHY_MAX + 16];
             snprintf(full, sizeof full, "refused: %s", why);
             if (strcmp(full, d->why) != 0)
-                fprintf(stderr, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host,
+                kvf_log(KVF_LOG_WARN, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host,
                         d->port, why);
             kvf__strlcpy(d->why, full, sizeof d->why);
             d->failed = true;
@@ -312,7 +312,7 @@ static void handle_frame(struct kvf_router *r, int di, const uint8_t *buf, size_
         d->hello_ok = true;
         d->failures = 0;
         d->why[0] = 0;
-        fprintf(stderr, "kvfence router: decode worker %s:%u is up\n", d->host, d->port);
+        kvf_log(KVF_LOG_INFO, "kvfence router: decode worker %s:%u is up\n", d->host, d->port);
         return;
     }
     if (!d->hello_ok) {
@@ -364,12 +364,12 @@ static void dec_lost(struct kvf_router *r, int di)
     struct rdec *d = &r->decs[di];
     if (d->hello_ok) {
         snprintf(d->why, sizeof d->why, "connection lost");
-        fprintf(stderr, "kvfence router: lost the decode worker %s:%u; its requests fail\n", d->host,
+        kvf_log(KVF_LOG_WARN, "kvfence router: lost the decode worker %s:%u; its requests fail\n", d->host,
                 d->port);
     } else if (d->c && kvf_conn_failed(d->c) && strstr(kvf_conn_error(d->c), "authentication")) {
         /* Said once per change: a router with the wrong cluster key retries every few seconds. */
         if (strcmp(d->why, kvf_conn_error(d->c)) != 0)
-            fprintf(stderr, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host, d->port,
+            kvf_log(KVF_LOG_WARN, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host, d->port,
                     kvf_conn_error(d->c));
         kvf__strlcpy(d->why, kvf_conn_error(d->c), sizeof d->why);
     } else if (!d->why[0] || strncmp(d->why, "refused", 7) != 0) {

@@ -1,4 +1,5 @@
-/* Tests of the shared pieces: error names, version, the default allocator, the harness's PRNG. */
+/* Tests of the shared pieces: error names, version, the default allocator, the log sink, the
+ * harness's PRNG. */
 #include "kvf_test.h"
 #include "kvfence/common.h"
 
@@ -38,6 +39,47 @@ static void test_default_alloc_aligns(void)
     }
 }
 
+struct log_seen {
+    int n;
+    enum kvf_log_level level;
+    char line[2048];
+};
+
+static void log_capture(void *arg, enum kvf_log_level level, const char *line)
+{
+    struct log_seen *seen = arg;
+    seen->n++;
+    seen->level = level;
+    snprintf(seen->line, sizeof seen->line, "%s", line);
+}
+
+static void test_log_goes_to_the_sink_set(void)
+{
+    struct log_seen seen = {0};
+    kvf_log_set(log_capture, &seen);
+    /* The line keeps its text, loses its trailing newline, and carries its level. */
+    kvf_log(KVF_LOG_WARN, "kvfence decode: refusing a router: %s\n", "model fingerprint");
+    ASSERT_EQ_INT(seen.n, 1);
+    ASSERT_EQ_INT(seen.level, KVF_LOG_WARN);
+    ASSERT_STREQ(seen.line, "kvfence decode: refusing a router: model fingerprint");
+    /* The server's sink signature goes through the same sink. */
+    kvf_log_line(NULL, "ts=x event=y");
+    ASSERT_EQ_INT(seen.n, 2);
+    ASSERT_EQ_INT(seen.level, KVF_LOG_INFO);
+    ASSERT_STREQ(seen.line, "ts=x event=y");
+    /* A long line is cut at 1023 bytes, not overrun. */
+    char big[1500];
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    kvf_log(KVF_LOG_INFO, "%s", big);
+    ASSERT_EQ_INT(seen.n, 3);
+    ASSERT_EQ_INT((int)strlen(seen.line), 1023);
+    /* NULL restores the default (stderr): the capture sees nothing more. */
+    kvf_log_set(NULL, NULL);
+    kvf_log(KVF_LOG_INFO, "test_common: this line goes to stderr");
+    ASSERT_EQ_INT(seen.n, 3);
+}
+
 static void test_rng_replays(void)
 {
     struct kvf_rng a, b;
@@ -53,6 +95,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_strerror_names_every_code),
     KVF_CASE(test_version),
     KVF_CASE(test_default_alloc_aligns),
+    KVF_CASE(test_log_goes_to_the_sink_set),
     KVF_CASE(test_rng_replays),
 };
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# model/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT] — exhaustive spin
-# verification of model/handoff.pml.
+# spin/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT] — exhaustive spin
+# verification of spin/handoff.pml.
 #
 # With no argument the clean model is checked; with a mutant name (e.g. free_at_cancel, in any
 # case) the model is built with -DMUTANT_<NAME>. --content asserts P2 alone (-DCONTENT_ONLY: a
@@ -16,8 +16,8 @@
 #   1  a counterexample was found (the trail is kept, its path and an excerpt are printed);
 #   2  anything else: unknown mutant, tool error, or an incomplete search.
 #
-# Environment: KVF_MODEL_KEEP_TRAIL=DIR copies the trail and model there (default: the trail is
-# copied to $TMPDIR or /tmp as handoff-<mutant>.trail); KVF_MODEL_DEPTH overrides the depth bound.
+# Environment: KVF_SPIN_KEEP_TRAIL=DIR copies the trail and model there (default: the trail is
+# copied to $TMPDIR or /tmp as handoff-<mutant>.trail); KVF_SPIN_DEPTH overrides the depth bound.
 set -u
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,7 +27,7 @@ ack_lost_when_cleared no_count_check no_checksum_check stale_epoch_accepted src_
 fence_keeps_other_grants"
 
 usage() {
-    echo "usage: model/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT]" >&2
+    echo "usage: spin/check.sh [--content] [--unverified] [--forge-fenced] [MUTANT]" >&2
     echo "mutants: $(echo $mutants)" >&2
 }
 
@@ -73,7 +73,7 @@ trap 'rm -rf "$work"' EXIT
 cp "$model" "$work/handoff.pml" || exit 2
 cd "$work" || exit 2
 
-depth="${KVF_MODEL_DEPTH:-100000}"
+depth="${KVF_SPIN_DEPTH:-100000}"
 start=$(date +%s.%N)
 # shellcheck disable=SC2086
 if ! spin -a $define handoff.pml >spin.log 2>&1; then
@@ -117,7 +117,7 @@ if [ "$errors" -gt 0 ]; then
         echo "check.sh: pan reported errors but wrote no trail" >&2
         exit 2
     fi
-    keep="${KVF_MODEL_KEEP_TRAIL:-${TMPDIR:-/tmp}}"
+    keep="${KVF_SPIN_KEEP_TRAIL:-${TMPDIR:-/tmp}}"
     mkdir -p "$keep" 2>/dev/null
     dest="$keep/handoff-$label.trail"
     cp "$trail" "$dest" && cp handoff.pml "$keep/handoff-$label.pml"
@@ -139,7 +139,7 @@ if [ "$errors" -gt 0 ]; then
 fi
 
 if grep -q "max search depth too small" pan.out; then
-    echo "check.sh: search truncated (max search depth too small); raise KVF_MODEL_DEPTH" >&2
+    echo "check.sh: search truncated (max search depth too small); raise KVF_SPIN_DEPTH" >&2
     exit 2
 fi
 if grep -qE "Search not completed|out of memory|pan: reached -DMEMLIM" pan.out; then

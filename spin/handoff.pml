@@ -1,5 +1,5 @@
 /*
- * model/handoff.pml — the prefill→decode handoff protocol of kvfence, for spin.
+ * spin/handoff.pml — the prefill→decode handoff protocol of kvfence, for spin.
  *
  * Three processes: Decode (the decode worker: its page pool and its request state machine),
  * Prefill (the prefill worker: its request state machine and its source buffer) and Wire (the
@@ -9,7 +9,7 @@
  *
  * State and message names are the C enum names of include/kvfence/pool.h and
  * include/kvfence/proto.h, so a trail reads in the same words as a trace of the C code.
- * docs/MODEL.md says what is modelled, what is abstracted and why that is sound.
+ * docs/SPIN.md says what is modelled, what is abstracted and why that is sound.
  *
  * Safety properties, each an assert below:
  *   P1  no page is reassigned while a write that can still land targets it (a write can land
@@ -22,7 +22,7 @@
  *   P4  a put carries only the data of the request it was posted for (the source is kept until
  *       the put completed): checked when a write lands.
  *
- * CONTENT_ONLY (spin -DCONTENT_ONLY, model/check.sh --content) keeps P2's check of the bytes
+ * CONTENT_ONLY (spin -DCONTENT_ONLY, spin/check.sh --content) keeps P2's check of the bytes
  * alone: P1, P3, P4 and the tag check of a read page are not asserted, so a trail then shows a
  * committed request reading bytes that were not written for it (the model's content check, as
  * the simulator's I1 alone). UNVERIFIED (--unverified)
