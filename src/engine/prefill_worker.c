@@ -43,135 +43,7 @@
 
 #include "engine_internal.h"
 
-#define PF_CHUNK 256u      /* prompt tokens per forward call, unless prefill_chunk says */
-#define PF_MAX_PASSES 4u   /* turns a started job may be passed over in a row */
-#define PF_PROGRESS_MS 250u /* at most this often, each job's PROGRESS (while compute advances) */
-#define PF_MAX_SESS 8u     /* decode connections at once */
-#define PF_FRAME_CAP (KVF_PROTO_MAX_MSG_BYTES)
-
-struct pjob;
-
-/* One put of one page: data then trailer; both must complete locally before RELEASE_SRC. */
-struct pput {
-    struct kvf_prefill_worker *w;
-    struct pjob *job;
-    uint32_t index;
-    uint32_t left; /* puts of this page not yet complete locally */
-};
-
-struct pjob {
-    bool used;
-    struct kvf_prefill_worker *w;
-    bool flush_out; /* a flush of this job is outstanding: its callback still names the job */
-    struct psess *s;
-    kvf_req_id_t req;
-    uint64_t nonce;
-    uint32_t tenant;
-    struct kvf_msg_sampling sampling;
-    uint32_t n_tokens;
-    int32_t *tokens;                   /* [n_tokens] */
-    uint32_t n_pages;
-    struct kvf_page_ref *dst;          /* [n_pages]: the granted decode pages */
-    struct kvf_page_ref *src;          /* [n_pages]: this pool's pages */
-    struct kvf_page_trailer *trailers; /* [n_pages]: put after each page's data */
-    struct pput *puts;                 /* [n_pages] */
-    uint32_t puts_out;                 /* puts posted and not complete locally */
-    bool computed, aborted, finished;  /* finished: the machine no longer needs it */
-    bool started;                      /* has its source pages; chunks may run */
-    bool in_step;                      /* a chunk of it is on the compute thread */
-    uint32_t pos;                      /* prompt tokens computed */
-    uint32_t reported;                 /* pages reported ready (posted) */
-    uint32_t passes;                   /* turns passed over in a row since it started */
-    bool no_pages;                     /* not started, and its pages are not free this turn */
-    uint32_t first_token;              /* computed: the token drawn after the last chunk */
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    bool placeholder; /* mutant: recomputed as one token after the engine refused it */
-#endif
-#if defined(KVF_TEST_BUILD)
-    bool forged_short; /* KVF_TEST_FORGE short: only page 0 is put, the DONE counts its tokens */
-#endif
-#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
-    bool src_let_go; /* mutant: the job's own hold on its source pages ended at the last post */
-#endif
-    float first_logprob;
-    uint32_t n_top;
-    int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
-    float top_lps[KVF_GEN_MAX_LOGPROBS];
-    struct pjob *next_queued;
-};
-
-struct psess {
-    bool used;
-    kvf_conn_t *conn;
-    kvf_prefill_t *m;
-    bool hello_ok, failed;
-    uint32_t epoch;
-    uint64_t refused_ms; /* its HELLO disagreed: our HELLO went back, and it closes at this time */
-};
-
-enum pev_kind { PEV_FRAME = 1, PEV_FLUSHED = 2, PEV_CONN_FAILED = 3, PEV_ACCEPT = 4 };
-struct pev {
-    enum pev_kind kind;
-    kvf_conn_t *conn;
-    struct pjob *job;
-    uint64_t nonce;
-    kvf_req_id_t req;
-    int status;
-    uint8_t *buf;
-    size_t len;
-    struct pev *next;
-};
-
-struct kvf_prefill_worker {
-    struct kvf_worker_config cfg;
-    char last_refusal[KVF_PREFILL_WHY_MAX]; /* the last mismatch logged (each reason once) */
-    pthread_t thread;
-    bool started;
-    volatile int stop;
-    int wake_fd;
-    kvf_pool_t *pool;
-    kvf_fwd_t *fwd;
-    kvf_xport_t *x;
-    uint32_t n_vocab;
-    size_t data_bytes, trailer_off, page_bytes, block_bytes;
-    struct kvf_pool_geometry geo;
-    struct psess sess[PF_MAX_SESS];
-    struct pjob *jobs; /* [max_reqs] */
-    struct pjob *queue_head, *queue_tail;
-    struct pev *ev_head, *ev_tail;
-    struct kvf_actions acts;
-    bool in_actions;
-    struct kvf_msg_scratch scratch;
-    uint8_t *frame;
-    float *logits;
-    void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
-    uint64_t bad_frames;          /* counter: control frames that did not decode */
-    uint32_t chunk;               /* prompt tokens per chunk */
-    /* The compute thread: one chunk at a time. step_state moves IDLE → GO (loop) → DONE
-     * (compute) → IDLE (loop, at the commit); the other fields are the loop's, read by the
-     * compute thread only between GO and DONE. */
-    pthread_t cthread;
-    bool cthread_started;
-    pthread_mutex_t cmu;
-    pthread_cond_t ccv;
-    enum { STEP_IDLE, STEP_GO, STEP_DONE } step_state;
-    bool compute_quit;
-    int step_rc;
-    struct pjob *step_job;
-    struct kvf_fwd_seq step_seq;
-    uint32_t step_len;
-    bool step_last;
-    /* Progress: what the compute had done at the last report, and when that was. */
-    uint64_t seen_layers, seen_puts, puts_done, last_progress_ms;
-    bool chunk_done; /* a chunk finished since the last report */
-    pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
-    uint32_t info_pages, info_free;
-#if defined(KVF_TEST_BUILD)
-    struct pforge *forge; /* KVF_TEST_FORGE: see "Test builds: forgeries" below; NULL = off */
-    uint32_t test_chunk_ms; /* KVF_TEST_CHUNK_MS: each chunk's compute takes this much longer (a
-                               slow but live prefill, for the long-prompt tests) */
-#endif
-};
+#include "prefill_internal.h"
 
 /* --- Deferred events (from transport callbacks). ------------------------------------------ */
 
@@ -233,214 +105,6 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
         if (w->sess[i].used && w->sess[i].conn == c) return &w->sess[i];
     return NULL;
 }
-
-#if defined(KVF_TEST_BUILD)
-/* --- Test builds: forgeries (H18) for the isolation suite. ----------------------------------
- *
- * KVF_TEST_FORGE="every=N,token=T" makes this worker misbehave on purpose, so that the suite can
- * show the decode side refusing what an honest prefill never sends (tests/isolation,
- * docs/ISOLATION.md). Release builds have none of it. Counting DONEs this worker sends:
- *   - every Nth DONE is preceded by two forged copies whose first token is T: one at the
- *     previous connection epoch (a fenced epoch's DONE) and one with a nonce no grant has. Decode
- *     must ignore both and count them as stale; accepted, T would head the reply.
- *   - before the flush of every Nth job (offset by N/2), the data bytes of a page this worker
- *     wrote earlier for another tenant's request are written over the job's first granted page
- *     (stale bytes in a page now granted to another request). The DONE's checksum no longer
- *     matches the page: decode must refuse the commit and fail the request.
- * every=0 turns those two off. With ",refuse=R" (R >= 2) the engine also refuses every Rth
- * granted prompt of two pages or more before computing it, as when it cannot get memory: the
- * machine must answer REJECT and the request fail with an error (the path of the 2026
- * placeholder bug, H6). With ",short=S" (S >= 2) every Sth granted prompt of two pages or more
- * that fills its last page is computed whole but handed off short: only its first page is put, and its DONE says it wrote
- * that page's tokens — a writer that stopped early and says so. Decode must compare the count
- * with the prompt and fail the request; a decode that does not reads the pages nobody wrote.
- * With ",fenced=1", the grants of a session that failed (its endpoint closed: decode fenced this
- * writer, or the connection broke) get DONEs on the next session that says HELLO: each at the
- * failed session's epoch, with the grant's own request and nonce and page count, first token T
- * and zero checksums — a writer replaying its fenced epoch's answers. Decode must ignore them
- * (counted as stale): the fence ended those grants; accepted, T would head the reply.
- * Each forgery logs one "test forge:" line (kvf_log; the CLI writes it to stderr), which the
- * suite counts. */
-#define PF_FORGE_REPLAYS 32
-struct pforge {
-    uint32_t every, token, refuse, shorts, fenced;
-    struct {
-        kvf_req_id_t req;
-        uint64_t nonce;
-        uint32_t epoch, n_pages, n_tokens;
-    } replay[PF_FORGE_REPLAYS]; /* fenced=1: the failed session's grants, replayed next session */
-    uint32_t n_replay;
-    uint64_t *zero_sums;        /* [seq pages]: the replayed DONEs' checksums */
-    uint64_t dones, flushes, computes, short_computes;
-    struct {
-        uint8_t *bytes;   /* [data_bytes]: a copy of a first page written for an earlier request */
-        uint32_t tenant;  /* whose request it was */
-        bool have;
-    } stale[2];           /* two tenants' copies, so one is always another tenant's */
-    uint32_t replace;     /* the copy a third tenant's page replaces next */
-    uint32_t puts_out;    /* forged puts not complete locally: no copy is refreshed meanwhile */
-};
-
-static void forge_init(struct kvf_prefill_worker *w)
-{
-    const char *e = getenv("KVF_TEST_FORGE");
-    unsigned every = 0, token = 0;
-    unsigned refuse = 0, shorts = 0, fenced = 0;
-    if (!e) return;
-    /* every=N,token=T[,refuse=R][,short=S]; every=0 leaves the DONEs and writes alone. */
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s", e);
-    bool bad = false;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        unsigned v = 0;
-        if (sscanf(t, "every=%u", &v) == 1) every = v;
-        else if (sscanf(t, "token=%u", &v) == 1) token = v;
-        else if (sscanf(t, "refuse=%u", &v) == 1) refuse = v;
-        else if (sscanf(t, "short=%u", &v) == 1) shorts = v;
-        else if (sscanf(t, "fenced=%u", &v) == 1) fenced = v;
-        else bad = true;
-    }
-    if (bad || every == 1 || refuse == 1 || shorts == 1 || fenced > 1 || (!every && !refuse && !shorts && !fenced)) {
-        kvf_log(KVF_LOG_WARN, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S,fenced=0|1; N, R, S >= 2)\n", e);
-        return;
-    }
-    uint32_t seq_pages = (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens);
-    struct pforge *f = calloc(1, sizeof(*f));
-    if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) || !(f->stale[1].bytes = malloc(w->data_bytes)) ||
-        !(f->zero_sums = calloc(seq_pages, sizeof(uint64_t)))) {
-        if (f) free(f->stale[0].bytes);
-        if (f) free(f->stale[1].bytes);
-        free(f);
-        return;
-    }
-    f->fenced = fenced;
-    f->every = every;
-    f->token = token;
-    f->refuse = refuse;
-    f->shorts = shorts;
-    w->forge = f;
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, fenced %u\n",
-            every, token, f->refuse, f->shorts, f->fenced);
-}
-
-/* Before computing a job: whether the engine refuses it (every Rth of two pages or more). */
-static bool forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
-{
-    struct pforge *f = w->forge;
-    if (!f || !f->refuse || j->n_pages < 2) return false;
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    if (j->placeholder) return false;
-#endif
-    if (++f->computes % f->refuse != 0) return false;
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
-    return true;
-}
-
-/* Before computing a job the engine took: whether it is handed off short (every Sth of two pages
- * or more that fills its last page). */
-static void forge_short(struct kvf_prefill_worker *w, struct pjob *j)
-{
-    struct pforge *f = w->forge;
-    /* Prompts that fill their last page only: with a partial last page, decode's check that the
-     * unwritten slots arrived zero (decode_worker.c, tail_is_clean) fails the request before
-     * anything reads it, so there the count check is not the only guard. */
-    if (!f || !f->shorts || j->n_pages < 2 || j->n_tokens % w->geo.page_tokens != 0) return;
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    if (j->placeholder) return;
-#endif
-    if (++f->short_computes % f->shorts != 0) return;
-    j->forged_short = true;
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages put)\n",
-            j->n_tokens, 1u, j->n_pages);
-}
-
-static void forge_put_done(void *arg, int status)
-{
-    (void)status;
-    ((struct pforge *)arg)->puts_out--;
-}
-
-/* At a put of page 0: keep a copy of its bytes for a later forged write. */
-static void forge_keep(struct kvf_prefill_worker *w, const struct pjob *j, const uint8_t *src)
-{
-    struct pforge *f = w->forge;
-    if (!f || f->puts_out) return;
-    uint32_t i = f->stale[0].have && f->stale[0].tenant == j->tenant   ? 0
-                 : f->stale[1].have && f->stale[1].tenant == j->tenant ? 1
-                                                                       : (f->replace ^= 1);
-    memcpy(f->stale[i].bytes, src, w->data_bytes);
-    f->stale[i].tenant = j->tenant;
-    f->stale[i].have = true;
-}
-
-/* Before a job's flush: stale bytes of another tenant over its first granted page. */
-static void forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pjob *j)
-{
-    struct pforge *f = w->forge;
-    if (!f || !j->computed || j->aborted || !s->conn || s->failed) return;
-    if (!f->every || ++f->flushes % f->every != f->every / 2) return;
-    uint32_t i = f->stale[0].have && f->stale[0].tenant != j->tenant ? 0 : 1;
-    if (!f->stale[i].have || f->stale[i].tenant == j->tenant) return;
-    f->puts_out++;
-    uint64_t off = (uint64_t)j->dst[0].page * w->page_bytes;
-    if (kvf_conn_put(s->conn, f->stale[i].bytes, w->data_bytes, off, forge_put_done, f) < 0) {
-        f->puts_out--; /* never posted: no completion comes */
-        return;
-    }
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: stale bytes written into a page granted to another request\n");
-}
-
-/* Before a DONE: the same DONE at the previous epoch and with an unknown nonce, first token T. */
-static void forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_msg *done)
-{
-    struct pforge *f = w->forge;
-    if (!f || !f->every || !s->conn || s->failed || ++f->dones % f->every != 0) return;
-    struct kvf_msg m = *done;
-    m.u.done.first_token = f->token;
-    m.epoch = done->epoch - 1;
-    kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-    m.epoch = done->epoch;
-    m.nonce = done->nonce ^ 0x8000000000000000ull;
-    kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
-}
-
-/* A session failed (before its machine forgets its grants): keep what its DONEs would name. */
-static void forge_keep_fenced(struct kvf_prefill_worker *w, struct psess *s)
-{
-    struct pforge *f = w->forge;
-    if (!f || !f->fenced || !s->hello_ok) return;
-    for (uint32_t i = 0; i < w->cfg.max_reqs && f->n_replay < PF_FORGE_REPLAYS; i++) {
-        const struct pjob *j = &w->jobs[i];
-        if (!j->used || j->s != s) continue;
-        f->replay[f->n_replay].req = j->req;
-        f->replay[f->n_replay].nonce = j->nonce;
-        f->replay[f->n_replay].epoch = s->epoch;
-        f->replay[f->n_replay].n_pages = j->n_pages;
-        f->replay[f->n_replay].n_tokens = j->n_tokens;
-        f->n_replay++;
-    }
-}
-
-/* A new session said HELLO: the failed session's grants get their DONEs on it, at their epoch. */
-static void forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s)
-{
-    struct pforge *f = w->forge;
-    if (!f || !f->n_replay || !s->conn || s->failed) return;
-    for (uint32_t i = 0; i < f->n_replay; i++) {
-        if (f->replay[i].epoch == s->epoch) continue;
-        struct kvf_msg m = {.type = KVF_MSG_DONE, .req = f->replay[i].req, .nonce = f->replay[i].nonce,
-                            .epoch = f->replay[i].epoch};
-        m.u.done.tokens_written = f->replay[i].n_tokens;
-        m.u.done.first_token = f->token;
-        m.u.done.n_pages = f->replay[i].n_pages;
-        m.u.done.checksums = f->zero_sums;
-        kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-        kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the next connection\n");
-    }
-    f->n_replay = 0;
-}
-#endif
 
 /* --- Jobs. ---------------------------------------------------------------------------------- */
 
@@ -564,18 +228,14 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
     p->left = 2;
     kvf_pool_hold(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC);
     j->puts_out++;
-#if defined(KVF_TEST_BUILD)
-    if (j->forged_short && a->index > 0) { /* never put: completes locally at once */
+    if (kvf__forge_skip_put(j, a->index)) { /* never put: completes locally at once */
         p->left = 1;
         on_put_done(p, 0);
         return;
     }
-#endif
     const uint8_t *src = kvf_pool_page_data(w->pool, j->src[a->index].page);
     uint64_t off = (uint64_t)a->dst.page * w->page_bytes;
-#if defined(KVF_TEST_BUILD)
-    if (a->index == 0) forge_keep(w, j, src);
-#endif
+    if (a->index == 0) kvf__forge_keep(w, j, src);
     int rc = kvf_conn_put(s->conn, src, w->data_bytes, off, on_put_done, p);
     if (rc < 0) on_put_done(p, rc);
     kvf_conn_order(s->conn);
@@ -630,11 +290,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
                     a->msg.u.done.top_logprobs[k] = j->top_lps[k];
                 }
             }
-#if defined(KVF_TEST_BUILD)
-            if (a->msg.type == KVF_MSG_DONE && j && j->forged_short)
-                a->msg.u.done.tokens_written = j->n_tokens < w->geo.page_tokens ? j->n_tokens : w->geo.page_tokens;
-            if (a->msg.type == KVF_MSG_DONE && j) forge_done(w, s, &a->msg);
-#endif
+            if (a->msg.type == KVF_MSG_DONE && j) kvf__forge_done(w, s, j, &a->msg);
             if (s->conn && !s->failed) kvf__send_msg(s->conn, &a->msg, w->frame, PF_FRAME_CAP);
             if (j && (a->msg.type == KVF_MSG_CANCEL_ACK || a->msg.type == KVF_MSG_FAIL ||
                       a->msg.type == KVF_MSG_REJECT)) {
@@ -715,9 +371,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
         case KVF_ACT_FLUSH: {
             struct pjob *j = job_find(w, s, a->req, a->nonce);
             if (!j) break;
-#if defined(KVF_TEST_BUILD)
-            forge_write(w, s, j);
-#endif
+            kvf__forge_write(w, s, j);
             j->flush_out = true;
             int rc = s->conn && !s->failed ? kvf_conn_flush(s->conn, on_flush_done, j) : -ENOTCONN;
             if (rc < 0) j->flush_out = false; /* a flush that cannot start never proves anything: the job waits for the
@@ -842,13 +496,11 @@ static struct pjob *pick_job(struct kvf_prefill_worker *w, bool *waiting)
             continue;
         }
         j->started = true;
-#if defined(KVF_TEST_BUILD)
-        if (forge_refuse(w, j)) {
+        if (kvf__forge_refuse(w, j)) {
             compute_failed(w, j, KVF_E_ENGINE);
             continue;
         }
-        forge_short(w, j);
-#endif
+        kvf__forge_short(w, j);
         return j;
     }
 }
@@ -1036,9 +688,7 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
         s->epoch = m.epoch;
         kvf_prefill_connect(s->m, m.epoch, &w->acts);
         run_actions(w, s, NULL);
-#if defined(KVF_TEST_BUILD)
-        forge_replay_fenced(w, s);
-#endif
+        kvf__forge_replay_fenced(w, s);
         return;
     }
     if (!s->hello_ok) return;
@@ -1092,9 +742,7 @@ static void sess_reap(struct kvf_prefill_worker *w)
         struct psess *s = &w->sess[i];
         if (!s->used || !s->failed) continue;
         if (s->conn) {
-#if defined(KVF_TEST_BUILD)
-            forge_keep_fenced(w, s);
-#endif
+            kvf__forge_keep_fenced(w, s);
             kvf_prefill_peer_down(s->m, &w->acts);
             run_actions(w, s, NULL);
             kvf_conn_t *c = s->conn;
@@ -1232,14 +880,7 @@ static void destroy(struct kvf_prefill_worker *w)
     free(w->frame);
     free(w->logits);
     free(w->sample_scratch);
-#if defined(KVF_TEST_BUILD)
-    if (w->forge) { /* after the transport: no forged put reads them now */
-        free(w->forge->stale[0].bytes);
-        free(w->forge->stale[1].bytes);
-        free(w->forge->zero_sums);
-    }
-    free(w->forge);
-#endif
+    kvf__forge_free(w); /* after the transport: no forged put reads them now */
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->info_mu);
     pthread_mutex_destroy(&w->cmu);
@@ -1309,7 +950,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     if (rc == 0) {
         struct kvf_xport_faults f;
         if (kvf_xport_faults_from_env(&f) == 0) kvf_xport_set_faults(w->x, &f);
-        forge_init(w);
+        kvf__forge_init(w);
         const char *cm = getenv("KVF_TEST_CHUNK_MS");
         w->test_chunk_ms = cm ? (uint32_t)atoi(cm) : 0;
     }
