@@ -46,14 +46,16 @@ struct pjob {
     uint32_t passes;                   /* turns passed over in a row since it started */
     bool no_pages;                     /* not started, and its pages are not free this turn */
     uint32_t first_token;              /* computed: the token drawn after the last chunk */
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    bool placeholder; /* mutant: recomputed as one token after the engine refused it */
+#if defined(KVF_TEST_BUILD) /* (a header names no mutant switch: CMakeLists.txt) */
+    bool placeholder; /* mutant placeholder_after_reject: recomputed as one token after the
+                         engine refused it */
 #endif
 #if defined(KVF_TEST_BUILD)
     bool forged_short; /* KVF_TEST_FORGE short: only page 0 is put, the DONE counts its tokens */
 #endif
-#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
-    bool src_let_go; /* mutant: the job's own hold on its source pages ended at the last post */
+#if defined(KVF_TEST_BUILD)
+    bool src_let_go; /* mutant src_freed_at_post: the job's own hold on its source pages ended
+                        at the last post */
 #endif
     float first_logprob;
     uint32_t n_top;
