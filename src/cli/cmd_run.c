@@ -11,6 +11,7 @@
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
+#include "kvfence/parse.h"
 #include "kvfence/pool.h"
 #include "kvfence/tokenizer.h"
 
@@ -35,16 +36,6 @@ static void usage(FILE *f)
             "  output_logprobs: <one %%.9g float per generated token>\n");
 }
 
-static int parse_ul(const char *v, unsigned long max, unsigned long *out)
-{
-    char *end = NULL;
-    errno = 0;
-    unsigned long x = strtoul(v, &end, 10);
-    if (errno || !end || *end || end == v || x > max) return -1;
-    *out = x;
-    return 0;
-}
-
 static int parse_f(const char *v, float lo, float hi, float *out)
 {
     char *end = NULL;
@@ -64,7 +55,7 @@ static void print_ids(const char *label, const int32_t *ids, size_t n)
 int kvf_cmd_run(int argc, char **argv)
 {
     const char *path = NULL, *prompt = NULL;
-    unsigned long max_tokens = 64, seed = 1, top_k = 0, threads = 0;
+    uint64_t max_tokens = 64, seed = 1, top_k = 0, threads = 0;
     float temperature = 0.0f, top_p = 1.0f;
     bool print_ids_flag = false, print_lp_flag = false;
     for (int i = 1; i < argc; i++) {
@@ -89,10 +80,10 @@ int kvf_cmd_run(int argc, char **argv)
         int bad = 0;
         if (strcmp(a, "--model") == 0) path = v;
         else if (strcmp(a, "--prompt") == 0) prompt = v;
-        else if (strcmp(a, "--max-tokens") == 0) bad = parse_ul(v, 1u << 20, &max_tokens);
-        else if (strcmp(a, "--seed") == 0) bad = parse_ul(v, ~0ul, &seed);
-        else if (strcmp(a, "--top-k") == 0) bad = parse_ul(v, 1u << 24, &top_k);
-        else if (strcmp(a, "--threads") == 0) bad = parse_ul(v, 256, &threads);
+        else if (strcmp(a, "--max-tokens") == 0) bad = kvf_parse_u64(v, 0, 1u << 20, &max_tokens);
+        else if (strcmp(a, "--seed") == 0) bad = kvf_parse_u64(v, 0, UINT64_MAX, &seed);
+        else if (strcmp(a, "--top-k") == 0) bad = kvf_parse_u64(v, 0, 1u << 24, &top_k);
+        else if (strcmp(a, "--threads") == 0) bad = kvf_parse_u64(v, 0, 256, &threads);
         else if (strcmp(a, "--temperature") == 0) bad = parse_f(v, 0.0f, 100.0f, &temperature);
         else if (strcmp(a, "--top-p") == 0) bad = parse_f(v, 1e-6f, 1.0f, &top_p);
         else {
