@@ -501,7 +501,7 @@ static int spm_encode(const kvf_tokenizer_t *t, const char *text, size_t len, in
     /* One symbol per character. */
     int32_t n_sym = 0;
     for (size_t i = 0; i < norm_len;) {
-        size_t k = kvf__utf8_seq_len((const uint8_t *)norm + i, norm_len - i);
+        size_t k = kvf_utf8_seq_len((const uint8_t *)norm + i, norm_len - i);
         sy[n_sym] = (struct sym){n_sym - 1, n_sym + 1, (uint32_t)i, (uint32_t)k};
         n_sym++;
         i += k;
@@ -573,7 +573,7 @@ int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t l
     if (!t || (!text && len) || (!out && max_out)) return -EINVAL;
     if (len > (size_t)INT32_MAX) return -EOVERFLOW;
     for (size_t i = 0; i < len;) {
-        size_t k = kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
+        size_t k = kvf_utf8_seq_len((const uint8_t *)text + i, len - i);
         if (k == 0) return -EILSEQ;
         i += k;
     }
@@ -588,7 +588,7 @@ int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t l
         int32_t id;
         size_t k = t->added_cap ? match_added(t, text + i, len - i, parse_special, &id) : 0;
         if (k == 0) {
-            i += kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
+            i += kvf_utf8_seq_len((const uint8_t *)text + i, len - i);
             continue;
         }
         if ((rc = encode_segment(t, text + seg, i - seg, out, max_out, &count)) < 0) return rc;
