@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "kvfence/parse.h"
 
 uint64_t kvf_bench_now_ns(void)
 {
@@ -27,14 +28,13 @@ double kvf_bench_median(double *v, int n)
 int kvf_bench_ulong_arg(const char *bench, const char *opt, const char *v, unsigned long most,
                         unsigned long *dst)
 {
-    char *end = NULL;
-    unsigned long x = strtoul(v, &end, 10);
-    if (!end || end == v || *end || x == 0 || x > most) {
+    uint64_t x;
+    if (kvf_parse_u64(v, 1, most, &x) < 0) {
         fprintf(stderr, "kvfence bench %s: bad value '%s' for %s (1 to %lu)\n", bench, v, opt,
                 most);
         return 2;
     }
-    *dst = x;
+    *dst = (unsigned long)x;
     return 0;
 }
 

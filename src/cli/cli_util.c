@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "kvfence/parse.h"
 
 int kvf_cli_parse_size(const char *v, uint64_t *out)
 {
@@ -32,10 +33,8 @@ int kvf_cli_parse_size(const char *v, uint64_t *out)
 
 int kvf_cli_parse_u32(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    unsigned long x = strtoul(v, &end, 10);
-    if (errno || end == v || *end || x < lo || x > hi) return -1;
+    uint64_t x;
+    if (kvf_parse_u64(v, lo, hi, &x) < 0) return -1;
     *out = (uint32_t)x;
     return 0;
 }

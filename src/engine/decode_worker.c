@@ -44,22 +44,15 @@
 enum gstate { G_INBOX = 0, G_PENDING = 1, G_SUBMITTED = 2, G_RUNNING = 3, G_ENDED = 4 };
 
 struct kvf_gen {
-    struct kvf__evq q;
-    int refs;                   /* under q.mu: the router's and the loop's */
-    bool cancel;                /* under q.mu: the router asked to end it */
-    /* Fixed at submit. */
-    struct kvf_gen_params p;
-    int32_t *prompt;
-    /* The loop's. */
+    KVF__GEN_FIELDS        /* the handle (gen.c) */
+    /* The loop's (req and sampling set by gen_admit, under mu). */
     enum gstate state;
     kvf_req_id_t req;
     uint16_t peer;         /* the prefill worker it was granted to (submitted or running) */
-    uint64_t since_ms;
     uint32_t n_out;
     int32_t last;
     struct kvf_msg_sampling sampling;
     bool in_step;          /* in the batch of the step being computed: no cancel or finish now */
-    struct kvf_gen *next;
 };
 
 enum { STEP_IDLE = 0, STEP_GO = 1, STEP_DONE = 2 };
@@ -172,50 +165,22 @@ static uint64_t now_ms(const struct kvf_decode_worker *w)
     return w->x ? kvf_xport_now_ms(w->x) : kvf__now_ms();
 }
 
-/* --- Handles (any thread). ------------------------------------------------------------------ */
-
-static void gen_unref(struct kvf_gen *g)
-{
-    pthread_mutex_lock(&g->q.mu);
-    int left = --g->refs;
-    pthread_mutex_unlock(&g->q.mu);
-    if (left) return;
-    kvf__evq_destroy(&g->q);
-    free(g->prompt);
-    free(g);
-}
+/* --- Handles (any thread; the handle itself is gen.c's). ------------------------------------ */
 
 static void gen_push(struct kvf_gen *g, const struct kvf_gen_event *ev)
 {
     kvf__evq_push(&g->q, ev);
 }
 
-static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
+/* Puts g in the inbox (kvf__gen_admit_fn), unless the worker is closing or its queue is full. */
+static int gen_admit(void *e, struct kvf_gen *g)
 {
     struct kvf_decode_worker *w = e;
-    if (!p || !p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n_logprobs > KVF_GEN_MAX_LOGPROBS ||
-        p->n_stop_ids > KVF_GEN_MAX_STOP_IDS || !(p->sample.temperature >= 0.0f) ||
-        !(p->sample.top_p > 0.0f && p->sample.top_p <= 1.0f))
-        return -EINVAL;
-    for (uint32_t i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= w->n_vocab) return -EINVAL;
-    if ((uint64_t)p->n_prompt + p->max_tokens > w->cfg.max_context) return KVF_E_PROTO_REJECTED;
-    struct kvf_gen *g = calloc(1, sizeof(*g));
-    if (!g) return -ENOMEM;
-    g->prompt = malloc(p->n_prompt * sizeof(int32_t));
-    if (!g->prompt) {
-        free(g);
-        return -ENOMEM;
-    }
-    memcpy(g->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
-    g->p = *p;
-    g->p.prompt = g->prompt;
+    const struct kvf_gen_params *p = &g->p;
     if (g->p.ignore_eos) g->p.n_stop_ids = 0;
     g->sampling = (struct kvf_msg_sampling){p->sample.temperature, p->sample.top_p, p->sample.top_k,
                                             p->n_logprobs, p->sample.seed,
                                             p->want_logprob || p->n_logprobs > 0};
-    g->refs = 2;
-    kvf__evq_init(&g->q, -1);
     pthread_mutex_lock(&w->mu);
     int rc = 0;
     if (w->closing)
@@ -225,44 +190,18 @@ static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
     if (rc == 0) {
         g->q.notify_fd = w->notify_on ? w->notify_fd : -1;
         g->req = (kvf_req_id_t){++w->next_req, w->req_hi};
-        g->since_ms = now_ms(w);
-        if (w->inbox_tail)
-            w->inbox_tail->next = g;
-        else
-            w->inbox_head = g;
-        w->inbox_tail = g;
+        kvf__gen_enqueue(&w->inbox_head, &w->inbox_tail, g, now_ms(w));
         w->n_waiting++;
     }
     pthread_mutex_unlock(&w->mu);
-    if (rc < 0) {
-        g->refs = 1;
-        gen_unref(g);
-        return rc;
-    }
-    kvf__wake(w->wake_fd);
-    *out = g;
-    return 0;
+    return rc;
 }
 
-static int gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
-{
-    (void)e;
-    return kvf__evq_next(&g->q, ev, timeout_ms);
-}
-
-static void gen_cancel(void *e, kvf_gen_t *g)
+static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
 {
     struct kvf_decode_worker *w = e;
-    pthread_mutex_lock(&g->q.mu);
-    g->cancel = true;
-    pthread_mutex_unlock(&g->q.mu);
-    kvf__wake(w->wake_fd);
-}
-
-static void gen_release(void *e, kvf_gen_t *g)
-{
-    gen_cancel(e, g); /* a release before END is a cancel: the loop ends it through the protocol */
-    gen_unref(g);
+    return kvf__gen_submit(p, w->n_vocab, w->cfg.max_context, sizeof(struct kvf_gen), gen_admit, w,
+                           w->wake_fd, out);
 }
 
 static void gen_info(void *e, struct kvf_engine_info *out)
@@ -273,17 +212,10 @@ static void gen_info(void *e, struct kvf_engine_info *out)
     pthread_mutex_unlock(&w->mu);
 }
 
-const struct kvf_gen_ops kvf_decode_gen_ops = {gen_submit, gen_next, gen_cancel, gen_release, gen_info, NULL};
+const struct kvf_gen_ops kvf_decode_gen_ops = {gen_submit, kvf__gen_next, kvf__gen_cancel,
+                                               kvf__gen_release, gen_info, NULL};
 
 /* --- Loop side: ending requests. ------------------------------------------------------------- */
-
-static bool cancelled(struct kvf_gen *g)
-{
-    pthread_mutex_lock(&g->q.mu);
-    bool c = g->cancel;
-    pthread_mutex_unlock(&g->q.mu);
-    return c;
-}
 
 static int live_index(struct kvf_decode_worker *w, kvf_req_id_t req)
 {
@@ -300,7 +232,7 @@ static void end_gen(struct kvf_decode_worker *w, struct kvf_gen *g, int err, boo
     int i = live_index(w, g->req);
     if (i >= 0) w->live[i] = NULL;
     g->state = G_ENDED;
-    gen_unref(g);
+    kvf__gen_unref(g);
 }
 
 static void push_token(struct kvf_gen *g, int32_t tok, float lp, uint32_t n_top, const int32_t *ids,
@@ -855,7 +787,7 @@ static void admit(struct kvf_decode_worker *w)
         struct kvf_gen *g = *pp;
         int end_err = 0;
         bool go = false;
-        if (cancelled(g))
+        if (kvf__gen_cancelled(g))
             end_err = KVF_E_PROTO_CANCELLED;
         else if (w->stop)
             end_err = -ESHUTDOWN;
@@ -914,7 +846,7 @@ static void handle_cancels(struct kvf_decode_worker *w)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
         struct kvf_gen *g = w->live[i];
-        if (!g || g->in_step || (!cancelled(g) && !w->stop)) continue;
+        if (!g || g->in_step || (!kvf__gen_cancelled(g) && !w->stop)) continue;
         kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_PROTO_CANCELLED, &w->acts);
         run_actions(w, NULL);
     }

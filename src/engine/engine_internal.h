@@ -100,4 +100,64 @@ void kvf__evq_push(struct kvf__evq *q, const struct kvf_gen_event *ev);
 /* 1 with *ev filled, 0 when nothing came within timeout_ms (-1 = forever); END repeats. */
 int kvf__evq_next(struct kvf__evq *q, struct kvf_gen_event *ev, int timeout_ms);
 
+/*
+ * A generation handle (kvf_gen_t) as both engines make it: the decode worker's own seam
+ * (decode_worker.c) and the router's (router.c). gen.c holds what the seam's calls do to a
+ * handle; each engine adds only how it queues one and what its loop keeps.
+ *
+ * Each engine completes struct kvf_gen in its own file: KVF__GEN_FIELDS first, then its loop's
+ * fields, as libuv's handles open with UV_HANDLE_FIELDS. gen.c completes it with the opening
+ * alone, which is all it touches (the build has -fno-strict-aliasing; no file sees two
+ * completions).
+ *
+ *   kvf__gen_submit ──▶ queued by the engine's admit (refs 2: the submitter's and the loop's)
+ *        ──▶ the loop pushes TOKEN… END and drops its reference (kvf__gen_unref)
+ *   the submitter: next…, cancel (sets cancel, wakes the loop), release (cancel, then drops
+ *   its reference). The last reference frees the handle, whichever side drops it.
+ */
+#define KVF__GEN_FIELDS                                                                           \
+    struct kvf__evq q;                                                                            \
+    int refs;                 /* under q.mu: the submitter's and the loop's */                    \
+    bool cancel;              /* under q.mu: the submitter asked to end it */                     \
+    /* Fixed at submit. */                                                                        \
+    struct kvf_gen_params p;  /* p.prompt is prompt */                                            \
+    int32_t *prompt;          /* owned: [p.n_prompt] */                                           \
+    /* The engine's: set by its admit, under its mutex, then the loop's. */                       \
+    uint64_t since_ms;        /* when it was queued */                                            \
+    struct kvf_gen *next;     /* the engine's inbox, then its loop's lists */                     \
+    int wake_fd;              /* fixed at submit: the engine's loop (which outlives its handles) */
+
+/*
+ * Queues g on engine e, under e's mutex: 0 when queued (the loop will see it), or a negative
+ * code with g on no list (-ESHUTDOWN, -EAGAIN). g's params are set; admit may adjust them.
+ */
+typedef int (*kvf__gen_admit_fn)(void *e, struct kvf_gen *g);
+
+/*
+ * The seam's submit for an engine whose vocabulary has n_vocab tokens and whose requests reach
+ * at most max_context tokens: checks p (-EINVAL, KVF_E_PROTO_REJECTED), makes a handle of
+ * gen_bytes (the engine's sizeof(struct kvf_gen), zeroed past the opening) with its own copy of
+ * the prompt (-ENOMEM), lets admit queue it and wakes wake_fd (the engine's loop; the handle
+ * keeps it for cancel and release). 0 with *out the handle; on
+ * failure nothing is queued, nothing kept, *out untouched.
+ */
+int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t max_context,
+                    size_t gen_bytes, kvf__gen_admit_fn admit, void *e, int wake_fd,
+                    kvf_gen_t **out);
+/* The seam's next, cancel and release, as both engines' ops tables hold them (e, the engine, is
+ * not used: the handle knows its loop's wake fd). next reads the handle's event queue
+ * (kvf__evq_next). cancel marks g cancelled and wakes the loop; idempotent. release: a release
+ * before END is a cancel (the loop ends it through the protocol); then the submitter's
+ * reference goes. */
+int kvf__gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms);
+void kvf__gen_cancel(void *e, kvf_gen_t *g);
+void kvf__gen_release(void *e, kvf_gen_t *g);
+/* For an admit: stamps g's since_ms with now_ms (the engine's clock) and appends it to the inbox *head..*tail (the engine's,
+ * under its mutex). */
+void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g, uint64_t now_ms);
+/* The loop's side: whether the submitter asked to end g. */
+bool kvf__gen_cancelled(kvf_gen_t *g);
+/* Drops one reference; the last frees the queue, the prompt and g. */
+void kvf__gen_unref(kvf_gen_t *g);
+
 #endif

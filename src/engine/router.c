@@ -37,18 +37,12 @@
 enum rstate { R_PENDING = 1, R_SENT = 2, R_ENDED = 3 };
 
 struct kvf_gen {
-    struct kvf__evq q;
-    int refs;          /* under q.mu */
-    bool cancel;       /* under q.mu */
+    KVF__GEN_FIELDS    /* the handle (gen.c) */
     /* The loop's. */
     enum rstate state;
     bool cancel_sent;
     uint64_t rid;
     int dec;           /* the decode worker it was sent to */
-    uint64_t since_ms;
-    struct kvf_gen_params p;
-    int32_t *prompt;
-    struct kvf_gen *next;
 };
 
 struct rdec {
@@ -100,81 +94,28 @@ struct kvf_router {
     uint64_t bad_frames;
 };
 
-/* --- Handles (any thread). ------------------------------------------------------------------ */
+/* --- Handles (any thread; the handle itself is gen.c's). ------------------------------------ */
 
-static void gen_unref(struct kvf_gen *g)
+/* Puts g in the inbox (kvf__gen_admit_fn), unless the router is closing or its queue is full. */
+static int gen_admit(void *e, struct kvf_gen *g)
 {
-    pthread_mutex_lock(&g->q.mu);
-    int left = --g->refs;
-    pthread_mutex_unlock(&g->q.mu);
-    if (left) return;
-    kvf__evq_destroy(&g->q);
-    free(g->prompt);
-    free(g);
+    struct kvf_router *r = e;
+    g->dec = -1;
+    pthread_mutex_lock(&r->mu);
+    int rc = r->closing ? -ESHUTDOWN : r->n_open >= r->cfg.max_queue ? -EAGAIN : 0;
+    if (rc == 0) {
+        kvf__gen_enqueue(&r->inbox_head, &r->inbox_tail, g, kvf__now_ms());
+        r->n_open++;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
 {
     struct kvf_router *r = e;
-    if (!p || !p->prompt || p->n_prompt == 0 || p->max_tokens == 0 || p->n_logprobs > KVF_GEN_MAX_LOGPROBS ||
-        p->n_stop_ids > KVF_GEN_MAX_STOP_IDS || !(p->sample.temperature >= 0.0f) ||
-        !(p->sample.top_p > 0.0f && p->sample.top_p <= 1.0f))
-        return -EINVAL;
-    for (uint32_t i = 0; i < p->n_prompt; i++)
-        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= r->cfg.n_vocab) return -EINVAL;
-    if ((uint64_t)p->n_prompt + p->max_tokens > r->cfg.max_context) return KVF_E_PROTO_REJECTED;
-    struct kvf_gen *g = calloc(1, sizeof(*g));
-    if (!g || !(g->prompt = malloc(p->n_prompt * sizeof(int32_t)))) {
-        free(g);
-        return -ENOMEM;
-    }
-    memcpy(g->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
-    g->p = *p;
-    g->p.prompt = g->prompt;
-    g->refs = 2;
-    g->dec = -1;
-    kvf__evq_init(&g->q, -1);
-    pthread_mutex_lock(&r->mu);
-    int rc = r->closing ? -ESHUTDOWN : r->n_open >= r->cfg.max_queue ? -EAGAIN : 0;
-    if (rc == 0) {
-        g->since_ms = kvf__now_ms();
-        if (r->inbox_tail)
-            r->inbox_tail->next = g;
-        else
-            r->inbox_head = g;
-        r->inbox_tail = g;
-        r->n_open++;
-    }
-    pthread_mutex_unlock(&r->mu);
-    if (rc < 0) {
-        g->refs = 1;
-        gen_unref(g);
-        return rc;
-    }
-    kvf__wake(r->wake_fd);
-    *out = g;
-    return 0;
-}
-
-static int gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
-{
-    (void)e;
-    return kvf__evq_next(&g->q, ev, timeout_ms);
-}
-
-static void gen_cancel(void *e, kvf_gen_t *g)
-{
-    struct kvf_router *r = e;
-    pthread_mutex_lock(&g->q.mu);
-    g->cancel = true;
-    pthread_mutex_unlock(&g->q.mu);
-    kvf__wake(r->wake_fd);
-}
-
-static void gen_release(void *e, kvf_gen_t *g)
-{
-    gen_cancel(e, g);
-    gen_unref(g);
+    return kvf__gen_submit(p, r->cfg.n_vocab, r->cfg.max_context, sizeof(struct kvf_gen), gen_admit,
+                           r, r->wake_fd, out);
 }
 
 static void gen_info(void *e, struct kvf_engine_info *out)
@@ -195,18 +136,10 @@ static size_t gen_workers(void *e, struct kvf_worker_status *out, size_t max)
     return n;
 }
 
-const struct kvf_gen_ops kvf_router_gen_ops = {gen_submit, gen_next, gen_cancel, gen_release,
-                                               gen_info, gen_workers};
+const struct kvf_gen_ops kvf_router_gen_ops = {gen_submit, kvf__gen_next, kvf__gen_cancel,
+                                               kvf__gen_release, gen_info, gen_workers};
 
 /* --- Loop side. ------------------------------------------------------------------------------ */
-
-static bool cancelled(struct kvf_gen *g)
-{
-    pthread_mutex_lock(&g->q.mu);
-    bool c = g->cancel;
-    pthread_mutex_unlock(&g->q.mu);
-    return c;
-}
 
 /* END for g (if it has none yet), and the loop lets go of it. g is off every list already. */
 static void end_gen(struct kvf_router *r, struct kvf_gen *g, int err, bool stopped)
@@ -218,7 +151,7 @@ static void end_gen(struct kvf_router *r, struct kvf_gen *g, int err, bool stopp
     pthread_mutex_lock(&r->mu);
     r->n_open--;
     pthread_mutex_unlock(&r->mu);
-    gen_unref(g);
+    kvf__gen_unref(g);
 }
 
 static int dec_of(const struct kvf_router *r, const kvf_conn_t *c)
@@ -448,7 +381,7 @@ static void admit(struct kvf_router *r)
     while (r->pending_head) {
         struct kvf_gen *g = r->pending_head;
         int err = 0, d = -1;
-        if (cancelled(g))
+        if (kvf__gen_cancelled(g))
             err = KVF_E_PROTO_CANCELLED;
         else if (atomic_load(&r->stop))
             err = -ESHUTDOWN;
@@ -481,7 +414,7 @@ static void admit(struct kvf_router *r)
 static void handle_cancels(struct kvf_router *r)
 {
     for (struct kvf_gen *g = r->sent; g; g = g->next) {
-        if (g->cancel_sent || (!cancelled(g) && !atomic_load(&r->stop))) continue;
+        if (g->cancel_sent || (!kvf__gen_cancelled(g) && !atomic_load(&r->stop))) continue;
         g->cancel_sent = true;
         send_bytes(r, &r->decs[g->dec], kvf_rpc_put_cancel(r->frame, RT_FRAME_CAP, g->rid));
     }

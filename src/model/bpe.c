@@ -17,6 +17,7 @@
 #include "gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
+#include "kvfence/heap.h"
 #include "tokenizer_internal.h"
 #include "unicode.h"
 
@@ -177,48 +178,20 @@ struct pair {
     int32_t left_id, right_id; /* the sides' tokens when queued */
 };
 
-static bool before(const struct pair *a, const struct pair *b)
+/* The heap's order (kvf_heap_before_fn on struct pair): lower rank, then leftmost. */
+static bool before(const void *pa, const void *pb)
 {
+    const struct pair *a = pa, *b = pb;
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-struct heap {
-    struct pair *v;
-    size_t n;
-};
-
-static void heap_push(struct heap *h, struct pair p)
-{
-    size_t i = h->n++;
-    while (i > 0 && before(&p, &h->v[(i - 1) / 2])) {
-        h->v[i] = h->v[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h->v[i] = p;
-}
-
-static struct pair heap_pop(struct heap *h)
-{
-    struct pair top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(&h->v[c + 1], &h->v[c])) c++;
-        if (!before(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
-}
-
-static void try_pair(const kvf_tokenizer_t *t, const struct sym *sy, struct heap *h, int32_t l,
+static void try_pair(const kvf_tokenizer_t *t, const struct sym *sy, kvf_heap_t *h, int32_t l,
                      int32_t r)
 {
     if (l < 0 || r < 0) return;
     const struct kvf__merge *m = merge_find(t, sy[l].id, sy[r].id);
-    if (m) heap_push(h, (struct pair){m->rank, l, r, sy[l].id, sy[r].id});
+    /* Never full: kvf__bpe_encode gives the heap room for 3 pairs per symbol. */
+    if (m) (void)kvf_heap_push(h, &(struct pair){m->rank, l, r, sy[l].id, sy[r].id});
 }
 
 static void emit(int32_t *out, size_t max_out, size_t *count, int32_t id)
@@ -233,7 +206,7 @@ struct enc {
     size_t max_out, *count;
     /* Scratch sized for the longest piece of the segment (the segment itself). */
     struct sym *sy;
-    struct heap h;
+    kvf_heap_t h; /* of struct pair */
     char *mapped;
 };
 
@@ -257,11 +230,11 @@ static int encode_piece(void *ctx, const char *piece, size_t len)
     for (size_t i = 0; i < len; i++)
         sy[i] = (struct sym){(int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1,
                              t->byte_char_tok[p[i]]};
-    e->h.n = 0;
+    kvf_heap_clear(&e->h);
     for (size_t i = 0; i + 1 < len; i++)
         try_pair(t, sy, &e->h, (int32_t)i, (int32_t)i + 1);
-    while (e->h.n > 0) {
-        struct pair b = heap_pop(&e->h);
+    struct pair b;
+    while (kvf_heap_pop(&e->h, &b) == 0) {
         struct sym *l = &sy[b.left], *r = &sy[b.right];
         if (l->id != b.left_id || r->id != b.right_id || l->next != b.right) continue;
         l->id = merge_find(t, b.left_id, b.right_id)->id;
@@ -287,8 +260,10 @@ int kvf__bpe_encode(const kvf_tokenizer_t *t, const char *text, size_t len, int3
         if (norm) text = norm, len = norm_len;
     }
     /* A piece is at most the whole segment; the heap holds at most 3 pairs per symbol. */
-    struct enc e = {t, out, max_out, count, malloc((len + 1) * sizeof *e.sy),
-                    {malloc((3 * len + 1) * sizeof *e.h.v), 0}, malloc(KVF_TOKENIZER_MAX_PIECE)};
+    struct enc e = {t, out, max_out, count, malloc((len + 1) * sizeof *e.sy), {0},
+                    malloc(KVF_TOKENIZER_MAX_PIECE)};
+    kvf_heap_init(&e.h, malloc((3 * len + 1) * sizeof(struct pair)), 3 * len + 1,
+                  sizeof(struct pair), before);
     if (!e.sy || !e.h.v || !e.mapped)
         rc = -ENOMEM;
     else

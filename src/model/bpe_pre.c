@@ -166,7 +166,7 @@ int kvf__bpe_pre_split(enum kvf__bpe_pre pre, const char *text, size_t len, kvf_
     }
     size_t n = 0;
     for (size_t i = 0; i < len;) {
-        size_t k = kvf__utf8_decode((const uint8_t *)text + i, len - i, &cp[n]);
+        size_t k = kvf_utf8_decode((const uint8_t *)text + i, len - i, &cp[n]);
         if (k == 0) k = 1, cp[n] = 0xfffd; /* the caller checked; never split a byte twice */
         cls[n] = (uint8_t)kvf__uni_class(cp[n]);
         off[n++] = i;

@@ -52,7 +52,7 @@ static void one_line(char *s)
     size_t n = strlen(s);
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t k = kvf__utf8_decode(p + i, n - i, &cp);
+        size_t k = kvf_utf8_decode(p + i, n - i, &cp);
         if (k == 0 || cp < 0x20 || cp == 0x7f) {
             p[i++] = '?';
             continue;

@@ -11,6 +11,7 @@
 
 #include "gguf_internal.h"
 #include "kvfence/common.h"
+#include "kvfence/heap.h"
 #include "kvfence/tokenizer.h"
 #include "tokenizer_internal.h"
 
@@ -416,52 +417,22 @@ struct pair {
 };
 
 /* True if a should pop before b: higher score, then leftmost. */
-static bool better(const struct pair *a, const struct pair *b)
+static bool better(const void *pa, const void *pb)
 {
+    const struct pair *a = pa, *b = pb;
     return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-struct heap {
-    struct pair *v;
-    size_t n;
-};
-
-static void heap_push(struct heap *h, struct pair p)
-{
-    size_t i = h->n++;
-    while (i > 0 && better(&p, &h->v[(i - 1) / 2])) {
-        h->v[i] = h->v[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h->v[i] = p;
-}
-
-static struct pair heap_pop(struct heap *h)
-{
-    struct pair top = h->v[0], last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && better(&h->v[c + 1], &h->v[c])) c++;
-        if (!better(&h->v[c], &last)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0) h->v[i] = last;
-    return top;
 }
 
 /* Queues the pair (l, r) if their concatenation is a piece. */
 static void try_pair(const kvf_tokenizer_t *t, const char *text, const struct sym *sy,
-                     struct heap *h, int32_t l, int32_t r)
+                     kvf_heap_t *h, int32_t l, int32_t r)
 {
     if (l < 0 || r < 0) return;
     uint32_t n = sy[l].n + sy[r].n;
     if (n > KVF_TOKENIZER_MAX_PIECE) return; /* no piece is that long: skip hashing it */
     int32_t id = kvf__tokenizer_lookup(t, text + sy[l].start, n);
     if (id < 0) return;
-    heap_push(h, (struct pair){l, r, n, t->scores[id]});
+    (void)kvf_heap_push(h, &(struct pair){l, r, n, t->scores[id]}); /* never full: spm_encode */
 }
 
 /* Appends token id to out if it fits; always counts it. */
@@ -484,7 +455,9 @@ static int spm_encode(const kvf_tokenizer_t *t, const char *text, size_t len, in
     size_t norm_len = len + 2 * n_spaces + (prefix ? 3 : 0);
     char *norm = malloc(norm_len ? norm_len : 1);
     struct sym *sy = malloc((norm_len ? norm_len : 1) * sizeof *sy);
-    struct heap h = {malloc((3 * norm_len + 1) * sizeof *h.v), 0};
+    kvf_heap_t h; /* of struct pair, in the order of better() */
+    kvf_heap_init(&h, malloc((3 * norm_len + 1) * sizeof(struct pair)), 3 * norm_len + 1,
+                  sizeof(struct pair), better);
     int rc = 0;
     if (!norm || !sy || !h.v) {
         rc = -ENOMEM;
@@ -501,7 +474,7 @@ static int spm_encode(const kvf_tokenizer_t *t, const char *text, size_t len, in
     /* One symbol per character. */
     int32_t n_sym = 0;
     for (size_t i = 0; i < norm_len;) {
-        size_t k = kvf__utf8_seq_len((const uint8_t *)norm + i, norm_len - i);
+        size_t k = kvf_utf8_seq_len((const uint8_t *)norm + i, norm_len - i);
         sy[n_sym] = (struct sym){n_sym - 1, n_sym + 1, (uint32_t)i, (uint32_t)k};
         n_sym++;
         i += k;
@@ -511,8 +484,8 @@ static int spm_encode(const kvf_tokenizer_t *t, const char *text, size_t len, in
         try_pair(t, norm, sy, &h, i, i + 1);
     /* Merge the best pair until none is left. Each merge removes a symbol and queues at most
      * two pairs, so the heap never exceeds 3 * n_sym entries. */
-    while (h.n > 0) {
-        struct pair b = heap_pop(&h);
+    struct pair b;
+    while (kvf_heap_pop(&h, &b) == 0) {
         struct sym *l = &sy[b.left], *r = &sy[b.right];
         if (l->n == 0 || r->n == 0 || l->n + r->n != b.n || l->next != b.right) continue;
         l->n += r->n;
@@ -573,7 +546,7 @@ int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t l
     if (!t || (!text && len) || (!out && max_out)) return -EINVAL;
     if (len > (size_t)INT32_MAX) return -EOVERFLOW;
     for (size_t i = 0; i < len;) {
-        size_t k = kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
+        size_t k = kvf_utf8_seq_len((const uint8_t *)text + i, len - i);
         if (k == 0) return -EILSEQ;
         i += k;
     }
@@ -588,7 +561,7 @@ int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t l
         int32_t id;
         size_t k = t->added_cap ? match_added(t, text + i, len - i, parse_special, &id) : 0;
         if (k == 0) {
-            i += kvf__utf8_seq_len((const uint8_t *)text + i, len - i);
+            i += kvf_utf8_seq_len((const uint8_t *)text + i, len - i);
             continue;
         }
         if ((rc = encode_segment(t, text + seg, i - seg, out, max_out, &count)) < 0) return rc;

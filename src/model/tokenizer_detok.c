@@ -1,5 +1,4 @@
-/* Streaming detokenization that only ever emits valid UTF-8, and the UTF-8 rules it shares
- * with the encoder.
+/* Streaming detokenization that only ever emits valid UTF-8 (by the rules of kvfence/utf8.h).
  *
  * A token's text is a run of bytes that need not be whole characters: byte-fallback tokens
  * carry one byte of a multibyte character each, and a vocabulary may hold pieces that split a
@@ -13,46 +12,6 @@
 #include "unicode.h"
 
 static const char REPLACEMENT[3] = {'\xef', '\xbf', '\xbd'}; /* U+FFFD */
-
-/* The sequence length announced by lead byte b, or 0 if b cannot start one. */
-static size_t lead_len(uint8_t b)
-{
-    if (b < 0x80) return 1;
-    if (b >= 0xc2 && b <= 0xdf) return 2;
-    if (b >= 0xe0 && b <= 0xef) return 3;
-    if (b >= 0xf0 && b <= 0xf4) return 4;
-    return 0;
-}
-
-/* Whether b may follow `lead` as the second byte: this excludes overlong forms (E0, F0),
- * surrogates (ED) and code points past U+10FFFF (F4). Later bytes are any 80..BF. */
-static bool second_ok(uint8_t lead, uint8_t b)
-{
-    switch (lead) {
-    case 0xe0:
-        return b >= 0xa0 && b <= 0xbf;
-    case 0xed:
-        return b >= 0x80 && b <= 0x9f;
-    case 0xf0:
-        return b >= 0x90 && b <= 0xbf;
-    case 0xf4:
-        return b >= 0x80 && b <= 0x8f;
-    default:
-        return b >= 0x80 && b <= 0xbf;
-    }
-}
-
-size_t kvf__utf8_seq_len(const uint8_t *s, size_t n)
-{
-    if (n == 0) return 0;
-    size_t k = lead_len(s[0]);
-    if (k == 0 || k > n) return 0;
-    for (size_t i = 1; i < k; i++) {
-        bool ok = i == 1 ? second_ok(s[0], s[1]) : (s[i] >= 0x80 && s[i] <= 0xbf);
-        if (!ok) return 0;
-    }
-    return k;
-}
 
 void kvf_detok_init(struct kvf_detok *d)
 {
@@ -83,7 +42,7 @@ static void feed(struct sink *s, uint8_t b)
 {
     struct kvf_detok *d = s->d;
     if (d->n_pend > 0) {
-        bool ok = d->n_pend == 1 ? second_ok(d->pend[0], b) : (b >= 0x80 && b <= 0xbf);
+        bool ok = d->n_pend == 1 ? kvf_utf8_second_ok(d->pend[0], b) : (b >= 0x80 && b <= 0xbf);
         if (ok) {
             d->pend[d->n_pend++] = b;
             if (d->n_pend == d->need) {
@@ -101,7 +60,7 @@ static void feed(struct sink *s, uint8_t b)
         put_char(s, REPLACEMENT, 3);
         d->n_pend = d->need = 0;
     }
-    size_t k = lead_len(b);
+    size_t k = kvf_utf8_lead_len(b);
     if (k == 1) {
         char c = (char)b;
         put_char(s, &c, 1);
@@ -148,7 +107,7 @@ size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok
          * character outside it (no real vocabulary has one) is passed through as text. */
         for (size_t i = 0; i < n;) {
             uint32_t cp;
-            size_t k = kvf__utf8_decode(p + i, n - i, &cp);
+            size_t k = kvf_utf8_decode(p + i, n - i, &cp);
             int b = k ? kvf__bpe_cp_byte(cp) : -1;
             if (k == 0) k = 1;
             if (b >= 0) {

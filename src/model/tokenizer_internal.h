@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kvfence/tokenizer.h"
+#include "kvfence/utf8.h"
 
 /* The two tokenizer models read from tokenizer.ggml.model. */
 enum kvf__tok_kind {
@@ -92,10 +93,6 @@ int kvf__bpe_encode(const kvf_tokenizer_t *t, const char *text, size_t len, int3
 typedef int (*kvf__bpe_piece_fn)(void *ctx, const char *piece, size_t len);
 int kvf__bpe_pre_split(enum kvf__bpe_pre pre, const char *text, size_t len, kvf__bpe_piece_fn fn,
                        void *ctx);
-
-/* The length (1..4) of the well-formed UTF-8 sequence at s (n bytes available), or 0 if the
- * bytes there are not one (overlong forms, surrogates and code points past U+10FFFF are not). */
-size_t kvf__utf8_seq_len(const uint8_t *s, size_t n);
 
 /* The id of the NORMAL or USER_DEFINED piece (s, n), or -1. */
 int32_t kvf__tokenizer_lookup(const kvf_tokenizer_t *t, const char *s, size_t n);

@@ -58,37 +58,6 @@ enum kvf__uni_class kvf__uni_class(uint32_t cp)
     return KVF_UNI_OTHER;
 }
 
-size_t kvf__utf8_decode(const uint8_t *s, size_t n, uint32_t *cp)
-{
-    if (n == 0) return 0;
-    uint8_t b = s[0];
-    size_t k;
-    uint32_t c;
-    if (b < 0x80) {
-        *cp = b;
-        return 1;
-    } else if (b >= 0xc2 && b <= 0xdf) {
-        k = 2, c = b & 0x1f;
-    } else if (b >= 0xe0 && b <= 0xef) {
-        k = 3, c = b & 0x0f;
-    } else if (b >= 0xf0 && b <= 0xf4) {
-        k = 4, c = b & 0x07;
-    } else {
-        return 0;
-    }
-    if (k > n) return 0;
-    for (size_t i = 1; i < k; i++) {
-        if ((s[i] & 0xc0) != 0x80) return 0;
-        c = c << 6 | (s[i] & 0x3f);
-    }
-    /* Overlong forms, surrogates, past U+10FFFF. */
-    if ((k == 3 && c < 0x800) || (k == 4 && c < 0x10000) || (c >= 0xd800 && c <= 0xdfff) ||
-        c > 0x10ffff)
-        return 0;
-    *cp = c;
-    return k;
-}
-
 size_t kvf__utf8_encode(uint32_t cp, uint8_t *out)
 {
     if (cp < 0x80) {
@@ -224,7 +193,7 @@ int kvf__uni_nfc(const char *s, size_t n, char **out, size_t *out_len)
     size_t m = 0;
     for (size_t i = 0; i < n;) {
         uint32_t c;
-        size_t k = kvf__utf8_decode(u + i, n - i, &c);
+        size_t k = kvf_utf8_decode(u + i, n - i, &c);
         if (k == 0) k = 1, c = 0xfffd; /* the caller checked validity; be safe anyway */
         i += k;
         const struct kvf__uni_decomp *d;

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvfence/utf8.h"
+
 struct kvf__uni_range {
     uint32_t first, last; /* inclusive */
 };
@@ -43,10 +45,6 @@ enum kvf__uni_class {
 };
 
 enum kvf__uni_class kvf__uni_class(uint32_t cp);
-
-/* Decodes the well-formed UTF-8 sequence at s (n > 0 bytes available) into *cp and returns its
- * length (1..4), or 0 if s does not start with one. */
-size_t kvf__utf8_decode(const uint8_t *s, size_t n, uint32_t *cp);
 
 /* Writes cp (a Unicode scalar value) as UTF-8 into out (room for 4) and returns the length. */
 size_t kvf__utf8_encode(uint32_t cp, uint8_t *out);

@@ -7,44 +7,16 @@
  */
 #include <string.h>
 
+#include "kvfence/utf8.h"
 #include "server_internal.h"
-
-/* Length of the valid UTF-8 sequence at s[0..n), or 0 if it is invalid (overlong, surrogate,
- * beyond U+10FFFF, truncated, a stray continuation byte). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    if (c < 0xC2) return 0; /* continuation byte, or overlong 2-byte lead */
-    if (c < 0xE0) return n >= 2 && (s[1] & 0xC0) == 0x80 ? 2 : 0;
-    if (c < 0xF0) {
-        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80) return 0;
-        if (c == 0xE0 && s[1] < 0xA0) return 0;  /* overlong */
-        if (c == 0xED && s[1] >= 0xA0) return 0; /* U+D800..U+DFFF */
-        return 3;
-    }
-    if (c < 0xF5) {
-        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
-            return 0;
-        if (c == 0xF0 && s[1] < 0x90) return 0;  /* overlong */
-        if (c == 0xF4 && s[1] >= 0x90) return 0; /* beyond U+10FFFF */
-        return 4;
-    }
-    return 0;
-}
-
-size_t kvf__srv_utf8_seq(const char *s, size_t n)
-{
-    return utf8_seq((const unsigned char *)s, n);
-}
 
 json_t *kvf__srv_json_text(const char *s, size_t n)
 {
-    if (kvf__srv_utf8_valid(s, n)) return json_stringn(s, n);
+    if (kvf_utf8_valid(s, n)) return json_stringn(s, n);
     struct kvf__sbuf b = {0};
     size_t i = 0;
     while (i < n) {
-        size_t k = utf8_seq((const unsigned char *)s + i, n - i);
+        size_t k = kvf_utf8_seq_len((const uint8_t *)s + i, n - i);
         if (k == 0) {
             kvf__sbuf_put(&b, "\xef\xbf\xbd", 3);
             i++;
@@ -58,18 +30,6 @@ json_t *kvf__srv_json_text(const char *s, size_t n)
     return j;
 }
 
-bool kvf__srv_utf8_valid(const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < n) {
-        size_t k = utf8_seq(p + i, n - i);
-        if (k == 0) return false;
-        i += k;
-    }
-    return true;
-}
-
 int kvf__srv_scan_body(const char *body, size_t len, uint32_t max_depth, struct kvf__srv_err *e)
 {
     const unsigned char *p = (const unsigned char *)body;
@@ -79,7 +39,7 @@ int kvf__srv_scan_body(const char *body, size_t len, uint32_t max_depth, struct 
     while (i < len) {
         unsigned c = p[i];
         if (c >= 0x80) {
-            size_t k = utf8_seq(p + i, len - i);
+            size_t k = kvf_utf8_seq_len(p + i, len - i);
             if (k == 0)
                 return kvf__srv_fail(e, 400, NULL, "invalid_utf8",
                                      "request body is not valid UTF-8 (byte offset %zu)", i);

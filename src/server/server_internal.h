@@ -59,14 +59,11 @@ __attribute__((format(printf, 5, 6))) int kvf__srv_fail(struct kvf__srv_err *e, 
 json_t *kvf__srv_err_json(const struct kvf__srv_err *e);
 
 /* --- The body scan. ------------------------------------------------------------------------ */
-/* 0 if body[0..len) is valid UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF,
- * no NUL byte) and no array/object nests deeper than max_depth; else -1 with e filled (400).
- * One pass over the bytes with a depth counter, strings and escapes skipped. */
+/* 0 if body[0..len) is valid UTF-8 (kvfence/utf8.h: no overlong forms, no surrogates, nothing
+ * past U+10FFFF), holds no NUL byte and no array/object nests deeper than max_depth; else -1
+ * with e filled (400). One pass over the bytes with a depth counter, strings and escapes
+ * skipped. */
 int kvf__srv_scan_body(const char *body, size_t len, uint32_t max_depth, struct kvf__srv_err *e);
-/* true if s[0..n) is valid UTF-8 by the same rules (NUL allowed). */
-bool kvf__srv_utf8_valid(const char *s, size_t n);
-/* Length of the valid UTF-8 sequence at s[0..n) (n ≥ 1), or 0 if none starts there. */
-size_t kvf__srv_utf8_seq(const char *s, size_t n);
 /* A JSON string of s[0..n) with each invalid UTF-8 byte as U+FFFD (NULL on no memory). */
 json_t *kvf__srv_json_text(const char *s, size_t n);
 

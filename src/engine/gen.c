@@ -1,0 +1,113 @@
+/*
+ * gen.c — the generation handle (kvf_gen_t) as the decode worker's seam and the router's share
+ * it: the checks of submit, the handle's making and freeing, next, cancel and release. Which
+ * list a handle joins, and what its loop does with it, stay with each engine (its admit and its
+ * loop). The life of a handle is drawn in engine_internal.h.
+ *
+ * Threads: any thread submits, reads, cancels and releases; the engine's loop pushes events and
+ * drops its reference. refs and cancel are under the handle's q.mu. Work: submit copies the
+ * prompt (O(n_prompt)); every other call is O(1).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+/* The opening of every engine's handle: all this file touches (see engine_internal.h). */
+struct kvf_gen {
+    KVF__GEN_FIELDS
+};
+
+/* 0, or why the seam refuses p: -EINVAL (malformed), KVF_E_PROTO_REJECTED (too long). */
+static int check_params(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t max_context)
+{
+    if (!p || !p->prompt || p->n_prompt == 0 || p->max_tokens == 0 ||
+        p->n_logprobs > KVF_GEN_MAX_LOGPROBS || p->n_stop_ids > KVF_GEN_MAX_STOP_IDS ||
+        !(p->sample.temperature >= 0.0f) || !(p->sample.top_p > 0.0f && p->sample.top_p <= 1.0f))
+        return -EINVAL;
+    for (uint32_t i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= n_vocab) return -EINVAL;
+    if ((uint64_t)p->n_prompt + p->max_tokens > max_context) return KVF_E_PROTO_REJECTED;
+    return 0;
+}
+
+int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t max_context,
+                    size_t gen_bytes, kvf__gen_admit_fn admit, void *e, int wake_fd,
+                    kvf_gen_t **out)
+{
+    int rc = check_params(p, n_vocab, max_context);
+    if (rc < 0) return rc;
+    struct kvf_gen *g = calloc(1, gen_bytes);
+    if (!g) return -ENOMEM;
+    g->prompt = malloc(p->n_prompt * sizeof(int32_t));
+    if (!g->prompt) {
+        free(g);
+        return -ENOMEM;
+    }
+    memcpy(g->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
+    g->p = *p;
+    g->p.prompt = g->prompt;
+    g->refs = 2;
+    g->wake_fd = wake_fd;
+    kvf__evq_init(&g->q, -1);
+    rc = admit(e, g);
+    if (rc < 0) {
+        g->refs = 1; /* never queued: the loop holds no reference */
+        kvf__gen_unref(g);
+        return rc;
+    }
+    kvf__wake(wake_fd);
+    *out = g;
+    return 0;
+}
+
+void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g, uint64_t now_ms)
+{
+    g->since_ms = now_ms;
+    if (*tail)
+        (*tail)->next = g;
+    else
+        *head = g;
+    *tail = g;
+}
+
+int kvf__gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
+{
+    (void)e;
+    return kvf__evq_next(&g->q, ev, timeout_ms);
+}
+
+void kvf__gen_cancel(void *e, kvf_gen_t *g)
+{
+    (void)e;
+    pthread_mutex_lock(&g->q.mu);
+    g->cancel = true;
+    pthread_mutex_unlock(&g->q.mu);
+    kvf__wake(g->wake_fd);
+}
+
+void kvf__gen_release(void *e, kvf_gen_t *g)
+{
+    kvf__gen_cancel(e, g);
+    kvf__gen_unref(g);
+}
+
+bool kvf__gen_cancelled(kvf_gen_t *g)
+{
+    pthread_mutex_lock(&g->q.mu);
+    bool c = g->cancel;
+    pthread_mutex_unlock(&g->q.mu);
+    return c;
+}
+
+void kvf__gen_unref(kvf_gen_t *g)
+{
+    pthread_mutex_lock(&g->q.mu);
+    int left = --g->refs;
+    pthread_mutex_unlock(&g->q.mu);
+    if (left) return;
+    kvf__evq_destroy(&g->q);
+    free(g->prompt);
+    free(g);
+}
