@@ -152,8 +152,8 @@ int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t m
 int kvf__gen_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms);
 void kvf__gen_cancel(void *e, kvf_gen_t *g);
 void kvf__gen_release(void *e, kvf_gen_t *g);
-/* For an admit: stamps g's since_ms with now_ms (the engine's clock) and appends it to the inbox *head..*tail (the engine's,
- * under its mutex). */
+/* For an admit: stamps g's since_ms with now_ms (the engine's clock: the transport's) and
+ * appends it to the inbox *head..*tail (the engine's, under its mutex). */
 void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g, uint64_t now_ms);
 /* The loop's side: whether the submitter asked to end g. */
 bool kvf__gen_cancelled(kvf_gen_t *g);

@@ -25,7 +25,7 @@ static int fake_admit(void *e, struct kvf_gen *g)
     struct fake *f = e;
     if (f->admit_rc < 0) return f->admit_rc;
     g->loop_mark = 77;
-    kvf__gen_enqueue(&f->head, &f->tail, g, 1);
+    kvf__gen_enqueue(&f->head, &f->tail, g, kvf__now_ms());
     f->admitted++;
     return 0;
 }
