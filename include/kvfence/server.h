@@ -80,7 +80,7 @@
 #include <stdint.h>
 
 #include "kvfence/engine.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 #define KVF_SERVER_MAX_JSON_DEPTH 64 /* deeper bodies are refused with 400 before parsing */
 #define KVF_SERVER_MAX_STOP 4        /* stop strings per request */

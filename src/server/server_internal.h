@@ -27,8 +27,7 @@
 
 #include "kvfence/engine.h"
 #include "kvfence/server.h"
-#include "kvfence/template.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 /* --- A growable byte buffer (NUL-terminated when non-empty). ------------------------------- */
 struct kvf__sbuf {

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 /* The two tokenizer models read from tokenizer.ggml.model. */
 enum kvf__tok_kind {
