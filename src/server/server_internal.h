@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvfence/engine.h"
+#include "kvfence/gen.h"
 #include "kvfence/server.h"
 #include "kvfence/text.h"
 
