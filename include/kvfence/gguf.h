@@ -265,8 +265,8 @@ int kvf_ggml_type_supported(uint32_t type);
 int kvf_quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes);
 
 /* Dequantizes n elements of `type` at src into dst[0..n). src needs the alignment stated in
- * the reader's section above (4 for F32, 2 otherwise). Returns 0, or the errors of kvf_quant_row_bytes (then dst
- * is untouched). */
+ * the reader's section above (4 for F32, 2 otherwise). Returns 0, or the errors of
+ * kvf_quant_row_bytes (then dst is untouched). */
 int kvf_dequant_row(uint32_t type, const void *src, float *dst, uint64_t n);
 
 /* Quantizes n values (n a multiple of 32) into n/32 blocks at dst. */

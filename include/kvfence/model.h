@@ -1,5 +1,7 @@
 /*
- * kvfence/model.h — the decoder forward pass over pool pages, and sampling.
+ * kvfence/model.h — the decoder forward pass over pool pages, and sampling. The module
+ * (src/model) reads weights through kvfence/gguf.h and K/V from kvfence/pool.h pages; the
+ * workers (kvfence/engine.h), the CLI and the benchmarks use it.
  *
  * Architectures (general.architecture): "llama", "qwen2" (a bias on Q, K and V; RoPE on the
  * two halves of each head) and "qwen3" (RMSNorm of each Q and K head before RoPE, no bias;
