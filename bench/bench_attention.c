@@ -25,7 +25,7 @@
 #include "kernels.h"
 #include "kvfence/common.h"
 #include "kvfence/pool.h"
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 
 enum { N_HEADS = 9, N_KV = 3, HEAD_DIM = 64, PAGE_TOKENS = 16 };
 

@@ -1,5 +1,7 @@
 /*
- * kvfence/model.h — the decoder forward pass over pool pages, and sampling.
+ * kvfence/model.h — the decoder forward pass over pool pages, and sampling. The module
+ * (src/model) reads weights through kvfence/gguf.h and K/V from kvfence/pool.h pages; the
+ * workers (kvfence/engine.h), the CLI and the benchmarks use it.
  *
  * Architectures (general.architecture): "llama", "qwen2" (a bias on Q, K and V; RoPE on the
  * two halves of each head) and "qwen3" (RMSNorm of each Q and K head before RoPE, no bias;
@@ -53,6 +55,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvfence/gen.h"
 #include "kvfence/gguf.h"
 #include "kvfence/pool.h"
 
@@ -199,12 +202,8 @@ const char *kvf_kernels_name(void);
 
 /* --- Sampling. ------------------------------------------------------------------------------ */
 
-struct kvf_sample_params {
-    float temperature; /* 0 = greedy (lowest id among equal maxima) */
-    uint32_t top_k;    /* 0 = no top-k cut */
-    float top_p;       /* in (0, 1]; 1 = no nucleus cut */
-    uint64_t seed;     /* with the step number, fixes every draw */
-};
+/* struct kvf_sample_params, what a request asks of the sampler, is in kvfence/gen.h: it travels
+ * with the request through the generation seam. */
 
 /*
  * Picks the next token from logits[0..n_vocab) (borrowed, unchanged). Deterministic: the same

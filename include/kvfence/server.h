@@ -2,7 +2,7 @@
  * kvfence/server.h — the router's HTTP face: an OpenAI-compatible API over the generation seam.
  *
  * The server turns HTTP requests into validated, tokenized struct kvf_gen_params, submits them
- * through struct kvf_gen_ops (engine.h), and turns the events back into OpenAI JSON or SSE
+ * through struct kvf_gen_ops (gen.h), and turns the events back into OpenAI JSON or SSE
  * chunks. It never touches pages or transfers: a client that goes away, a stop string that
  * matched, or a stopping server all become ops->cancel, and the engine ends the request through
  * its protocol.
@@ -57,7 +57,7 @@
  * (MHD_USE_THREAD_PER_CONNECTION). A connection's thread owns everything of the requests on
  * that connection — the body buffer, the generation handles, the detokenizer and stop-string
  * state — and is the only thread that calls ops->submit, next, cancel and release for them
- * (engine.h allows calls from any thread, one thread per handle). A request waiting for tokens
+ * (gen.h allows calls from any thread, one thread per handle). A request waiting for tokens
  * waits in ops->next with a timeout of at most KVF_SERVER_POLL_MS and, between waits, polls its
  * connection's socket for a hang-up (POLLRDHUP/POLLHUP/POLLERR) and the server for stop: a
  * client that disconnects while queued, while streaming or while a non-streaming response is
@@ -79,8 +79,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvfence/engine.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/gen.h"
+#include "kvfence/text.h"
 
 #define KVF_SERVER_MAX_JSON_DEPTH 64 /* deeper bodies are refused with 400 before parsing */
 #define KVF_SERVER_MAX_STOP 4        /* stop strings per request */

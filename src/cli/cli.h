@@ -15,7 +15,7 @@
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/server.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 struct kvf_cmd {
     const char *name;

@@ -1,6 +1,6 @@
 /* `kvfence mkmodel OUT.gguf --shape SHAPE [--type f32|q8_0|q4_k_m|q5_k_m] [--seed N]`:
  * writes a llama, qwen2 or qwen3 GGUF test model with seeded random weights and a byte-level SentencePiece vocab,
- * or the constructed "hist" model (src/model/mkmodel_hist.c). */
+ * or the constructed "hist" model (src/gguf/mkmodel_hist.c). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>

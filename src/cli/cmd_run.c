@@ -11,7 +11,7 @@
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 /* Prompt tokens go through the forward pass in chunks of at most this many. */
 #define RUN_CHUNK 256u

@@ -24,7 +24,7 @@
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/server.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 #define SERVE_PAGE_TOKENS 16u
 

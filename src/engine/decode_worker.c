@@ -31,7 +31,7 @@
 #include <xxhash.h>
 
 #include "engine_internal.h"
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 
 #define DW_TICK_MS 20u    /* machine timers */
 #define DW_RECONNECT_MS 100u

@@ -34,7 +34,7 @@
 #include "kvfence/common.h"
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 
 struct kvf_act16;
 

@@ -147,7 +147,7 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
 
 /* Block blk (32 values) of a Q4_0, Q4_1, Q5_0, Q4_K or Q5_K row: its scale a, offset b (value =
  * a · q + b, both exact in float) and its quants q[32] (0..15, or 0..31 for the 5-bit types), read
- * from the layouts of quant.h. */
+ * from the layouts of gguf.h. */
 static void affine_block(uint32_t type, const uint8_t *row, uint32_t blk, float *a, float *b,
                          uint8_t q[KVF_QK])
 {
@@ -262,7 +262,7 @@ void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t co
             float d = kvf_fp16_to_f32(x->d);
             for (int h = 0; h < 2; h++) g[b].a[h][lane] = d * (float)x->scales[(b % 8) * 2 + h];
             for (int c = 0; c < KVF_QK; c++) {
-                /* Value i of the super-block: its low nibble and its two high bits (quant.h). */
+                /* Value i of the super-block: its low nibble and its two high bits (gguf.h). */
                 int i = (int)(b % 8) * KVF_QK + c, half = i / 128, rr = i % 128, quarter = rr / 32,
                     l = rr % 32;
                 uint8_t lo = x->ql[64 * half + 32 * (quarter & 1) + l];

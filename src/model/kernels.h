@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 
 struct kvf_weight;
 struct kvf_attn_batch;

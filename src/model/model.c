@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "kvfence/common.h"
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 #include "kernels.h"
 #include "model_internal.h"
 

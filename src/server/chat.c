@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kvfence/server.h"
-#include "kvfence/template.h"
+#include "kvfence/text.h"
 #include "server_internal.h"
 
 int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs, char **out,

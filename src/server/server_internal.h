@@ -25,10 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvfence/engine.h"
+#include "kvfence/gen.h"
 #include "kvfence/server.h"
-#include "kvfence/template.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 /* --- A growable byte buffer (NUL-terminated when non-empty). ------------------------------- */
 struct kvf__sbuf {

@@ -9,8 +9,7 @@
 #include <string.h>
 
 #include "kvfence/gguf.h"
-#include "kvfence/quant.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

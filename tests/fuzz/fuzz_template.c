@@ -1,5 +1,5 @@
 /*
- * fuzz_template.c — the chat-template interpreter (src/model/template.c) against arbitrary
+ * fuzz_template.c — the chat-template interpreter (src/text/template.c) against arbitrary
  * templates and conversations.
  *
  * A template comes from the model file and the conversation from any client, so neither may
@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "fuzz/fuzz_utf8.h"
-#include "kvfence/template.h"
+#include "kvfence/text.h"
 
 #define MAX_MSGS 16
 

@@ -1,5 +1,5 @@
 /*
- * fuzz_tokenizer.c — the tokenizers (src/model/tokenizer.c, bpe.c, bpe_pre.c) and the streaming
+ * fuzz_tokenizer.c — the tokenizers (src/text/tokenizer.c, bpe.c, bpe_pre.c) and the streaming
  * detokenizer against arbitrary text, the one input every client controls.
  *
  * Five small vocabularies are built once, in memory, the way converted GGUF files carry them:
@@ -25,7 +25,7 @@
 
 #include "fuzz/fuzz_utf8.h"
 #include "kvfence/gguf.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

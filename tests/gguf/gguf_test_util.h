@@ -1,5 +1,5 @@
-/* Helpers for the GGUF and tokenizer tests: a byte builder for hand-made (often hostile) GGUF
- * files, a scratch directory, and file reading. */
+/* Helpers for the GGUF tests and the tokenizer tests (tests/text): a byte builder for hand-made
+ * (often hostile) GGUF files, a scratch directory, and file reading. */
 #ifndef KVF_GGUF_TEST_UTIL_H
 #define KVF_GGUF_TEST_UTIL_H
 

@@ -2,12 +2,11 @@
  * back and rewritten byte for byte, truncation at every byte offset, and hostile headers. */
 #include "gguf_test_util.h"
 #include "kvf_test.h"
-#include "model/gguf_internal.h"
+#include "gguf/gguf_internal.h"
 
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/quant.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 /* ---- a small file with every key type and every tensor type ---- */
 

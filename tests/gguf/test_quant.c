@@ -3,7 +3,7 @@
 #include "kvf_test.h"
 
 #include "kvfence/common.h"
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 
 static float bits_f(uint32_t u)
 {

@@ -16,7 +16,6 @@
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
-#include "kvfence/quant.h"
 #include "model/model_internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)

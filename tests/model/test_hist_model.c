@@ -1,5 +1,5 @@
 /*
- * The hist test model (src/model/mkmodel_hist.c, docs/TEST_MODELS.md) through the real forward
+ * The hist test model (src/gguf/mkmodel_hist.c, docs/TEST_MODELS.md) through the real forward
  * pass over pool pages, F32 and Q8_0 (the latter with the engine's default IEEE-half K/V):
  *
  *   - its greedy output equals the rule computed here from the tokens alone: the counted word
@@ -20,8 +20,8 @@
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
-#include "kvfence/tokenizer.h"
-#include "model/gguf_internal.h"
+#include "kvfence/text.h"
+#include "gguf/gguf_internal.h"
 
 #define SPACE_MARK  "\xe2\x96\x81"
 #define PAGE_TOKENS 16u

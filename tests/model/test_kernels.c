@@ -307,7 +307,7 @@ static uint32_t q5_0_word(const struct kvf_block_q5_0 *x)
 }
 
 /* Block b (32 values) of a row: each value's integer quant and the float(s) the recipe applies
- * — Q4, Q5: value = a · q + off; Q6: value = a[c / 16] · q — from the layouts in quant.h. */
+ * — Q4, Q5: value = a · q + off; Q6: value = a[c / 16] · q — from the layouts in gguf.h. */
 static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], float a[2],
                      float *off)
 {
@@ -545,7 +545,7 @@ static void test_kq_variants_match_reference(void)
            "reference in %u cases (%u variants)\n", cases, nv);
 }
 
-/* Q5_0 dequantization: a block built by hand from the format's definition (quant.h), then
+/* Q5_0 dequantization: a block built by hand from the format's definition (gguf.h), then
  * random blocks against the definition, bit for bit; and the quantizer's error within half a
  * step (plus the scale's rounding to a half). */
 static void test_q5_0_layout(void)

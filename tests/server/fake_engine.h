@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "kvfence/engine.h"
+#include "kvfence/gen.h"
 
 #define FAKE_MAX_RECORDS 64
 #define FAKE_MAX_SEEDS 4096

@@ -23,7 +23,7 @@
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
 #include "kvfence/server.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 #define SP "\xe2\x96\x81"
 

@@ -7,7 +7,7 @@
  * ill-formed prefix, as Unicode recommends), so the concatenated output is always valid. */
 #include <string.h>
 
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 #include "tokenizer_internal.h"
 #include "unicode.h"
 

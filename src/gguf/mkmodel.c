@@ -31,7 +31,6 @@
 #include "gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/quant.h"
 
 /* rope-tiny's factors: Llama 3's over a context of 64, so that a short test reaches them. */
 static const struct kvf_mkmodel_llama3_rope rope_tiny_llama3 = {8.0f, 1.0f, 4.0f, 64};

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 #include "kvfence/utf8.h"
 
 /* The two tokenizer models read from tokenizer.ggml.model. */

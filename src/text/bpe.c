@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf_internal.h"
+#include "gguf/gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
 #include "kvfence/heap.h"

@@ -1,7 +1,9 @@
 /*
- * kvfence/tokenizer.h — text <-> tokens for the vocabulary stored in a GGUF file.
+ * kvfence/text.h — a model's text: the tokenizers (text <-> tokens for the vocabulary stored in a
+ * GGUF file) and the chat-template interpreter. The module (src/text) depends on kvfence/gguf.h
+ * and kvfence/common.h alone; the HTTP server (kvfence/server.h) and the CLI use it.
  *
- * Two models are read (tokenizer.ggml.model); any other is refused by name with
+ * Tokenizers. Two models are read (tokenizer.ggml.model); any other is refused by name with
  * KVF_E_MODEL_UNSUPPORTED:
  *
  *   "llama"  SentencePiece: pieces with scores and token types, byte fallback through the
@@ -43,8 +45,8 @@
  * O(n log n) time plus O(n * distinct added-token lengths) to find added tokens, and O(n)
  * memory (allocated per call). detok_push is O(piece length).
  */
-#ifndef KVFENCE_TOKENIZER_H
-#define KVFENCE_TOKENIZER_H
+#ifndef KVFENCE_TEXT_H
+#define KVFENCE_TEXT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -53,16 +55,6 @@
 #include "kvfence/gguf.h"
 
 typedef struct kvf_tokenizer kvf_tokenizer_t;
-
-/* Token types, as tokenizer.ggml.token_type stores them. */
-enum kvf_token_type {
-    KVF_TOKEN_NORMAL = 1,
-    KVF_TOKEN_UNKNOWN = 2,
-    KVF_TOKEN_CONTROL = 3,
-    KVF_TOKEN_USER_DEFINED = 4,
-    KVF_TOKEN_UNUSED = 5,
-    KVF_TOKEN_BYTE = 6,
-};
 
 /* Pieces longer than this are refused at create (no real vocabulary comes close). */
 #define KVF_TOKENIZER_MAX_PIECE 512
@@ -137,4 +129,45 @@ size_t kvf_detok_push(struct kvf_detok *d, const kvf_tokenizer_t *t, int32_t tok
  * the bytes written and resets d. */
 size_t kvf_detok_finish(struct kvf_detok *d, char *out, size_t cap);
 
-#endif /* KVFENCE_TOKENIZER_H */
+/* ---------------------------------------------------------------------------------------------
+ * Chat templates: renders a model's chat template (tokenizer.chat_template, a Jinja
+ * template) over a conversation.
+ *
+ * The interpreter takes the subset of Jinja that chat templates use: text, {{ expr }},
+ * {% if/elif/else %}, {% for x in xs %} (with loop.index0, index, first, last, length,
+ * revindex), {% set x = ... %} and {% set ns.attr = ... %}, comments, whitespace control
+ * ({%- -%}) and the lstrip_blocks / trim_blocks behaviour of the reference (@huggingface/jinja);
+ * expressions with literals, lists, attribute and index access, slices, + - * / % ~, comparisons,
+ * and/or/not, in / not in, x if c else y, tests (defined, none, string, number, boolean, true,
+ * false, mapping, sequence), filters (trim, length, tojson, upper, lower, string, join, first,
+ * last), string methods (startswith, endswith, split, strip, lstrip, rstrip, upper, lower,
+ * replace), namespace() and raise_exception(). Anything else is refused by name.
+ *
+ * Safety: there is no file, network or environment access. Work is bounded: output at most
+ * KVF_TEMPLATE_MAX_OUT bytes, at most KVF_TEMPLATE_MAX_STEPS loop iterations and expression
+ * evaluations, nesting at most KVF_TEMPLATE_MAX_DEPTH deep (so no deep recursion), and memory
+ * within KVF_TEMPLATE_MAX_MEM; past any bound rendering stops with an error.
+ *
+ * Variables the template sees: messages (a list of {role, content}), add_generation_prompt,
+ * bos_token and eos_token (empty strings when NULL). Anything else (tools, ...) is undefined.
+ * ------------------------------------------------------------------------------------------- */
+#define KVF_TEMPLATE_MAX_OUT (4u << 20)
+#define KVF_TEMPLATE_MAX_STEPS 1000000u
+#define KVF_TEMPLATE_MAX_DEPTH 64u
+#define KVF_TEMPLATE_MAX_MEM (64u << 20)
+
+/* One message of a conversation; both strings borrowed, NUL-terminated, UTF-8. */
+struct kvf_chat_msg {
+    const char *role;
+    const char *content;
+};
+
+/* Renders tmpl over msgs[0..n). On success returns the output's length and sets *out to a
+ * malloc'd NUL-terminated string (the caller frees it). On failure returns -EINVAL (a syntax
+ * error, something unsupported, raise_exception, a type error), -E2BIG (a work or output bound
+ * reached) or -ENOMEM, leaves *out NULL, and writes a one-line explanation to err. */
+int kvf_template_render(const char *tmpl, const struct kvf_chat_msg *msgs, size_t n,
+                        bool add_generation_prompt, const char *bos, const char *eos, char **out,
+                        char *err, size_t err_len);
+
+#endif /* KVFENCE_TEXT_H */

@@ -10,7 +10,6 @@
 #include "gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/quant.h"
 
 #define GGUF_MAGIC 0x46554747u
 

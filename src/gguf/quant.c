@@ -1,6 +1,6 @@
 /* Element formats of GGUF tensors: half conversions, row sizes, dequantization, quantization.
  * The bit layouts are GGML's so that files kvfence writes are read the same way elsewhere. */
-#include "kvfence/quant.h"
+#include "kvfence/gguf.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* The chat-template interpreter: a Jinja subset (see include/kvfence/template.h).
+/* The chat-template interpreter: a Jinja subset (see include/kvfence/text.h).
  *
  * The template is preprocessed as the reference does it (one trailing newline dropped;
  * lstrip_blocks: blanks before "{%" / "{#" at a line start removed; trim_blocks: the newline
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvfence/template.h"
+#include "kvfence/text.h"
 #include "unicode.h"
 
 /* ---- arena and errors ---- */

@@ -24,8 +24,7 @@
 
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/template.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 
 static int fail(const char *fmt, const char *a, const char *b)
 {

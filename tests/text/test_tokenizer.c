@@ -1,14 +1,14 @@
 /* The SentencePiece tokenizer: merges by score on hand-made vocabularies, byte fallback,
  * encode/decode round trips of random UTF-8 (multibyte characters split across byte tokens),
  * detokenizer output always valid UTF-8, and vocabularies that must be refused. */
-#include "gguf_test_util.h"
+#include "gguf/gguf_test_util.h"
 #include "kvf_test.h"
 
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/tokenizer.h"
-#include "model/tokenizer_internal.h"
-#include "model/unicode.h"
+#include "kvfence/text.h"
+#include "text/tokenizer_internal.h"
+#include "text/unicode.h"
 
 #define SP "\xe2\x96\x81" /* U+2581 */
 

@@ -1,6 +1,6 @@
-/* Internals shared by the GGUF reader, writer and the tokenizer: a byte-string hash and the
- * error-message helper; and the hist test model's entry points (mkmodel_hist.c). Not part of
- * the public API. */
+/* Internals shared by the GGUF reader, writer and the tokenizer (src/text includes this as
+ * gguf/gguf_internal.h): a byte-string hash and the error-message helper; and the hist test
+ * model's entry points (mkmodel_hist.c). Not part of the public API. */
 #ifndef KVF_GGUF_INTERNAL_H
 #define KVF_GGUF_INTERNAL_H
 

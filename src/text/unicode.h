@@ -1,7 +1,7 @@
 /* Unicode for the byte-level BPE tokenizer: code point classes the pre-tokenizer regexes name
- * (\p{L}, \p{N}, White_Space), and NFC normalization. Internal to src/model.
+ * (\p{L}, \p{N}, White_Space), and NFC normalization. Internal to src/text.
  *
- * The tables in unicode_data.c are generated (tests/tokenizer/gen_unicode.mjs) from Node.js's
+ * The tables in unicode_data.c are generated (tests/text/gen_unicode.mjs) from Node.js's
  * Unicode database, the one the reference tokenizer in the tests uses. */
 #ifndef KVF_UNICODE_H
 #define KVF_UNICODE_H

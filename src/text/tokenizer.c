@@ -9,10 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf_internal.h"
+#include "gguf/gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/heap.h"
-#include "kvfence/tokenizer.h"
+#include "kvfence/text.h"
 #include "tokenizer_internal.h"
 
 #define SPACE_MARK "\xe2\x96\x81" /* U+2581, which SentencePiece writes for a space */

@@ -20,7 +20,6 @@
 #include "gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/quant.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF reader assumes a little-endian host"

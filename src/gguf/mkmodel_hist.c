@@ -60,8 +60,6 @@
 #include "gguf_internal.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
-#include "kvfence/quant.h"
-#include "kvfence/tokenizer.h"
 
 #define DIM        512u
 #define HALF       (DIM / 2)
