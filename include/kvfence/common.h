@@ -141,6 +141,46 @@ _Noreturn void kvf__check_failed(const char *check, const char *file, int line);
 #define NEVER(x) (!!(x))
 #endif
 
+/* KVF_ENABLED(FLAG): the integer constant 1 where the build defines the macro FLAG as 1 or as
+ * nothing (-DFLAG, -DFLAG=1, CMake's FLAG=1), 0 where FLAG is not defined — and 0 for any other
+ * value, so a build flag is defined to 1 or left out. An expression, not a preprocessor test, so
+ * a build-dependent line reads as ordinary C (`if (KVF_ENABLED(KVF_TEST_BUILD) && ...)`), is
+ * compiled and type-checked in every build, and costs nothing where it is 0: the compiler drops
+ * the dead branch. Usable in `#if` as well. The Linux kernel's IS_ENABLED() trick: FLAG expands
+ * to `1` or nothing, which pasted to KVF__ON_ names one of the two macros below; their `0,`
+ * shifts the 1 into the second argument, which is taken; any other token sequence leaves the 0
+ * there. */
+#define KVF_ENABLED(flag)               KVF__ENABLED1(flag)
+#define KVF__ENABLED1(value)            KVF__ENABLED2(KVF__ON_##value)
+#define KVF__ENABLED2(on_or_junk)       KVF__SECOND(on_or_junk 1, 0, ~)
+#define KVF__SECOND(first, second, ...) second
+#define KVF__ON_1                       0,
+#define KVF__ON_                        0,
+
+/* KVF_MUTANT(<NAME>): 1 in the build of the mutant <name> (docs/MUTANTS.md), 0 in every other
+ * build — the constant 0 outside test builds, so no release binary holds a mutant's code or a
+ * branch on it. <NAME> is the mutant's name in capitals, as the CMake switch writes it:
+ * `-DKVF_MUTANT=<name>` defines KVF_MUTANT_<NAME>=1 for the .c files that say
+ * KVF_MUTANT(<NAME>) (the top-level CMakeLists.txt finds them by that text, so the call is
+ * written out on one line, never built by another macro), and CMake refuses a mutant without
+ * KVF_TEST_BUILD.
+ *
+ * A mutant site reads as the code it breaks, the way SQLite's testcase() and NEVER() leave the
+ * text straight: the check stays on its line and the mutant switches it off —
+ *     if (!KVF_MUTANT(<NAME>) && got != want) return KVF_E_PROTO_COUNT;
+ * — or a block that puts the bug back runs in its place and returns. verify() in
+ * src/proto/decode.c and on_cancel() in src/proto/prefill.c are the examples. Only .c files may
+ * use it (a header's switch would differ between the files that include it; CMake refuses one).
+ * A declaration that exists only for a mutant (a struct field, a static function) keeps
+ * `#if defined(KVF_MUTANT_<NAME>)`, which CMake also recognises. A name that no .c file uses
+ * is refused at configure; a misspelt <NAME> at a site is not caught there and reads as 0 — the
+ * mutant table (scripts/mutants.sh) is what shows each switch still puts its bug back. */
+#if defined(KVF_TEST_BUILD)
+#define KVF_MUTANT(name) KVF_ENABLED(KVF_MUTANT_##name)
+#else
+#define KVF_MUTANT(name) 0
+#endif
+
 #define KVF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
 #endif /* KVFENCE_COMMON_H */

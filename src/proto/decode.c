@@ -263,9 +263,8 @@ static void prove(kvf_decode_t *d, struct dreq *r)
     for (uint32_t i = 0; i < r->n_pages; i++) {
         if (!r->granted[i]) continue;
         int rc = kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, 0);
-#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
-        if (rc != 0 && rc != KVF_E_POOL_BAD_STATE) rc = 0; /* Mutant: a revoked grant "ends". */
-#endif
+        if (KVF_MUTANT(FENCE_KEEPS_OTHER_GRANTS) && rc != 0 && rc != KVF_E_POOL_BAD_STATE)
+            rc = 0; /* Mutant: a revoked grant "ends". */
         if (rc == 0) {
             r->granted[i] = false;
             r->n_granted--;
@@ -284,15 +283,15 @@ static void start_draining(kvf_decode_t *d, struct dreq *r, uint64_t now_ms, int
                            bool send_cancel, struct kvf_actions *acts)
 {
     tell_client(acts, r, err);
-#if defined(KVF_MUTANT_FREE_AT_CANCEL)
-    /* Mutant: the pages are freed at once, as if the writer had proved it stopped. */
-    for (uint32_t i = 0; i < r->n_pages; i++)
-        if (r->granted[i]) kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, 0);
-    release_pages(d, r, now_ms);
-    if (send_cancel) send_to_writer(acts, r, KVF_MSG_CANCEL, err);
-    end_slot(d, r, false);
-    return;
-#endif
+    if (KVF_MUTANT(FREE_AT_CANCEL)) {
+        /* Mutant: the pages are freed at once, as if the writer had proved it stopped. */
+        for (uint32_t i = 0; i < r->n_pages; i++)
+            if (r->granted[i]) kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, 0);
+        release_pages(d, r, now_ms);
+        if (send_cancel) send_to_writer(acts, r, KVF_MSG_CANCEL, err);
+        end_slot(d, r, false);
+        return;
+    }
     release_pages(d, r, now_ms);
     if (send_cancel) send_to_writer(acts, r, KVF_MSG_CANCEL, err);
     if (r->reserved) {
@@ -436,23 +435,20 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
 static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_msg_done *dn,
                   const uint64_t *hashed)
 {
+    /* Mutants no_count_check and placeholder_after_reject, as in the model (COUNT_OK): the tokens
+     * written are not compared with the reservation, only the pages the writer says it wrote are
+     * verified, and the rest are committed unread with the reserved fill. */
+    const bool count_check = !KVF_MUTANT(NO_COUNT_CHECK) && !KVF_MUTANT(PLACEHOLDER_AFTER_REJECT);
+
     if (dn->n_pages != r->n_pages) return KVF_E_PROTO_COUNT;
-#if !defined(KVF_MUTANT_NO_COUNT_CHECK) && !defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    if (dn->tokens_written != r->prompt_len) return KVF_E_PROTO_COUNT;
-#endif
-#if defined(KVF_TEST_BUILD)
-    if (d->cfg.test_unverified) return 0;
-#endif
-#if !defined(KVF_NO_SAFETY_CHECKS)
-    /* Compiled out only in `make bench-overhead`'s comparison binary, which measures what these
-     * checks cost and is never installed (CMakeLists.txt refuses it with tests and mutants). */
+    if (count_check && dn->tokens_written != r->prompt_len) return KVF_E_PROTO_COUNT;
+    /* The content suites' "unverified" runs (docs/MUTANTS.md): commit what arrives unread. */
+    if (KVF_ENABLED(KVF_TEST_BUILD) && d->cfg.test_unverified) return 0;
+    /* Off only in `make bench-overhead`'s comparison binary, which measures what these checks
+     * cost and is never installed (CMakeLists.txt refuses it with tests and mutants). */
+    if (KVF_ENABLED(KVF_NO_SAFETY_CHECKS)) return 0;
     for (uint32_t i = 0; i < r->n_pages; i++) {
-#if defined(KVF_MUTANT_NO_COUNT_CHECK) || defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-        /* Mutant, as in the model (COUNT_OK): the count is not compared, and only the pages the
-         * writer says it wrote are verified; the rest are committed unread with the reserved
-         * fill. */
-        if (i >= div_up(dn->tokens_written, d->page_tokens)) break;
-#endif
+        if (!count_check && i >= div_up(dn->tokens_written, d->page_tokens)) break;
         const uint8_t *page = kvf_pool_page_data(d->cfg.pool, r->pages[i].page);
         if (!ALWAYS(page != NULL)) return KVF_E_PROTO_TRAILER;
         struct kvf_page_trailer t;
@@ -460,18 +456,14 @@ static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_
         if (t.tag != r->pages[i].tag || !kvf_req_id_eq(t.req, r->req) || t.tenant != r->tenant ||
             t.epoch_nonce != kvf_trailer_epoch_nonce(r->writer.epoch, r->nonce))
             return KVF_E_PROTO_TRAILER;
-#if !defined(KVF_MUTANT_NO_COUNT_CHECK) && !defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-        if (t.slots != page_slots(r->prompt_len, i, d->page_tokens)) return KVF_E_PROTO_COUNT;
-#else
-        if (t.slots > d->page_tokens) return KVF_E_PROTO_COUNT;
-#endif
-#if !defined(KVF_MUTANT_NO_CHECKSUM_CHECK)
+        if (count_check ? t.slots != page_slots(r->prompt_len, i, d->page_tokens)
+                        : t.slots > d->page_tokens)
+            return KVF_E_PROTO_COUNT;
+        if (KVF_MUTANT(NO_CHECKSUM_CHECK)) continue; /* Mutant: the bytes are taken on trust. */
         if (t.checksum != dn->checksums[i]) return KVF_E_PROTO_CHECKSUM;
         uint64_t h = hashed ? hashed[i] : XXH3_64bits(page, d->data_bytes);
         if (h != dn->checksums[i]) return KVF_E_PROTO_CHECKSUM;
-#endif
     }
-#endif /* !KVF_NO_SAFETY_CHECKS */
     return 0;
 }
 
@@ -480,14 +472,14 @@ static void commit(kvf_decode_t *d, struct dreq *r, const struct kvf_msg_done *d
 {
     for (uint32_t i = 0; i < r->n_pages; i++) {
         uint32_t fill = page_slots(r->prompt_len, i, d->page_tokens);
-#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
-        /* Mutant: a grant the fence revoked (the page is OWNED with fill 0) is not noticed; the
-         * fill is set as if the grant had ended by proof. */
-        if (kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, fill) != 0)
-            POOL_MUST(kvf_pool_set_fill(d->cfg.pool, r->pages[i], fill));
-        r->granted[i] = false;
-        continue;
-#endif
+        if (KVF_MUTANT(FENCE_KEEPS_OTHER_GRANTS)) {
+            /* Mutant: a grant the fence revoked (the page is OWNED with fill 0) is not noticed;
+             * the fill is set as if the grant had ended by proof. */
+            if (kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, fill) != 0)
+                POOL_MUST(kvf_pool_set_fill(d->cfg.pool, r->pages[i], fill));
+            r->granted[i] = false;
+            continue;
+        }
         POOL_MUST(kvf_pool_grant_end(d->cfg.pool, r->pages[i], r->writer, fill));
         r->granted[i] = false;
     }
@@ -537,18 +529,19 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
         return KVF_E_PROTO_UNKNOWN_REQ;
     }
     bool fresh = r->writer.peer == peer && r->nonce == m->nonce;
-#if !defined(KVF_MUTANT_STALE_EPOCH_ACCEPTED)
-    /* A message from an earlier connection of the writer — above all a DONE from a fenced epoch —
-     * never commits and never proves anything: the fence already ended those grants. */
-    uint32_t cur = 0;
-    kvf_pool_peer_epoch(d->cfg.pool, peer, &cur);
-    fresh = fresh && m->epoch == r->writer.epoch && m->epoch == cur;
-#endif
-#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
+    if (!KVF_MUTANT(STALE_EPOCH_ACCEPTED)) {
+        /* A message from an earlier connection of the writer — above all a DONE from a fenced
+         * epoch — never commits and never proves anything: the fence already ended those
+         * grants. */
+        uint32_t cur = 0;
+        kvf_pool_peer_epoch(d->cfg.pool, peer, &cur);
+        fresh = fresh && m->epoch == r->writer.epoch && m->epoch == cur;
+    }
     /* Mutant, as in the model: a request the fence kept matches its writer's messages to its own
      * attempt only, so a DONE of the fenced epoch still commits it. */
-    if (r->writer.peer == peer && r->nonce == m->nonce && m->epoch == r->writer.epoch) fresh = true;
-#endif
+    if (KVF_MUTANT(FENCE_KEEPS_OTHER_GRANTS) && r->writer.peer == peer && r->nonce == m->nonce &&
+        m->epoch == r->writer.epoch)
+        fresh = true;
     if (!fresh) {
         d->st.stale++;
         return KVF_E_PROTO_STALE;
@@ -607,9 +600,8 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
             pg->pages_posted >= r->progress_pages) {
             r->progress_tokens = pg->tokens_done;
             r->progress_pages = pg->pages_posted;
-#if !defined(KVF_MUTANT_PROGRESS_IGNORED) /* mutant: a clock over the whole prefill, as before */
-            r->deadline_ms = now_ms + d->cfg.grant_timeout_ms;
-#endif
+            /* The mutant keeps one clock over the whole prefill, as before PROGRESS renewed it. */
+            if (!KVF_MUTANT(PROGRESS_IGNORED)) r->deadline_ms = now_ms + d->cfg.grant_timeout_ms;
             d->st.progress++;
             return 0;
         }
@@ -705,15 +697,14 @@ int kvf_decode_tick(kvf_decode_t *d, uint64_t now_ms, struct kvf_actions *acts)
             d->st.expired++;
             start_draining(d, r, now_ms, KVF_E_PROTO_TIMEOUT, true, acts);
         }
-#if defined(KVF_MUTANT_FREE_AT_HOLD_TIMEOUT)
         /* Mutant: time is taken as proof. */
-        if (r->state == KVF_DREQ_DRAINING && now_ms >= r->drain_since_ms + d->cfg.hold_timeout_ms) {
+        if (KVF_MUTANT(FREE_AT_HOLD_TIMEOUT) && r->state == KVF_DREQ_DRAINING &&
+            now_ms >= r->drain_since_ms + d->cfg.hold_timeout_ms) {
             for (uint32_t j = 0; j < r->n_pages; j++)
                 if (r->granted[j]) kvf_pool_grant_end(d->cfg.pool, r->pages[j], r->writer, 0);
             r->n_granted = 0;
             maybe_drained(d, r);
         }
-#endif
     }
     /* Held pages past their deadline go QUARANTINED; their writers must be fenced. The pool lists
      * every writer still owing a fence on each tick, so a list cut short here is completed on
@@ -760,12 +751,10 @@ int kvf_decode_peer_fenced(kvf_decode_t *d, uint64_t now_ms, struct kvf_peer_epo
         struct dreq *r = &d->reqs[i];
         if (r->writer.peer != writer.peer || r->writer.epoch != writer.epoch) continue;
         if (r->state == KVF_DREQ_GRANTED) {
-#if defined(KVF_MUTANT_FENCE_KEEPS_OTHER_GRANTS)
             /* Mutant (the model's): requests that were not the reason for the fence keep
              * their grants of the fenced epoch, and a DONE of that epoch still commits them
              * (on_msg, commit, prove). */
-            continue;
-#endif
+            if (KVF_MUTANT(FENCE_KEEPS_OTHER_GRANTS)) continue;
             /* The pool revoked the grants (pages OWNED, fill 0): some writes may have been
              * dropped, so the request fails and its pages are freed. */
             tell_client(acts, r, KVF_E_PROTO_PEER_DOWN);

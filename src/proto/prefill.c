@@ -300,10 +300,10 @@ static int on_cancel(kvf_prefill_t *p, const struct kvf_msg *m, struct kvf_actio
 {
     struct preq *e = find(p, m->req, m->nonce);
     if (!e) {
-#if defined(KVF_MUTANT_ACK_LOST_WHEN_CLEARED)
-        p->st.stale++;
-        return KVF_E_PROTO_UNKNOWN_REQ;
-#endif
+        if (KVF_MUTANT(ACK_LOST_WHEN_CLEARED)) { /* Mutant: a cancel for no record is ignored. */
+            p->st.stale++;
+            return KVF_E_PROTO_UNKNOWN_REQ;
+        }
         /* Never seen (or forgotten): nothing was posted for it by this connection. Acknowledge at
          * once and remember, so its GRANT, if it is still on the way, is ignored. */
         e = new_entry(p, m->req, m->nonce, KVF_PREQ_CLEARED);
@@ -315,12 +315,12 @@ static int on_cancel(kvf_prefill_t *p, const struct kvf_msg *m, struct kvf_actio
     case KVF_PREQ_COMPUTING:
     case KVF_PREQ_WRITING:
     case KVF_PREQ_FLUSHING:
-#if defined(KVF_MUTANT_ACK_BEFORE_DRAIN)
-        send(p, acts, e->req, e->nonce, KVF_MSG_CANCEL_ACK, 0);
-        e->acked = true;
-        drain(p, e, OWE_NONE, 0, acts);
-        return 0;
-#endif
+        if (KVF_MUTANT(ACK_BEFORE_DRAIN)) { /* Mutant: acknowledged before the writes landed. */
+            send(p, acts, e->req, e->nonce, KVF_MSG_CANCEL_ACK, 0);
+            e->acked = true;
+            drain(p, e, OWE_NONE, 0, acts);
+            return 0;
+        }
         drain(p, e, OWE_ACK, 0, acts);
         return 0;
     case KVF_PREQ_DRAINING:
@@ -330,9 +330,8 @@ static int on_cancel(kvf_prefill_t *p, const struct kvf_msg *m, struct kvf_actio
     case KVF_PREQ_DONE:
     case KVF_PREQ_CLEARED:
         if (e->acked) break;
-#if defined(KVF_MUTANT_ACK_LOST_WHEN_CLEARED)
-        if (e->state == KVF_PREQ_CLEARED) break;
-#endif
+        /* Mutant: a cancel for a cleared request is ignored. */
+        if (KVF_MUTANT(ACK_LOST_WHEN_CLEARED) && e->state == KVF_PREQ_CLEARED) break;
         /* Every write was flushed before DONE (or nothing was posted): acknowledge now. */
         send(p, acts, e->req, e->nonce, KVF_MSG_CANCEL_ACK, 0);
         e->acked = true;
@@ -350,11 +349,9 @@ int kvf_prefill_on_msg(kvf_prefill_t *p, uint64_t now_ms, const struct kvf_msg *
     int rc = room(p, acts);
     if (rc < 0) return rc;
     bool fresh = p->connected;
-#if !defined(KVF_MUTANT_STALE_EPOCH_ACCEPTED)
     /* A message of an earlier connection — a GRANT delayed past a fence above all — names pages
      * that may belong to someone else by now. */
-    fresh = fresh && m->epoch == p->epoch;
-#endif
+    if (!KVF_MUTANT(STALE_EPOCH_ACCEPTED)) fresh = fresh && m->epoch == p->epoch;
     if (!fresh) {
         p->st.stale++;
         return KVF_E_PROTO_STALE;
@@ -385,12 +382,12 @@ static void post(kvf_prefill_t *p, struct preq *e, uint32_t index, uint32_t slot
     a->checksum = e->checksums[index];
     a->tenant = e->tenant;
     e->posted++;
-#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
-    /* Mutant: the source page is let go as soon as the put is posted, not when it completes. */
-    struct kvf_action *r = push(acts, KVF_ACT_RELEASE_SRC, e->req);
-    r->index = index;
-    r->nonce = e->nonce;
-#endif
+    if (KVF_MUTANT(SRC_FREED_AT_POST)) {
+        /* Mutant: the source page is let go as soon as the put is posted, not when it completes. */
+        struct kvf_action *r = push(acts, KVF_ACT_RELEASE_SRC, e->req);
+        r->index = index;
+        r->nonce = e->nonce;
+    }
 }
 
 int kvf_prefill_page_ready(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint64_t nonce,
@@ -408,9 +405,8 @@ int kvf_prefill_page_ready(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, 
     /* The page's compute has completed (H8): only now is it put. */
     post(p, e, index, page_slots(e->expected, index, p->cfg.page_tokens), acts);
     e->state = KVF_PREQ_WRITING;
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    if (e->placeholder) e->computed = e->n_pages; /* Mutant: one page stands for them all. */
-#endif
+    if (KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && e->placeholder)
+        e->computed = e->n_pages; /* Mutant: one page stands for them all. */
     if (e->computed == e->n_pages) {
         e->first_token = first_token;
         e->state = KVF_PREQ_FLUSHING;
@@ -453,18 +449,16 @@ int kvf_prefill_compute_failed(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t r
     if (err >= 0) err = KVF_E_PROTO_FAILED;
     switch (e->state) {
     case KVF_PREQ_COMPUTING:
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
         /* Mutant: the refused request is swapped for a one-token placeholder that still goes
          * through the handoff: the engine computes one token into page 0, which is put, flushed
          * and reported DONE with tokens_written 1 (see kvf_prefill_page_ready); the request's
          * other pages are never written. */
-        if (!e->placeholder) {
+        if (KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && !e->placeholder) {
             e->placeholder = true;
             e->expected = 1;
             push(acts, KVF_ACT_COMPUTE, e->req)->nonce = e->nonce;
             return 0;
         }
-#endif
         drain(p, e, OWE_FAIL, err, acts); /* nothing posted: a REJECT, now */
         return 0;
     case KVF_PREQ_WRITING: drain(p, e, OWE_FAIL, err, acts); return 0;
@@ -477,12 +471,11 @@ int kvf_prefill_write_local_done(kvf_prefill_t *p, kvf_req_id_t req, uint64_t no
 {
     int rc = room(p, acts);
     if (rc < 0) return rc;
-#if !defined(KVF_MUTANT_SRC_FREED_AT_POST)
+    if (KVF_MUTANT(SRC_FREED_AT_POST)) return 0; /* Mutant: released at the post already. */
     /* Released whatever became of the request: the put no longer reads the page (H5). */
     struct kvf_action *a = push(acts, KVF_ACT_RELEASE_SRC, req);
     a->index = index;
     a->nonce = nonce;
-#endif
     return 0;
 }
 
@@ -529,13 +522,13 @@ int kvf_prefill_clear(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint6
     case KVF_PREQ_COMPUTING:
     case KVF_PREQ_WRITING:
     case KVF_PREQ_FLUSHING:
-#if defined(KVF_MUTANT_ACK_LOST_WHEN_CLEARED)
-        /* Mutant: the record — the ack's return address — goes with the request, writes in
-         * flight or not. */
-        abort_compute(acts, e);
-        e->state = KVF_PREQ_NONE;
-        return 0;
-#endif
+        if (KVF_MUTANT(ACK_LOST_WHEN_CLEARED)) {
+            /* Mutant: the record — the ack's return address — goes with the request, writes in
+             * flight or not. */
+            abort_compute(acts, e);
+            e->state = KVF_PREQ_NONE;
+            return 0;
+        }
         drain(p, e, OWE_FAIL, KVF_E_PROTO_CANCELLED, acts);
         return 0;
     case KVF_PREQ_DONE: e->state = KVF_PREQ_CLEARED; return 0;
