@@ -12,6 +12,11 @@
 #     write-after-free and handoff mutants in $content_required) must be caught here, and the
 #     two in $unverified with decode committing pages unread (`--unverified 1`); for the others
 #     the column shows what content alone sees;
+#   - loops: the simulator on the production worker loops (tests/sim/sim_loops.c: the real decode
+#     and prefill loops, the tiny model's forward pass, simnet), in the mode that reaches the
+#     mutant's bug ($loops_mode: pressured pools, the prefills' forgeries, unverified commits;
+#     --content-only where content must show it, L1 alone); it must fail, except for the mutants
+#     in $loops_unreached, reported with the reason. The clean loops must pass in every mode used;
 #   - spin: `bash spin/check.sh <name>` when spin/check.sh exists (exit 1 = counterexample
 #     found, 0 = verified clean, anything else = tool error), with the property that failed;
 #   - spin content-only: `spin/check.sh --content <name>` (P2's check of the bytes alone; the
@@ -45,8 +50,9 @@ cd "$(dirname "$0")/.."
 all=(placeholder_after_reject free_at_cancel free_at_hold_timeout ack_before_drain
      ack_lost_when_cleared no_count_check no_checksum_check stale_epoch_accepted
      src_freed_at_post fence_keeps_other_grants progress_ignored stale_tail_sent fence_without_close)
-# The simulator cannot reach these two (they live in the transport and the prefill engine):
-# only the isolation column runs them.
+# The machines' simulator cannot reach these two (they live in the transport and the prefill
+# engine): the loops column and the isolation column run them (the loops column reaches the
+# engine's, not the fabric's: see $loops_unreached).
 binary_only=" stale_tail_sent fence_without_close "
 iso_all="placeholder_after_reject free_at_cancel free_at_hold_timeout ack_before_drain
   no_count_check no_checksum_check stale_epoch_accepted src_freed_at_post fence_keeps_other_grants
@@ -71,6 +77,26 @@ declare -A iso_not_content=(
 # The isolation phase built to show a mutant of that kind (the long-prompt phase: prompts that
 # outlive the no-progress bound while their prefill is live).
 declare -A iso_phase=([progress_ignored]=long-prompts)
+# The loops column (tests/sim/sim_loops.c): the mode that reaches each mutant's bug. Those with
+# --content-only must be caught on content (L1: a token or logprob that differs from the request
+# run alone); the others by any check (L2 liveness, L3 pages that never come back, L5 decode's
+# audit of a last page's tail).
+declare -A loops_mode=(
+  [placeholder_after_reject]="--forge every=0,short=3,refuse=4 --content-only"
+  [no_count_check]="--forge every=0,short=3,refuse=4 --content-only"
+  [no_checksum_check]="--forge every=4,token=7 --content-only"
+  [stale_epoch_accepted]="--forge every=4,token=7,fenced=1 --content-only"
+  [fence_keeps_other_grants]="--forge every=4,token=7,fenced=1 --pressured --unverified --content-only"
+  [free_at_cancel]="--pressured --unverified --content-only"
+  [src_freed_at_post]="--pressured --unverified --content-only"
+)
+# Mutants the loops column does not reach, and why: reported, not required.
+declare -A loops_unreached=(
+  [fence_without_close]="the bug is in the fabric's close (src/transport/tcp.c), below the transport seam, where the simulator runs its own transport (simnet); the isolation column catches it"
+  [ack_lost_when_cleared]="the engine clears a request mid-write only on paths the simulator's faults have not reached in its seeds; the machines' simulator catches it (I9)"
+)
+loops_seeds=${KVF_LOOPS_SEEDS:-1000}
+loops_clean_seeds=${KVF_LOOPS_CLEAN_SEEDS:-300}
 # Mutants the spin model cannot express, and why: it is reported, not run.
 declare -A no_model=(
   [progress_ignored]="the model keeps no clock: its timeouts fire at any time, so a deadline that PROGRESS does not renew adds no behaviour"
@@ -101,7 +127,7 @@ if [ -n "${KVF_MUTANTS:-}" ]; then
 elif [ "$iso" = 1 ]; then
   mutants=("${all[@]}")
 else
-  read -r -a mutants <<< "${all[*]:0:11}" # without the isolation column, the simulator's eleven
+  mutants=("${all[@]}") # without the isolation column: the binary-only two for the loops column
 fi
 seeds=${KVF_MUTANT_SEEDS:-200000}
 clean_seeds=${KVF_CLEAN_SEEDS:-20000}
@@ -123,16 +149,17 @@ if [ -f "$tree/CMakeCache.txt" ] &&
 fi
 
 build() { # name (empty = clean) [with_kvfence] -> path of test_sim, or nothing on a build failure
-  local name=$1 out=build-mutants/${1:-clean} targets=(test_sim)
+  local name=$1 out=build-mutants/${1:-clean} targets=(test_sim test_sim_loops)
   [ "${2:-0}" = 1 ] && targets+=(kvfence)
   mkdir -p "$out"
-  rm -f "$out/test_sim" "$out/kvfence"
+  rm -f "$out/test_sim" "$out/test_sim_loops" "$out/kvfence"
   if ! cmake "${generator[@]}" -S . -B "$tree" -DCMAKE_BUILD_TYPE=Release -DKVF_TEST_BUILD=ON \
         -DKVF_SANITIZE=OFF -DKVF_BUILD_TESTS=ON -DKVF_MUTANT="$name" > "$out.log" 2>&1 ||
      ! cmake --build "$tree" --target "${targets[@]}" -j "$jobs" >> "$out.log" 2>&1; then
     return 1
   fi
   cp "$tree/tests/sim/test_sim" "$out/test_sim" || return 1
+  cp "$tree/tests/sim/test_sim_loops" "$out/test_sim_loops" || return 1
   if [ "${2:-0}" = 1 ]; then cp "$tree/kvfence" "$out/kvfence" || return 1; fi
   echo "$out/test_sim"
 }
@@ -147,6 +174,20 @@ sim() { # binary count log [options] -> "caught seed N (check)" / "survived" / "
   # The check that failed: "I1", "I2", ..., "decode checker", "pool checker", ...
   check=$(grep -m1 -E '^FAIL seed [0-9]+: ' "$log" | sed -E 's/^FAIL seed [0-9]+: //; s/^(I[0-9]+|[a-z0-9 ]+ checker).*/\1/' | cut -c1-40)
   if [ -n "$seed" ]; then echo "caught seed $seed ($check)"; elif [ $rc -eq 0 ]; then echo "survived"; else echo "error rc=$rc"; fi
+}
+
+loops() { # binary count log [options] -> "caught seed N (Lk: what)" / "survived" / "error"; log kept
+  local bin=$1 count=$2 log=$3
+  shift 3
+  "$bin" --seeds "$count" "$@" > "$log" 2>/dev/null
+  local rc=$?
+  local line
+  line=$(grep -m1 -E '^VIOLATION( at seed [0-9]+:)? L[0-9]' "$log")
+  if [[ $line =~ ^VIOLATION\ at\ seed\ ([0-9]+):\ (L[0-9]) ]]; then
+    echo "caught seed ${BASH_REMATCH[1]} (${BASH_REMATCH[2]})"
+  elif [[ $line =~ ^VIOLATION\ (L[0-9]) ]]; then
+    echo "caught (${BASH_REMATCH[1]}, over the run)"
+  elif [ $rc -eq 0 ]; then echo "survived"; else echo "error rc=$rc ($log)"; fi
 }
 
 isolation() { # name (empty = clean) [unverified] -> "caught on content: <what>" / "caught not on content: <what>" / "survived" / "error"
@@ -227,6 +268,25 @@ if [ $only_iso -eq 0 ]; then
   clean_content="$clean_content; unverified: $clean_content_unv"
   clean_spin_content="${clean_spin_content/survived/passed} (P2 alone, unverified, forged fenced DONEs)"
 fi
+# The clean loops, in every mode the table uses (each distinct mode once).
+clean_loops="not run"
+if [ $only_iso -eq 0 ]; then
+  clean_loops="passed"
+  declare -A seen_mode=()
+  i_mode=0
+  for mode in "" "${loops_mode[@]}"; do
+    [[ -n ${seen_mode["x$mode"]:-} ]] && continue
+    seen_mode["x$mode"]=1
+    i_mode=$((i_mode + 1))
+    # shellcheck disable=SC2086
+    r=$(loops "build-mutants/clean/test_sim_loops" "$loops_clean_seeds" "build-mutants/clean.loops$i_mode.log" $mode)
+    if [ "$r" != survived ]; then
+      status=1
+      clean_loops="FAILED in '${mode:-every check}': $r"
+    fi
+  done
+  [ "$clean_loops" = passed ] && clean_loops="passed ($i_mode modes, $loops_clean_seeds seeds each)"
+fi
 # For the clean row "survived" means "passed": print it so.
 [ "$clean_press" = survived ] || clean_sim="$clean_sim; pressured: $clean_press"
 clean_iso="-"
@@ -241,13 +301,13 @@ if [ "$iso" = 1 ]; then
     clean_iso="$clean_iso; unverified: $clean_unv"
   fi
 fi
-rows+=("(none: clean) | ${clean_sim/survived/passed} | ${clean_content//survived/passed} | ${clean_spin/survived/passed} | $clean_spin_content | ${clean_iso//survived/passed}")
+rows+=("(none: clean) | ${clean_sim/survived/passed} | ${clean_content//survived/passed} | $clean_loops | ${clean_spin/survived/passed} | $clean_spin_content | ${clean_iso//survived/passed}")
 
 for m in "${mutants[@]}"; do
   want_iso=0
   [ "$iso" = 1 ] && [[ $iso_wanted == *" $m "* ]] && want_iso=1
   if ! bin=$(build "$m" $want_iso); then
-    rows+=("$m | build failed (build-mutants/$m.log) | - | - | - | -")
+    rows+=("$m | build failed (build-mutants/$m.log) | - | - | - | - | -")
     status=1
     continue
   fi
@@ -270,12 +330,23 @@ for m in "${mutants[@]}"; do
       fi
     fi
   fi
-  if [[ $binary_only == *" $m "* ]]; then
-    rows+=("$m | - (not in src/proto) | - | - | - | $i")
+  if [ $only_iso -eq 1 ]; then
+    rows+=("$m | not run | not run | not run | not run | not run | $i")
     continue
   fi
-  if [ $only_iso -eq 1 ]; then
-    rows+=("$m | not run | not run | not run | not run | $i")
+  mode=${loops_mode[$m]:-}
+  # shellcheck disable=SC2086
+  l=$(loops "build-mutants/$m/test_sim_loops" "$loops_seeds" "build-mutants/$m.loops.log" $mode)
+  if [[ $l == survived ]] && [[ -n ${loops_unreached[$m]:-} ]]; then
+    l="not caught: ${loops_unreached[$m]}"
+  elif [[ $l != caught* ]]; then
+    status=1
+  elif [[ $mode == *--content-only* ]] && [[ $l != *"(L1)" ]]; then
+    status=1 # a content mode's catch must be on content
+  fi
+  [ -n "$mode" ] && l="$l [$mode]"
+  if [[ $binary_only == *" $m "* ]]; then
+    rows+=("$m | - (not in src/proto) | - | $l | - | - | $i")
     continue
   fi
   s=$(sim "$bin" "$seeds" "build-mutants/$m.sim.log")
@@ -307,12 +378,12 @@ for m in "${mutants[@]}"; do
     [[ $pc == survived ]] && pc="not caught (not a content bug: see docs/MUTANTS.md)"
   fi
   case $p in caught*|-|"- ("*) ;; *) status=1 ;; esac
-  rows+=("$m | $s | $c | $p | $pc | $i")
+  rows+=("$m | $s | $c | $l | $p | $pc | $i")
 done
 
 echo
-echo "mutant | sim | sim content-only | spin | spin content-only | isolation"
-echo "--- | --- | --- | --- | --- | ---"
+echo "mutant | sim | sim content-only | loops | spin | spin content-only | isolation"
+echo "--- | --- | --- | --- | --- | --- | ---"
 printf '%s\n' "${rows[@]}"
 echo
 [ $have_model -eq 1 ] || echo "mutants: spin/check.sh is not in this tree: the spin column is not run"

@@ -106,9 +106,7 @@ bool kvf__forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
 {
     struct pforge *f = w->forge;
     if (!f || !f->refuse || j->n_pages < 2) return false;
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    if (j->placeholder) return false;
-#endif
+    if (KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && j->placeholder) return false;
     if (++f->computes % f->refuse != 0) return false;
     kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
     return true;
@@ -123,9 +121,7 @@ void kvf__forge_short(struct kvf_prefill_worker *w, struct pjob *j)
      * unwritten slots arrived zero (decode_worker.c, tail_is_clean) fails the request before
      * anything reads it, so there the count check is not the only guard. */
     if (!f || !f->shorts || j->n_pages < 2 || j->n_tokens % w->geo.page_tokens != 0) return;
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
-    if (j->placeholder) return;
-#endif
+    if (KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && j->placeholder) return;
     if (++f->short_computes % f->shorts != 0) return;
     j->forged_short = true;
     kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages put)\n",

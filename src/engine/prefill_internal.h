@@ -46,17 +46,13 @@ struct pjob {
     uint32_t passes;                   /* turns passed over in a row since it started */
     bool no_pages;                     /* not started, and its pages are not free this turn */
     uint32_t first_token;              /* computed: the token drawn after the last chunk */
-#if defined(KVF_TEST_BUILD) /* (a header names no mutant switch: CMakeLists.txt) */
     bool placeholder; /* mutant placeholder_after_reject: recomputed as one token after the
-                         engine refused it */
-#endif
+                         engine refused it (false in every other build) */
 #if defined(KVF_TEST_BUILD)
     bool forged_short; /* KVF_TEST_FORGE short: only page 0 is put, the DONE counts its tokens */
 #endif
-#if defined(KVF_TEST_BUILD)
     bool src_let_go; /* mutant src_freed_at_post: the job's own hold on its source pages ended
-                        at the last post */
-#endif
+                        at the last post (false in every other build) */
     float first_logprob;
     uint32_t n_top;
     int32_t top_ids[KVF_GEN_MAX_LOGPROBS];

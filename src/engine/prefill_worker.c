@@ -121,9 +121,7 @@ static struct pjob *job_find(struct kvf_prefill_worker *w, struct psess *s, kvf_
 static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
 {
     uint64_t now = now_ms(w);
-#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
-    if (!j->src_let_go)
-#endif
+    if (!(KVF_MUTANT(SRC_FREED_AT_POST) && j->src_let_go))
         for (uint32_t i = 0; i < j->n_pages; i++)
             if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now);
     free(j->tokens);
@@ -181,9 +179,8 @@ static void on_put_done(void *arg, int status)
         run_actions(w, j->s, NULL);
     } else {
         /* The session is gone: release the put's hold here, as RELEASE_SRC would. */
-#if !defined(KVF_MUTANT_SRC_FREED_AT_POST) /* the mutant's RELEASE_SRC came at the post */
-        kvf_pool_release(w->pool, j->src[p->index], KVF_HOLDER_XFER_SRC, now_ms(w));
-#endif
+        if (!KVF_MUTANT(SRC_FREED_AT_POST)) /* the mutant's RELEASE_SRC came at the post */
+            kvf_pool_release(w->pool, j->src[p->index], KVF_HOLDER_XFER_SRC, now_ms(w));
     }
     job_maybe_free(w, j);
 }
@@ -241,17 +238,15 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
     kvf_conn_order(s->conn);
     rc = kvf_conn_put(s->conn, t, sizeof(*t), off + w->trailer_off, on_put_done, p);
     if (rc < 0) on_put_done(p, rc);
-#if defined(KVF_MUTANT_SRC_FREED_AT_POST)
     /* Mutant, the engine's half (the model's P_LAST_POST): once the last page's put is posted
      * the job lets its source pages go, while those puts may still read them. With the
      * machine's half (RELEASE_SRC at each post) nothing holds them: they are freed (poisoned in
      * test builds) and taken by the next job. */
-    if (a->index == j->n_pages - 1 && !j->src_let_go) {
+    if (KVF_MUTANT(SRC_FREED_AT_POST) && a->index == j->n_pages - 1 && !j->src_let_go) {
         for (uint32_t i = 0; i < j->n_pages; i++)
             if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now_ms(w));
         j->src_let_go = true;
     }
-#endif
 }
 
 /* The session an action belongs to: SENDs name it (the machine's decode_peer is the session's
@@ -401,12 +396,9 @@ static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t id
     uint32_t start = idx * pt, slots = j->n_tokens - start < pt ? j->n_tokens - start : pt;
     uint8_t *page = kvf_pool_page_data(w->pool, j->src[idx].page);
     size_t row = w->block_bytes / pt;
-#if !defined(KVF_MUTANT_STALE_TAIL_SENT)
-    if (slots < pt)
-#else
-    /* Mutant: the page goes whole with whatever its earlier owner left in the unwritten slots. */
-    if (false)
-#endif
+    /* (Mutant stale_tail_sent: the page goes whole with whatever its earlier owner left in the
+     * unwritten slots.) */
+    if (slots < pt && !KVF_MUTANT(STALE_TAIL_SENT))
         for (uint32_t l = 0; l < w->geo.n_layers; l++)
             for (int kv = 0; kv < 2; kv++)
                 memset(page + kvf_geo_kv_offset(&w->geo, l, kv) + slots * row, 0, (pt - slots) * row);
@@ -419,11 +411,10 @@ static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err
 {
     unqueue(w, j);
     kvf_prefill_compute_failed(j->s->m, now_ms(w), j->req, j->nonce, err, &w->acts);
-#if defined(KVF_MUTANT_PLACEHOLDER_AFTER_REJECT)
     /* Mutant, the engine's half: the machine asks for the refused request again (its
      * placeholder): one token, computed into the first of its pages, which goes through the
      * handoff as if it were the prompt. */
-    for (uint32_t i = 0; i < w->acts.n && !j->placeholder && j->started; i++) {
+    for (uint32_t i = 0; KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && i < w->acts.n && !j->placeholder && j->started; i++) {
         struct kvf_action *a = &w->acts.v[i];
         if (a->kind != KVF_ACT_COMPUTE || !kvf_req_id_eq(a->req, j->req) || a->nonce != j->nonce) continue;
         a->kind = (enum kvf_action_kind)0; /* taken here: run_actions skips it */
@@ -434,7 +425,6 @@ static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err
         queue_push(w, j);
         return;
     }
-#endif
     run_actions(w, j->s, NULL);
     j->finished = true;
     job_maybe_free(w, j);

@@ -1186,16 +1186,13 @@ static void run_delayed(kvf_xport_t *x)
 static void tcp_conn_close(kvf_conn_t *c)
 {
     kvf_xport_t *x = c->x;
-#if defined(KVF_MUTANT_FENCE_WITHOUT_CLOSE)
     /* Mutant: the "fence" only forgets the connection — the socket stays open and the peer's
      * writes keep landing, as when a target drops its bookkeeping instead of closing
      * (UCX_FENCES.md). */
-    if (!x->destroying) {
+    if (KVF_MUTANT(FENCE_WITHOUT_CLOSE) && !x->destroying) {
         c->head.user = NULL;
         return;
     }
-#endif
-    (void)x;
     if (c->zombie) return;
     c->closing = true;
     close_fd(c); /* the fence: nothing more is read from this peer */

@@ -69,6 +69,7 @@
 struct req {
     int32_t prompt[MAX_PROMPT];
     uint32_t n_prompt, max_tokens;
+    uint32_t tenant; /* two tenants: the forgeries write one's bytes into the other's pages */
     struct kvf_sample_params sp;
     uint64_t submit_at, cancel_at; /* cancel_at 0: never */
     kvf_gen_t *g;
@@ -214,7 +215,7 @@ static void world_stop(struct world *W)
 
 static void submit(struct world *W, struct req *r)
 {
-    struct kvf_gen_params p = {.tenant = 1, .prompt = r->prompt, .n_prompt = r->n_prompt,
+    struct kvf_gen_params p = {.tenant = r->tenant, .prompt = r->prompt, .n_prompt = r->n_prompt,
                                .max_tokens = r->max_tokens, .sample = r->sp, .want_logprob = true,
                                .ignore_eos = true};
     r->submitted = true;
@@ -405,6 +406,7 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
             r->n_prompt = PT * (uint32_t)simnet_rand(plan, 1, MAX_PROMPT / PT);
         for (uint32_t k = 0; k < r->n_prompt; k++) r->prompt[k] = (int32_t)simnet_rand(plan, 0, n_vocab - 1);
         r->max_tokens = (uint32_t)simnet_rand(plan, 1, MAX_OUT);
+        r->tenant = 1 + i % 2;
         r->sp = (struct kvf_sample_params){simnet_rand(plan, 0, 1) ? 0.0f : 0.9f, 0, 1.0f, simnet_rand(plan, 1, 1000)};
         r->submit_at = simnet_rand(plan, 0, 800);
         if (simnet_rand(plan, 0, 99) < (O.pressured ? 35 : 15)) r->cancel_at = r->submit_at + simnet_rand(plan, 0, 300);
