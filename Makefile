@@ -1,7 +1,7 @@
 # kvfence — a thin wrapper over CMake presets (CMakePresets.json).
 #   make          dependencies + release build (binary at build/kvfence)
 #   make serve    the release build, then `build/kvfence serve` (the README's curl examples)
-#   make test     dependencies + ASan/UBSan test build + every CTest test (among them `mutants`:
+#   make test     dependencies + the formatting check (format-check) + ASan/UBSan test build + every CTest test (among them `mutants`:
 #                 the whole mutant table, the isolation column included; `release_kvfence`
 #                 builds the release binary long_e2e's long prompts run on)
 #   make mutants  every mutant (a known bug put back) against every suite; fails if one survives
@@ -20,7 +20,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release release-kvfence debug asan test long mutants isolation fuzz soak bench-overhead bench-split format clean
+.PHONY: all deps build release release-kvfence debug asan test long mutants isolation fuzz soak bench-overhead bench-split format format-check clean
 
 all: deps release
 
@@ -54,7 +54,7 @@ asan:
 # The test suite: every CTest test of the ASan/UBSan build (unit, sim, model, mutants, fuzz corpus
 # replays, ...), then each libFuzzer target for TEST_FUZZ_SECONDS.
 TEST_FUZZ_SECONDS ?= 20
-test: deps asan
+test: deps format-check asan
 	ctest --preset asan -j $(JOBS)
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 
@@ -91,6 +91,13 @@ bench-split: deps release
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
+
+# Fails, naming the files, when a tracked C file differs from what `make format` would make of it
+# (.clang-format); part of `make test`.
+format-check:
+	@bad=$$(for f in $$(git ls-files '*.c' '*.h'); do clang-format --dry-run --Werror "$$f" >/dev/null 2>&1 || echo "$$f"; done); \
+	if [ -n "$$bad" ]; then echo "format-check: not formatted (make format fixes them):"; echo "$$bad"; exit 1; fi; \
+	echo "format-check: every tracked .c and .h file is formatted"
 
 clean:
 	rm -rf build build-debug build-asan build-fuzz build-mutants build-nochecks

@@ -12,6 +12,7 @@ PACKAGES=(
   ninja-build       # scripts/mutants.sh: one tree for every mutant, only the switched files rebuilt
   pkg-config
   clang             # libFuzzer targets
+  clang-format      # make format / format-check (.clang-format), checked by make test
   libclang-rt-14-dev # ASan/UBSan/libFuzzer runtimes for clang
   libsodium-dev     # the fabric: HMAC-SHA-256 handshake, ChaCha20-Poly1305 sealed messages
   ucx-utils         # ucx_info, ucx_perftest

@@ -1,6 +1,9 @@
 /*
  * kvfence/engine.h — the worker loops (prefill, decode), the decode service and the router,
  * each serving the generation seam of kvfence/gen.h to the router's HTTP face (src/server).
+ *
+ * Names: the workers are kvf_pworker_* (prefill) and kvf_dworker_* (decode), apart from the
+ * protocol machines they drive, kvf_prefill_* and kvf_decode_* (kvfence/proto.h).
  */
 #ifndef KVFENCE_ENGINE_H
 #define KVFENCE_ENGINE_H
@@ -18,7 +21,8 @@ typedef struct kvf_model kvf_model_t;
 /* --- The workers. ---------------------------------------------------------------------------
  *
  * Each worker is one event-loop thread that owns its page pool, its protocol machine and its
- * UCX worker, plus the model's compute threads (kvf_fwd_t). The prefill worker listens; the
+ * transport (kvfence/transport.h), plus a compute thread and the model's helper threads
+ * (kvf_fwd_t); in manual mode (below) it has no thread of its own. The prefill worker listens; the
  * decode worker connects to it, sends HELLO, and after the prefill's HELLO agrees (model
  * fingerprint, page geometry, context limit) grants it pages. A decode worker that loses the
  * connection fences it (forced close), bumps the epoch and connects again.
@@ -67,17 +71,17 @@ struct kvf_worker_config {
     uint64_t seed;                /* tags and ids; 0: from the clock and the process id */
 };
 
-typedef struct kvf_prefill_worker kvf_prefill_worker_t;
-typedef struct kvf_decode_worker kvf_decode_worker_t;
+typedef struct kvf_pworker kvf_pworker_t;
+typedef struct kvf_dworker kvf_dworker_t;
 
 /* Starts the worker's loop thread. On failure nothing is left running and err explains. */
-int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_worker_t **out,
+int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out,
                              char *err, size_t err_len);
-uint16_t kvf_prefill_worker_port(const kvf_prefill_worker_t *w);
+uint16_t kvf_pworker_port(const kvf_pworker_t *w);
 /* The prefill pool's size and free pages, as the loop last published them (any thread). */
-void kvf_prefill_worker_pool(kvf_prefill_worker_t *w, uint32_t *pages, uint32_t *free_pages);
+void kvf_pworker_pool(kvf_pworker_t *w, uint32_t *pages, uint32_t *free_pages);
 /* Stops the loop (puts in flight end with the connection's forced close) and frees all. */
-void kvf_prefill_worker_stop(kvf_prefill_worker_t *w);
+void kvf_pworker_stop(kvf_pworker_t *w);
 
 /*
  * Manual mode (cfg.manual): the worker starts no thread. turn runs one turn of the loop — the
@@ -87,22 +91,22 @@ void kvf_prefill_worker_stop(kvf_prefill_worker_t *w);
  * frees the worker at once. The deterministic simulator runs the production loops this way on a
  * simulated transport and clock (tests/sim/simnet.c). -EINVAL on a worker not in manual mode.
  */
-int kvf_prefill_worker_turn(kvf_prefill_worker_t *w);
-int kvf_prefill_worker_compute(kvf_prefill_worker_t *w);
-bool kvf_prefill_worker_computing(kvf_prefill_worker_t *w);
+int kvf_pworker_turn(kvf_pworker_t *w);
+int kvf_pworker_compute(kvf_pworker_t *w);
+bool kvf_pworker_computing(kvf_pworker_t *w);
 
-int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_worker_t **out,
+int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
                             char *err, size_t err_len);
 /* Stops admitting (submit: -ESHUTDOWN), cancels what is queued, lets running requests finish
  * for up to grace_ms, then cancels the rest, waits for their protocol endings (bounded by the
  * timeouts) and frees all. */
-void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms);
+void kvf_dworker_stop(kvf_dworker_t *w, uint64_t grace_ms);
 /* Manual mode, as for the prefill worker above. */
-int kvf_decode_worker_turn(kvf_decode_worker_t *w);
-int kvf_decode_worker_compute(kvf_decode_worker_t *w);
-bool kvf_decode_worker_computing(kvf_decode_worker_t *w);
+int kvf_dworker_turn(kvf_dworker_t *w);
+int kvf_dworker_compute(kvf_dworker_t *w);
+bool kvf_dworker_computing(kvf_dworker_t *w);
 /* The generation seam over a decode worker: pass the worker as `e`. */
-extern const struct kvf_gen_ops kvf_decode_gen_ops;
+extern const struct kvf_gen_ops kvf_dworker_gen_ops;
 
 /* Prefill workers per decode worker, at most. */
 #define KVF_DECODE_MAX_PREFILLS 16
@@ -116,9 +120,9 @@ struct kvf_prefill_status {
 /* Adds a prefill worker the decode worker connects to and grants prompts to (any thread; the
  * same address twice is one worker). Prompts go to the live prefill with the fewest prompts
  * granted and not yet delivered. -ENOSPC beyond KVF_DECODE_MAX_PREFILLS. */
-int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint16_t port);
+int kvf_dworker_add_prefill(kvf_dworker_t *w, const char *host, uint16_t port);
 /* The prefill workers that the live routers name, as a whole (any thread; each call replaces the
- * last). One added by kvf_decode_worker_add_prefill (the decode's own configuration) is kept
+ * last). One added by kvf_dworker_add_prefill (the decode's own configuration) is kept
  * whatever routers name; one named only by routers and no longer named by any is retired: its
  * requests fail as on a lost connection, its connection is fenced, it is never dialled again,
  * and its slot goes to the next one named. Names beyond KVF_DECODE_MAX_PREFILLS are dropped
@@ -127,18 +131,18 @@ struct kvf_prefill_addr {
     char host[KVF_PREFILL_HOST_MAX];
     uint16_t port;
 };
-int kvf_decode_worker_set_router_prefills(kvf_decode_worker_t *w, const struct kvf_prefill_addr *named, uint32_t n);
+int kvf_dworker_set_router_prefills(kvf_dworker_t *w, const struct kvf_prefill_addr *named, uint32_t n);
 /* The prefill workers as the loop last published them (retired ones left out); returns how many
  * (≤ max filled). */
-size_t kvf_decode_worker_prefills(kvf_decode_worker_t *w, struct kvf_prefill_status *out, size_t max);
+size_t kvf_dworker_prefills(kvf_dworker_t *w, struct kvf_prefill_status *out, size_t max);
 /* The worker's notify eventfd (the worker owns it): from this call on, every event pushed to a
  * handle submitted afterwards also writes it, so a thread serving many handles can sleep on it
  * until one has something. */
-int kvf_decode_worker_notify_fd(kvf_decode_worker_t *w);
+int kvf_dworker_notify_fd(kvf_dworker_t *w);
 
 /* --- Split roles: the router and the decode worker in separate processes. --------------------
  *
- * A decode service listens for routers (UCX over TCP) and serves a decode worker's generation
+ * A decode service listens for routers (over the fabric) and serves a decode worker's generation
  * seam to them: the router's HELLO names the model fingerprint, the context limit, the page
  * size and the prefill workers to use; the service checks the first three against its own and
  * refuses a router that differs (its reply names the mismatch), then adds the prefill workers
@@ -154,8 +158,11 @@ struct kvf_decode_service_config {
     uint32_t max_context, page_tokens, n_vocab;
     uint32_t keepalive_ms; /* 0 = 100 */
     const uint8_t *fabric_key; /* as in kvf_worker_config */
+    const struct kvf_transport_ops *transport; /* as in kvf_worker_config */
+    void *transport_ctx;
+    bool manual;               /* as in kvf_worker_config: kvf_decode_service_turn runs it */
 };
-int kvf_decode_service_start(kvf_decode_worker_t *dw, const struct kvf_decode_service_config *cfg,
+int kvf_decode_service_start(kvf_dworker_t *dw, const struct kvf_decode_service_config *cfg,
                              kvf_decode_service_t **out, char *err, size_t err_len);
 uint16_t kvf_decode_service_port(const kvf_decode_service_t *s);
 /* Routers connected and past HELLO, now. */
@@ -163,6 +170,8 @@ uint32_t kvf_decode_service_routers(kvf_decode_service_t *s);
 /* Closes every router connection (their requests are cancelled through the decode worker) and
  * frees all. Call before stopping the decode worker. */
 void kvf_decode_service_stop(kvf_decode_service_t *s);
+/* Manual mode: one turn of the service's loop, without waiting (-EINVAL otherwise). */
+int kvf_decode_service_turn(kvf_decode_service_t *s);
 
 typedef struct kvf_router kvf_router_t;
 struct kvf_router_config {
@@ -181,12 +190,18 @@ struct kvf_router_config {
                                          none has a prefill (0 = 30000) */
     uint32_t keepalive_ms;            /* 0 = 100 */
     const uint8_t *fabric_key;        /* as in kvf_worker_config */
+    const struct kvf_transport_ops *transport; /* as in kvf_worker_config */
+    void *transport_ctx;
+    bool manual;                      /* as in kvf_worker_config: kvf_router_turn runs it */
 };
 #define KVF_ROUTER_MAX_DECODES 16
 int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err, size_t err_len);
 /* Stops taking requests (-ESHUTDOWN), lets those in flight finish for up to grace_ms, cancels
  * the rest, closes the connections and frees all. */
 void kvf_router_stop(kvf_router_t *r, uint64_t grace_ms);
+/* Manual mode: one turn of the router's loop, without waiting; 1 once it stopped (-EINVAL
+ * otherwise). */
+int kvf_router_turn(kvf_router_t *r);
 /* The generation seam over the router: pass the router as `e`. Requests go to the live decode
  * worker with the fewest of this router's requests in flight, then the most free pages. */
 extern const struct kvf_gen_ops kvf_router_gen_ops;

@@ -106,7 +106,7 @@ int kvf_cmd_decode(int argc, char **argv)
     char err[256] = "";
     kvf_gguf_t *g = NULL;
     kvf_model_t *m = NULL;
-    kvf_decode_worker_t *dw = NULL;
+    kvf_dworker_t *dw = NULL;
     kvf_decode_service_t *svc = NULL;
     uint64_t fp = 0;
     if (kvf_cli_open_model("decode", o.model, &g, &m, NULL, &fp) < 0) goto out;
@@ -125,11 +125,11 @@ int kvf_cmd_decode(int argc, char **argv)
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
 #endif
-    if (kvf_decode_worker_start(&wc, &dw, err, sizeof(err)) < 0) {
+    if (kvf_dworker_start(&wc, &dw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence decode: %s\n", err);
         goto out;
     }
-    for (uint32_t i = 0; i < pf->n; i++) kvf_decode_worker_add_prefill(dw, pf->host[i], pf->port[i]);
+    for (uint32_t i = 0; i < pf->n; i++) kvf_dworker_add_prefill(dw, pf->host[i], pf->port[i]);
     struct kvf_decode_service_config sc = {host, port, fp, limit, DECODE_PAGE_TOKENS, hp->n_vocab, 0,
                                            kvf_cli_fabric_key(&o.fab)};
     if (kvf_decode_service_start(dw, &sc, &svc, err, sizeof(err)) < 0) {
@@ -153,13 +153,13 @@ out:
     if (dw && svc) {
         for (int i = 0; i < 1000; i++) {
             struct kvf_engine_info in;
-            kvf_decode_gen_ops.info(dw, &in);
+            kvf_dworker_gen_ops.info(dw, &in);
             if (in.running == 0 && in.queued == 0) break;
             usleep(10000);
         }
     }
     kvf_decode_service_stop(svc);
-    kvf_decode_worker_stop(dw, 10000);
+    kvf_dworker_stop(dw, 10000);
     kvf_model_free(m);
     kvf_gguf_close(g);
     if (status == 0) fprintf(stderr, "kvfence decode: stopped\n");

@@ -87,7 +87,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     char err[256] = "";
     kvf_gguf_t *g = NULL;
     kvf_model_t *m = NULL;
-    kvf_prefill_worker_t *pw = NULL;
+    kvf_pworker_t *pw = NULL;
     uint64_t fp = 0;
     if (kvf_cli_open_model("prefill", o.model, &g, &m, NULL, &fp) < 0) goto out;
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
@@ -116,19 +116,19 @@ int kvf_cmd_prefill(int argc, char **argv)
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
 #endif
-    if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
+    if (kvf_pworker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence prefill: %s\n", err);
         goto out;
     }
-    printf("listening %s %u\n", host, kvf_prefill_worker_port(pw));
+    printf("listening %s %u\n", host, kvf_pworker_port(pw));
     fflush(stdout);
     fprintf(stderr, "kvfence prefill: listening on %s:%u (context limit %u, pool %u pages)\n", host,
-            kvf_prefill_worker_port(pw), ctx_len, n_pages);
+            kvf_pworker_port(pw), ctx_len, n_pages);
     int sig = 0;
     sigwait(&sigs, &sig);
     status = 0;
 out:
-    kvf_prefill_worker_stop(pw);
+    kvf_pworker_stop(pw);
     kvf_model_free(m);
     kvf_gguf_close(g);
     return status;

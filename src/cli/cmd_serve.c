@@ -30,27 +30,27 @@
 
 /* The seam the router serves from: the decode worker's, with /health's prefill figures filled
  * in from the prefill worker of this process. */
-static kvf_prefill_worker_t *serve_pw;
+static kvf_pworker_t *serve_pw;
 static int serve_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
 {
-    return kvf_decode_gen_ops.submit(e, p, out);
+    return kvf_dworker_gen_ops.submit(e, p, out);
 }
 static int serve_next(void *e, kvf_gen_t *g, struct kvf_gen_event *ev, int timeout_ms)
 {
-    return kvf_decode_gen_ops.next(e, g, ev, timeout_ms);
+    return kvf_dworker_gen_ops.next(e, g, ev, timeout_ms);
 }
 static void serve_cancel(void *e, kvf_gen_t *g)
 {
-    kvf_decode_gen_ops.cancel(e, g);
+    kvf_dworker_gen_ops.cancel(e, g);
 }
 static void serve_release(void *e, kvf_gen_t *g)
 {
-    kvf_decode_gen_ops.release(e, g);
+    kvf_dworker_gen_ops.release(e, g);
 }
 static void serve_info(void *e, struct kvf_engine_info *out)
 {
-    kvf_decode_gen_ops.info(e, out);
-    if (serve_pw) kvf_prefill_worker_pool(serve_pw, &out->prefill_pages, &out->prefill_free);
+    kvf_dworker_gen_ops.info(e, out);
+    if (serve_pw) kvf_pworker_pool(serve_pw, &out->prefill_pages, &out->prefill_free);
 }
 static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_cancel, serve_release,
                                              serve_info, NULL};
@@ -208,8 +208,8 @@ int kvf_cmd_serve(int argc, char **argv)
     kvf_gguf_t *g = NULL;
     kvf_model_t *m = NULL;
     kvf_tokenizer_t *tok = NULL;
-    kvf_prefill_worker_t *pw = NULL;
-    kvf_decode_worker_t *dw = NULL;
+    kvf_pworker_t *pw = NULL;
+    kvf_dworker_t *dw = NULL;
     kvf_server_t *srv = NULL;
     pthread_mutex_t compute = PTHREAD_MUTEX_INITIALIZER;
     uint64_t fp = 0;
@@ -236,26 +236,26 @@ int kvf_cmd_serve(int argc, char **argv)
                                    .max_queue = o.http.max_queue, .admit_timeout_ms = o.admit_ms,
                                    .grant_timeout_ms = o.grant_ms, .hold_timeout_ms = o.hold_ms,
                                    .prefill_chunk = o.chunk};
-    if (kvf_prefill_worker_start(&wc, &pw, err, sizeof(err)) < 0) {
+    if (kvf_pworker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;
     }
     wc.n_pages = n_pages;
     wc.prefill_host = "127.0.0.1";
-    wc.prefill_port = kvf_prefill_worker_port(pw);
+    wc.prefill_port = kvf_pworker_port(pw);
 #if defined(KVF_TEST_BUILD)
     /* Test builds: KVF_POISON=1 poisons the decode pool's freed pages too (the prefill worker
      * reads it for its own pool). */
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));
 #endif
-    if (kvf_decode_worker_start(&wc, &dw, err, sizeof(err)) < 0) {
+    if (kvf_dworker_start(&wc, &dw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: decode worker: %s\n", err);
         goto out;
     }
     serve_pw = pw;
     struct kvf_engine_info info;
     for (int i = 0; i < 1000; i++) {
-        kvf_decode_gen_ops.info(dw, &info);
+        kvf_dworker_gen_ops.info(dw, &info);
         if (info.prefill_up) break;
         usleep(10000);
     }
@@ -281,8 +281,8 @@ int kvf_cmd_serve(int argc, char **argv)
 
 out:
     kvf_server_stop(srv);
-    kvf_decode_worker_stop(dw, 10000);
-    kvf_prefill_worker_stop(pw);
+    kvf_dworker_stop(dw, 10000);
+    kvf_pworker_stop(pw);
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
     kvf_gguf_close(g);

@@ -2,11 +2,11 @@
  * decode_service.c — a decode worker served to routers in other processes (engine.h, "Split
  * roles"; the frames in rpc.h).
  *
- * One thread owns a listening UCX worker of its own (no registered memory: routers never write
+ * One thread owns a listening fabric endpoint of its own (no registered memory: routers never write
  * here) and every router connection. A router's requests are ordinary handles of the decode
- * worker's generation seam: SUBMIT is kvf_decode_gen_ops.submit, CANCEL its cancel, and the
+ * worker's generation seam: SUBMIT is kvf_dworker_gen_ops.submit, CANCEL its cancel, and the
  * thread forwards each handle's events as TOKEN and END frames. The decode worker writes an
- * eventfd whenever it pushes an event (kvf_decode_worker_set_notify), so the thread sleeps on
+ * eventfd whenever it pushes an event (kvf_dworker_set_notify), so the thread sleeps on
  * that fd and the transport's and wakes as soon as a token exists.
  *
  * A router that goes away (its connection fails or closes) loses its requests: each is
@@ -52,13 +52,13 @@ struct sframe {
 
 struct kvf_decode_service {
     struct kvf_decode_service_config cfg;
-    kvf_decode_worker_t *dw;
+    kvf_dworker_t *dw;
     kvf_xport_t *x;
     pthread_t thread;
     bool started;
     atomic_int stop;
     atomic_uint routers;
-    int wake_fd;           /* the decode worker's notify fd (kvf_decode_worker_notify_fd) */
+    int wake_fd;           /* the decode worker's notify fd (kvf_dworker_notify_fd) */
     struct rconn *conns;
     struct sframe *fhead, *ftail;
     uint8_t *frame;        /* outgoing frames */
@@ -70,6 +70,12 @@ struct kvf_decode_service {
     bool named_dirty; /* a router came or went: the prefill set is recomputed */
 };
 
+/* The loop's clock is the transport's (the simulator's in manual mode). */
+static uint64_t now_ms(const struct kvf_decode_service *s)
+{
+    return s->x ? kvf_xport_now_ms(s->x) : kvf__now_ms();
+}
+
 static void on_accept(void *ctx, kvf_conn_t *c)
 {
     struct kvf_decode_service *s = ctx;
@@ -79,7 +85,7 @@ static void on_accept(void *ctx, kvf_conn_t *c)
         return;
     }
     rc->c = c;
-    rc->deadline_ms = kvf__now_ms() + DS_HELLO_MS;
+    rc->deadline_ms = now_ms(s) + DS_HELLO_MS;
     rc->next = s->conns;
     s->conns = rc;
     kvf_conn_set_user(c, rc);
@@ -148,7 +154,7 @@ static void handle_hello(struct kvf_decode_service *s, struct rconn *rc, const s
             kvf_log(KVF_LOG_WARN, "kvfence decode: refusing a router: %s\n", reply.why);
         kvf__strlcpy(s->last_refusal, reply.why, sizeof s->last_refusal);
         send_bytes(s, rc, kvf_rpc_put_hello(s->frame, DS_FRAME_CAP, KVF_RPC_HELLO_D, &reply));
-        rc->deadline_ms = kvf__now_ms() + DS_REFUSE_MS;
+        rc->deadline_ms = now_ms(s) + DS_REFUSE_MS;
         return;
     }
     /* The prefill workers it names are used while it (or another router naming them) is
@@ -199,7 +205,7 @@ static void handle_frame(struct kvf_decode_service *s, struct rconn *rc, const u
             send_end(s, rc, m.rid, -ENOMEM);
             return;
         }
-        int err = kvf_decode_gen_ops.submit(s->dw, &m.params, &q->g);
+        int err = kvf_dworker_gen_ops.submit(s->dw, &m.params, &q->g);
         if (err < 0) {
             free(q);
             send_end(s, rc, m.rid, err);
@@ -210,7 +216,7 @@ static void handle_frame(struct kvf_decode_service *s, struct rconn *rc, const u
         rc->reqs = q;
     } else if (m.type == KVF_RPC_CANCEL) {
         struct sreq *q = find_req(rc, m.rid);
-        if (q) kvf_decode_gen_ops.cancel(s->dw, q->g);
+        if (q) kvf_dworker_gen_ops.cancel(s->dw, q->g);
     } else {
         s->bad_frames++; /* a frame only a decode worker sends */
         rc->failed = true;
@@ -224,7 +230,7 @@ static void forward_events(struct kvf_decode_service *s, struct rconn *rc)
         struct sreq *q = *pq;
         struct kvf_gen_event ev;
         bool ended = false;
-        while (!ended && kvf_decode_gen_ops.next(s->dw, q->g, &ev, 0) == 1) {
+        while (!ended && kvf_dworker_gen_ops.next(s->dw, q->g, &ev, 0) == 1) {
             send_bytes(s, rc, kvf_rpc_put_event(s->frame, DS_FRAME_CAP, q->rid, &ev));
             ended = ev.kind == KVF_GEN_END;
         }
@@ -232,7 +238,7 @@ static void forward_events(struct kvf_decode_service *s, struct rconn *rc)
             pq = &q->next;
             continue;
         }
-        kvf_decode_gen_ops.release(s->dw, q->g);
+        kvf_dworker_gen_ops.release(s->dw, q->g);
         *pq = q->next;
         free(q);
     }
@@ -242,8 +248,8 @@ static void send_status(struct kvf_decode_service *s)
 {
     struct kvf_rpc_status st;
     memset(&st, 0, sizeof st);
-    kvf_decode_gen_ops.info(s->dw, &st.info);
-    st.n_prefills = (uint32_t)kvf_decode_worker_prefills(s->dw, st.prefills, KVF_RPC_MAX_PREFILLS);
+    kvf_dworker_gen_ops.info(s->dw, &st.info);
+    st.n_prefills = (uint32_t)kvf_dworker_prefills(s->dw, st.prefills, KVF_RPC_MAX_PREFILLS);
     long n = kvf_rpc_put_status(s->frame, DS_FRAME_CAP, &st);
     for (struct rconn *rc = s->conns; rc; rc = rc->next)
         if (rc->hello_ok) send_bytes(s, rc, n);
@@ -255,7 +261,7 @@ static void drop_conn(struct kvf_decode_service *s, struct rconn *rc)
     while (rc->reqs) {
         struct sreq *q = rc->reqs;
         rc->reqs = q->next;
-        kvf_decode_gen_ops.release(s->dw, q->g);
+        kvf_dworker_gen_ops.release(s->dw, q->g);
         free(q);
     }
     if (rc->hello_ok) {
@@ -290,17 +296,17 @@ static void publish_named(struct kvf_decode_service *s)
                 dropped++;
         }
     }
-    dropped += (uint32_t)kvf_decode_worker_set_router_prefills(s->dw, all, n);
+    dropped += (uint32_t)kvf_dworker_set_router_prefills(s->dw, all, n);
     if (dropped)
         kvf_log(KVF_LOG_WARN, "kvfence decode: the routers name %u prefill workers beyond the %d this decode "
                         "worker can use\n", dropped, KVF_DECODE_MAX_PREFILLS);
     s->named_dirty = false;
 }
 
-static void *loop(void *arg)
+/* One turn of the loop: everything ready now, without waiting. */
+static void turn(struct kvf_decode_service *s)
 {
-    struct kvf_decode_service *s = arg;
-    while (!atomic_load(&s->stop)) {
+    {
         kvf_xport_progress(s->x);
         while (s->fhead) {
             struct sframe *f = s->fhead;
@@ -310,7 +316,7 @@ static void *loop(void *arg)
             free(f->buf);
             free(f);
         }
-        uint64_t now = kvf__now_ms();
+        uint64_t now = now_ms(s);
         for (struct rconn *rc = s->conns; rc; rc = rc->next) {
             forward_events(s, rc);
             if (rc->deadline_ms && now >= rc->deadline_ms) rc->failed = true;
@@ -329,29 +335,45 @@ static void *loop(void *arg)
             drop_conn(s, rc);
         }
         if (s->named_dirty) publish_named(s);
+    }
+}
+
+static void *loop(void *arg)
+{
+    struct kvf_decode_service *s = arg;
+    while (!atomic_load(&s->stop)) {
+        turn(s);
         kvf__loop_wait(s->x, s->wake_fd, DS_STATUS_MS);
     }
     return NULL;
 }
 
-int kvf_decode_service_start(kvf_decode_worker_t *dw, const struct kvf_decode_service_config *cfg,
+int kvf_decode_service_turn(kvf_decode_service_t *s)
+{
+    if (!s->cfg.manual) return -EINVAL;
+    turn(s);
+    return 0;
+}
+
+int kvf_decode_service_start(kvf_dworker_t *dw, const struct kvf_decode_service_config *cfg,
                              kvf_decode_service_t **out, char *err, size_t err_len)
 {
     struct kvf_decode_service *s = calloc(1, sizeof(*s));
     if (!s) return -ENOMEM;
     s->cfg = *cfg;
     s->dw = dw;
-    s->wake_fd = kvf_decode_worker_notify_fd(dw);
+    s->wake_fd = kvf_dworker_notify_fd(dw);
     s->frame = malloc(DS_FRAME_CAP);
     s->prompt_room = malloc((size_t)(cfg->max_context ? cfg->max_context : 1) * sizeof(int32_t));
     int rc = s->wake_fd < 0 ? s->wake_fd : (!s->frame || !s->prompt_room) ? -ENOMEM : 0;
     if (rc < 0) snprintf(err, err_len, "out of memory");
     if (rc == 0) {
-        struct kvf_xport_config xc = {cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key, NULL, NULL};
+        struct kvf_xport_config xc = {cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0,
+                                      cfg->fabric_key, cfg->transport, cfg->transport_ctx};
         struct kvf_xport_events ev = {s, on_accept, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &s->x, err, err_len);
     }
-    if (rc == 0) {
+    if (rc == 0 && !cfg->manual) {
         if ((rc = -pthread_create(&s->thread, NULL, loop, s)) < 0)
             snprintf(err, err_len, "cannot start the decode service thread");
         else

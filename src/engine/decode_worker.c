@@ -3,12 +3,13 @@
  * GRANT) → verified DONE → continuous batching, one token for every running sequence per step,
  * pages grown from each request's reservation, tokens streamed to the router's handles.
  *
- * Threads: one loop thread owns the pool, the decode machine, the UCX worker and every request's
- * loop-side state; the fwd's compute threads run only inside kvf_fwd_run on the loop thread.
+ * Threads: one loop thread owns the pool, the decode machine, the transport and every request's
+ * loop-side state; a compute thread runs each step's math (kvf_fwd_compute) between the loop's
+ * prepare and commit (in manual mode the caller runs it: kvf_dworker_compute).
  * Router threads touch only a handle's event queue (under the handle's mutex) and the inbox of
  * submitted handles (under the worker's mutex), and wake the loop through an eventfd. Transport
  * callbacks run inside kvf_xport_progress and only record what happened; the loop acts on it
- * afterwards, so nothing re-enters UCX from a callback.
+ * afterwards, so nothing re-enters the transport from a callback.
  *
  * A handle's life on the loop:
  *   inbox ──▶ pending (waits for a slot, free pages and a prefill; bounded by admit_timeout_ms)
@@ -83,7 +84,7 @@ struct step_out {
     float lps[KVF_GEN_MAX_LOGPROBS];
 };
 
-struct kvf_decode_worker {
+struct kvf_dworker {
     struct kvf_worker_config cfg;
     pthread_t thread;
     bool started;
@@ -104,7 +105,7 @@ struct kvf_decode_worker {
     struct kvf_engine_info info;
     uint64_t req_hi, next_req;
     struct { char host[KVF_PREFILL_HOST_MAX]; uint16_t port; } adds[KVF_DECODE_MAX_PREFILLS];
-    uint32_t n_adds;      /* prefill workers to add (kvf_decode_worker_add_prefill) */
+    uint32_t n_adds;      /* prefill workers to add (kvf_dworker_add_prefill) */
     struct kvf_prefill_addr named[KVF_DECODE_MAX_PREFILLS]; /* the live routers' names */
     uint32_t n_named;
     bool named_dirty;     /* set_router_prefills since the loop last took them */
@@ -160,7 +161,7 @@ struct kvf_decode_worker {
 
 /* The loop's clock is the transport's: real time on the fabric, simulated time in the simulator
  * (before the transport exists and after it is gone — start and teardown — the process's). */
-static uint64_t now_ms(const struct kvf_decode_worker *w)
+static uint64_t now_ms(const struct kvf_dworker *w)
 {
     return w->x ? kvf_xport_now_ms(w->x) : kvf__now_ms();
 }
@@ -175,7 +176,7 @@ static void gen_push(struct kvf_gen *g, const struct kvf_gen_event *ev)
 /* Puts g in the inbox (kvf__gen_admit_fn), unless the worker is closing or its queue is full. */
 static int gen_admit(void *e, struct kvf_gen *g)
 {
-    struct kvf_decode_worker *w = e;
+    struct kvf_dworker *w = e;
     const struct kvf_gen_params *p = &g->p;
     if (g->p.ignore_eos) g->p.n_stop_ids = 0;
     g->sampling = (struct kvf_msg_sampling){p->sample.temperature, p->sample.top_p, p->sample.top_k,
@@ -199,25 +200,25 @@ static int gen_admit(void *e, struct kvf_gen *g)
 
 static int gen_submit(void *e, const struct kvf_gen_params *p, kvf_gen_t **out)
 {
-    struct kvf_decode_worker *w = e;
+    struct kvf_dworker *w = e;
     return kvf__gen_submit(p, w->n_vocab, w->cfg.max_context, sizeof(struct kvf_gen), gen_admit, w,
                            w->wake_fd, out);
 }
 
 static void gen_info(void *e, struct kvf_engine_info *out)
 {
-    struct kvf_decode_worker *w = e;
+    struct kvf_dworker *w = e;
     pthread_mutex_lock(&w->mu);
     *out = w->info;
     pthread_mutex_unlock(&w->mu);
 }
 
-const struct kvf_gen_ops kvf_decode_gen_ops = {gen_submit, kvf__gen_next, kvf__gen_cancel,
+const struct kvf_gen_ops kvf_dworker_gen_ops = {gen_submit, kvf__gen_next, kvf__gen_cancel,
                                                kvf__gen_release, gen_info, NULL};
 
 /* --- Loop side: ending requests. ------------------------------------------------------------- */
 
-static int live_index(struct kvf_decode_worker *w, kvf_req_id_t req)
+static int live_index(struct kvf_dworker *w, kvf_req_id_t req)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
         if (w->live[i] && kvf_req_id_eq(w->live[i]->req, req)) return (int)i;
@@ -225,7 +226,7 @@ static int live_index(struct kvf_decode_worker *w, kvf_req_id_t req)
 }
 
 /* END for g, and the loop lets go of it. */
-static void end_gen(struct kvf_decode_worker *w, struct kvf_gen *g, int err, bool stopped)
+static void end_gen(struct kvf_dworker *w, struct kvf_gen *g, int err, bool stopped)
 {
     struct kvf_gen_event ev = {.kind = KVF_GEN_END, .err = err, .stopped = stopped};
     gen_push(g, &ev);
@@ -253,10 +254,10 @@ static bool is_stop(const struct kvf_gen *g, int32_t tok)
     return false;
 }
 
-static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done);
+static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done);
 
 /* After a token: a stop id or max_tokens ends the request (pages released by the machine). */
-static void after_token(struct kvf_decode_worker *w, struct kvf_gen *g, int32_t tok)
+static void after_token(struct kvf_dworker *w, struct kvf_gen *g, int32_t tok)
 {
     bool stop = is_stop(g, tok);
     if (!stop && g->n_out < g->p.max_tokens) return;
@@ -267,7 +268,7 @@ static void after_token(struct kvf_decode_worker *w, struct kvf_gen *g, int32_t 
 
 /* --- Loop side: the machine's actions. ------------------------------------------------------- */
 
-static void fence(struct kvf_decode_worker *w, struct kvf_peer_epoch pe)
+static void fence(struct kvf_dworker *w, struct kvf_peer_epoch pe)
 {
     uint32_t cur = 0;
     if (kvf_pool_peer_epoch(w->pool, pe.peer, &cur) < 0 || cur != pe.epoch) return; /* done already */
@@ -290,7 +291,7 @@ static void fence(struct kvf_decode_worker *w, struct kvf_peer_epoch pe)
  * on arrival, after the commit verified the page's checksum: every byte of those slots is zero.
  * O(unfilled slots of one page).
  */
-static bool tail_is_clean(struct kvf_decode_worker *w, const struct kvf_gen *g)
+static bool tail_is_clean(struct kvf_dworker *w, const struct kvf_gen *g)
 {
     uint32_t pt = w->geo.page_tokens, last = (g->p.n_prompt - 1) / pt;
     uint32_t fill = g->p.n_prompt - last * pt;
@@ -319,7 +320,7 @@ static bool tail_is_clean(struct kvf_decode_worker *w, const struct kvf_gen *g)
  * (docs/ISOLATION.md). Zeroed slots, and poison (negative halves), print nothing.
  * O(unfilled slots × K/V width).
  */
-static void audit_tail(struct kvf_decode_worker *w, const struct kvf_gen *g)
+static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
 {
     uint32_t pt = w->geo.page_tokens, last = (g->p.n_prompt - 1) / pt;
     uint32_t fill = g->p.n_prompt - last * pt;
@@ -354,7 +355,7 @@ static void audit_tail(struct kvf_decode_worker *w, const struct kvf_gen *g)
 }
 #endif
 
-static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
+static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
 {
     if (w->in_actions) return; /* the running loop below picks up what a nested call appended */
     w->in_actions = true;
@@ -415,7 +416,7 @@ static void run_actions(struct kvf_decode_worker *w, const struct kvf_msg *done)
 
 /* --- Loop side: the connections to the prefill workers. ------------------------------------- */
 
-static int peer_of(const struct kvf_decode_worker *w, const kvf_conn_t *c)
+static int peer_of(const struct kvf_dworker *w, const kvf_conn_t *c)
 {
     for (uint32_t i = 0; i < w->n_peers; i++)
         if (w->peers[i].conn == c) return (int)i;
@@ -424,7 +425,7 @@ static int peer_of(const struct kvf_decode_worker *w, const kvf_conn_t *c)
 
 static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
 {
-    struct kvf_decode_worker *w = ctx;
+    struct kvf_dworker *w = ctx;
     int peer = peer_of(w, c);
     if (peer < 0) return;
     struct pframe *f = malloc(sizeof(*f));
@@ -445,19 +446,19 @@ static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
 
 static void on_error(void *ctx, kvf_conn_t *c, int err)
 {
-    struct kvf_decode_worker *w = ctx;
+    struct kvf_dworker *w = ctx;
     (void)err;
     int peer = peer_of(w, c);
     if (peer >= 0) w->peers[peer].failed = true;
 }
 
-static void hello(struct kvf_decode_worker *w, struct kvf_msg_hello *h)
+static void hello(struct kvf_dworker *w, struct kvf_msg_hello *h)
 {
     *h = (struct kvf_msg_hello){w->cfg.model_fp, w->geo, w->cfg.max_context, w->seq_pages, 0,
                                 KVF_ROLE_DECODE};
 }
 
-static void handle_frame(struct kvf_decode_worker *w, uint16_t peer, const uint8_t *buf, size_t len)
+static void handle_frame(struct kvf_dworker *w, uint16_t peer, const uint8_t *buf, size_t len)
 {
     struct dpeer *p = &w->peers[peer];
     struct kvf_msg m;
@@ -522,7 +523,7 @@ static void handle_frame(struct kvf_decode_worker *w, uint16_t peer, const uint8
 
 /* One slice of the oldest DONE being hashed; when its last page is hashed the machine checks it
  * (against the grant as it is now: a cancel meanwhile makes it a drain proof, or stale). */
-static void verify_step(struct kvf_decode_worker *w)
+static void verify_step(struct kvf_dworker *w)
 {
     struct pverify *v = w->verify_head;
     if (!v) return;
@@ -551,7 +552,7 @@ drop:
     free(v);
 }
 
-static void connect_prefill(struct kvf_decode_worker *w, uint16_t peer)
+static void connect_prefill(struct kvf_dworker *w, uint16_t peer)
 {
     struct dpeer *p = &w->peers[peer];
     char err[256] = "";
@@ -573,7 +574,7 @@ static void connect_prefill(struct kvf_decode_worker *w, uint16_t peer)
     kvf__send_msg(p->conn, &m, w->frame, KVF_PROTO_MAX_MSG_BYTES);
 }
 
-static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
+static void conn_lost(struct kvf_dworker *w, uint16_t peer)
 {
     struct dpeer *p = &w->peers[peer];
     if (p->hello_ok) {
@@ -610,7 +611,7 @@ static void conn_lost(struct kvf_decode_worker *w, uint16_t peer)
 /* The slot for host:port: its own if known, else a new one, else a retired one that is closed
  * (its epoch in the pool carries on: the old writer's grants were ended by its fence). NULL when
  * the table is full. */
-static struct dpeer *peer_slot(struct kvf_decode_worker *w, const char *host, uint16_t port)
+static struct dpeer *peer_slot(struct kvf_dworker *w, const char *host, uint16_t port)
 {
     for (uint32_t k = 0; k < w->n_peers; k++)
         if (w->peers[k].port == port && strcmp(w->peers[k].host, host) == 0) return &w->peers[k];
@@ -630,10 +631,10 @@ static struct dpeer *peer_slot(struct kvf_decode_worker *w, const char *host, ui
 }
 
 /* Prefill workers added from other threads join the table: the configured ones
- * (kvf_decode_worker_add_prefill) and the live routers' names (set_router_prefills); a peer that
+ * (kvf_dworker_add_prefill) and the live routers' names (set_router_prefills); a peer that
  * is neither any more is retired — failed now (conn_lost fences it, its requests fail) and never
  * dialled again. */
-static void take_adds(struct kvf_decode_worker *w)
+static void take_adds(struct kvf_dworker *w)
 {
     pthread_mutex_lock(&w->mu);
     for (uint32_t i = 0; i < w->n_adds; i++) {
@@ -683,7 +684,7 @@ static void take_adds(struct kvf_decode_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-int kvf_decode_worker_set_router_prefills(kvf_decode_worker_t *w, const struct kvf_prefill_addr *named, uint32_t n)
+int kvf_dworker_set_router_prefills(kvf_dworker_t *w, const struct kvf_prefill_addr *named, uint32_t n)
 {
     uint32_t kept = n < KVF_DECODE_MAX_PREFILLS ? n : KVF_DECODE_MAX_PREFILLS;
     pthread_mutex_lock(&w->mu);
@@ -696,7 +697,7 @@ int kvf_decode_worker_set_router_prefills(kvf_decode_worker_t *w, const struct k
     return (int)(n - kept);
 }
 
-int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint16_t port)
+int kvf_dworker_add_prefill(kvf_dworker_t *w, const char *host, uint16_t port)
 {
     if (!host || !*host || strlen(host) >= KVF_PREFILL_HOST_MAX || port == 0) return -EINVAL;
     pthread_mutex_lock(&w->mu);
@@ -718,7 +719,7 @@ int kvf_decode_worker_add_prefill(kvf_decode_worker_t *w, const char *host, uint
     return rc;
 }
 
-size_t kvf_decode_worker_prefills(kvf_decode_worker_t *w, struct kvf_prefill_status *out, size_t max)
+size_t kvf_dworker_prefills(kvf_dworker_t *w, struct kvf_prefill_status *out, size_t max)
 {
     pthread_mutex_lock(&w->mu);
     size_t n = w->n_status < max ? w->n_status : max;
@@ -727,7 +728,7 @@ size_t kvf_decode_worker_prefills(kvf_decode_worker_t *w, struct kvf_prefill_sta
     return n;
 }
 
-int kvf_decode_worker_notify_fd(kvf_decode_worker_t *w)
+int kvf_dworker_notify_fd(kvf_dworker_t *w)
 {
     pthread_mutex_lock(&w->mu);
     w->notify_on = true;
@@ -737,7 +738,7 @@ int kvf_decode_worker_notify_fd(kvf_decode_worker_t *w)
 
 /* --- Loop side: admission and the decode step. ----------------------------------------------- */
 
-static void take_inbox(struct kvf_decode_worker *w)
+static void take_inbox(struct kvf_dworker *w)
 {
     pthread_mutex_lock(&w->mu);
     struct kvf_gen *g = w->inbox_head;
@@ -756,7 +757,7 @@ static void take_inbox(struct kvf_decode_worker *w)
     }
 }
 
-static uint32_t pages_for(const struct kvf_decode_worker *w, uint64_t tokens)
+static uint32_t pages_for(const struct kvf_dworker *w, uint64_t tokens)
 {
     return (uint32_t)((tokens + w->geo.page_tokens - 1) / w->geo.page_tokens);
 }
@@ -766,7 +767,7 @@ static uint32_t pages_for(const struct kvf_decode_worker *w, uint64_t tokens)
  * saying what it waited for: -EBUSY (a prefill was connected: the pages or a slot never came
  * free) or KVF_E_ENGINE_NO_PREFILL (no prefill worker connected then); a cancelled one ends at
  * once — nothing of it moved yet. */
-static void admit(struct kvf_decode_worker *w)
+static void admit(struct kvf_dworker *w)
 {
     uint64_t now = now_ms(w);
     /* The prefill for the next request: of the live ones, the one with the fewest prompts
@@ -842,7 +843,7 @@ static void admit(struct kvf_decode_worker *w)
     }
 }
 
-static void handle_cancels(struct kvf_decode_worker *w)
+static void handle_cancels(struct kvf_dworker *w)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
         struct kvf_gen *g = w->live[i];
@@ -860,7 +861,7 @@ static void handle_cancels(struct kvf_decode_worker *w)
  * so no page is freed while the step reads or writes it — and the loop raises the fills and
  * streams the tokens (finish_step, kvf_fwd_commit).
  */
-static bool start_step(struct kvf_decode_worker *w)
+static bool start_step(struct kvf_dworker *w)
 {
     uint32_t n = 0, pt = w->geo.page_tokens;
     for (uint32_t i = 0; i < w->cfg.max_reqs && n < w->cfg.max_batch; i++) {
@@ -904,7 +905,7 @@ static bool start_step(struct kvf_decode_worker *w)
 }
 
 /* The step's math and its tokens (the compute thread's part; in manual mode the caller's). */
-static void compute_step(struct kvf_decode_worker *w, uint32_t n)
+static void compute_step(struct kvf_dworker *w, uint32_t n)
 {
     kvf__compute_enter(&w->cfg);
     kvf_fwd_compute(w->fwd);
@@ -930,7 +931,7 @@ static void compute_step(struct kvf_decode_worker *w, uint32_t n)
 
 static void *compute_main(void *arg)
 {
-    struct kvf_decode_worker *w = arg;
+    struct kvf_dworker *w = arg;
     for (;;) {
         pthread_mutex_lock(&w->cmu);
         while (w->step_state != STEP_GO && !w->compute_quit) pthread_cond_wait(&w->ccv, &w->cmu);
@@ -944,7 +945,7 @@ static void *compute_main(void *arg)
 }
 
 /* The step's end, when the compute thread finished: fills, then every sequence's token. */
-static void finish_step(struct kvf_decode_worker *w)
+static void finish_step(struct kvf_dworker *w)
 {
     pthread_mutex_lock(&w->cmu);
     bool done = w->step_state == STEP_DONE;
@@ -973,7 +974,7 @@ static void finish_step(struct kvf_decode_worker *w)
     }
 }
 
-static void publish_info(struct kvf_decode_worker *w)
+static void publish_info(struct kvf_dworker *w)
 {
     struct kvf_pool_stats ps;
     struct kvf_decode_stats ds;
@@ -1021,7 +1022,7 @@ static void publish_info(struct kvf_decode_worker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-static bool any_live(const struct kvf_decode_worker *w)
+static bool any_live(const struct kvf_dworker *w)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
         if (w->live[i]) return true;
@@ -1030,7 +1031,7 @@ static bool any_live(const struct kvf_decode_worker *w)
 
 /* One turn of the loop: everything ready now, without waiting. Returns true once the worker
  * stopped and nothing is left; *may_sleep says whether the loop may sleep on the transport. */
-static bool turn(struct kvf_decode_worker *w, bool *may_sleep)
+static bool turn(struct kvf_dworker *w, bool *may_sleep)
 {
     uint64_t now = now_ms(w);
     take_adds(w);
@@ -1076,7 +1077,7 @@ static bool turn(struct kvf_decode_worker *w, bool *may_sleep)
 
 static void *loop(void *arg)
 {
-    struct kvf_decode_worker *w = arg;
+    struct kvf_dworker *w = arg;
     for (;;) {
         bool may_sleep = false;
         if (turn(w, &may_sleep)) break;
@@ -1085,7 +1086,7 @@ static void *loop(void *arg)
     return NULL;
 }
 
-int kvf_decode_worker_turn(kvf_decode_worker_t *w)
+int kvf_dworker_turn(kvf_dworker_t *w)
 {
     bool may_sleep = false;
     if (!w->cfg.manual || w->done) return w->cfg.manual ? 1 : -EINVAL;
@@ -1093,7 +1094,7 @@ int kvf_decode_worker_turn(kvf_decode_worker_t *w)
     return w->done;
 }
 
-int kvf_decode_worker_compute(kvf_decode_worker_t *w)
+int kvf_dworker_compute(kvf_dworker_t *w)
 {
     if (!w->cfg.manual) return -EINVAL;
     pthread_mutex_lock(&w->cmu);
@@ -1105,7 +1106,7 @@ int kvf_decode_worker_compute(kvf_decode_worker_t *w)
     return 1;
 }
 
-bool kvf_decode_worker_computing(kvf_decode_worker_t *w)
+bool kvf_dworker_computing(kvf_dworker_t *w)
 {
     pthread_mutex_lock(&w->cmu);
     bool go = w->step_state == STEP_GO;
@@ -1115,7 +1116,7 @@ bool kvf_decode_worker_computing(kvf_decode_worker_t *w)
 
 /* --- Start and stop. ------------------------------------------------------------------------- */
 
-static void destroy(struct kvf_decode_worker *w)
+static void destroy(struct kvf_dworker *w)
 {
     if (w->compute_started) {
         pthread_mutex_lock(&w->cmu);
@@ -1171,10 +1172,10 @@ static void destroy(struct kvf_decode_worker *w)
     free(w);
 }
 
-int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_worker_t **out,
+int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
                             char *err, size_t err_len)
 {
-    struct kvf_decode_worker *w = calloc(1, sizeof(*w));
+    struct kvf_dworker *w = calloc(1, sizeof(*w));
     if (!w) return -ENOMEM;
     pthread_mutex_init(&w->mu, NULL);
     pthread_mutex_init(&w->cmu, NULL);
@@ -1260,7 +1261,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     }
 #endif
     if (rc == 0 && cfg->prefill_host &&
-        (rc = kvf_decode_worker_add_prefill(w, cfg->prefill_host, cfg->prefill_port)) < 0)
+        (rc = kvf_dworker_add_prefill(w, cfg->prefill_host, cfg->prefill_port)) < 0)
         snprintf(err, err_len, "bad prefill address %s:%u", cfg->prefill_host, cfg->prefill_port);
     if (rc == 0) {
         w->info.n_vocab = hp->n_vocab;
@@ -1285,7 +1286,7 @@ int kvf_decode_worker_start(const struct kvf_worker_config *cfg, kvf_decode_work
     return 0;
 }
 
-void kvf_decode_worker_stop(kvf_decode_worker_t *w, uint64_t grace_ms)
+void kvf_dworker_stop(kvf_dworker_t *w, uint64_t grace_ms)
 {
     if (!w) return;
     pthread_mutex_lock(&w->mu);

@@ -59,7 +59,7 @@ struct pforge {
     uint32_t puts_out;    /* forged puts not complete locally: no copy is refreshed meanwhile */
 };
 
-void kvf__forge_init(struct kvf_prefill_worker *w)
+void kvf__forge_init(struct kvf_pworker *w)
 {
     const char *e = getenv("KVF_TEST_FORGE");
     unsigned every = 0, token = 0;
@@ -102,7 +102,7 @@ void kvf__forge_init(struct kvf_prefill_worker *w)
 }
 
 /* Before computing a job: whether the engine refuses it (every Rth of two pages or more). */
-bool kvf__forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
+bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j)
 {
     struct pforge *f = w->forge;
     if (!f || !f->refuse || j->n_pages < 2) return false;
@@ -114,7 +114,7 @@ bool kvf__forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j)
 
 /* Before computing a job the engine took: whether it is handed off short (every Sth of two pages
  * or more that fills its last page). */
-void kvf__forge_short(struct kvf_prefill_worker *w, struct pjob *j)
+void kvf__forge_short(struct kvf_pworker *w, struct pjob *j)
 {
     struct pforge *f = w->forge;
     /* Prompts that fill their last page only: with a partial last page, decode's check that the
@@ -135,7 +135,7 @@ static void forge_put_done(void *arg, int status)
 }
 
 /* At a put of page 0: keep a copy of its bytes for a later forged write. */
-void kvf__forge_keep(struct kvf_prefill_worker *w, const struct pjob *j, const uint8_t *src)
+void kvf__forge_keep(struct kvf_pworker *w, const struct pjob *j, const uint8_t *src)
 {
     struct pforge *f = w->forge;
     if (!f || f->puts_out) return;
@@ -148,7 +148,7 @@ void kvf__forge_keep(struct kvf_prefill_worker *w, const struct pjob *j, const u
 }
 
 /* Before a job's flush: stale bytes of another tenant over its first granted page. */
-void kvf__forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pjob *j)
+void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j)
 {
     struct pforge *f = w->forge;
     if (!f || !j->computed || j->aborted || !s->conn || s->failed) return;
@@ -165,7 +165,7 @@ void kvf__forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pjob
 }
 
 /* Before a DONE: a short handoff's count; and the same DONE at the previous epoch and with an unknown nonce, first token T. */
-void kvf__forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done)
+void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done)
 {
     if (j->forged_short) /* the DONE says only page 0 was written */
         done->u.done.tokens_written = j->n_tokens < w->geo.page_tokens ? j->n_tokens : w->geo.page_tokens;
@@ -182,7 +182,7 @@ void kvf__forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct
 }
 
 /* A session failed (before its machine forgets its grants): keep what its DONEs would name. */
-void kvf__forge_keep_fenced(struct kvf_prefill_worker *w, struct psess *s)
+void kvf__forge_keep_fenced(struct kvf_pworker *w, struct psess *s)
 {
     struct pforge *f = w->forge;
     if (!f || !f->fenced || !s->hello_ok) return;
@@ -199,7 +199,7 @@ void kvf__forge_keep_fenced(struct kvf_prefill_worker *w, struct psess *s)
 }
 
 /* A new session said HELLO: the failed session's grants get their DONEs on it, at their epoch. */
-void kvf__forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s)
+void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s)
 {
     struct pforge *f = w->forge;
     if (!f || !f->n_replay || !s->conn || s->failed) return;
@@ -217,7 +217,7 @@ void kvf__forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s)
     f->n_replay = 0;
 }
 
-void kvf__forge_free(struct kvf_prefill_worker *w)
+void kvf__forge_free(struct kvf_pworker *w)
 {
     if (!w->forge) return;
     free(w->forge->stale[0].bytes);

@@ -15,7 +15,7 @@ struct pjob;
 
 /* One put of one page: data then trailer; both must complete locally before RELEASE_SRC. */
 struct pput {
-    struct kvf_prefill_worker *w;
+    struct kvf_pworker *w;
     struct pjob *job;
     uint32_t index;
     uint32_t left; /* puts of this page not yet complete locally */
@@ -23,7 +23,7 @@ struct pput {
 
 struct pjob {
     bool used;
-    struct kvf_prefill_worker *w;
+    struct kvf_pworker *w;
     bool flush_out; /* a flush of this job is outstanding: its callback still names the job */
     struct psess *s;
     kvf_req_id_t req;
@@ -82,7 +82,7 @@ struct pev {
     struct pev *next;
 };
 
-struct kvf_prefill_worker {
+struct kvf_pworker {
     struct kvf_worker_config cfg;
     char last_refusal[KVF_PREFILL_WHY_MAX]; /* the last mismatch logged (each reason once) */
     pthread_t thread;
@@ -135,35 +135,35 @@ struct kvf_prefill_worker {
 
 /* --- The forgeries' hooks (prefill_forge.c, test builds; no-ops in every other build). ------- */
 #if defined(KVF_TEST_BUILD)
-void kvf__forge_init(struct kvf_prefill_worker *w);
-void kvf__forge_free(struct kvf_prefill_worker *w);
+void kvf__forge_init(struct kvf_pworker *w);
+void kvf__forge_free(struct kvf_pworker *w);
 /* Before computing a job: whether the engine refuses it; whether it is handed off short. */
-bool kvf__forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j);
-void kvf__forge_short(struct kvf_prefill_worker *w, struct pjob *j);
+bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j);
+void kvf__forge_short(struct kvf_pworker *w, struct pjob *j);
 /* A short handoff's pages after the first are never put. */
 static inline bool kvf__forge_skip_put(const struct pjob *j, uint32_t index)
 {
     return j->forged_short && index > 0;
 }
 /* At a put of page 0: a copy of its bytes for a later forged write. */
-void kvf__forge_keep(struct kvf_prefill_worker *w, const struct pjob *j, const uint8_t *src);
+void kvf__forge_keep(struct kvf_pworker *w, const struct pjob *j, const uint8_t *src);
 /* Before a job's flush; before its DONE is sent (the DONE may be rewritten). */
-void kvf__forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pjob *j);
-void kvf__forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done);
+void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j);
+void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done);
 /* A session failed; a new one said HELLO. */
-void kvf__forge_keep_fenced(struct kvf_prefill_worker *w, struct psess *s);
-void kvf__forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s);
+void kvf__forge_keep_fenced(struct kvf_pworker *w, struct psess *s);
+void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s);
 #else
-static inline void kvf__forge_init(struct kvf_prefill_worker *w) { (void)w; }
-static inline void kvf__forge_free(struct kvf_prefill_worker *w) { (void)w; }
-static inline bool kvf__forge_refuse(struct kvf_prefill_worker *w, const struct pjob *j) { (void)w; (void)j; return false; }
-static inline void kvf__forge_short(struct kvf_prefill_worker *w, struct pjob *j) { (void)w; (void)j; }
+static inline void kvf__forge_init(struct kvf_pworker *w) { (void)w; }
+static inline void kvf__forge_free(struct kvf_pworker *w) { (void)w; }
+static inline bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j) { (void)w; (void)j; return false; }
+static inline void kvf__forge_short(struct kvf_pworker *w, struct pjob *j) { (void)w; (void)j; }
 static inline bool kvf__forge_skip_put(const struct pjob *j, uint32_t index) { (void)j; (void)index; return false; }
-static inline void kvf__forge_keep(struct kvf_prefill_worker *w, const struct pjob *j, const uint8_t *src) { (void)w; (void)j; (void)src; }
-static inline void kvf__forge_write(struct kvf_prefill_worker *w, struct psess *s, struct pjob *j) { (void)w; (void)s; (void)j; }
-static inline void kvf__forge_done(struct kvf_prefill_worker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done) { (void)w; (void)s; (void)j; (void)done; }
-static inline void kvf__forge_keep_fenced(struct kvf_prefill_worker *w, struct psess *s) { (void)w; (void)s; }
-static inline void kvf__forge_replay_fenced(struct kvf_prefill_worker *w, struct psess *s) { (void)w; (void)s; }
+static inline void kvf__forge_keep(struct kvf_pworker *w, const struct pjob *j, const uint8_t *src) { (void)w; (void)j; (void)src; }
+static inline void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j) { (void)w; (void)s; (void)j; }
+static inline void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done) { (void)w; (void)s; (void)j; (void)done; }
+static inline void kvf__forge_keep_fenced(struct kvf_pworker *w, struct psess *s) { (void)w; (void)s; }
+static inline void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s) { (void)w; (void)s; }
 #endif
 
 #endif

@@ -49,12 +49,12 @@
 
 /* The loop's clock is the transport's: real time on the fabric, simulated time in the simulator
  * (before the transport exists and after it is gone — start and teardown — the process's). */
-static uint64_t now_ms(const struct kvf_prefill_worker *w)
+static uint64_t now_ms(const struct kvf_pworker *w)
 {
     return w->x ? kvf_xport_now_ms(w->x) : kvf__now_ms();
 }
 
-static void ev_push(struct kvf_prefill_worker *w, struct pev *e)
+static void ev_push(struct kvf_pworker *w, struct pev *e)
 {
     e->next = NULL;
     if (w->ev_tail)
@@ -99,7 +99,7 @@ static void on_error(void *ctx, kvf_conn_t *c, int err)
     ev_push(ctx, e);
 }
 
-static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
+static struct psess *sess_of(struct kvf_pworker *w, kvf_conn_t *c)
 {
     for (uint32_t i = 0; i < PF_MAX_SESS; i++)
         if (w->sess[i].used && w->sess[i].conn == c) return &w->sess[i];
@@ -108,7 +108,7 @@ static struct psess *sess_of(struct kvf_prefill_worker *w, kvf_conn_t *c)
 
 /* --- Jobs. ---------------------------------------------------------------------------------- */
 
-static struct pjob *job_find(struct kvf_prefill_worker *w, struct psess *s, kvf_req_id_t req,
+static struct pjob *job_find(struct kvf_pworker *w, struct psess *s, kvf_req_id_t req,
                              uint64_t nonce)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
@@ -118,7 +118,7 @@ static struct pjob *job_find(struct kvf_prefill_worker *w, struct psess *s, kvf_
     return NULL;
 }
 
-static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
+static void job_free(struct kvf_pworker *w, struct pjob *j)
 {
     uint64_t now = now_ms(w);
     if (!(KVF_MUTANT(SRC_FREED_AT_POST) && j->src_let_go))
@@ -133,12 +133,12 @@ static void job_free(struct kvf_prefill_worker *w, struct pjob *j)
 }
 
 /* A job goes when the machine is done with it and no put still reads its pages. */
-static void job_maybe_free(struct kvf_prefill_worker *w, struct pjob *j)
+static void job_maybe_free(struct kvf_pworker *w, struct pjob *j)
 {
     if (j->used && j->finished && j->puts_out == 0 && !j->flush_out && !j->in_step) job_free(w, j);
 }
 
-static void unqueue(struct kvf_prefill_worker *w, struct pjob *j)
+static void unqueue(struct kvf_pworker *w, struct pjob *j)
 {
     struct pjob **pp = &w->queue_head, *prev = NULL;
     while (*pp && *pp != j) {
@@ -151,7 +151,7 @@ static void unqueue(struct kvf_prefill_worker *w, struct pjob *j)
     j->next_queued = NULL;
 }
 
-static void queue_push(struct kvf_prefill_worker *w, struct pjob *j)
+static void queue_push(struct kvf_pworker *w, struct pjob *j)
 {
     j->next_queued = NULL;
     if (w->queue_tail)
@@ -163,13 +163,13 @@ static void queue_push(struct kvf_prefill_worker *w, struct pjob *j)
 
 /* --- Actions of a prefill machine. ---------------------------------------------------------- */
 
-static void run_actions(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_msg *grant);
+static void run_actions(struct kvf_pworker *w, struct psess *s, const struct kvf_msg *grant);
 
 static void on_put_done(void *arg, int status)
 {
     struct pput *p = arg;
     (void)status; /* local completion, success or not: the source is no longer read */
-    struct kvf_prefill_worker *w = p->w;
+    struct kvf_pworker *w = p->w;
     struct pjob *j = p->job;
     if (--p->left > 0) return;
     j->puts_out--;
@@ -188,7 +188,7 @@ static void on_put_done(void *arg, int status)
 static void on_flush_done(void *arg, int status)
 {
     struct pjob *j = arg;
-    struct kvf_prefill_worker *w = j->w;
+    struct kvf_pworker *w = j->w;
     j->flush_out = false;
     if (status == 0 && j->s && !j->s->failed) {
         /* The drain proof: handled on the loop, outside the transport's callback. */
@@ -206,7 +206,7 @@ static void on_flush_done(void *arg, int status)
     job_maybe_free(w, j);
 }
 
-static void post_write(struct kvf_prefill_worker *w, struct psess *s, const struct kvf_action *a)
+static void post_write(struct kvf_pworker *w, struct psess *s, const struct kvf_action *a)
 {
     struct pjob *j = job_find(w, s, a->req, a->nonce);
     if (!j || a->index >= j->n_pages) return;
@@ -251,7 +251,7 @@ static void post_write(struct kvf_prefill_worker *w, struct psess *s, const stru
 
 /* The session an action belongs to: SENDs name it (the machine's decode_peer is the session's
  * index); the others through their job. */
-static struct psess *action_sess(struct kvf_prefill_worker *w, const struct kvf_action *a)
+static struct psess *action_sess(struct kvf_pworker *w, const struct kvf_action *a)
 {
     if (a->kind == KVF_ACT_SEND) return a->peer < PF_MAX_SESS ? &w->sess[a->peer] : NULL;
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
@@ -266,7 +266,7 @@ static struct psess *action_sess(struct kvf_prefill_worker *w, const struct kvf_
  * put (and append more actions): a nested call returns at once and the running loop picks the
  * new actions up, so actions run once each, in order.
  */
-static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const struct kvf_msg *grant)
+static void run_actions(struct kvf_pworker *w, struct psess *s0, const struct kvf_msg *grant)
 {
     if (w->in_actions) return;
     w->in_actions = true;
@@ -390,7 +390,7 @@ static void run_actions(struct kvf_prefill_worker *w, struct psess *s0, const st
 
 /* Zeroes the slots of page `idx` this prompt did not write, takes its checksum, and tells the
  * machine it is ready (which posts its write). */
-static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t idx, uint32_t first)
+static void page_ready(struct kvf_pworker *w, struct pjob *j, uint32_t idx, uint32_t first)
 {
     uint32_t pt = w->geo.page_tokens;
     uint32_t start = idx * pt, slots = j->n_tokens - start < pt ? j->n_tokens - start : pt;
@@ -407,7 +407,7 @@ static void page_ready(struct kvf_prefill_worker *w, struct pjob *j, uint32_t id
     run_actions(w, j->s, NULL);
 }
 
-static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err)
+static void compute_failed(struct kvf_pworker *w, struct pjob *j, int err)
 {
     unqueue(w, j);
     kvf_prefill_compute_failed(j->s->m, now_ms(w), j->req, j->nonce, err, &w->acts);
@@ -431,7 +431,7 @@ static void compute_failed(struct kvf_prefill_worker *w, struct pjob *j, int err
 }
 
 /* Pages of this pool held by jobs (being computed, or read by puts in flight). */
-static bool pages_in_use(const struct kvf_prefill_worker *w)
+static bool pages_in_use(const struct kvf_pworker *w)
 {
     struct kvf_pool_stats st;
     kvf_pool_stats(w->pool, &st);
@@ -441,7 +441,7 @@ static bool pages_in_use(const struct kvf_prefill_worker *w)
 /* Source pages for j. 1 when it has them; 0 when the pool is short only for now (pages still
  * held by other jobs, or by earlier jobs' puts in flight, come back as those complete): the job
  * waits; a negative code when it can never fit (then it fails: REJECT). */
-static int take_pages(struct kvf_prefill_worker *w, struct pjob *j)
+static int take_pages(struct kvf_pworker *w, struct pjob *j)
 {
     struct kvf_owner own = {j->req, j->tenant};
     int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages, false, j->src);
@@ -457,7 +457,7 @@ static int take_pages(struct kvf_prefill_worker *w, struct pjob *j)
  * not started yet takes its pages first, and one that cannot get them now is skipped for this
  * turn (*waiting: the caller polls again soon). NULL when nothing can run.
  */
-static struct pjob *pick_job(struct kvf_prefill_worker *w, bool *waiting)
+static struct pjob *pick_job(struct kvf_pworker *w, bool *waiting)
 {
     *waiting = false;
     for (struct pjob *j = w->queue_head, *nx; j; j = nx) {
@@ -496,7 +496,7 @@ static struct pjob *pick_job(struct kvf_prefill_worker *w, bool *waiting)
 }
 
 /* Starts the next chunk on the compute thread; false when none could start. */
-static bool start_chunk(struct kvf_prefill_worker *w, bool *waiting)
+static bool start_chunk(struct kvf_pworker *w, bool *waiting)
 {
     struct pjob *j = pick_job(w, waiting);
     if (!j) return false;
@@ -528,7 +528,7 @@ static bool start_chunk(struct kvf_prefill_worker *w, bool *waiting)
 }
 
 /* The chunk's math (the compute thread's part; in manual mode the caller's). */
-static void compute_chunk(struct kvf_prefill_worker *w)
+static void compute_chunk(struct kvf_pworker *w)
 {
     kvf__compute_enter(&w->cfg);
     int rc = kvf_fwd_compute(w->fwd);
@@ -544,7 +544,7 @@ static void compute_chunk(struct kvf_prefill_worker *w)
 
 static void *compute_main(void *arg)
 {
-    struct kvf_prefill_worker *w = arg;
+    struct kvf_pworker *w = arg;
     for (;;) {
         pthread_mutex_lock(&w->cmu);
         while (w->step_state != STEP_GO && !w->compute_quit) pthread_cond_wait(&w->ccv, &w->cmu);
@@ -556,7 +556,7 @@ static void *compute_main(void *arg)
     }
 }
 
-static int step_state(struct kvf_prefill_worker *w)
+static int step_state(struct kvf_pworker *w)
 {
     pthread_mutex_lock(&w->cmu);
     int st = (int)w->step_state;
@@ -566,7 +566,7 @@ static int step_state(struct kvf_prefill_worker *w)
 
 /* The chunk's end (the compute thread finished it): the fills go up, the pages it completed
  * are posted, and after the last chunk the first token is drawn and the rest is posted. */
-static void finish_chunk(struct kvf_prefill_worker *w)
+static void finish_chunk(struct kvf_pworker *w)
 {
     int rc = kvf_fwd_commit(w->fwd, w->pool);
     struct pjob *j = w->step_job;
@@ -603,7 +603,7 @@ static void finish_chunk(struct kvf_prefill_worker *w)
 /* Posts the pages that finished chunks completed (never a page whose compute is unfinished: H8),
  * and a computed job's last ones with its first token. Called after the next chunk has started,
  * so sealing and sending these pages overlaps that chunk's compute. */
-static void post_completed(struct kvf_prefill_worker *w)
+static void post_completed(struct kvf_pworker *w)
 {
     uint32_t pt = w->geo.page_tokens;
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
@@ -619,7 +619,7 @@ static void post_completed(struct kvf_prefill_worker *w)
 /* Every PF_PROGRESS_MS while the compute advances (a layer or a chunk finished, a put
  * completed), each job this worker holds is reported to its decode worker: PROGRESS renews the
  * grant. A stopped or hung compute advances nothing, so nothing is sent for it. */
-static void send_progress(struct kvf_prefill_worker *w)
+static void send_progress(struct kvf_pworker *w)
 {
     uint64_t now = now_ms(w);
     if (now - w->last_progress_ms < PF_PROGRESS_MS) return;
@@ -639,7 +639,7 @@ static void send_progress(struct kvf_prefill_worker *w)
 
 /* --- Sessions and frames. -------------------------------------------------------------------- */
 
-static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const uint8_t *buf, size_t len)
+static void handle_frame(struct kvf_pworker *w, struct psess *s, const uint8_t *buf, size_t len)
 {
     if (s->refused_ms) return;
     struct kvf_msg m;
@@ -686,9 +686,9 @@ static void handle_frame(struct kvf_prefill_worker *w, struct psess *s, const ui
     run_actions(w, s, &m);
 }
 
-static void sess_reap(struct kvf_prefill_worker *w);
+static void sess_reap(struct kvf_pworker *w);
 
-static void sess_open(struct kvf_prefill_worker *w, kvf_conn_t *c)
+static void sess_open(struct kvf_pworker *w, kvf_conn_t *c)
 {
     struct psess *s = NULL;
     for (int pass = 0; pass < 2 && !s; pass++) {
@@ -716,7 +716,7 @@ static void sess_open(struct kvf_prefill_worker *w, kvf_conn_t *c)
     s->hello_ok = s->failed = false;
 }
 
-static bool sess_has_jobs(struct kvf_prefill_worker *w, struct psess *s)
+static bool sess_has_jobs(struct kvf_pworker *w, struct psess *s)
 {
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++)
         if (w->jobs[i].used && w->jobs[i].s == s) return true;
@@ -726,7 +726,7 @@ static bool sess_has_jobs(struct kvf_prefill_worker *w, struct psess *s)
 /* A failed session: its machine forgets everything (aborting live jobs), its endpoint closes
  * (outstanding puts end with errors, releasing their sources), and once no job names it the
  * session goes. */
-static void sess_reap(struct kvf_prefill_worker *w)
+static void sess_reap(struct kvf_pworker *w)
 {
     for (uint32_t i = 0; i < PF_MAX_SESS; i++) {
         struct psess *s = &w->sess[i];
@@ -745,7 +745,7 @@ static void sess_reap(struct kvf_prefill_worker *w)
     }
 }
 
-static void handle_events(struct kvf_prefill_worker *w)
+static void handle_events(struct kvf_pworker *w)
 {
     while (w->ev_head) {
         struct pev *e = w->ev_head;
@@ -777,7 +777,7 @@ static void handle_events(struct kvf_prefill_worker *w)
 
 /* One turn of the loop: everything ready now, without waiting. Returns how long the loop may
  * sleep on the transport (ms). */
-static int turn(struct kvf_prefill_worker *w)
+static int turn(struct kvf_pworker *w)
 {
     kvf_xport_progress(w->x);
     handle_events(w);
@@ -805,7 +805,7 @@ static int turn(struct kvf_prefill_worker *w)
 
 static void *loop(void *arg)
 {
-    struct kvf_prefill_worker *w = arg;
+    struct kvf_pworker *w = arg;
     while (!w->stop) kvf__loop_wait(w->x, w->wake_fd, turn(w));
     /* A chunk still on the compute thread finishes before anything is torn down. */
     while (step_state(w) == STEP_GO) kvf__loop_wait(w->x, w->wake_fd, 50);
@@ -814,14 +814,14 @@ static void *loop(void *arg)
     return NULL;
 }
 
-int kvf_prefill_worker_turn(kvf_prefill_worker_t *w)
+int kvf_pworker_turn(kvf_pworker_t *w)
 {
     if (!w->cfg.manual) return -EINVAL;
     (void)turn(w);
     return 0;
 }
 
-int kvf_prefill_worker_compute(kvf_prefill_worker_t *w)
+int kvf_pworker_compute(kvf_pworker_t *w)
 {
     if (!w->cfg.manual) return -EINVAL;
     if (step_state(w) != STEP_GO) return 0;
@@ -829,14 +829,14 @@ int kvf_prefill_worker_compute(kvf_prefill_worker_t *w)
     return 1;
 }
 
-bool kvf_prefill_worker_computing(kvf_prefill_worker_t *w)
+bool kvf_pworker_computing(kvf_pworker_t *w)
 {
     return step_state(w) == STEP_GO;
 }
 
 /* --- Start and stop. ------------------------------------------------------------------------- */
 
-static void destroy(struct kvf_prefill_worker *w)
+static void destroy(struct kvf_pworker *w)
 {
     if (w->cthread_started) { /* the loop left no chunk running */
         pthread_mutex_lock(&w->cmu);
@@ -878,10 +878,10 @@ static void destroy(struct kvf_prefill_worker *w)
     free(w);
 }
 
-int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_worker_t **out,
+int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out,
                              char *err, size_t err_len)
 {
-    struct kvf_prefill_worker *w = calloc(1, sizeof(*w));
+    struct kvf_pworker *w = calloc(1, sizeof(*w));
     if (!w) return -ENOMEM;
     w->cfg = *cfg;
     pthread_mutex_init(&w->info_mu, NULL);
@@ -959,7 +959,7 @@ int kvf_prefill_worker_start(const struct kvf_worker_config *cfg, kvf_prefill_wo
     return 0;
 }
 
-void kvf_prefill_worker_pool(kvf_prefill_worker_t *w, uint32_t *pages, uint32_t *free_pages)
+void kvf_pworker_pool(kvf_pworker_t *w, uint32_t *pages, uint32_t *free_pages)
 {
     pthread_mutex_lock(&w->info_mu);
     *pages = w->info_pages;
@@ -967,12 +967,12 @@ void kvf_prefill_worker_pool(kvf_prefill_worker_t *w, uint32_t *pages, uint32_t 
     pthread_mutex_unlock(&w->info_mu);
 }
 
-uint16_t kvf_prefill_worker_port(const kvf_prefill_worker_t *w)
+uint16_t kvf_pworker_port(const kvf_pworker_t *w)
 {
     return kvf_xport_port(w->x);
 }
 
-void kvf_prefill_worker_stop(kvf_prefill_worker_t *w)
+void kvf_pworker_stop(kvf_pworker_t *w)
 {
     if (!w) return;
     w->stop = 1;

@@ -2,7 +2,7 @@
  * router.c — the generation seam over decode workers in other processes (engine.h, "Split
  * roles"; the frames in rpc.h).
  *
- * One loop thread owns a UCX worker with no listener and no registered memory, a connection to
+ * One loop thread owns a fabric endpoint with no listener and no registered memory, a connection to
  * every decode worker it was given, and every request's loop-side state. Router threads (the
  * HTTP server's) touch only a handle's event queue and the inbox of submitted handles, as with
  * the decode worker's own seam.
@@ -94,6 +94,12 @@ struct kvf_router {
     uint64_t bad_frames;
 };
 
+/* The loop's clock is the transport's (the simulator's in manual mode). */
+static uint64_t now_ms(const struct kvf_router *r)
+{
+    return r->x ? kvf_xport_now_ms(r->x) : kvf__now_ms();
+}
+
 /* --- Handles (any thread; the handle itself is gen.c's). ------------------------------------ */
 
 /* Puts g in the inbox (kvf__gen_admit_fn), unless the router is closing or its queue is full. */
@@ -104,7 +110,7 @@ static int gen_admit(void *e, struct kvf_gen *g)
     pthread_mutex_lock(&r->mu);
     int rc = r->closing ? -ESHUTDOWN : r->n_open >= r->cfg.max_queue ? -EAGAIN : 0;
     if (rc == 0) {
-        kvf__gen_enqueue(&r->inbox_head, &r->inbox_tail, g, kvf__now_ms());
+        kvf__gen_enqueue(&r->inbox_head, &r->inbox_tail, g, now_ms(r));
         r->n_open++;
     }
     pthread_mutex_unlock(&r->mu);
@@ -281,13 +287,13 @@ static void connect_dec(struct kvf_router *r, int di)
     if (kvf_xport_connect(r->x, d->host, d->port, &d->c, err, sizeof err) < 0) {
         d->c = NULL;
         snprintf(d->why, sizeof d->why, "cannot connect: %s", err);
-        d->next_connect_ms = kvf__now_ms() + RT_RECONNECT_MS * 5;
+        d->next_connect_ms = now_ms(r) + RT_RECONNECT_MS * 5;
         return;
     }
     d->failed = false;
     d->hello_ok = false;
     d->have_status = false;
-    d->hello_deadline_ms = kvf__now_ms() + RT_HELLO_MS;
+    d->hello_deadline_ms = now_ms(r) + RT_HELLO_MS;
     send_bytes(r, d, kvf_rpc_put_hello(r->frame, RT_FRAME_CAP, KVF_RPC_HELLO_R, &r->hello));
 }
 
@@ -325,7 +331,7 @@ static void dec_lost(struct kvf_router *r, int di)
     uint32_t f = d->failures < 5 ? d->failures : 5;
     d->failures++;
     uint64_t wait = (uint64_t)RT_RECONNECT_MS << f;
-    d->next_connect_ms = kvf__now_ms() + (wait < 2000 ? wait : 2000);
+    d->next_connect_ms = now_ms(r) + (wait < 2000 ? wait : 2000);
 }
 
 static void take_inbox(struct kvf_router *r)
@@ -377,7 +383,7 @@ static bool any_dec_up(const struct kvf_router *r)
  * (decode workers connected, none of them with a live prefill). */
 static void admit(struct kvf_router *r)
 {
-    uint64_t now = kvf__now_ms();
+    uint64_t now = now_ms(r);
     while (r->pending_head) {
         struct kvf_gen *g = r->pending_head;
         int err = 0, d = -1;
@@ -517,11 +523,11 @@ static void publish(struct kvf_router *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-static void *loop(void *arg)
+/* One turn of the loop: everything ready now, without waiting; true once it stopped. */
+static bool turn(struct kvf_router *r)
 {
-    struct kvf_router *r = arg;
-    for (;;) {
-        uint64_t now = kvf__now_ms();
+    {
+        uint64_t now = now_ms(r);
         bool stop = atomic_load(&r->stop);
         for (uint32_t i = 0; i < r->cfg.n_decodes; i++)
             if (!r->decs[i].c && now >= r->decs[i].next_connect_ms && !stop) connect_dec(r, (int)i);
@@ -546,10 +552,22 @@ static void *loop(void *arg)
         /* Stopping: every sent request was cancelled; their ENDs come back, or their decode
          * worker is lost, or (a hung worker) the wait ends and destroy ends them here. */
         if (stop && !r->stop_until_ms) r->stop_until_ms = now + RT_STOP_MS;
-        if (stop && ((!r->pending_head && !r->sent) || now >= r->stop_until_ms)) break;
-        kvf__loop_wait(r->x, r->wake_fd, 50);
+        if (stop && ((!r->pending_head && !r->sent) || now >= r->stop_until_ms)) return true;
     }
+    return false;
+}
+
+static void *loop(void *arg)
+{
+    struct kvf_router *r = arg;
+    while (!turn(r)) kvf__loop_wait(r->x, r->wake_fd, 50);
     return NULL;
+}
+
+int kvf_router_turn(kvf_router_t *r)
+{
+    if (!r->cfg.manual) return -EINVAL;
+    return turn(r) ? 1 : 0;
 }
 
 /* --- Start and stop. ------------------------------------------------------------------------- */
@@ -618,17 +636,18 @@ int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, ch
     r->cfg.decode_hosts = r->cfg.prefill_hosts = NULL;
     r->cfg.decode_ports = r->cfg.prefill_ports = NULL;
     if (rc == 0) {
-        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, NULL, 0, cfg->fabric_key, NULL, NULL};
+        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, NULL, 0, cfg->fabric_key,
+                                      cfg->transport, cfg->transport_ctx};
         struct kvf_xport_events ev = {r, NULL, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &r->x, err, err_len);
     }
-    if (rc == 0 && (rc = -pthread_create(&r->thread, NULL, loop, r)) < 0)
+    if (rc == 0 && !cfg->manual && (rc = -pthread_create(&r->thread, NULL, loop, r)) < 0)
         snprintf(err, err_len, "cannot start the router thread");
     if (rc < 0) {
         destroy(r);
         return rc;
     }
-    r->started = true;
+    r->started = !cfg->manual;
     *out = r;
     return 0;
 }
@@ -639,6 +658,11 @@ void kvf_router_stop(kvf_router_t *r, uint64_t grace_ms)
     pthread_mutex_lock(&r->mu);
     r->closing = true;
     pthread_mutex_unlock(&r->mu);
+    if (r->cfg.manual) { /* the caller ran the turns it wanted: what is left ends here */
+        atomic_store(&r->stop, 1);
+        destroy(r);
+        return;
+    }
     uint64_t until = kvf__now_ms() + grace_ms;
     for (;;) {
         pthread_mutex_lock(&r->mu);

@@ -21,8 +21,8 @@ struct rig {
     kvf_gguf_t *g;
     kvf_model_t *m;
     pthread_mutex_t compute;
-    kvf_prefill_worker_t *pw;
-    kvf_decode_worker_t *dw;
+    kvf_pworker_t *pw;
+    kvf_dworker_t *dw;
     uint32_t n_vocab;
 };
 
@@ -45,10 +45,10 @@ static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
                                   .poison_free = true,
 #endif
                                   .grant_timeout_ms = 5000, .hold_timeout_ms = 2000};
-    if (kvf_prefill_worker_start(&c, &r->pw, err, sizeof(err)) < 0) KVF_FAIL("prefill: %s", err);
+    if (kvf_pworker_start(&c, &r->pw, err, sizeof(err)) < 0) KVF_FAIL("prefill: %s", err);
     c.n_pages = decode_pages;
     c.prefill_host = "127.0.0.1";
-    c.prefill_port = kvf_prefill_worker_port(r->pw);
+    c.prefill_port = kvf_pworker_port(r->pw);
     c.max_batch = 16;
     /* Prompts over two pages are hashed in slices across loop turns: the path long prompts
      * take, exercised by every test here. */
@@ -57,10 +57,10 @@ static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
         kvf_model_geometry(r->m, PT, &geo);
         c.hash_slice_bytes = (uint32_t)(2 * kvf_geo_data_bytes(&geo));
     }
-    if (kvf_decode_worker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
+    if (kvf_dworker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     for (int i = 0; i < 500; i++) {
         struct kvf_engine_info in;
-        kvf_decode_gen_ops.info(r->dw, &in);
+        kvf_dworker_gen_ops.info(r->dw, &in);
         if (in.prefill_up) return;
         usleep(10000);
     }
@@ -72,14 +72,14 @@ static void rig_stop(struct rig *r)
 {
     struct kvf_engine_info in = {0};
     for (int i = 0; i < 500; i++) {
-        kvf_decode_gen_ops.info(r->dw, &in);
+        kvf_dworker_gen_ops.info(r->dw, &in);
         if (in.decode_free == in.decode_pages && in.running == 0 && in.decode_reserved == 0) break;
         usleep(10000);
     }
     ASSERT_EQ_INT(in.decode_free, in.decode_pages);
     ASSERT_EQ_INT(in.decode_reserved, 0);
-    kvf_decode_worker_stop(r->dw, 1000);
-    kvf_prefill_worker_stop(r->pw);
+    kvf_dworker_stop(r->dw, 1000);
+    kvf_pworker_stop(r->pw);
     kvf_model_free(r->m);
     kvf_gguf_close(r->g);
     unlink(r->path);
@@ -107,7 +107,7 @@ static void collect(struct rig *r, kvf_gen_t *g, struct out *o)
     memset(o, 0, sizeof(*o));
     for (;;) {
         struct kvf_gen_event ev;
-        int got = kvf_decode_gen_ops.next(r->dw, g, &ev, 20000);
+        int got = kvf_dworker_gen_ops.next(r->dw, g, &ev, 20000);
         if (!got) KVF_FAIL("no event within 20 s");
         if (ev.kind == KVF_GEN_END) {
             o->err = ev.err;
@@ -120,7 +120,7 @@ static void collect(struct rig *r, kvf_gen_t *g, struct out *o)
         if (ev.n_top >= 3) memcpy(o->top[o->n], ev.top_ids, 3 * sizeof(int32_t));
         o->n++;
     }
-    kvf_decode_gen_ops.release(r->dw, g);
+    kvf_dworker_gen_ops.release(r->dw, g);
 }
 
 static void make_prompt(int32_t *p, uint32_t n, uint32_t seed, uint32_t n_vocab)
@@ -149,7 +149,7 @@ static void test_one_request_equals_solo(void)
     struct kvf_gen_params p = {.tenant = 1, .prompt = prompt, .n_prompt = 37, .max_tokens = 40,
                                .sample = {0.0f, 0, 1.0f, 1}, .n_logprobs = 3};
     kvf_gen_t *g;
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p, &g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p, &g));
     struct out got, want;
     collect(&r, g, &got);
     solo(&r, &p, &want);
@@ -157,7 +157,7 @@ static void test_one_request_equals_solo(void)
     for (uint32_t i = 0; i < want.n; i++) ASSERT_MEMEQ(got.top[i], want.top[i], sizeof(got.top[i]));
     ASSERT_FALSE(got.stopped);
     struct kvf_engine_info in;
-    kvf_decode_gen_ops.info(r.dw, &in);
+    kvf_dworker_gen_ops.info(r.dw, &in);
     ASSERT_TRUE(in.hash_slices >= 2); /* 37 tokens: 3 pages, hashed two pages a turn */
     rig_stop(&r);
 }
@@ -177,7 +177,7 @@ static void test_sixteen_concurrent_equal_solo(void)
                                        .max_tokens = 10 + 3 * (uint32_t)i,
                                        .sample = {i % 2 ? 0.8f : 0.0f, i % 4 == 1 ? 20u : 0u,
                                                   i % 4 == 3 ? 0.9f : 1.0f, 1000u + (uint64_t)i}};
-        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p[i], &g[i]));
+        ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p[i], &g[i]));
     }
     for (int i = 0; i < N; i++) {
         struct out got, want;
@@ -199,39 +199,39 @@ static void test_cancel_and_limits(void)
     kvf_gen_t *g;
     /* prompt + max_tokens one over the limit: refused before anything moves. */
     p.max_tokens = CTX - 20 + 1;
-    ASSERT_ERR(kvf_decode_gen_ops.submit(r.dw, &p, &g), KVF_E_PROTO_REJECTED);
+    ASSERT_ERR(kvf_dworker_gen_ops.submit(r.dw, &p, &g), KVF_E_PROTO_REJECTED);
     p.max_tokens = CTX - 20; /* exactly the limit: served */
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p, &g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p, &g));
     struct kvf_gen_event ev;
     for (int i = 0; i < 3; i++) {
-        ASSERT_EQ_INT(kvf_decode_gen_ops.next(r.dw, g, &ev, 20000), 1);
+        ASSERT_EQ_INT(kvf_dworker_gen_ops.next(r.dw, g, &ev, 20000), 1);
         ASSERT_EQ_INT(ev.kind, KVF_GEN_TOKEN);
     }
-    kvf_decode_gen_ops.cancel(r.dw, g);
+    kvf_dworker_gen_ops.cancel(r.dw, g);
     do {
-        ASSERT_EQ_INT(kvf_decode_gen_ops.next(r.dw, g, &ev, 20000), 1);
+        ASSERT_EQ_INT(kvf_dworker_gen_ops.next(r.dw, g, &ev, 20000), 1);
     } while (ev.kind != KVF_GEN_END);
     ASSERT_EQ_INT(ev.err, KVF_E_PROTO_CANCELLED);
-    kvf_decode_gen_ops.release(r.dw, g);
+    kvf_dworker_gen_ops.release(r.dw, g);
     /* A cancel right after submit (queued or during prefill) also ends cleanly, and stops the
      * work: the decode steps make far fewer than the 8 x 50 tokens asked (77-150 here, idle or
      * loaded; an ignored cancel makes all 400). */
     struct kvf_engine_info before, after;
-    kvf_decode_gen_ops.info(r.dw, &before);
+    kvf_dworker_gen_ops.info(r.dw, &before);
     uint32_t ended_ok = 0;
     for (int i = 0; i < 8; i++) {
         p.max_tokens = 50;
-        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &p, &g));
+        ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p, &g));
         if (i % 2) usleep(2000 * (unsigned)i);
-        kvf_decode_gen_ops.cancel(r.dw, g);
+        kvf_dworker_gen_ops.cancel(r.dw, g);
         do {
-            ASSERT_EQ_INT(kvf_decode_gen_ops.next(r.dw, g, &ev, 20000), 1);
+            ASSERT_EQ_INT(kvf_dworker_gen_ops.next(r.dw, g, &ev, 20000), 1);
         } while (ev.kind != KVF_GEN_END);
         ASSERT_TRUE(ev.err == KVF_E_PROTO_CANCELLED || ev.err == 0);
         if (ev.err == 0) ended_ok++;
-        kvf_decode_gen_ops.release(r.dw, g);
+        kvf_dworker_gen_ops.release(r.dw, g);
     }
-    kvf_decode_gen_ops.info(r.dw, &after);
+    kvf_dworker_gen_ops.info(r.dw, &after);
     printf("# 8 requests of 50 tokens cancelled at 0..14 ms: %llu tokens decoded, %u ended whole\n",
            (unsigned long long)(after.decoded_tokens - before.decoded_tokens), ended_ok);
     /* An ignored cancel ends all 8 whole with 400 tokens; a loaded machine lets a few end. */

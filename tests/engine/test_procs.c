@@ -68,7 +68,7 @@ struct rig {
     uint64_t fp;
     uint16_t port;
     pid_t child;
-    kvf_decode_worker_t *dw;
+    kvf_dworker_t *dw;
     uint32_t n_vocab;
 };
 
@@ -155,7 +155,7 @@ static void stop_child(pid_t pid)
 
 static void info(struct rig *r, struct kvf_engine_info *in)
 {
-    kvf_decode_gen_ops.info(r->dw, in);
+    kvf_dworker_gen_ops.info(r->dw, in);
 }
 
 static bool wait_up(struct rig *r, uint64_t ms)
@@ -208,7 +208,7 @@ static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char
 #endif
                                   .keepalive_ms = 100,
                                   .fabric_key = decode_key ? decode_key : cluster_key};
-    if (kvf_decode_worker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
+    if (kvf_dworker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     if (decode_key) return; /* the caller checks what becomes of it */
     if (!wait_up(r, 10000)) KVF_FAIL("the decode worker never connected to the prefill process");
 }
@@ -235,7 +235,7 @@ static void wait_pool_free(struct rig *r)
 static void rig_stop(struct rig *r)
 {
     wait_pool_free(r);
-    kvf_decode_worker_stop(r->dw, 1000);
+    kvf_dworker_stop(r->dw, 1000);
     stop_child(r->child);
     kvf_model_free(r->m);
     kvf_gguf_close(r->g);
@@ -282,15 +282,15 @@ static void drain(struct rig *r, struct req *q)
 {
     for (;;) {
         struct kvf_gen_event ev;
-        if (!kvf_decode_gen_ops.next(r->dw, q->g, &ev, 30000)) KVF_FAIL("no event within 30 s");
+        if (!kvf_dworker_gen_ops.next(r->dw, q->g, &ev, 30000)) KVF_FAIL("no event within 30 s");
         if (ev.kind == KVF_GEN_END) {
             q->err = ev.err;
             break;
         }
         q->out[q->n_out++] = ev.token;
-        if (q->cancel_after && q->n_out == q->cancel_after) kvf_decode_gen_ops.cancel(r->dw, q->g);
+        if (q->cancel_after && q->n_out == q->cancel_after) kvf_dworker_gen_ops.cancel(r->dw, q->g);
     }
-    kvf_decode_gen_ops.release(r->dw, q->g);
+    kvf_dworker_gen_ops.release(r->dw, q->g);
 }
 
 static void check_against_solo(struct rig *r, const struct req *q)
@@ -323,8 +323,8 @@ static void test_soak_thousand_handoffs(void)
             uint32_t roll = (uint32_t)(rng % 10);
             q[i].cancel_at_start = roll == 0;
             q[i].cancel_after = roll == 1 ? 1 : 0;
-            ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &q[i].p, &q[i].g));
-            if (q[i].cancel_at_start) kvf_decode_gen_ops.cancel(r.dw, q[i].g);
+            ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &q[i].p, &q[i].g));
+            if (q[i].cancel_at_start) kvf_dworker_gen_ops.cancel(r.dw, q[i].g);
         }
         for (int i = 0; i < WAVE; i++) {
             drain(&r, &q[i]);
@@ -361,7 +361,7 @@ static void test_kill_prefill_mid_transfer(void)
     static struct req q[4];
     for (int i = 0; i < 4; i++) {
         make_req(&q[i], 500 + (uint32_t)i, r.n_vocab);
-        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &q[i].p, &q[i].g));
+        ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &q[i].p, &q[i].g));
     }
     usleep(100000);
     uint64_t t0 = now_ms();
@@ -384,7 +384,7 @@ static void test_kill_prefill_mid_transfer(void)
     ASSERT_TRUE(wait_up(&r, 10000));
     struct req again;
     make_req(&again, 777, r.n_vocab);
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &again.p, &again.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &again.p, &again.g));
     drain(&r, &again);
     ASSERT_OK(again.err);
     check_against_solo(&r, &again);
@@ -407,7 +407,7 @@ static void test_admit_timeout_names_cause(void)
     big.p.max_tokens = 8 * PT - big.p.n_prompt;
     big.p.ignore_eos = true;
     make_req(&small, 42, r.n_vocab);
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &big.p, &big.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &big.p, &big.g));
     struct kvf_engine_info in;
     uint64_t until = now_ms() + 10000;
     do {
@@ -417,7 +417,7 @@ static void test_admit_timeout_names_cause(void)
     } while (now_ms() < until);
     ASSERT_EQ_INT(in.decode_free, in.decode_reserved);
     uint64_t t0 = now_ms();
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &small.p, &small.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &small.p, &small.g));
     drain(&r, &small);
     printf("# pages short: %s after %llu ms\n", kvf_strerror(small.err),
            (unsigned long long)(now_ms() - t0));
@@ -437,7 +437,7 @@ static void test_admit_timeout_names_cause(void)
     ASSERT_FALSE(in.prefill_up);
     make_req(&small, 43, r.n_vocab);
     t0 = now_ms();
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &small.p, &small.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &small.p, &small.g));
     drain(&r, &small);
     uint64_t waited = now_ms() - t0;
     printf("# no prefill: %s after %llu ms\n", kvf_strerror(small.err), (unsigned long long)waited);
@@ -447,7 +447,7 @@ static void test_admit_timeout_names_cause(void)
     r.child = start_prefill(&r, NULL);
     ASSERT_TRUE(wait_up(&r, 10000));
     make_req(&small, 44, r.n_vocab);
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &small.p, &small.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &small.p, &small.g));
     drain(&r, &small);
     ASSERT_OK(small.err);
     check_against_solo(&r, &small);
@@ -463,7 +463,7 @@ static void test_hang_prefill_past_hold_timeout(void)
     for (int i = 0; i < 4; i++) {
         make_req(&q[i], 900 + (uint32_t)i, r.n_vocab);
         q[i].p.max_tokens = 2;
-        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &q[i].p, &q[i].g));
+        ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &q[i].p, &q[i].g));
     }
     usleep(60000);
     kill(r.child, SIGSTOP);
@@ -483,7 +483,7 @@ static void test_hang_prefill_past_hold_timeout(void)
     static struct req n[8];
     for (int i = 0; i < 8; i++) {
         make_req(&n[i], 1200 + (uint32_t)i, r.n_vocab);
-        ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &n[i].p, &n[i].g));
+        ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &n[i].p, &n[i].g));
     }
     for (int i = 0; i < 8; i++) {
         drain(&r, &n[i]);
@@ -505,7 +505,7 @@ static void test_lost_ack_ends_by_fence(void)
     struct req q;
     make_req(&q, 4242, r.n_vocab);
     uint64_t t0 = now_ms();
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &q.p, &q.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &q.p, &q.g));
     drain(&r, &q);
     uint64_t failed_ms = now_ms() - t0;
     ASSERT_EQ_INT(q.err, KVF_E_PROTO_TIMEOUT);
@@ -522,7 +522,7 @@ static void test_lost_ack_ends_by_fence(void)
     ASSERT_TRUE(wait_up(&r, 10000));
     struct req next;
     make_req(&next, 4243, r.n_vocab);
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &next.p, &next.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &next.p, &next.g));
     drain(&r, &next);
     ASSERT_OK(next.err);
     check_against_solo(&r, &next);
@@ -545,18 +545,18 @@ static void test_wrong_key_refused(void)
     info(&r, &in);
     ASSERT_EQ_INT(in.prefill_up, 0);
     ASSERT_EQ_INT(kill(r.child, 0), 0); /* the prefill process is still up */
-    kvf_decode_worker_stop(r.dw, 0);
+    kvf_dworker_stop(r.dw, 0);
     /* The right key, against the same process. */
     struct kvf_worker_config c = {.model = r.m, .model_fp = r.fp, .page_tokens = PT, .n_pages = 24,
                                   .n_threads = 1, .max_context = CTX, .prefill_host = prefill_host(),
                                   .prefill_port = r.port, .max_batch = 16, .admit_timeout_ms = 20000,
                                   .keepalive_ms = 100, .fabric_key = cluster_key};
     char err[256] = "";
-    if (kvf_decode_worker_start(&c, &r.dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
+    if (kvf_dworker_start(&c, &r.dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     ASSERT_TRUE(wait_up(&r, 10000));
     struct req ok;
     make_req(&ok, 78, r.n_vocab);
-    ASSERT_OK(kvf_decode_gen_ops.submit(r.dw, &ok.p, &ok.g));
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &ok.p, &ok.g));
     drain(&r, &ok);
     ASSERT_OK(ok.err);
     check_against_solo(&r, &ok);
