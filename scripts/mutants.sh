@@ -86,7 +86,7 @@ declare -A loops_mode=(
   [no_count_check]="--forge every=0,short=3,refuse=4 --content-only"
   [no_checksum_check]="--forge every=4,token=7 --content-only"
   [stale_epoch_accepted]="--forge every=4,token=7,fenced=1 --content-only"
-  [fence_keeps_other_grants]="--forge every=4,token=7,fenced=1 --pressured --unverified --content-only"
+  [fence_keeps_other_grants]="--forge every=0,token=7,fenced=1 --pressured --unverified --content-only"
   [free_at_cancel]="--pressured --unverified --content-only"
   [src_freed_at_post]="--pressured --unverified --content-only"
 )
