@@ -60,8 +60,10 @@ static void fill_kv(uint8_t *base, size_t bytes, uint32_t eb)
 {
     for (size_t i = 0; i < bytes / eb; i++) {
         float v = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-        if (eb == 2) ((uint16_t *)base)[i] = kvf_f32_to_fp16(v);
-        else ((float *)base)[i] = v;
+        if (eb == 2)
+            ((uint16_t *)base)[i] = kvf_f32_to_fp16(v);
+        else
+            ((float *)base)[i] = v;
     }
 }
 
@@ -76,12 +78,16 @@ int kvf_bench_attention(int argc, char **argv)
         unsigned long *dst = NULL, most = 4096;
         if (strcmp(a, "--kv-type") == 0) {
             if (kvf_bench_kv_type_arg("attention", v, &eb) != 0) return 2;
-        }
-        else if (strcmp(a, "--seqs") == 0) dst = &seqs;
-        else if (strcmp(a, "--positions") == 0) dst = &positions, most = 65536;
-        else if (strcmp(a, "--layers") == 0) dst = &layers, most = 256;
-        else if (strcmp(a, "--threads") == 0) dst = &threads, most = 256;
-        else if (strcmp(a, "--runs") == 0) dst = &runs, most = 101;
+        } else if (strcmp(a, "--seqs") == 0)
+            dst = &seqs;
+        else if (strcmp(a, "--positions") == 0)
+            dst = &positions, most = 65536;
+        else if (strcmp(a, "--layers") == 0)
+            dst = &layers, most = 256;
+        else if (strcmp(a, "--threads") == 0)
+            dst = &threads, most = 256;
+        else if (strcmp(a, "--runs") == 0)
+            dst = &runs, most = 101;
         else {
             usage(stderr);
             return 2;
@@ -139,14 +145,28 @@ int kvf_bench_attention(int argc, char **argv)
     size_t page_bytes = kvf_pool_page_bytes(pool), pool_bytes = 0;
     uint8_t *base = kvf_pool_data(pool, &pool_bytes);
     fill_kv(base, (size_t)pc.n_pages * page_bytes, eb);
-    for (size_t i = 0; i < q_floats; i++) q[i] = 0.01f * (float)(i % 97) - 0.48f;
+    for (size_t i = 0; i < q_floats; i++)
+        q[i] = 0.01f * (float)(i % 97) - 0.48f;
     for (uint32_t l = 0; l < L; l++)
         lb[l] = (struct kvf_attn_batch){
-            .nt = S, .n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = HEAD_DIM, .q = q,
-            .out = out, .tok_seq = tok_seq, .tok_pos = tok_pos, .seqs = fs, .pool_base = base,
-            .page_bytes = page_bytes, .page_tokens = PAGE_TOKENS,
-            .k_off = kvf_geo_kv_offset(&pc.geo, l, 0), .v_off = kvf_geo_kv_offset(&pc.geo, l, 1),
-            .elem_bytes = eb, .scratch = scratch, .scratch_floats = sf, .part = part,
+            .nt = S,
+            .n_heads = N_HEADS,
+            .n_kv_heads = N_KV,
+            .head_dim = HEAD_DIM,
+            .q = q,
+            .out = out,
+            .tok_seq = tok_seq,
+            .tok_pos = tok_pos,
+            .seqs = fs,
+            .pool_base = base,
+            .page_bytes = page_bytes,
+            .page_tokens = PAGE_TOKENS,
+            .k_off = kvf_geo_kv_offset(&pc.geo, l, 0),
+            .v_off = kvf_geo_kv_offset(&pc.geo, l, 1),
+            .elem_bytes = eb,
+            .scratch = scratch,
+            .scratch_floats = sf,
+            .part = part,
         };
     struct pass p = {lb, L, chunks, tp};
     one_pass(&p); /* warm-up */

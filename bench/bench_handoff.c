@@ -67,8 +67,8 @@ struct hb_frame {
 };
 
 struct hb_opts {
-    size_t page_bytes;  /* N: data bytes of one page */
-    uint32_t pages;     /* P */
+    size_t page_bytes; /* N: data bytes of one page */
+    uint32_t pages;    /* P */
     uint32_t runs;
     uint32_t rtt_iters;
     bool reference;
@@ -137,7 +137,8 @@ static void w_grant(struct writer *w, const struct hb_frame *g)
         return;
     }
     /* The sources of the last grant are reused: wait for their local completions. */
-    for (int spins = 0; w->puts_out && !w->failed && spins < 1000000; spins++) loop_turn(w->x, 1);
+    for (int spins = 0; w->puts_out && !w->failed && spins < 1000000; spins++)
+        loop_turn(w->x, 1);
     w->done->kind = HB_DONE;
     w->done->n_pages = g->n_pages;
     w->done->run = g->run;
@@ -175,8 +176,10 @@ static void w_on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
     struct hb_frame f;
     if (len < sizeof(f)) return;
     memcpy(&f, buf, sizeof(f));
-    if (f.kind == HB_QUIT) w->quit = true;
-    else if (f.kind == HB_GRANT) w_grant(w, &f);
+    if (f.kind == HB_QUIT)
+        w->quit = true;
+    else if (f.kind == HB_GRANT)
+        w_grant(w, &f);
 }
 
 static void w_on_ready(void *ctx, kvf_conn_t *c)
@@ -210,8 +213,8 @@ static int writer_main(const struct hb_opts *o, int port_fd)
         memcpy(w.src + i, &s, 8);
     }
     struct kvf_xport_config cfg = {0};
-    struct kvf_xport_events ev = {.ctx = &w, .on_frame = w_on_frame,
-                                  .on_remote_ready = w_on_ready, .on_error = w_on_error};
+    struct kvf_xport_events ev = {
+        .ctx = &w, .on_frame = w_on_frame, .on_remote_ready = w_on_ready, .on_error = w_on_error};
     char err[256] = "";
     if (kvf_xport_create(&cfg, &ev, &w.x, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence bench handoff (writer): %s\n", err);
@@ -223,7 +226,8 @@ static int writer_main(const struct hb_opts *o, int port_fd)
         kvf_xport_destroy(w.x);
         return 5;
     }
-    while (!w.quit && !w.failed && !w.err) loop_turn(w.x, 100);
+    while (!w.quit && !w.failed && !w.err)
+        loop_turn(w.x, 100);
     int status = w.err ? 6 : 0;
     if (w.err) fprintf(stderr, "kvfence bench handoff (writer): %s\n", kvf_strerror(w.err));
     kvf_xport_destroy(w.x); /* closes the connection */
@@ -256,8 +260,9 @@ static int t_verify(struct target *t, const struct hb_frame *d)
         const uint8_t *page = t->region + (size_t)i * stride;
         struct kvf_page_trailer tr;
         memcpy(&tr, page + stride - sizeof(tr), sizeof(tr));
-        if (tr.tag != tag_of(t->run, i) || tr.req.lo != t->run || tr.req.hi != 0 || tr.tenant != 1 ||
-            tr.slots != i || tr.epoch_nonce != t->nonce || tr.checksum != d->sums[i])
+        if (tr.tag != tag_of(t->run, i) || tr.req.lo != t->run || tr.req.hi != 0 ||
+            tr.tenant != 1 || tr.slots != i || tr.epoch_nonce != t->nonce ||
+            tr.checksum != d->sums[i])
             return (int)i + 1;
         if (XXH3_64bits(page, n) != d->sums[i]) return (int)i + 1;
     }
@@ -319,7 +324,8 @@ static uint64_t t_handoff(struct target *t, uint32_t n)
     uint64_t t0 = kvf_bench_now_ns();
     if (kvf_conn_send(t->c, &g, sizeof(g)) < 0) return 0;
     uint64_t give_up = t0 + (uint64_t)HB_WAIT_MS * 1000000u;
-    while (!t->done && !t->failed && kvf_bench_now_ns() < give_up) loop_turn(t->x, 10);
+    while (!t->done && !t->failed && kvf_bench_now_ns() < give_up)
+        loop_turn(t->x, 10);
     uint64_t t1 = kvf_bench_now_ns();
     if (!t->done) {
         fprintf(stderr, "kvfence bench handoff: no DONE for run %llu (%s)\n",
@@ -379,8 +385,8 @@ static double reference_gbps(const char *test, size_t n)
         int dn = open("/dev/null", 0);
         if (dn >= 0) dup2(dn, 1), dup2(dn, 2);
         setenv("UCX_TLS", "tcp", 1);
-        execlp("ucx_perftest", "ucx_perftest", "-t", test, "-s", size_s, "-n", iters_s,
-               "-w", warm_s, "-p", port_s, "-f", (char *)NULL);
+        execlp("ucx_perftest", "ucx_perftest", "-t", test, "-s", size_s, "-n", iters_s, "-w",
+               warm_s, "-p", port_s, "-f", (char *)NULL);
         _exit(127);
     }
     double gbps = -1;
@@ -416,14 +422,15 @@ static double reference_gbps(const char *test, size_t n)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvfence bench handoff --transport tcp --page-bytes N [--pages P] [--runs R]\n"
-            "                             [--rtt-iters K] [--no-reference]\n"
-            "  Two processes over the fabric (TCP, sealed): page-handoff bandwidth (puts of data and\n"
-            "  trailer, XXH3 per page checked by the target) and the one-page GRANT -> verified\n"
-            "  commit round trip; compared with ucx_perftest -t ucp_put_bw (UCX_TLS=tcp).\n"
-            "  N: data bytes per page (a multiple of 64, 4096..64 MiB); P: pages per run\n"
-            "  (default 32 MiB of data, at least 8); R: runs (11); K: round trips (201).\n");
+    fprintf(
+        f,
+        "usage: kvfence bench handoff --transport tcp --page-bytes N [--pages P] [--runs R]\n"
+        "                             [--rtt-iters K] [--no-reference]\n"
+        "  Two processes over the fabric (TCP, sealed): page-handoff bandwidth (puts of data and\n"
+        "  trailer, XXH3 per page checked by the target) and the one-page GRANT -> verified\n"
+        "  commit round trip; compared with ucx_perftest -t ucp_put_bw (UCX_TLS=tcp).\n"
+        "  N: data bytes per page (a multiple of 64, 4096..64 MiB); P: pages per run\n"
+        "  (default 32 MiB of data, at least 8); R: runs (11); K: round trips (201).\n");
 }
 
 static int parse(int argc, char **argv, struct hb_opts *o)
@@ -443,8 +450,10 @@ static int parse(int argc, char **argv, struct hb_opts *o)
         if (rc != 1) return rc == 0 ? -1 : rc;
         if (strcmp(opt, "--transport") == 0) {
             if (strcmp(val, "tcp") != 0) {
-                fprintf(stderr, "kvfence bench handoff: --transport tcp is the one measured here "
-                                "(not '%s')\n", val);
+                fprintf(stderr,
+                        "kvfence bench handoff: --transport tcp is the one measured here "
+                        "(not '%s')\n",
+                        val);
                 return 2;
             }
         } else if (strcmp(opt, "--page-bytes") == 0) {
@@ -508,10 +517,12 @@ int kvf_bench_handoff(int argc, char **argv)
     t.region = aligned_alloc(4096, ((size_t)o.pages * stride + 4095) & ~(size_t)4095);
     if (!bw || !rtt || !t.region) goto out_child;
     memset(t.region, 0, (size_t)o.pages * stride);
-    struct kvf_xport_config cfg = {.listen_host = "127.0.0.1", .rma_base = t.region,
-                                   .rma_bytes = (size_t)o.pages * stride};
-    struct kvf_xport_events ev = {.ctx = &t, .on_accept = t_on_accept,
-                                  .on_frame = t_on_frame, .on_remote_ready = t_on_ready,
+    struct kvf_xport_config cfg = {
+        .listen_host = "127.0.0.1", .rma_base = t.region, .rma_bytes = (size_t)o.pages * stride};
+    struct kvf_xport_events ev = {.ctx = &t,
+                                  .on_accept = t_on_accept,
+                                  .on_frame = t_on_frame,
+                                  .on_remote_ready = t_on_ready,
                                   .on_error = t_on_error};
     char err[256] = "";
     if (kvf_xport_create(&cfg, &ev, &t.x, err, sizeof(err)) < 0) {
@@ -523,7 +534,8 @@ int kvf_bench_handoff(int argc, char **argv)
     /* The writer is ready once its connection is accepted and it holds our key: the first
      * handoff (a warm-up) proves both. */
     uint64_t give_up = kvf_bench_now_ns() + (uint64_t)HB_WAIT_MS * 1000000u;
-    while (!t.c && kvf_bench_now_ns() < give_up) loop_turn(t.x, 10);
+    while (!t.c && kvf_bench_now_ns() < give_up)
+        loop_turn(t.x, 10);
     if (!t.c) {
         fprintf(stderr, "kvfence bench handoff: the writer did not connect\n");
         goto out_xport;
@@ -541,7 +553,8 @@ int kvf_bench_handoff(int argc, char **argv)
     }
     struct hb_frame q = {HB_QUIT, 0, 0, 0};
     kvf_conn_send(t.c, &q, sizeof(q));
-    for (int i = 0; i < 20; i++) loop_turn(t.x, 1);
+    for (int i = 0; i < 20; i++)
+        loop_turn(t.x, 1);
     status = 0;
 out_xport:
     kvf_xport_destroy(t.x);
@@ -563,15 +576,17 @@ out_child:
     double gbps = kvf_bench_median(bw, (int)o.runs);
     double rtt_us = kvf_bench_median(rtt, (int)o.rtt_iters);
     double rtt_p90 = rtt[(size_t)(o.rtt_iters - 1) * 9 / 10];
-    printf("handoff  page_bytes=%zu (+64 trailer, stride %zu)  pages=%u  runs=%u\n",
-           o.page_bytes, stride, o.pages, o.runs);
+    printf("handoff  page_bytes=%zu (+64 trailer, stride %zu)  pages=%u  runs=%u\n", o.page_bytes,
+           stride, o.pages, o.runs);
     printf("bandwidth  median %.3f GB/s  (min %.3f, max %.3f; data bytes, checksummed and "
-           "verified)\n", gbps, bw_min, bw_max);
+           "verified)\n",
+           gbps, bw_min, bw_max);
     printf("round trip  median %.1f us  p90 %.1f us  (%u one-page GRANT -> verified commit)\n",
            rtt_us, rtt_p90, o.rtt_iters);
     if (o.reference && am_ref > 0)
         printf("context ucx_perftest ucp_am_bw UCX_TLS=tcp size=%zu gbps=%.3f ratio=%.2f (the "
-               "primitive tcp page writes use)\n", o.page_bytes, am_ref, gbps / am_ref);
+               "primitive tcp page writes use)\n",
+               o.page_bytes, am_ref, gbps / am_ref);
     if (o.reference) {
         double ref = ref_before > ref_after ? ref_before : ref_after;
         if (ref > 0)
@@ -580,7 +595,8 @@ out_child:
                    o.page_bytes, ref, ref_before, ref_after, gbps / ref);
         else
             printf("reference ucx_perftest ucp_put_bw UCX_TLS=tcp size=%zu unavailable "
-                   "(ucx_perftest not found or failed) ratio=nan\n", o.page_bytes);
+                   "(ucx_perftest not found or failed) ratio=nan\n",
+                   o.page_bytes);
     }
     printf("result bench=handoff transport=tcp page_bytes=%zu gbps=%.3f rtt_us=%.1f\n",
            o.page_bytes, gbps, rtt_us);

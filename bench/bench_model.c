@@ -76,8 +76,8 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
     int rc;
     for (unsigned long s = 0; s < batch; s++) {
         struct kvf_owner own = {{s + 1, 0}, 1};
-        if ((rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, per_seq, false,
-                                 pages + s * per_seq)) < 0) {
+        if ((rc = kvf_pool_alloc(pool, &own, KVF_HOLDER_SEQ, per_seq, false, pages + s * per_seq)) <
+            0) {
             fprintf(stderr, "kvfence bench model: alloc: %s\n", kvf_strerror(rc));
             return -1;
         }
@@ -86,9 +86,14 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
     for (unsigned long s = 0; s < batch; s++)
         for (unsigned long at = 0; at < prompt; at += chunk) {
             uint32_t len = (uint32_t)(prompt - at < chunk ? prompt - at : chunk);
-            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + at, len, (uint32_t)at,
-                                    pages + s * per_seq, per_seq,
-                                    at + len == prompt ? logits + s * hp->n_vocab : NULL, 0};
+            struct kvf_fwd_seq q = {{s + 1, 0},
+                                    toks + s * (prompt + gen) + at,
+                                    len,
+                                    (uint32_t)at,
+                                    pages + s * per_seq,
+                                    per_seq,
+                                    at + len == prompt ? logits + s * hp->n_vocab : NULL,
+                                    0};
             if ((rc = kvf_fwd_run(f, pool, &q, 1)) != 1 || q.status != 0) {
                 fprintf(stderr, "kvfence bench model: prefill failed: %s\n",
                         kvf_strerror(rc < 0 ? rc : q.status));
@@ -100,9 +105,14 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
         toks[s * (prompt + gen) + prompt] = greedy(logits + s * hp->n_vocab, hp->n_vocab);
     for (unsigned long step = 0; step < gen; step++) {
         for (unsigned long s = 0; s < batch; s++) {
-            struct kvf_fwd_seq q = {{s + 1, 0}, toks + s * (prompt + gen) + prompt + step, 1,
-                                    (uint32_t)(prompt + step), pages + s * per_seq, per_seq,
-                                    logits + s * hp->n_vocab, 0};
+            struct kvf_fwd_seq q = {{s + 1, 0},
+                                    toks + s * (prompt + gen) + prompt + step,
+                                    1,
+                                    (uint32_t)(prompt + step),
+                                    pages + s * per_seq,
+                                    per_seq,
+                                    logits + s * hp->n_vocab,
+                                    0};
             seqs[s] = q;
         }
         if ((rc = kvf_fwd_run(f, pool, seqs, (uint32_t)batch)) != (int)batch) {
@@ -137,17 +147,24 @@ int kvf_bench_model(int argc, char **argv)
         int st = kvf_bench_opt(argc, argv, &i, usage, &a, &v);
         if (st != 1) return st;
         unsigned long *dst = NULL;
-        if (strcmp(a, "--model") == 0) path = v;
+        if (strcmp(a, "--model") == 0)
+            path = v;
         else if (strcmp(a, "--kv-type") == 0) {
             if (kvf_bench_kv_type_arg("model", v, &kv_bytes) != 0) return 2;
-        }
-        else if (strcmp(a, "--batch") == 0) dst = &batch;
-        else if (strcmp(a, "--prompt") == 0) dst = &prompt;
-        else if (strcmp(a, "--gen") == 0) dst = &gen;
-        else if (strcmp(a, "--threads") == 0) dst = &threads;
-        else if (strcmp(a, "--page-tokens") == 0) dst = &page_tokens;
-        else if (strcmp(a, "--chunk") == 0) dst = &chunk;
-        else if (strcmp(a, "--runs") == 0) dst = &runs;
+        } else if (strcmp(a, "--batch") == 0)
+            dst = &batch;
+        else if (strcmp(a, "--prompt") == 0)
+            dst = &prompt;
+        else if (strcmp(a, "--gen") == 0)
+            dst = &gen;
+        else if (strcmp(a, "--threads") == 0)
+            dst = &threads;
+        else if (strcmp(a, "--page-tokens") == 0)
+            dst = &page_tokens;
+        else if (strcmp(a, "--chunk") == 0)
+            dst = &chunk;
+        else if (strcmp(a, "--runs") == 0)
+            dst = &runs;
         else {
             usage(stderr);
             return 2;
@@ -242,16 +259,16 @@ int kvf_bench_model(int argc, char **argv)
     }
     for (unsigned long run = 0; run < runs; run++) {
         double pt, dt;
-        if (one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt, gen, chunk,
-                    &pt, &dt) != 0) {
+        if (one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt, gen, chunk, &pt,
+                    &dt) != 0) {
             free(pre_v);
             free(dec_v);
             goto free_bufs;
         }
         pre_v[run] = (double)(batch * prompt) / pt;
         dec_v[run] = (double)(batch * gen) / dt;
-        printf("run %lu: prefill %.1f tokens/s, decode %.1f tokens/s (%.2f ms per step)\n",
-               run + 1, pre_v[run], dec_v[run], dt * 1e3 / gen);
+        printf("run %lu: prefill %.1f tokens/s, decode %.1f tokens/s (%.2f ms per step)\n", run + 1,
+               pre_v[run], dec_v[run], dt * 1e3 / gen);
     }
     double prefill_tps = kvf_bench_median(pre_v, (int)runs);
     double decode_tps = kvf_bench_median(dec_v, (int)runs);

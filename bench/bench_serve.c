@@ -45,8 +45,8 @@
 
 #include "bench.h"
 
-#define SB_MAX_CONC     1024u
-#define SB_MAX_BODY     (64u << 20)
+#define SB_MAX_CONC 1024u
+#define SB_MAX_BODY (64u << 20)
 
 struct sb_opts {
     char host[256];
@@ -64,7 +64,8 @@ static int sbuf_add(struct sbuf *b, const void *src, size_t n)
 {
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
         if (!p) return -ENOMEM;
         b->p = p;
@@ -83,23 +84,30 @@ static void sbuf_drop(struct sbuf *b, size_t n)
     if (b->p) b->p[b->n] = 0;
 }
 
-enum phase { PH_IDLE, PH_CONNECTING, PH_SENDING, PH_HEADERS, PH_BODY_LEN, PH_BODY_CHUNKED,
-             PH_BODY_EOF };
+enum phase {
+    PH_IDLE,
+    PH_CONNECTING,
+    PH_SENDING,
+    PH_HEADERS,
+    PH_BODY_LEN,
+    PH_BODY_CHUNKED,
+    PH_BODY_EOF
+};
 
 /* One connection and the request on it. */
 struct conn {
     int fd;
     enum phase ph;
-    struct sbuf out;    /* the request, sent from out_off */
+    struct sbuf out; /* the request, sent from out_off */
     size_t out_off;
-    struct sbuf in;     /* bytes received and not yet parsed */
-    struct sbuf body;   /* the answer's body (de-chunked) */
-    size_t sse_off;     /* stream: body bytes already split into events */
-    size_t body_left;   /* PH_BODY_LEN */
-    bool chunk_end;     /* PH_BODY_CHUNKED: the 0-size chunk was seen */
+    struct sbuf in;   /* bytes received and not yet parsed */
+    struct sbuf body; /* the answer's body (de-chunked) */
+    size_t sse_off;   /* stream: body bytes already split into events */
+    size_t body_left; /* PH_BODY_LEN */
+    bool chunk_end;   /* PH_BODY_CHUNKED: the 0-size chunk was seen */
     bool keep_alive;
     int status;
-    bool counted;       /* a measured request, not a warm-up one */
+    bool counted; /* a measured request, not a warm-up one */
     uint64_t t_sent, t_first, deadline;
     long completion_tokens;
     unsigned long chunks; /* stream: SSE chunks carrying a choice */
@@ -113,15 +121,15 @@ struct sb_stats {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvfence bench serve --url URL --concurrency C --requests R --prompt-tokens P\n"
-            "                           --gen-tokens G [--stream] [--logprobs] [--warmup W]\n"
-            "                           [--timeout-s T]\n"
-            "  A closed loop of C HTTP/1.1 connections against URL (http://host:port) sending R\n"
-            "  /v1/completions requests of P distinct prompt token ids, G tokens each (ignore_eos,\n"
-            "  temperature 0). Prints tok/s, TTFT and TPOT percentiles and the error count.\n"
-            "  --logprobs asks for each token's logprob, so a model whose pieces are empty text\n"
-            "  still streams one chunk per token (TTFT needs it there).\n");
+    fprintf(
+        f, "usage: kvfence bench serve --url URL --concurrency C --requests R --prompt-tokens P\n"
+           "                           --gen-tokens G [--stream] [--logprobs] [--warmup W]\n"
+           "                           [--timeout-s T]\n"
+           "  A closed loop of C HTTP/1.1 connections against URL (http://host:port) sending R\n"
+           "  /v1/completions requests of P distinct prompt token ids, G tokens each (ignore_eos,\n"
+           "  temperature 0). Prints tok/s, TTFT and TPOT percentiles and the error count.\n"
+           "  --logprobs asks for each token's logprob, so a model whose pieces are empty text\n"
+           "  still streams one chunk per token (TTFT needs it there).\n");
 }
 
 static int parse_url(const char *url, struct sb_opts *o)
@@ -165,7 +173,8 @@ static int parse(int argc, char **argv, struct sb_opts *o)
         if (rc != 1) return rc == 0 ? -1 : rc;
         if (strcmp(opt, "--url") == 0) {
             if (parse_url(val, o) < 0) {
-                fprintf(stderr, "kvfence bench serve: --url is http://host[:port], not '%s'\n", val);
+                fprintf(stderr, "kvfence bench serve: --url is http://host[:port], not '%s'\n",
+                        val);
                 return 2;
             }
             have_url = true;
@@ -236,7 +245,8 @@ static int http_get(const struct sb_opts *o, const char *path, struct sbuf *body
     struct sbuf all = {0};
     char b[4096];
     ssize_t r;
-    while ((r = read(fd, b, sizeof(b))) > 0 && all.n < (1u << 20)) sbuf_add(&all, b, (size_t)r);
+    while ((r = read(fd, b, sizeof(b))) > 0 && all.n < (1u << 20))
+        sbuf_add(&all, b, (size_t)r);
     close(fd);
     int status = -1;
     char *hdr_end = all.p ? strstr(all.p, "\r\n\r\n") : NULL;
@@ -300,8 +310,10 @@ static void scan_sse(struct conn *c, uint64_t now)
         *end = 0;
         if (strncmp(start, "data: ", 6) == 0) {
             const char *d = start + 6;
-            if (strcmp(d, "[DONE]") == 0) c->stream_done = true;
-            else if (strstr(d, "\"error\":")) c->stream_error = true;
+            if (strcmp(d, "[DONE]") == 0)
+                c->stream_done = true;
+            else if (strstr(d, "\"error\":"))
+                c->stream_error = true;
             else {
                 if (strstr(d, "\"choices\":[{")) {
                     c->chunks++;
@@ -453,8 +465,8 @@ static void finish_request(struct sb_run *r, struct conn *c, bool ok)
     if (r->o->stream) {
         double ttft = (double)(c->t_first - c->t_sent) / 1e6;
         r->st.ttft[i] = ttft;
-        r->st.tpot[i] = c->completion_tokens > 1
-                            ? (lat_ms - ttft) / (double)(c->completion_tokens - 1) : 0;
+        r->st.tpot[i] =
+            c->completion_tokens > 1 ? (lat_ms - ttft) / (double)(c->completion_tokens - 1) : 0;
     } else {
         r->st.tpot[i] = lat_ms / (double)c->completion_tokens;
     }
@@ -527,7 +539,8 @@ static int run_load(struct sb_run *r)
     if (!pf) return -ENOMEM;
     r->total_reqs = o->warmup + o->requests;
     if (o->warmup == 0) r->t_start = kvf_bench_now_ns();
-    for (unsigned long i = 0; i < o->conc; i++) next_on(r, &r->conns[i]);
+    for (unsigned long i = 0; i < o->conc; i++)
+        next_on(r, &r->conns[i]);
     while (r->answered < r->total_reqs) {
         uint64_t now = kvf_bench_now_ns();
         for (unsigned long i = 0; i < o->conc; i++) {
@@ -578,7 +591,8 @@ int kvf_bench_serve(int argc, char **argv)
             if (!v) {
                 /* Another server (the C/C++ one, compared side by side) names it in /v1/models. */
                 struct sbuf mm = {0};
-                if (http_get(&o, "/v1/models", &mm) == 200 && mm.p && (v = strstr(mm.p, "\"n_vocab\":")))
+                if (http_get(&o, "/v1/models", &mm) == 200 && mm.p &&
+                    (v = strstr(mm.p, "\"n_vocab\":")))
                     n_vocab = (uint32_t)strtoul(v + 10, NULL, 10);
                 free(mm.p);
             }
@@ -587,8 +601,10 @@ int kvf_bench_serve(int argc, char **argv)
         if (!n_vocab) usleep(100000);
     }
     if (!n_vocab) {
-        fprintf(stderr, "kvfence bench serve: %s:%s/health did not answer \"ok\" with n_vocab "
-                        "within 60 s\n", o.host, o.port);
+        fprintf(stderr,
+                "kvfence bench serve: %s:%s/health did not answer \"ok\" with n_vocab "
+                "within 60 s\n",
+                o.host, o.port);
         return 1;
     }
 
@@ -601,7 +617,8 @@ int kvf_bench_serve(int argc, char **argv)
     r.st.tpot = calloc(o.requests, sizeof(double));
     r.st.lat = calloc(o.requests, sizeof(double));
     if (!r.conns || !r.st.ttft || !r.st.tpot || !r.st.lat) return 1;
-    for (unsigned long i = 0; i < o.conc; i++) r.conns[i].fd = -1;
+    for (unsigned long i = 0; i < o.conc; i++)
+        r.conns[i].fd = -1;
     run_load(&r);
     for (unsigned long i = 0; i < o.conc; i++) {
         conn_reset(&r.conns[i]);
@@ -617,15 +634,16 @@ int kvf_bench_serve(int argc, char **argv)
     printf("serve  %s:%s  concurrency=%lu requests=%lu (+%lu warm-up) prompt=%lu gen=%lu %s\n",
            o.host, o.port, o.conc, o.requests, o.warmup, o.prompt, o.gen,
            o.stream ? "streaming" : "not streaming");
-    printf("answered %lu ok, %lu errors, %lu completion tokens in %.2f s\n", r.st.n_ok,
-           r.st.errors, r.st.tokens, wall_s);
+    printf("answered %lu ok, %lu errors, %lu completion tokens in %.2f s\n", r.st.n_ok, r.st.errors,
+           r.st.tokens, wall_s);
     printf("ttft ms  p50 %.1f  p99 %.1f   tpot ms  p50 %.2f  p99 %.2f   requests/s %.2f\n", ttft50,
            ttft99, tpot50, tpot99, wall_s > 0 ? (double)r.st.n_ok / wall_s : 0);
     printf("latency ms  p50 %.1f  p99 %.1f (request sent to its last byte)\n", lat50, lat99);
     if (o.stream && r.st.chunks * 2 < r.st.tokens)
         printf("note: %lu chunks for %lu tokens — the model's pieces decode to (almost) nothing, "
                "so the first chunk came with the last token and TTFT is the whole latency; "
-               "--logprobs makes every token visible\n", r.st.chunks, r.st.tokens);
+               "--logprobs makes every token visible\n",
+               r.st.chunks, r.st.tokens);
     printf("result bench=serve tok_s=%.1f ttft_p50_ms=%.1f ttft_p99_ms=%.1f tpot_p50_ms=%.2f "
            "latency_p50_ms=%.1f errors=%lu\n",
            tok_s, ttft50, ttft99, tpot50, lat50, r.st.errors);

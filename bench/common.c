@@ -40,8 +40,10 @@ int kvf_bench_ulong_arg(const char *bench, const char *opt, const char *v, unsig
 
 int kvf_bench_kv_type_arg(const char *bench, const char *v, uint32_t *elem_bytes)
 {
-    if (strcmp(v, "f32") == 0) *elem_bytes = 4;
-    else if (strcmp(v, "f16") == 0) *elem_bytes = 2;
+    if (strcmp(v, "f32") == 0)
+        *elem_bytes = 4;
+    else if (strcmp(v, "f16") == 0)
+        *elem_bytes = 2;
     else {
         fprintf(stderr, "kvfence bench %s: --kv-type is f32 or f16, not '%s'\n", bench, v);
         return 2;

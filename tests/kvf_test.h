@@ -34,7 +34,10 @@ struct kvf_test_case {
     void (*fn)(void);
 };
 
-#define KVF_CASE(f) {#f, f}
+#define KVF_CASE(f)                                                                                \
+    {                                                                                              \
+#f, f                                                                                      \
+    }
 
 static uint64_t kvf_test__seed;
 static bool kvf_test__seed_given;
@@ -77,7 +80,7 @@ static inline void kvf_test__fail(const char *file, int line, const char *fmt, .
 
 #define KVF_FAIL(...) kvf_test__fail(__FILE__, __LINE__, __VA_ARGS__)
 
-#define ASSERT_TRUE(c)                                                                              \
+#define ASSERT_TRUE(c)                                                                             \
     do {                                                                                           \
         if (!(c)) KVF_FAIL("assertion failed: %s", #c);                                            \
     } while (0)
@@ -106,8 +109,7 @@ static inline void kvf_test__fail(const char *file, int line, const char *fmt, .
 #define ASSERT_EQ_U64(a, b)                                                                        \
     do {                                                                                           \
         uint64_t a_ = (uint64_t)(a), b_ = (uint64_t)(b);                                           \
-        if (a_ != b_)                                                                              \
-            KVF_FAIL("%s == %s: 0x%" PRIx64 " != 0x%" PRIx64, #a, #b, a_, b_);                     \
+        if (a_ != b_) KVF_FAIL("%s == %s: 0x%" PRIx64 " != 0x%" PRIx64, #a, #b, a_, b_);           \
     } while (0)
 #define ASSERT_NE_U64(a, b)                                                                        \
     do {                                                                                           \
@@ -136,14 +138,14 @@ static inline void kvf_test__fail(const char *file, int line, const char *fmt, .
     } while (0)
 #define ASSERT_MEMEQ(a, b, n)                                                                      \
     do {                                                                                           \
-        if (memcmp((a), (b), (n)) != 0) KVF_FAIL("%s and %s differ in %zu bytes", #a, #b,          \
-                                                 (size_t)(n));                                     \
+        if (memcmp((a), (b), (n)) != 0)                                                            \
+            KVF_FAIL("%s and %s differ in %zu bytes", #a, #b, (size_t)(n));                        \
     } while (0)
 #define ASSERT_NEAR(a, b, tol)                                                                     \
     do {                                                                                           \
         double a_ = (double)(a), b_ = (double)(b), t_ = (double)(tol);                             \
-        if (!(fabs(a_ - b_) <= t_)) KVF_FAIL("%s ~= %s: %.9g vs %.9g (tol %.3g)", #a, #b, a_, b_,  \
-                                             t_);                                                  \
+        if (!(fabs(a_ - b_) <= t_))                                                                \
+            KVF_FAIL("%s ~= %s: %.9g vs %.9g (tol %.3g)", #a, #b, a_, b_, t_);                     \
     } while (0)
 /* rc must be 0 (or a non-negative count). */
 #define ASSERT_OK(rc)                                                                              \
@@ -211,7 +213,8 @@ static inline int kvf_test_main(int argc, char **argv, const struct kvf_test_cas
         }
     }
     if (list) {
-        for (size_t i = 0; i < n; i++) printf("%s\n", cases[i].name);
+        for (size_t i = 0; i < n; i++)
+            printf("%s\n", cases[i].name);
         return 0;
     }
     const char *to = getenv("KVF_TEST_TIMEOUT_S");
@@ -245,7 +248,8 @@ static inline int kvf_test_main(int argc, char **argv, const struct kvf_test_cas
     return failed == 0 && planned > 0 ? 0 : 1;
 }
 
-#define KVF_TEST_MAIN(argc, argv, cases) kvf_test_main((argc), (argv), (cases), KVF_ARRAY_LEN(cases))
+#define KVF_TEST_MAIN(argc, argv, cases)                                                           \
+    kvf_test_main((argc), (argv), (cases), KVF_ARRAY_LEN(cases))
 #ifndef KVF_ARRAY_LEN
 #define KVF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #endif
@@ -263,7 +267,8 @@ static inline uint64_t kvf_rng__splitmix(uint64_t *x)
 }
 static inline void kvf_rng_seed(struct kvf_rng *r, uint64_t seed)
 {
-    for (int i = 0; i < 4; i++) r->s[i] = kvf_rng__splitmix(&seed);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = kvf_rng__splitmix(&seed);
 }
 static inline uint64_t kvf_rng_next(struct kvf_rng *r)
 {

@@ -29,34 +29,34 @@ enum kvf_err {
     KVF_E_POOL_NO_GRANT = -1007,    /* ending a grant that does not exist */
     KVF_E_POOL_BAD_EPOCH = -1008,   /* unknown or fenced peer epoch */
     KVF_E_POOL_BAD_SLOT = -1009,    /* reader asked for a slot at or past the verified fill */
-    KVF_E_POOL_RESERVE = -1010,     /* reservation beyond what is unpromised, or unreserve too many */
-    KVF_E_POOL_BAD_STATE = -1011,   /* the call is not legal in the page's current state */
-    KVF_E_POOL_BAD_ARG = -1012,     /* malformed argument (zero count, bad fill, bad peer, ...) */
+    KVF_E_POOL_RESERVE = -1010,   /* reservation beyond what is unpromised, or unreserve too many */
+    KVF_E_POOL_BAD_STATE = -1011, /* the call is not legal in the page's current state */
+    KVF_E_POOL_BAD_ARG = -1012,   /* malformed argument (zero count, bad fill, bad peer, ...) */
 
     /* proto: codec and state machines. */
-    KVF_E_PROTO_SHORT = -1101,      /* buffer shorter than a header or the length it declares */
-    KVF_E_PROTO_VERSION = -1102,    /* unknown protocol version */
-    KVF_E_PROTO_TYPE = -1103,       /* unknown message type */
-    KVF_E_PROTO_BOUNDS = -1104,     /* a length or count outside its bound */
-    KVF_E_PROTO_STALE = -1105,      /* stale epoch or nonce: ignored and counted */
-    KVF_E_PROTO_UNKNOWN_REQ = -1106,/* unknown request id */
-    KVF_E_PROTO_MISMATCH = -1107,   /* HELLO: fingerprint, geometry or limits disagree */
-    KVF_E_PROTO_COUNT = -1108,      /* tokens written != tokens reserved */
-    KVF_E_PROTO_CHECKSUM = -1109,   /* page checksum does not match the bytes */
-    KVF_E_PROTO_TRAILER = -1110,    /* trailer tag or request id does not match the grant */
-    KVF_E_PROTO_REJECTED = -1111,   /* request rejected before anything moved */
-    KVF_E_PROTO_PEER_DOWN = -1112,  /* the writer peer failed or was fenced */
-    KVF_E_PROTO_TIMEOUT = -1113,    /* a deadline passed */
-    KVF_E_PROTO_CANCELLED = -1114,  /* cancelled by the client or router */
-    KVF_E_PROTO_FAILED = -1115,     /* prefill reported failure */
+    KVF_E_PROTO_SHORT = -1101,       /* buffer shorter than a header or the length it declares */
+    KVF_E_PROTO_VERSION = -1102,     /* unknown protocol version */
+    KVF_E_PROTO_TYPE = -1103,        /* unknown message type */
+    KVF_E_PROTO_BOUNDS = -1104,      /* a length or count outside its bound */
+    KVF_E_PROTO_STALE = -1105,       /* stale epoch or nonce: ignored and counted */
+    KVF_E_PROTO_UNKNOWN_REQ = -1106, /* unknown request id */
+    KVF_E_PROTO_MISMATCH = -1107,    /* HELLO: fingerprint, geometry or limits disagree */
+    KVF_E_PROTO_COUNT = -1108,       /* tokens written != tokens reserved */
+    KVF_E_PROTO_CHECKSUM = -1109,    /* page checksum does not match the bytes */
+    KVF_E_PROTO_TRAILER = -1110,     /* trailer tag or request id does not match the grant */
+    KVF_E_PROTO_REJECTED = -1111,    /* request rejected before anything moved */
+    KVF_E_PROTO_PEER_DOWN = -1112,   /* the writer peer failed or was fenced */
+    KVF_E_PROTO_TIMEOUT = -1113,     /* a deadline passed */
+    KVF_E_PROTO_CANCELLED = -1114,   /* cancelled by the client or router */
+    KVF_E_PROTO_FAILED = -1115,      /* prefill reported failure */
 
     /* model: loading, tokenizing, running. */
-    KVF_E_MODEL_FORMAT = -1201,     /* not a GGUF file, or malformed */
-    KVF_E_MODEL_TRUNCATED = -1202,  /* an offset or size points past the end of the file */
-    KVF_E_MODEL_UNSUPPORTED = -1203,/* architecture, tensor type or vocab model not supported */
-    KVF_E_MODEL_MISSING = -1204,    /* a required key or tensor is absent */
-    KVF_E_MODEL_SHAPE = -1205,      /* a tensor's shape disagrees with the hyper-parameters */
-    KVF_E_MODEL_PAGE = -1206,       /* attention found a page whose tag or fill does not check */
+    KVF_E_MODEL_FORMAT = -1201,      /* not a GGUF file, or malformed */
+    KVF_E_MODEL_TRUNCATED = -1202,   /* an offset or size points past the end of the file */
+    KVF_E_MODEL_UNSUPPORTED = -1203, /* architecture, tensor type or vocab model not supported */
+    KVF_E_MODEL_MISSING = -1204,     /* a required key or tensor is absent */
+    KVF_E_MODEL_SHAPE = -1205,       /* a tensor's shape disagrees with the hyper-parameters */
+    KVF_E_MODEL_PAGE = -1206,        /* attention found a page whose tag or fill does not check */
 
     /* transport, engine, server: appended by those modules. */
     KVF_E_TRANSPORT = -1301,
@@ -135,10 +135,10 @@ void kvf_log_line(void *arg, const char *line);
 #if defined(KVF_TEST_BUILD) || !defined(NDEBUG)
 _Noreturn void kvf__check_failed(const char *check, const char *file, int line);
 #define ALWAYS(x) ((x) ? 1 : (kvf__check_failed("ALWAYS(" #x ")", __FILE__, __LINE__), 0))
-#define NEVER(x) ((x) ? (kvf__check_failed("NEVER(" #x ")", __FILE__, __LINE__), 1) : 0)
+#define NEVER(x)  ((x) ? (kvf__check_failed("NEVER(" #x ")", __FILE__, __LINE__), 1) : 0)
 #else
 #define ALWAYS(x) (!!(x))
-#define NEVER(x) (!!(x))
+#define NEVER(x)  (!!(x))
 #endif
 
 /* KVF_ENABLED(FLAG): the integer constant 1 where the build defines the macro FLAG as 1 or as

@@ -31,52 +31,52 @@ typedef struct kvf_model kvf_model_t;
 
 struct kvf_transport_ops;
 struct kvf_worker_config {
-    const kvf_model_t *model;     /* borrowed; outlives the worker */
-    uint64_t model_fp;            /* the model's fingerprint, compared at connect */
-    uint32_t page_tokens;         /* token slots per page (16) */
-    uint32_t n_pages;             /* the worker's pool */
-    uint32_t n_threads;           /* compute threads, the loop thread included */
-    uint32_t max_context;         /* the served limit: prompt + output tokens of one request */
-    uint32_t max_batch;           /* decode: sequences per step; prefill: ignored */
-    uint32_t prefill_chunk;       /* prefill: prompt tokens per chunk (0 = 256) */
-    uint32_t max_queue;           /* decode: requests waiting for a slot before -EAGAIN */
-    uint32_t max_reqs;            /* live requests (decode slots; prefill records) */
-    const char *listen_host;      /* prefill: where to listen */
-    uint16_t listen_port;         /* prefill: 0 = ephemeral */
-    const char *prefill_host;     /* decode: the prefill worker's address */
+    const kvf_model_t *model; /* borrowed; outlives the worker */
+    uint64_t model_fp;        /* the model's fingerprint, compared at connect */
+    uint32_t page_tokens;     /* token slots per page (16) */
+    uint32_t n_pages;         /* the worker's pool */
+    uint32_t n_threads;       /* compute threads, the loop thread included */
+    uint32_t max_context;     /* the served limit: prompt + output tokens of one request */
+    uint32_t max_batch;       /* decode: sequences per step; prefill: ignored */
+    uint32_t prefill_chunk;   /* prefill: prompt tokens per chunk (0 = 256) */
+    uint32_t max_queue;       /* decode: requests waiting for a slot before -EAGAIN */
+    uint32_t max_reqs;        /* live requests (decode slots; prefill records) */
+    const char *listen_host;  /* prefill: where to listen */
+    uint16_t listen_port;     /* prefill: 0 = ephemeral */
+    const char *prefill_host; /* decode: the prefill worker's address */
     uint16_t prefill_port;
-    uint64_t grant_timeout_ms;    /* decode: the no-progress bound: a prompt whose prefill reports
-                                     no progress for this long fails and that prefill is fenced
-                                     (0 = 5000) */
-    uint64_t hold_timeout_ms;     /* decode: 0 = 30000 */
-    uint64_t admit_timeout_ms;    /* decode: how long a request may wait for pages or a prefill
-                                     before it fails: -EBUSY, or KVF_E_ENGINE_NO_PREFILL when no
-                                     prefill is connected then (0 = 30000) */
-    uint32_t keepalive_ms;        /* transport keepalive (0 = 100) */
-    uint32_t hash_slice_bytes;    /* decode: a DONE over more page bytes than this is hashed in
-                                     slices of this size, one per loop turn (0 = 8 MiB) */
-    pthread_mutex_t *compute_lock;/* shared by workers in one process; NULL = none */
-    int compute_flock_fd;         /* with use_compute_flock: a file every worker process on the
-                                     same cores opened; flock()ed around each forward call, so
-                                     processes take turns as the workers of one process do */
+    uint64_t grant_timeout_ms;     /* decode: the no-progress bound: a prompt whose prefill reports
+                                      no progress for this long fails and that prefill is fenced
+                                      (0 = 5000) */
+    uint64_t hold_timeout_ms;      /* decode: 0 = 30000 */
+    uint64_t admit_timeout_ms;     /* decode: how long a request may wait for pages or a prefill
+                                      before it fails: -EBUSY, or KVF_E_ENGINE_NO_PREFILL when no
+                                      prefill is connected then (0 = 30000) */
+    uint32_t keepalive_ms;         /* transport keepalive (0 = 100) */
+    uint32_t hash_slice_bytes;     /* decode: a DONE over more page bytes than this is hashed in
+                                      slices of this size, one per loop turn (0 = 8 MiB) */
+    pthread_mutex_t *compute_lock; /* shared by workers in one process; NULL = none */
+    int compute_flock_fd;          /* with use_compute_flock: a file every worker process on the
+                                      same cores opened; flock()ed around each forward call, so
+                                      processes take turns as the workers of one process do */
     bool use_compute_flock;
-    bool poison_free;             /* test builds: poison freed pages */
-    const uint8_t *fabric_key;    /* the cluster key (KVF_FABRIC_KEY_BYTES, borrowed until start
-                                     returns); NULL: none (kvfence/transport.h) */
+    bool poison_free;          /* test builds: poison freed pages */
+    const uint8_t *fabric_key; /* the cluster key (KVF_FABRIC_KEY_BYTES, borrowed until start
+                                  returns); NULL: none (kvfence/transport.h) */
     const struct kvf_transport_ops *transport; /* the transport (kvfence/transport.h, the seam);
                                                   NULL: the fabric */
-    void *transport_ctx;          /* given to transport->create */
-    bool manual;                  /* no threads: the caller runs the loop a turn at a time and each
-                                     compute step when it chooses (the simulator, tests/sim) */
-    uint64_t seed;                /* tags and ids; 0: from the clock and the process id */
+    void *transport_ctx;                       /* given to transport->create */
+    bool manual;   /* no threads: the caller runs the loop a turn at a time and each
+                      compute step when it chooses (the simulator, tests/sim) */
+    uint64_t seed; /* tags and ids; 0: from the clock and the process id */
 };
 
 typedef struct kvf_pworker kvf_pworker_t;
 typedef struct kvf_dworker kvf_dworker_t;
 
 /* Starts the worker's loop thread. On failure nothing is left running and err explains. */
-int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out,
-                             char *err, size_t err_len);
+int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, char *err,
+                      size_t err_len);
 uint16_t kvf_pworker_port(const kvf_pworker_t *w);
 /* The prefill pool's size and free pages, as the loop last published them (any thread). */
 void kvf_pworker_pool(kvf_pworker_t *w, uint32_t *pages, uint32_t *free_pages);
@@ -95,8 +95,8 @@ int kvf_pworker_turn(kvf_pworker_t *w);
 int kvf_pworker_compute(kvf_pworker_t *w);
 bool kvf_pworker_computing(kvf_pworker_t *w);
 
-int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
-                            char *err, size_t err_len);
+int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out, char *err,
+                      size_t err_len);
 /* Stops admitting (submit: -ESHUTDOWN), cancels what is queued, lets running requests finish
  * for up to grace_ms, then cancels the rest, waits for their protocol endings (bounded by the
  * timeouts) and frees all. */
@@ -131,7 +131,8 @@ struct kvf_prefill_addr {
     char host[KVF_PREFILL_HOST_MAX];
     uint16_t port;
 };
-int kvf_dworker_set_router_prefills(kvf_dworker_t *w, const struct kvf_prefill_addr *named, uint32_t n);
+int kvf_dworker_set_router_prefills(kvf_dworker_t *w, const struct kvf_prefill_addr *named,
+                                    uint32_t n);
 /* The prefill workers as the loop last published them (retired ones left out); returns how many
  * (≤ max filled). */
 size_t kvf_dworker_prefills(kvf_dworker_t *w, struct kvf_prefill_status *out, size_t max);
@@ -153,14 +154,14 @@ int kvf_dworker_notify_fd(kvf_dworker_t *w);
 typedef struct kvf_decode_service kvf_decode_service_t;
 struct kvf_decode_service_config {
     const char *listen_host;
-    uint16_t listen_port;  /* 0 = ephemeral */
+    uint16_t listen_port; /* 0 = ephemeral */
     uint64_t model_fp;
     uint32_t max_context, page_tokens, n_vocab;
-    uint32_t keepalive_ms; /* 0 = 100 */
-    const uint8_t *fabric_key; /* as in kvf_worker_config */
+    uint32_t keepalive_ms;                     /* 0 = 100 */
+    const uint8_t *fabric_key;                 /* as in kvf_worker_config */
     const struct kvf_transport_ops *transport; /* as in kvf_worker_config */
     void *transport_ctx;
-    bool manual;               /* as in kvf_worker_config: kvf_decode_service_turn runs it */
+    bool manual; /* as in kvf_worker_config: kvf_decode_service_turn runs it */
 };
 int kvf_decode_service_start(kvf_dworker_t *dw, const struct kvf_decode_service_config *cfg,
                              kvf_decode_service_t **out, char *err, size_t err_len);
@@ -175,27 +176,28 @@ int kvf_decode_service_turn(kvf_decode_service_t *s);
 
 typedef struct kvf_router kvf_router_t;
 struct kvf_router_config {
-    const char *const *decode_hosts;  /* [n_decodes] */
+    const char *const *decode_hosts; /* [n_decodes] */
     const uint16_t *decode_ports;
     uint32_t n_decodes;               /* 1..KVF_ROUTER_MAX_DECODES */
     const char *const *prefill_hosts; /* [n_prefills]: sent to every decode worker */
     const uint16_t *prefill_ports;
-    uint32_t n_prefills;              /* 1..KVF_DECODE_MAX_PREFILLS */
+    uint32_t n_prefills; /* 1..KVF_DECODE_MAX_PREFILLS */
     uint64_t model_fp;
     uint32_t max_context, page_tokens, n_vocab;
-    uint32_t max_queue;               /* requests not yet ended, at most (0 = 256): else -EAGAIN */
-    uint64_t admit_timeout_ms;        /* a request waiting for a live decode worker longer than
-                                         this ends with KVF_E_ENGINE_NO_DECODE, or
-                                         KVF_E_ENGINE_NO_PREFILL when decode workers are up but
-                                         none has a prefill (0 = 30000) */
-    uint32_t keepalive_ms;            /* 0 = 100 */
-    const uint8_t *fabric_key;        /* as in kvf_worker_config */
+    uint32_t max_queue;        /* requests not yet ended, at most (0 = 256): else -EAGAIN */
+    uint64_t admit_timeout_ms; /* a request waiting for a live decode worker longer than
+                                  this ends with KVF_E_ENGINE_NO_DECODE, or
+                                  KVF_E_ENGINE_NO_PREFILL when decode workers are up but
+                                  none has a prefill (0 = 30000) */
+    uint32_t keepalive_ms;     /* 0 = 100 */
+    const uint8_t *fabric_key; /* as in kvf_worker_config */
     const struct kvf_transport_ops *transport; /* as in kvf_worker_config */
     void *transport_ctx;
-    bool manual;                      /* as in kvf_worker_config: kvf_router_turn runs it */
+    bool manual; /* as in kvf_worker_config: kvf_router_turn runs it */
 };
 #define KVF_ROUTER_MAX_DECODES 16
-int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err, size_t err_len);
+int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err,
+                     size_t err_len);
 /* Stops taking requests (-ESHUTDOWN), lets those in flight finish for up to grace_ms, cancels
  * the rest, closes the connections and frees all. */
 void kvf_router_stop(kvf_router_t *r, uint64_t grace_ms);

@@ -48,15 +48,15 @@ struct kvf_sample_params {
 /* What one request asks of the engine. Arrays are borrowed for the submit call only. */
 struct kvf_gen_params {
     uint32_t tenant;
-    const int32_t *prompt;   /* [n_prompt] token ids, each < n_vocab; BOS included if wanted */
-    uint32_t n_prompt;       /* ≥ 1 */
-    uint32_t max_tokens;     /* ≥ 1 output tokens at most */
+    const int32_t *prompt; /* [n_prompt] token ids, each < n_vocab; BOS included if wanted */
+    uint32_t n_prompt;     /* ≥ 1 */
+    uint32_t max_tokens;   /* ≥ 1 output tokens at most */
     struct kvf_sample_params sample;
-    uint32_t n_logprobs;     /* 0 = none; else that many top logprobs per token (≤ 20), plus the
-                                sampled token's own logprob */
-    bool want_logprob;       /* the sampled token's logprob, even with n_logprobs 0 */
+    uint32_t n_logprobs; /* 0 = none; else that many top logprobs per token (≤ 20), plus the
+                            sampled token's own logprob */
+    bool want_logprob;   /* the sampled token's logprob, even with n_logprobs 0 */
     int32_t stop_ids[KVF_GEN_MAX_STOP_IDS]; /* generation ends after emitting one of these */
-    uint32_t n_stop_ids;     /* ignored (treated as 0) when ignore_eos */
+    uint32_t n_stop_ids;                    /* ignored (treated as 0) when ignore_eos */
     bool ignore_eos;
 };
 
@@ -67,47 +67,47 @@ enum kvf_gen_event_kind {
 
 struct kvf_gen_event {
     enum kvf_gen_event_kind kind;
-    int32_t token;          /* TOKEN */
-    float logprob;          /* TOKEN: natural log probability of `token` (temperature 1) */
-    uint32_t n_top;         /* TOKEN: entries in top_ids / top_logprobs */
+    int32_t token;  /* TOKEN */
+    float logprob;  /* TOKEN: natural log probability of `token` (temperature 1) */
+    uint32_t n_top; /* TOKEN: entries in top_ids / top_logprobs */
     int32_t top_ids[KVF_GEN_MAX_LOGPROBS];
     float top_logprobs[KVF_GEN_MAX_LOGPROBS];
-    int err;                /* END: 0, or a negative kvfence code saying why it failed (the
-                               HTTP answer of each: kvf__srv_engine_error, docs/SERVER.md) */
-    bool stopped;           /* END with err 0: true if a stop id ended it, false if max_tokens */
+    int err;      /* END: 0, or a negative kvfence code saying why it failed (the
+                     HTTP answer of each: kvf__srv_engine_error, docs/SERVER.md) */
+    bool stopped; /* END with err 0: true if a stop id ended it, false if max_tokens */
 };
 
 /* Figures the router serves from (read from the running workers). */
 struct kvf_engine_info {
     uint32_t n_vocab;
-    uint32_t served_limit;     /* tokens: prompt + max_tokens must not exceed it */
+    uint32_t served_limit; /* tokens: prompt + max_tokens must not exceed it */
     uint32_t page_tokens;
     uint32_t decode_pages, decode_free, decode_reserved; /* the decode pool */
     uint32_t decode_by_state[5];                         /* pages by enum kvf_page_state */
     uint32_t prefill_pages, prefill_free;                /* the prefill pool */
-    uint32_t queued, running;  /* requests waiting for a decode slot, and admitted ones */
-    bool prefill_up;           /* a decode worker holds a live connection to a prefill */
+    uint32_t queued, running;       /* requests waiting for a decode slot, and admitted ones */
+    bool prefill_up;                /* a decode worker holds a live connection to a prefill */
     uint32_t prefills, prefills_up; /* prefill workers known to the decode worker(s), and live */
     uint32_t decodes, decodes_up;   /* router: decode workers configured, and live (else 0) */
     uint64_t fences, verify_failed, stale_msgs, rejected_before_handoff; /* counters */
     uint64_t holds, quarantines, committed, failed;                      /* counters */
-    uint64_t foreign_tails; /* counter: prompts whose last page carried bytes they did not write */
-    uint64_t hash_slices;   /* counter: slices of long prompts' pages hashed between loop turns */
-    uint64_t bad_frames;    /* counter: control frames from the prefill that did not decode */
+    uint64_t foreign_tails;  /* counter: prompts whose last page carried bytes they did not write */
+    uint64_t hash_slices;    /* counter: slices of long prompts' pages hashed between loop turns */
+    uint64_t bad_frames;     /* counter: control frames from the prefill that did not decode */
     uint64_t decoded_tokens; /* counter: tokens the decode steps produced, every sequence (a
                                 cancelled request's stop here: the cancellation tests read it) */
 };
 
 #define KVF_PREFILL_HOST_MAX 64
-#define KVF_PREFILL_WHY_MAX 200
+#define KVF_PREFILL_WHY_MAX  200
 
 /* One worker as a router or decode worker sees it (for /health and the logs). */
 struct kvf_worker_status {
-    char role[8];                    /* "prefill" or "decode" */
+    char role[8]; /* "prefill" or "decode" */
     char host[KVF_PREFILL_HOST_MAX];
     uint16_t port;
-    bool up;                         /* connected, and its HELLO agreed */
-    char why[KVF_PREFILL_WHY_MAX];   /* when not up: why ("connecting", "refused: ...") */
+    bool up;                            /* connected, and its HELLO agreed */
+    char why[KVF_PREFILL_WHY_MAX];      /* when not up: why ("connecting", "refused: ...") */
     char via[KVF_PREFILL_HOST_MAX + 8]; /* prefill: the decode worker reporting it ("" = self) */
     uint32_t pages, free_pages, running, queued; /* decode: from its last report */
     uint64_t committed;                          /* decode: handoffs verified and committed */

@@ -185,7 +185,7 @@ int kvf_gguf_get_arr_i32(const kvf_gguf_t *g, const char *key, uint64_t i, int32
  * All functions are pure, thread-safe, and O(n) in the row length. Block structs have no
  * padding (static asserts in quant.c) and need only 2-byte alignment.
  * ------------------------------------------------------------------------------------------- */
-#define KVF_QK 32
+#define KVF_QK   32
 #define KVF_QK_K 256
 
 /* GGML's type number of Q5_0, which the enum of the types kvfence reads above does not list (it
@@ -225,23 +225,23 @@ struct kvf_block_q5_1 {
 };
 
 struct kvf_block_q4_k {
-    uint16_t d, dmin;                 /* super-block scales of the scales and of the mins */
-    uint8_t scales[12];               /* 8 × (6-bit scale, 6-bit min), packed as above */
-    uint8_t qs[KVF_QK_K / 2];         /* 4-bit quants */
+    uint16_t d, dmin;         /* super-block scales of the scales and of the mins */
+    uint8_t scales[12];       /* 8 × (6-bit scale, 6-bit min), packed as above */
+    uint8_t qs[KVF_QK_K / 2]; /* 4-bit quants */
 };
 
 struct kvf_block_q5_k {
     uint16_t d, dmin;
     uint8_t scales[12];
-    uint8_t qh[KVF_QK_K / 8];         /* the fifth bit of each quant */
-    uint8_t qs[KVF_QK_K / 2];         /* the low 4 bits */
+    uint8_t qh[KVF_QK_K / 8]; /* the fifth bit of each quant */
+    uint8_t qs[KVF_QK_K / 2]; /* the low 4 bits */
 };
 
 struct kvf_block_q6_k {
-    uint8_t ql[KVF_QK_K / 2];         /* the low 4 bits */
-    uint8_t qh[KVF_QK_K / 4];         /* the high 2 bits */
-    int8_t scales[KVF_QK_K / 16];     /* one per 16 values */
-    uint16_t d;                       /* super-block scale, IEEE half */
+    uint8_t ql[KVF_QK_K / 2];     /* the low 4 bits */
+    uint8_t qh[KVF_QK_K / 4];     /* the high 2 bits */
+    int8_t scales[KVF_QK_K / 16]; /* one per 16 values */
+    uint16_t d;                   /* super-block scale, IEEE half */
 };
 
 /* IEEE half <-> float (round to nearest even; NaN stays NaN, overflow becomes infinity). */
@@ -351,8 +351,8 @@ struct kvf_mkmodel_llama3_rope {
 struct kvf_mkmodel_shape {
     const char *name;
     uint32_t dim, n_layers, n_heads, n_kv_heads, ffn_dim, n_vocab, n_ctx;
-    bool tied_output; /* no output.weight: the output projection is token_embd.weight */
-    const char *arch; /* general.architecture: "llama" (NULL), "qwen2" or "qwen3" */
+    bool tied_output;  /* no output.weight: the output projection is token_embd.weight */
+    const char *arch;  /* general.architecture: "llama" (NULL), "qwen2" or "qwen3" */
     uint32_t head_dim; /* written as <arch>.attention.key_length; 0: dim / n_heads */
     /* RoPE: the base (<arch>.rope.freq_base, > 1), Llama 3's per-pair factors (NULL: none) and
      * a linear scaling of the positions (<arch>.rope.scaling.type "linear" with this factor;

@@ -20,7 +20,7 @@
 typedef bool (*kvf_heap_before_fn)(const void *a, const void *b);
 
 struct kvf_heap {
-    void *v;                   /* borrowed: [cap] elements of size bytes; [0, n) in use */
+    void *v; /* borrowed: [cap] elements of size bytes; [0, n) in use */
     size_t n, cap, size;
     kvf_heap_before_fn before; /* fixed at init */
 };

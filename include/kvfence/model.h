@@ -69,25 +69,25 @@ enum kvf_model_arch {
 };
 
 struct kvf_model_hparams {
-    uint32_t n_vocab;    /* vocabulary size */
-    uint32_t dim;        /* residual width */
+    uint32_t n_vocab; /* vocabulary size */
+    uint32_t dim;     /* residual width */
     uint32_t n_layers;
-    uint32_t n_heads;    /* query heads */
-    uint32_t n_kv_heads; /* K/V heads (grouped-query attention: n_heads % n_kv_heads == 0) */
-    uint32_t head_dim;   /* <arch>.attention.key_length, else dim / n_heads */
-    uint32_t ffn_dim;    /* SwiGLU hidden width */
-    uint32_t n_ctx;      /* trained context length */
-    float rms_eps;       /* RMSNorm epsilon */
-    float rope_base;     /* RoPE frequency base */
-    float rope_pos_scale; /* positions are multiplied by this before RoPE: 1, or 1 / the factor
-                             of <arch>.rope.scaling.type "linear" */
+    uint32_t n_heads;       /* query heads */
+    uint32_t n_kv_heads;    /* K/V heads (grouped-query attention: n_heads % n_kv_heads == 0) */
+    uint32_t head_dim;      /* <arch>.attention.key_length, else dim / n_heads */
+    uint32_t ffn_dim;       /* SwiGLU hidden width */
+    uint32_t n_ctx;         /* trained context length */
+    float rms_eps;          /* RMSNorm epsilon */
+    float rope_base;        /* RoPE frequency base */
+    float rope_pos_scale;   /* positions are multiplied by this before RoPE: 1, or 1 / the factor
+                               of <arch>.rope.scaling.type "linear" */
     bool rope_freq_factors; /* the file's rope_freqs.weight divides each pair's angle (llama 3.1
                                and 3.2's long-context factors) */
-    uint32_t arch;       /* enum kvf_model_arch */
-    bool rope_halves;    /* RoPE rotates pairs (i, i + head_dim/2) (GGML's "neox" mode: qwen2,
-                            qwen3) rather than adjacent pairs (2i, 2i+1) (llama) */
-    bool qkv_bias;       /* Q, K, V projections add a bias (qwen2) */
-    bool qk_norm;        /* each Q and K head is RMS-normed before RoPE (qwen3) */
+    uint32_t arch;          /* enum kvf_model_arch */
+    bool rope_halves;       /* RoPE rotates pairs (i, i + head_dim/2) (GGML's "neox" mode: qwen2,
+                               qwen3) rather than adjacent pairs (2i, 2i+1) (llama) */
+    bool qkv_bias;          /* Q, K, V projections add a bias (qwen2) */
+    bool qk_norm;           /* each Q and K head is RMS-normed before RoPE (qwen3) */
 };
 
 /* A 2-D weight: `rows` rows of `cols` elements of `type`, row r at data + r * row_bytes.
@@ -104,9 +104,9 @@ struct kvf_weight {
 
 /*
  * Loads the model in g (borrowed: g must outlive the model). general.architecture must be
- * "llama", "qwen2" or "qwen3". On success *out owns a new model. On failure nothing is allocated, *out is
- * untouched, and err explains: KVF_E_MODEL_UNSUPPORTED, KVF_E_MODEL_MISSING, KVF_E_MODEL_SHAPE,
- * -ENOMEM.
+ * "llama", "qwen2" or "qwen3". On success *out owns a new model. On failure nothing is allocated,
+ * *out is untouched, and err explains: KVF_E_MODEL_UNSUPPORTED, KVF_E_MODEL_MISSING,
+ * KVF_E_MODEL_SHAPE, -ENOMEM.
  */
 int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err_len);
 void kvf_model_free(kvf_model_t *m);
@@ -132,28 +132,29 @@ const char *kvf_model_type_name(const kvf_model_t *m);
  * prompt (in one or several chunks), decode passes one token.
  */
 struct kvf_fwd_seq {
-    kvf_req_id_t req;                  /* the request: every page must be owned by it */
-    const int32_t *tokens;             /* borrowed, n_tokens ids < n_vocab */
-    uint32_t n_tokens;                 /* ≥ 1 */
-    uint32_t pos;                      /* tokens already in the pages */
-    const struct kvf_page_ref *pages;  /* borrowed page table, ≥ ceil((pos + n_tokens) / page_tokens) */
+    kvf_req_id_t req;      /* the request: every page must be owned by it */
+    const int32_t *tokens; /* borrowed, n_tokens ids < n_vocab */
+    uint32_t n_tokens;     /* ≥ 1 */
+    uint32_t pos;          /* tokens already in the pages */
+    const struct kvf_page_ref
+        *pages; /* borrowed page table, ≥ ceil((pos + n_tokens) / page_tokens) */
     uint32_t n_pages;
-    float *logits;                     /* out: n_vocab logits of the last new token, or NULL
-                                          (no output projection: an inner prefill chunk) */
-    int status;                        /* out: 0, KVF_E_MODEL_PAGE, or -EINVAL (malformed, or a
-                                          second entry for a request already in the batch) */
+    float *logits; /* out: n_vocab logits of the last new token, or NULL
+                      (no output projection: an inner prefill chunk) */
+    int status;    /* out: 0, KVF_E_MODEL_PAGE, or -EINVAL (malformed, or a
+                      second entry for a request already in the batch) */
 };
 
 struct kvf_fwd_config {
-    uint32_t n_threads;     /* compute threads including the caller; 0 = 1 */
-    uint32_t max_tokens;    /* most tokens in one kvf_fwd_run (all sequences together) */
-    uint32_t max_seqs;      /* most sequences in one kvf_fwd_run */
+    uint32_t n_threads;                /* compute threads including the caller; 0 = 1 */
+    uint32_t max_tokens;               /* most tokens in one kvf_fwd_run (all sequences together) */
+    uint32_t max_seqs;                 /* most sequences in one kvf_fwd_run */
     const struct kvf_alloc_ops *alloc; /* every allocation of the context (three: the context,
                                           one scratch arena, the thread table); NULL = default.
                                           Nothing is allocated after create. */
-    uint32_t max_context;   /* positions a sequence may reach (its attention scratch is sized
-                               for them; a sequence past them is refused, -EINVAL); 0 or more
-                               than the model's: the model's context */
+    uint32_t max_context; /* positions a sequence may reach (its attention scratch is sized
+                             for them; a sequence past them is refused, -EINVAL); 0 or more
+                             than the model's: the model's context */
 };
 
 /*
@@ -187,7 +188,8 @@ int kvf_fwd_run(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32
  *                    the number of sequences that ran.
  * seqs stays borrowed from prepare to commit. Calling them out of order is -EINVAL.
  */
-int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *seqs, uint32_t n_seqs);
+int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *seqs,
+                    uint32_t n_seqs);
 int kvf_fwd_compute(kvf_fwd_t *f);
 int kvf_fwd_commit(kvf_fwd_t *f, kvf_pool_t *pool);
 /* Layers this context has computed since it was created (every sequence of a batch together),

@@ -12,11 +12,11 @@
  *              alloc(owner, holder)                      grant(peer, epoch)
  *     FREE ───────────────────────────▶ OWNED ─────────────────────────────────▶ GRANTED
  *      ▲                                 │  ▲                                       │
- *      │ release of the last holder,     │  │ grant_end (proof: verified            │ release of the
- *      │ no grant                        │  │ completion or drain ack), or fence    │ last holder
- *      ├─────────────────────────────────┘  └───────────────────────────────────────┤ (abort, failure)
- *      │                                                                            ▼
- *      │      grant_end (late proof)                                               HELD
+ *      │ release of the last holder,     │  │ grant_end (proof: verified            │ release of
+ * the │ no grant                        │  │ completion or drain ack), or fence    │ last holder
+ *      ├─────────────────────────────────┘  └───────────────────────────────────────┤ (abort,
+ * failure) │                                                                            ▼ │
+ * grant_end (late proof)                                               HELD
  *      ├──────────────────────────────────────────────────────────────────────────── │
  *      │                                                                  tick: now ≥ deadline
  *      │                                                                            ▼
@@ -114,9 +114,10 @@ enum kvf_page_state {
 /* Typed holders: who keeps an OWNED or GRANTED page alive. A page may have several holders of
  * several kinds (counted per kind); it leaves OWNED/GRANTED when the last one is released. */
 enum kvf_holder {
-    KVF_HOLDER_SEQ = 0,      /* the sequence (request) the page belongs to */
-    KVF_HOLDER_XFER_SRC = 1, /* an outgoing put that reads the page (prefill side), until local completion */
-    KVF_HOLDER_PREFIX = 2,   /* the prefix cache (reserved; per tenant) */
+    KVF_HOLDER_SEQ = 0, /* the sequence (request) the page belongs to */
+    KVF_HOLDER_XFER_SRC =
+        1, /* an outgoing put that reads the page (prefill side), until local completion */
+    KVF_HOLDER_PREFIX = 2, /* the prefix cache (reserved; per tenant) */
     KVF_HOLDER__NKINDS = 3,
 };
 
@@ -157,12 +158,12 @@ struct kvf_pool_geometry {
 /* The page trailer, written by the writer after the data (with an ordering fence between), and
  * checked by the reader before it commits the page. Cleared by kvf_pool_grant. */
 struct kvf_page_trailer {
-    uint64_t tag;          /* the tag of the grant the data was written for */
-    kvf_req_id_t req;      /* the request it was written for */
-    uint32_t tenant;       /* that request's tenant */
-    uint32_t slots;        /* token slots written */
-    uint64_t checksum;     /* XXH3-64 of the page's data bytes [0, data_bytes) */
-    uint64_t epoch_nonce;  /* writer's (epoch << 32 | nonce) */
+    uint64_t tag;         /* the tag of the grant the data was written for */
+    kvf_req_id_t req;     /* the request it was written for */
+    uint32_t tenant;      /* that request's tenant */
+    uint32_t slots;       /* token slots written */
+    uint64_t checksum;    /* XXH3-64 of the page's data bytes [0, data_bytes) */
+    uint64_t epoch_nonce; /* writer's (epoch << 32 | nonce) */
     uint8_t reserved[16];
 };
 _Static_assert(sizeof(struct kvf_page_trailer) == 64, "trailer is one cache line");
@@ -201,13 +202,13 @@ static inline size_t kvf_geo_kv_offset(const struct kvf_pool_geometry *g, uint32
 
 struct kvf_pool_config {
     struct kvf_pool_geometry geo;
-    uint32_t n_pages;                     /* ≥ 1 */
-    uint16_t max_peers;                   /* writer peers 0..max_peers-1 that may hold grants */
-    uint64_t hold_timeout_ms;             /* HELD → QUARANTINED after this long; 0 = 30000 */
-    uint64_t tag_seed;                    /* tags are tag_seed + 1, + 2, ...; never 0 */
-    bool scrub_on_free;                   /* zero a page's data when it becomes FREE */
-    bool poison_on_free;                  /* test builds only: fill freed pages with a pattern
-                                             naming the previous owner and tag (see below) */
+    uint32_t n_pages;                       /* ≥ 1 */
+    uint16_t max_peers;                     /* writer peers 0..max_peers-1 that may hold grants */
+    uint64_t hold_timeout_ms;               /* HELD → QUARANTINED after this long; 0 = 30000 */
+    uint64_t tag_seed;                      /* tags are tag_seed + 1, + 2, ...; never 0 */
+    bool scrub_on_free;                     /* zero a page's data when it becomes FREE */
+    bool poison_on_free;                    /* test builds only: fill freed pages with a pattern
+                                               naming the previous owner and tag (see below) */
     const struct kvf_alloc_ops *meta_alloc; /* metadata (host); NULL = kvf_default_alloc */
     const struct kvf_alloc_ops *page_alloc; /* page data; NULL = aligned host memory */
 };
@@ -216,7 +217,7 @@ struct kvf_pool_config {
  * KVF_POOL_POISON_HI | (low 20 bits of (prev tag ^ prev req.lo ^ prev tenant)), a quiet NaN as
  * f32, and the trailer holds the previous owner and tag with slots = 0 and checksum =
  * KVF_POOL_POISON_MARK. A stale read therefore turns the output to NaN: visible, not silent. */
-#define KVF_POOL_POISON_HI 0x7FC00000u
+#define KVF_POOL_POISON_HI   0x7FC00000u
 #define KVF_POOL_POISON_MARK 0x504f49534f4e4544ull /* "POISONED" */
 
 /*
@@ -387,16 +388,16 @@ int kvf_pool_page_info(const kvf_pool_t *pool, uint32_t page, struct kvf_page_in
 
 struct kvf_pool_stats {
     uint32_t n_pages;
-    uint32_t by_state[KVF_PAGE__NSTATES]; /* gauges: pages in each state */
-    uint32_t reserved;                    /* gauge: pages promised, not yet allocated */
-    uint32_t grants;                      /* gauge: grants outstanding */
-    uint64_t allocs, releases;            /* counters: pages allocated, pages freed */
-    uint64_t grants_issued, grants_proved;/* counters */
-    uint64_t holds;                       /* counter: pages that went HELD */
-    uint64_t quarantines;                 /* counter: pages that went QUARANTINED */
-    uint64_t fences;                      /* counter: fences recorded */
-    uint64_t fence_revoked;               /* counter: grants revoked by fences */
-    uint64_t errors[KVF_POOL_N_ERRORS];   /* counters: illegal calls, by -(code) - 1001 */
+    uint32_t by_state[KVF_PAGE__NSTATES];  /* gauges: pages in each state */
+    uint32_t reserved;                     /* gauge: pages promised, not yet allocated */
+    uint32_t grants;                       /* gauge: grants outstanding */
+    uint64_t allocs, releases;             /* counters: pages allocated, pages freed */
+    uint64_t grants_issued, grants_proved; /* counters */
+    uint64_t holds;                        /* counter: pages that went HELD */
+    uint64_t quarantines;                  /* counter: pages that went QUARANTINED */
+    uint64_t fences;                       /* counter: fences recorded */
+    uint64_t fence_revoked;                /* counter: grants revoked by fences */
+    uint64_t errors[KVF_POOL_N_ERRORS];    /* counters: illegal calls, by -(code) - 1001 */
 };
 void kvf_pool_stats(const kvf_pool_t *pool, struct kvf_pool_stats *out);
 

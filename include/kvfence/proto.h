@@ -43,18 +43,17 @@ enum kvf_preq_state {
 
 /* Message types (the wire value is the enum value). */
 enum kvf_msg_type {
-    KVF_MSG_HELLO = 1,      /* connect: model fingerprint, page geometry, limits, epoch */
-    KVF_MSG_NEW = 2,        /* router → decode: an admitted request */
-    KVF_MSG_GRANT = 3,      /* decode → prefill: (page, tag) list and expected tokens */
-    KVF_MSG_DONE = 4,       /* prefill → decode: tokens written, per-page checksums, first token */
-    KVF_MSG_CANCEL = 5,     /* decode → prefill (or router → decode): stop and drain */
+    KVF_MSG_HELLO = 1,  /* connect: model fingerprint, page geometry, limits, epoch */
+    KVF_MSG_NEW = 2,    /* router → decode: an admitted request */
+    KVF_MSG_GRANT = 3,  /* decode → prefill: (page, tag) list and expected tokens */
+    KVF_MSG_DONE = 4,   /* prefill → decode: tokens written, per-page checksums, first token */
+    KVF_MSG_CANCEL = 5, /* decode → prefill (or router → decode): stop and drain */
     KVF_MSG_CANCEL_ACK = 6, /* prefill → decode: every posted write completed remotely */
     KVF_MSG_REJECT = 7,     /* prefill → decode: refused before posting any write */
     KVF_MSG_FAIL = 8,       /* prefill → decode: failed after posting; writes drained */
-    KVF_MSG_PROGRESS = 9,   /* prefill → decode: the prompt's compute is advancing (liveness only) */
+    KVF_MSG_PROGRESS = 9, /* prefill → decode: the prompt's compute is advancing (liveness only) */
     KVF_MSG__END = 10,
 };
-
 
 /* --- Wire format. ---------------------------------------------------------------------------
  *
@@ -76,10 +75,10 @@ enum kvf_msg_type {
  * refused. No count is trusted before it has been checked against its bound and against the
  * bytes actually present.
  */
-#define KVF_PROTO_VERSION 2u
+#define KVF_PROTO_VERSION      2u
 #define KVF_PROTO_HEADER_BYTES 40u
-#define KVF_PROTO_MAX_PAGES 65536u        /* pages in one GRANT or DONE */
-#define KVF_PROTO_MAX_TOKENS (1u << 20)   /* prompt tokens carried in one NEW or GRANT */
+#define KVF_PROTO_MAX_PAGES    65536u     /* pages in one GRANT or DONE */
+#define KVF_PROTO_MAX_TOKENS   (1u << 20) /* prompt tokens carried in one NEW or GRANT */
 #define KVF_PROTO_MAX_LOGPROBS 20u        /* top logprobs of the first token in one DONE */
 /* The largest frame the codec produces or accepts (a GRANT with the most pages and tokens). */
 #define KVF_PROTO_MAX_MSG_BYTES                                                                    \
@@ -95,12 +94,12 @@ enum kvf_role {
 /* HELLO: what each side of a connection states at connect. Two sides may talk only if the model
  * fingerprint, the page geometry and the context limit agree (kvf_proto_hello_check). */
 struct kvf_msg_hello {
-    uint64_t model_fp;             /* fingerprint of the model's weights and tokenizer */
-    struct kvf_pool_geometry geo;  /* page geometry */
-    uint32_t max_context;          /* tokens: the most prompt + output one request may use */
-    uint32_t max_grant_pages;      /* pages the sender accepts in one GRANT */
-    uint16_t peer;                 /* sender's peer id */
-    uint8_t role;                  /* enum kvf_role */
+    uint64_t model_fp;            /* fingerprint of the model's weights and tokenizer */
+    struct kvf_pool_geometry geo; /* page geometry */
+    uint32_t max_context;         /* tokens: the most prompt + output one request may use */
+    uint32_t max_grant_pages;     /* pages the sender accepts in one GRANT */
+    uint16_t peer;                /* sender's peer id */
+    uint8_t role;                 /* enum kvf_role */
 };
 
 /* How a request's tokens are drawn, carried by NEW and GRANT so that whichever worker samples a
@@ -112,15 +111,15 @@ struct kvf_msg_sampling {
     uint32_t top_k;      /* 0 = no cut */
     uint32_t n_logprobs; /* 0..KVF_PROTO_MAX_LOGPROBS; the first token's come back in DONE */
     uint64_t seed;
-    bool want_logprob;   /* the sampled token's own logprob (implied by n_logprobs > 0); without
-                            it no worker computes a softmax for the request */
+    bool want_logprob; /* the sampled token's own logprob (implied by n_logprobs > 0); without
+                          it no worker computes a softmax for the request */
 };
 
 /* NEW (router → decode): an admitted request. tokens[0..n_tokens) is the prompt. */
 struct kvf_msg_new {
     uint32_t tenant;
-    uint32_t prompt_len;  /* tokens in the prompt; equals n_tokens when the prompt is carried */
-    uint32_t max_tokens;  /* output tokens at most */
+    uint32_t prompt_len; /* tokens in the prompt; equals n_tokens when the prompt is carried */
+    uint32_t max_tokens; /* output tokens at most */
     uint32_t n_tokens;
     const uint32_t *tokens; /* borrowed: the encoder's input, or the decoder's scratch */
     struct kvf_msg_sampling sampling;
@@ -133,7 +132,7 @@ struct kvf_msg_grant {
     uint32_t n_pages;
     const struct kvf_page_ref *pages; /* borrowed, [n_pages] */
     uint32_t n_tokens;
-    const uint32_t *tokens;           /* borrowed, [n_tokens]: the prompt */
+    const uint32_t *tokens; /* borrowed, [n_tokens]: the prompt */
     struct kvf_msg_sampling sampling;
 };
 
@@ -164,12 +163,12 @@ struct kvf_msg {
     uint64_t nonce;
     uint32_t epoch;
     union {
-        struct kvf_msg_hello hello;  /* HELLO */
-        struct kvf_msg_new nreq;     /* NEW */
-        struct kvf_msg_grant grant;  /* GRANT */
-        struct kvf_msg_done done;    /* DONE */
+        struct kvf_msg_hello hello;       /* HELLO */
+        struct kvf_msg_new nreq;          /* NEW */
+        struct kvf_msg_grant grant;       /* GRANT */
+        struct kvf_msg_done done;         /* DONE */
         struct kvf_msg_progress progress; /* PROGRESS */
-        int32_t reason;              /* CANCEL, REJECT, FAIL: a negative kvfence code; CANCEL_ACK: 0 */
+        int32_t reason; /* CANCEL, REJECT, FAIL: a negative kvfence code; CANCEL_ACK: 0 */
     } u;
 };
 
@@ -253,17 +252,17 @@ enum kvf_action_kind {
 struct kvf_action {
     enum kvf_action_kind kind;
     kvf_req_id_t req;
-    uint16_t peer;            /* SEND: destination; FENCE_PEER: the writer */
-    uint32_t epoch;           /* FENCE_PEER: the writer's epoch; POST_WRITE: the writer's epoch */
-    int err;                  /* FAIL_REQ */
-    uint32_t first_token;     /* DELIVER_FIRST */
-    uint32_t index;           /* POST_WRITE, RELEASE_SRC: page index within the grant */
-    struct kvf_page_ref dst;  /* POST_WRITE: destination page */
-    uint32_t slots;           /* POST_WRITE: token slots written to the page */
-    uint64_t checksum;        /* POST_WRITE: XXH3-64 of the page's data bytes */
-    uint64_t nonce;           /* POST_WRITE, COMPUTE: the grant's nonce */
-    uint32_t tenant;          /* POST_WRITE: the grant's tenant, for the trailer */
-    struct kvf_msg msg;       /* SEND */
+    uint16_t peer;           /* SEND: destination; FENCE_PEER: the writer */
+    uint32_t epoch;          /* FENCE_PEER: the writer's epoch; POST_WRITE: the writer's epoch */
+    int err;                 /* FAIL_REQ */
+    uint32_t first_token;    /* DELIVER_FIRST */
+    uint32_t index;          /* POST_WRITE, RELEASE_SRC: page index within the grant */
+    struct kvf_page_ref dst; /* POST_WRITE: destination page */
+    uint32_t slots;          /* POST_WRITE: token slots written to the page */
+    uint64_t checksum;       /* POST_WRITE: XXH3-64 of the page's data bytes */
+    uint64_t nonce;          /* POST_WRITE, COMPUTE: the grant's nonce */
+    uint32_t tenant;         /* POST_WRITE: the grant's tenant, for the trailer */
+    struct kvf_msg msg;      /* SEND */
 };
 
 /* A caller-owned action list. Event functions append; the caller resets n to 0 between calls
@@ -279,32 +278,33 @@ struct kvf_actions {
 typedef struct kvf_decode kvf_decode_t;
 
 struct kvf_decode_config {
-    kvf_pool_t *pool;            /* borrowed: the decode worker's page pool; outlives the machine */
-    uint32_t max_reqs;           /* live request slots (≥ 1) */
-    uint32_t max_context;        /* tokens: prompt_len + max_tokens must not exceed it (H7) */
-    uint32_t max_grant_pages;    /* pages in one grant (≤ KVF_PROTO_MAX_PAGES) */
-    uint16_t max_peers;          /* writer peers 0..max_peers-1 (the pool's max_peers) */
-    uint64_t grant_timeout_ms;   /* the no-progress bound: a GRANTED request with no PROGRESS (or
-                                    DONE) from its writer for this long fails (cancel, hold, proof
-                                    or fence, as any failure) (0 = 5000) */
-    uint64_t hold_timeout_ms;    /* the pool's hold timeout (only mutants read it; 0 = 30000) */
-    uint64_t nonce_seed;         /* nonces are nonce_seed + 1, + 2, ... */
+    kvf_pool_t *pool;          /* borrowed: the decode worker's page pool; outlives the machine */
+    uint32_t max_reqs;         /* live request slots (≥ 1) */
+    uint32_t max_context;      /* tokens: prompt_len + max_tokens must not exceed it (H7) */
+    uint32_t max_grant_pages;  /* pages in one grant (≤ KVF_PROTO_MAX_PAGES) */
+    uint16_t max_peers;        /* writer peers 0..max_peers-1 (the pool's max_peers) */
+    uint64_t grant_timeout_ms; /* the no-progress bound: a GRANTED request with no PROGRESS (or
+                                  DONE) from its writer for this long fails (cancel, hold, proof
+                                  or fence, as any failure) (0 = 5000) */
+    uint64_t hold_timeout_ms;  /* the pool's hold timeout (only mutants read it; 0 = 30000) */
+    uint64_t nonce_seed;       /* nonces are nonce_seed + 1, + 2, ... */
     const struct kvf_alloc_ops *alloc; /* NULL = kvf_default_alloc */
     /* Test builds only (ignored elsewhere): commit what a DONE covers without reading its pages —
      * no trailer, no checksum; the counts are still compared. The isolation suite's unverified
-     * runs switch it on to see what the page lifetime rules alone let through (docs/ISOLATION.md). */
+     * runs switch it on to see what the page lifetime rules alone let through (docs/ISOLATION.md).
+     */
     bool test_unverified;
 };
 
 struct kvf_decode_stats {
-    uint32_t live;                 /* gauge: requests in GRANTED, RUNNING or DRAINING */
+    uint32_t live;                        /* gauge: requests in GRANTED, RUNNING or DRAINING */
     uint32_t by_state[KVF_DREQ__NSTATES]; /* gauge */
     uint64_t submitted, rejected, committed, failed, finished; /* counters */
-    uint64_t stale;                /* counter: stale, duplicate or unknown messages ignored */
-    uint64_t verify_failed;        /* counter: DONEs that failed a count, trailer or checksum check */
-    uint64_t fences_requested;     /* counter */
-    uint64_t progress;             /* counter: PROGRESS messages that renewed a grant */
-    uint64_t expired;              /* counter: grants that saw no progress within the bound */
+    uint64_t stale;            /* counter: stale, duplicate or unknown messages ignored */
+    uint64_t verify_failed;    /* counter: DONEs that failed a count, trailer or checksum check */
+    uint64_t fences_requested; /* counter */
+    uint64_t progress;         /* counter: PROGRESS messages that renewed a grant */
+    uint64_t expired;          /* counter: grants that saw no progress within the bound */
 };
 
 int kvf_decode_create(const struct kvf_decode_config *cfg, kvf_decode_t **out);
@@ -315,7 +315,8 @@ void kvf_decode_stats(const kvf_decode_t *d, struct kvf_decode_stats *out);
 /* The state of req (KVF_DREQ_NONE when unknown or ended). */
 enum kvf_dreq_state kvf_decode_req_state(const kvf_decode_t *d, kvf_req_id_t req);
 
-/* A writer peer completed its handshake at `epoch` (its current pool epoch): grants may go to it. */
+/* A writer peer completed its handshake at `epoch` (its current pool epoch): grants may go to it.
+ */
 int kvf_decode_peer_up(kvf_decode_t *d, uint16_t peer, uint32_t epoch);
 
 /*
@@ -381,20 +382,20 @@ bool kvf_decode_check(const kvf_decode_t *d, char *why, size_t why_len);
 typedef struct kvf_prefill kvf_prefill_t;
 
 struct kvf_prefill_config {
-    uint16_t decode_peer;        /* where replies go */
-    uint32_t max_reqs;           /* live requests plus remembered cleared ones (≥ 1) */
-    uint32_t max_grant_pages;    /* pages in one grant */
-    uint32_t max_context;        /* tokens in one prompt at most */
-    uint32_t page_tokens;        /* slots per page (the shared geometry) */
+    uint16_t decode_peer;     /* where replies go */
+    uint32_t max_reqs;        /* live requests plus remembered cleared ones (≥ 1) */
+    uint32_t max_grant_pages; /* pages in one grant */
+    uint32_t max_context;     /* tokens in one prompt at most */
+    uint32_t page_tokens;     /* slots per page (the shared geometry) */
     const struct kvf_alloc_ops *alloc;
 };
 
 struct kvf_prefill_stats {
-    uint32_t live;                          /* gauge: COMPUTING .. DRAINING and DONE */
-    uint32_t by_state[KVF_PREQ__NSTATES];   /* gauge */
+    uint32_t live;                                 /* gauge: COMPUTING .. DRAINING and DONE */
+    uint32_t by_state[KVF_PREQ__NSTATES];          /* gauge */
     uint64_t granted, rejected, done, acks, fails; /* counters */
-    uint64_t progress;                      /* counter: PROGRESS messages sent */
-    uint64_t stale;                         /* counter: stale or duplicate messages ignored */
+    uint64_t progress;                             /* counter: PROGRESS messages sent */
+    uint64_t stale; /* counter: stale or duplicate messages ignored */
 };
 
 int kvf_prefill_create(const struct kvf_prefill_config *cfg, kvf_prefill_t **out);

@@ -82,39 +82,39 @@
 #include "kvfence/gen.h"
 #include "kvfence/text.h"
 
-#define KVF_SERVER_MAX_JSON_DEPTH 64 /* deeper bodies are refused with 400 before parsing */
-#define KVF_SERVER_MAX_STOP 4        /* stop strings per request */
+#define KVF_SERVER_MAX_JSON_DEPTH 64  /* deeper bodies are refused with 400 before parsing */
+#define KVF_SERVER_MAX_STOP       4   /* stop strings per request */
 #define KVF_SERVER_MAX_STOP_BYTES 256 /* bytes per stop string */
-#define KVF_SERVER_POLL_MS 20        /* longest wait in ops->next between hang-up checks */
+#define KVF_SERVER_POLL_MS        20  /* longest wait in ops->next between hang-up checks */
 
 struct kvf_server_config {
-    const char *host;          /* numeric address or name to listen on; NULL = "127.0.0.1" */
-    uint16_t port;             /* 0 = ephemeral (read it with kvf_server_port) */
-    const char *model_name;    /* the id /v1/models lists; NULL = "kvfence"; requests may name
-                                  any model (the field is not checked) */
-    size_t max_body_bytes;     /* 0 = 1 MiB */
-    size_t tokenize_max_bytes; /* the body of /tokenize and /detokenize, at most max_body_bytes;
-                                  0 = 256 KiB */
-    uint32_t max_n;            /* most choices per request; 0 = 8 */
-    uint32_t max_queue;        /* most requests in flight in this server (running or waiting in
-                                  the engine) before 429; 0 = 256 */
+    const char *host;            /* numeric address or name to listen on; NULL = "127.0.0.1" */
+    uint16_t port;               /* 0 = ephemeral (read it with kvf_server_port) */
+    const char *model_name;      /* the id /v1/models lists; NULL = "kvfence"; requests may name
+                                    any model (the field is not checked) */
+    size_t max_body_bytes;       /* 0 = 1 MiB */
+    size_t tokenize_max_bytes;   /* the body of /tokenize and /detokenize, at most max_body_bytes;
+                                    0 = 256 KiB */
+    uint32_t max_n;              /* most choices per request; 0 = 8 */
+    uint32_t max_queue;          /* most requests in flight in this server (running or waiting in
+                                    the engine) before 429; 0 = 256 */
     uint32_t default_max_tokens; /* max_tokens when the request gives none: the rest of the
                                     served limit after the prompt, capped at this; 0 = 256 */
     /* Connection caps (src/server/http.c, "Connection caps"): a request past one gets 503 with
      * Retry-After and its connection is closed after the answer, never reset. */
-    uint32_t max_connections;  /* connections served at once; 0 = 256 */
-    uint32_t max_conn_per_ip;  /* connections of one client address; 0 = 64 */
+    uint32_t max_connections;    /* connections served at once; 0 = 256 */
+    uint32_t max_conn_per_ip;    /* connections of one client address; 0 = 64 */
     const char *trusted_proxies; /* "ADDR[/PREFIX],...": peers whose Forwarded or
                                     X-Forwarded-For names the client (the last hop not in this
                                     list); NULL = none, the peer is the client */
-    uint32_t keyed_reserve;    /* with keys: connections kept for requests with a valid key
-                                  (others are served up to max_connections − this); 0 =
-                                  max_connections / 4 */
+    uint32_t keyed_reserve;      /* with keys: connections kept for requests with a valid key
+                                    (others are served up to max_connections − this); 0 =
+                                    max_connections / 4 */
     uint32_t keyless_timeout_ms; /* with keys: a connection that has not shown a valid key must
                                     send its request's headers within this (of the accept or of
                                     its previous answer); so must, keys or not, one whose address
                                     had max_conn_per_ip connections at its accept; 0 = 2000 */
-    uint32_t idle_timeout_s;   /* a connection idle this long is closed; 0 = 30 */
+    uint32_t idle_timeout_s;     /* a connection idle this long is closed; 0 = 30 */
     /* Bounds on slow clients (src/server/http.c, "Connection deadlines"): a request's line and
      * headers must arrive within header_timeout_ms of the accept (a kept-alive connection's next
      * request: within idle_timeout_s of the previous response), its body within body_timeout_ms
@@ -129,18 +129,18 @@ struct kvf_server_config {
     const char *chat_template; /* the model's tokenizer.chat_template, checked by
                                   kvf_server_chat_template_check; NULL = the default rendering */
     const struct kvf_server_keys *keys; /* borrowed, outlives the server; NULL = no API keys */
-    uint32_t tenant_max_running; /* sequences of one tenant running at once (a request with n
-                                    choices runs n; /tokenize and /detokenize one); 0 = no bound */
-    uint32_t tenant_max_queued;  /* requests of one tenant waiting for its share before 429
-                                    (with tenant_max_running; without it, waiting is bounded by
-                                    tenant_wait_ms only) */
-    uint64_t tenant_max_kv_tokens; /* KV tokens one tenant's running requests may reserve at
-                                      once (a request reserves n × (prompt + max_tokens), in whole
-                                      pages); 0 = the default: with two or more tenants and a
-                                      known pool, the larger of (pool / tenants) and (pool − one
-                                      request at the served limit for each other tenant), and at
-                                      least one request at the limit; else no bound */
-    uint32_t tenant_wait_ms;     /* longest wait for a tenant slot before 429; 0 = 30000 */
+    uint32_t tenant_max_running;        /* sequences of one tenant running at once (a request with n
+                                           choices runs n; /tokenize and /detokenize one); 0 = no bound */
+    uint32_t tenant_max_queued;         /* requests of one tenant waiting for its share before 429
+                                           (with tenant_max_running; without it, waiting is bounded by
+                                           tenant_wait_ms only) */
+    uint64_t tenant_max_kv_tokens;      /* KV tokens one tenant's running requests may reserve at
+                                           once (a request reserves n × (prompt + max_tokens), in whole
+                                           pages); 0 = the default: with two or more tenants and a
+                                           known pool, the larger of (pool / tenants) and (pool − one
+                                           request at the served limit for each other tenant), and at
+                                           least one request at the limit; else no bound */
+    uint32_t tenant_wait_ms;            /* longest wait for a tenant slot before 429; 0 = 30000 */
     /* Log sink: called with one NUL-terminated line (no newline) from any connection thread,
      * concurrently; NULL = no logs. */
     void (*log)(void *arg, const char *line);
@@ -156,7 +156,7 @@ struct kvf_server_config {
  * are numbered from 1 in the order they first appear. Work: one pass over the text; a lookup
  * compares the candidate with every key, each over KVF_SERVER_MAX_KEY_BYTES bytes.
  */
-#define KVF_SERVER_MAX_KEY_BYTES 256
+#define KVF_SERVER_MAX_KEY_BYTES   256
 #define KVF_SERVER_MAX_TENANT_NAME 64
 typedef struct kvf_server_keys kvf_server_keys_t;
 /* Parses text[0..len). 0 with *out (free with kvf_server_keys_free), or -EINVAL with err naming

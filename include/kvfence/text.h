@@ -96,12 +96,14 @@ int kvf_tokenizer_encode(const kvf_tokenizer_t *t, const char *text, size_t len,
                          int32_t *out, size_t max_out);
 
 /* Flags of kvf_tokenizer_encode_ex. */
-#define KVF_TOKENIZE_ADD_BOS 1u       /* BOS first (when the vocabulary has one) */
-#define KVF_TOKENIZE_PARSE_SPECIAL 2u /* control and unknown tokens' text in `text` is that token */
+#define KVF_TOKENIZE_ADD_BOS 1u /* BOS first (when the vocabulary has one) */
+#define KVF_TOKENIZE_PARSE_SPECIAL                                                                 \
+    2u /* control and unknown tokens' text in `text` is that token                                 \
+        */
 
 /* kvf_tokenizer_encode with flags (KVF_TOKENIZE_*); same results and errors. */
-int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t len,
-                            unsigned flags, int32_t *out, size_t max_out);
+int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t len, unsigned flags,
+                            int32_t *out, size_t max_out);
 
 /* The raw piece of `tok` as stored in the vocabulary (a view owned by t, NUL-terminated, *len
  * bytes), or NULL if tok is out of range. */
@@ -151,10 +153,10 @@ size_t kvf_detok_finish(struct kvf_detok *d, char *out, size_t cap);
  * Variables the template sees: messages (a list of {role, content}), add_generation_prompt,
  * bos_token and eos_token (empty strings when NULL). Anything else (tools, ...) is undefined.
  * ------------------------------------------------------------------------------------------- */
-#define KVF_TEMPLATE_MAX_OUT (4u << 20)
+#define KVF_TEMPLATE_MAX_OUT   (4u << 20)
 #define KVF_TEMPLATE_MAX_STEPS 1000000u
 #define KVF_TEMPLATE_MAX_DEPTH 64u
-#define KVF_TEMPLATE_MAX_MEM (64u << 20)
+#define KVF_TEMPLATE_MAX_MEM   (64u << 20)
 
 /* One message of a conversation; both strings borrowed, NUL-terminated, UTF-8. */
 struct kvf_chat_msg {

@@ -19,7 +19,8 @@
  *
  *   connect / accept ──(handshake)──▶ OPEN ──(peer reset or closed, keepalive, bad tag)──▶ FAILED
  *        │ (wrong key, timeout)           │                                 (on_error once)  │
- *        └──────────▶ FAILED              └────── kvf_conn_close (the fence) ◀──────────────────┘ ──▶ gone
+ *        └──────────▶ FAILED              └────── kvf_conn_close (the fence) ◀──────────────────┘
+ * ──▶ gone
  *
  * Memory a peer may write (the decode pool) is given at create (rma_base/rma_bytes); its size is
  * sent as the first message on every connection, after which the peer may kvf_conn_put into it.
@@ -72,16 +73,16 @@ struct kvf_xport_events {
 };
 
 struct kvf_xport_config {
-    const char *listen_host;  /* NULL = no listener */
-    uint16_t listen_port;     /* 0 = an ephemeral port (kvf_xport_port tells which) */
-    uint32_t keepalive_ms;    /* how soon a dead or fenced peer is noticed; 0 = 100 */
-    void *rma_base;           /* memory peers may write (the decode pool); NULL = none */
+    const char *listen_host; /* NULL = no listener */
+    uint16_t listen_port;    /* 0 = an ephemeral port (kvf_xport_port tells which) */
+    uint32_t keepalive_ms;   /* how soon a dead or fenced peer is noticed; 0 = 100 */
+    void *rma_base;          /* memory peers may write (the decode pool); NULL = none */
     size_t rma_bytes;
     const uint8_t *fabric_key; /* the cluster key, KVF_FABRIC_KEY_BYTES, copied at create; NULL:
                                   an all-zero key every peer knows (no authentication) */
     const struct kvf_transport_ops *ops; /* the implementation (the seam, below); NULL: the
                                             fabric, kvf_tcp_transport */
-    void *ops_ctx; /* passed to ops->create (the simulator's world) */
+    void *ops_ctx;                       /* passed to ops->create (the simulator's world) */
 };
 #define KVF_FABRIC_KEY_BYTES 32
 
@@ -94,8 +95,9 @@ int kvf_fabric_key_random(uint8_t out[KVF_FABRIC_KEY_BYTES]);
 /* len random bytes from the kernel's source (ids, seeds, key files). 0, or KVF_E_TRANSPORT. */
 int kvf_fabric_random(void *buf, size_t len);
 
-/* Creates the transport cfg->ops names (the fabric when NULL): for the fabric, the epoll set and (optionally) the listener, bound to listen_host only. On failure
- * nothing is left and err explains. */
+/* Creates the transport cfg->ops names (the fabric when NULL): for the fabric, the epoll set and
+ * (optionally) the listener, bound to listen_host only. On failure nothing is left and err
+ * explains. */
 int kvf_xport_create(const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
                      kvf_xport_t **out, char *err, size_t err_len);
 /* Closes every connection (forced), unregisters memory, destroys the worker and context. After
@@ -115,8 +117,8 @@ int kvf_xport_arm(kvf_xport_t *x);
 int kvf_xport_next_ms(const kvf_xport_t *x);
 
 /* Opens a connection to host:port (non-blocking: failures arrive through on_error). */
-int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out,
-                      char *err, size_t err_len);
+int kvf_xport_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out, char *err,
+                      size_t err_len);
 
 void kvf_conn_set_user(kvf_conn_t *c, void *user);
 void *kvf_conn_user(const kvf_conn_t *c);
@@ -178,8 +180,8 @@ struct kvf_transport_ops {
     const char *(*error)(const kvf_conn_t *c);
     size_t (*remote_bytes)(const kvf_conn_t *c);
     int (*send)(kvf_conn_t *c, const void *buf, size_t len);
-    int (*put)(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off, kvf_xport_done_fn done,
-               void *arg);
+    int (*put)(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off,
+               kvf_xport_done_fn done, void *arg);
     int (*order)(kvf_conn_t *c);
     int (*flush)(kvf_conn_t *c, kvf_xport_done_fn done, void *arg);
     void (*close)(kvf_conn_t *c);
@@ -198,13 +200,13 @@ extern const struct kvf_transport_ops kvf_tcp_transport;
 /* --- Test-only fault hooks (compiled out of release builds). ------------------------------- */
 
 struct kvf_xport_faults {
-    uint32_t put_delay_ms;    /* post every put this much later */
-    uint32_t frame_delay_ms;  /* deliver every sent frame this much later */
-    uint32_t frame_drop_pct;  /* drop this share of sent frames (0..100) */
-    uint32_t frame_dup_pct;   /* send this share of frames twice */
-    uint32_t flush_never;     /* the next this many flushes never complete (the lost-ack hazard,
-                               H17); they end with an error only when the connection does */
-    int fail_put_status;      /* nonzero: every put completes locally with this status */
+    uint32_t put_delay_ms;   /* post every put this much later */
+    uint32_t frame_delay_ms; /* deliver every sent frame this much later */
+    uint32_t frame_drop_pct; /* drop this share of sent frames (0..100) */
+    uint32_t frame_dup_pct;  /* send this share of frames twice */
+    uint32_t flush_never;    /* the next this many flushes never complete (the lost-ack hazard,
+                              H17); they end with an error only when the connection does */
+    int fail_put_status;     /* nonzero: every put completes locally with this status */
     uint64_t seed;
 };
 /* Reads KVF_FAULTS="put_delay_ms=20,frame_drop_pct=5,flush_never=1,fail_put=-1301,seed=7" into

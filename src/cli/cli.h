@@ -68,14 +68,14 @@ struct kvf_cli_opt {
     const char *env_alt; /* an older variable, read before env and only when not empty */
     unsigned flags;      /* KVF_CLI_REQUIRED */
     int (*fn)(const char *v, void *dst);
-    const char *bad;     /* the message for a bad value instead of "bad value 'V' for X" */
-    const char *help;    /* one paragraph, wrapped by kvf_cli_help */
+    const char *bad;  /* the message for a bad value instead of "bad value 'V' for X" */
+    const char *help; /* one paragraph, wrapped by kvf_cli_help */
 };
 
 struct kvf_cli_spec {
-    const char *name;       /* "serve" */
-    const char *about;      /* paragraphs between the usage line and the options */
-    const char *after;      /* paragraphs after the options, or NULL */
+    const char *name;  /* "serve" */
+    const char *about; /* paragraphs between the usage line and the options */
+    const char *after; /* paragraphs after the options, or NULL */
     const struct kvf_cli_opt *opts;
     size_t n_opts;
     size_t opts_size;       /* sizeof the command's options struct */
@@ -138,7 +138,7 @@ struct kvf_cli_http {
     const char *host;
     uint32_t port, max_queue, tenant_running, tenant_queued, tenant_kv_tokens;
     uint32_t max_conn_per_ip, header_timeout_ms, body_timeout_ms, send_timeout_ms; /* 0: defaults */
-    uint32_t max_connections, keyless_timeout_ms;                                   /* 0: defaults */
+    uint32_t max_connections, keyless_timeout_ms;                                  /* 0: defaults */
     char trusted_proxies[KVF_CLI_PROXIES_LEN]; /* every --trusted-proxy, joined with ',' */
     const char *keys_path;
     bool no_auth;
@@ -151,79 +151,143 @@ struct kvf_cli_http {
 int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies);
 /* The HTTP front's rows of an option table whose struct T holds a struct kvf_cli_http as m. */
 #define KVF_CLI_HTTP_OPTS(T, m)                                                                    \
-    {.name = "--host", .metavar = "HOST", .kind = KVF_CLI_STR, .off = offsetof(T, m.host),         \
-     .def = "127.0.0.1", .env = "KVFENCE_HOST", .help = "the address to listen on for HTTP"},      \
-    {.name = "--port", .metavar = "PORT", .kind = KVF_CLI_U32, .off = offsetof(T, m.port),         \
-     .lo = 0, .hi = 65535, .def = "8080", .env = "KVFENCE_PORT",                                   \
-     .help = "the HTTP port (0: any free port)"},                                                  \
-    {.name = "--max-queue", .metavar = "N", .kind = KVF_CLI_U32, .off = offsetof(T, m.max_queue),  \
-     .lo = 1, .hi = 1u << 20, .env = "KVFENCE_MAX_QUEUE",                                          \
-     .help = "requests in flight (running or waiting) before new ones get 429 with Retry-After "   \
+    {.name = "--host",                                                                             \
+     .metavar = "HOST",                                                                            \
+     .kind = KVF_CLI_STR,                                                                          \
+     .off = offsetof(T, m.host),                                                                   \
+     .def = "127.0.0.1",                                                                           \
+     .env = "KVFENCE_HOST",                                                                        \
+     .help = "the address to listen on for HTTP"},                                                 \
+        {.name = "--port",                                                                         \
+         .metavar = "PORT",                                                                        \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.port),                                                               \
+         .lo = 0,                                                                                  \
+         .hi = 65535,                                                                              \
+         .def = "8080",                                                                            \
+         .env = "KVFENCE_PORT",                                                                    \
+         .help = "the HTTP port (0: any free port)"},                                              \
+        {.name = "--max-queue",                                                                    \
+         .metavar = "N",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.max_queue),                                                          \
+         .lo = 1,                                                                                  \
+         .hi = 1u << 20,                                                                           \
+         .env = "KVFENCE_MAX_QUEUE",                                                               \
+         .help =                                                                                   \
+             "requests in flight (running or waiting) before new ones get 429 with Retry-After "   \
              "(default 256)"},                                                                     \
-    {.name = "--api-keys", .metavar = "FILE", .kind = KVF_CLI_STR,                                 \
-     .off = offsetof(T, m.keys_path),                                                              \
-     .env = "KVFENCE_API_KEYS",                                                                    \
-     .help = "one 'KEY TENANT' per line ('#' comments and blank lines allowed); requests then "    \
+        {.name = "--api-keys",                                                                     \
+         .metavar = "FILE",                                                                        \
+         .kind = KVF_CLI_STR,                                                                      \
+         .off = offsetof(T, m.keys_path),                                                          \
+         .env = "KVFENCE_API_KEYS",                                                                \
+         .help =                                                                                   \
+             "one 'KEY TENANT' per line ('#' comments and blank lines allowed); requests then "    \
              "need 'Authorization: Bearer KEY' (401 otherwise) and run as the key's tenant. "      \
              "/health and /metrics need no key. FILE writable by group or others is refused; "     \
              "readable by them, a warning (fix: chmod 600 FILE)"},                                 \
-    {.name = "--no-auth", .kind = KVF_CLI_FLAG, .off = offsetof(T, m.no_auth),                     \
-     .env = "KVFENCE_NO_AUTH",                                                                     \
-     .help = "serve without keys on an address beyond loopback (without keys, only 127.0.0.1, "    \
+        {.name = "--no-auth",                                                                      \
+         .kind = KVF_CLI_FLAG,                                                                     \
+         .off = offsetof(T, m.no_auth),                                                            \
+         .env = "KVFENCE_NO_AUTH",                                                                 \
+         .help =                                                                                   \
+             "serve without keys on an address beyond loopback (without keys, only 127.0.0.1, "    \
              "localhost or ::1 is served)"},                                                       \
-    {.name = "--tenant-max-running", .metavar = "N", .kind = KVF_CLI_U32,                          \
-     .off = offsetof(T, m.tenant_running), .lo = 1, .hi = 1u << 20,                                \
-     .env = "KVFENCE_TENANT_MAX_RUNNING",                                                          \
-     .help = "sequences one tenant may run at once: a request with n choices runs n, /tokenize "   \
+        {.name = "--tenant-max-running",                                                           \
+         .metavar = "N",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.tenant_running),                                                     \
+         .lo = 1,                                                                                  \
+         .hi = 1u << 20,                                                                           \
+         .env = "KVFENCE_TENANT_MAX_RUNNING",                                                      \
+         .help =                                                                                   \
+             "sequences one tenant may run at once: a request with n choices runs n, /tokenize "   \
              "and /detokenize one (default: no bound)"},                                           \
-    {.name = "--tenant-max-queued", .metavar = "N", .kind = KVF_CLI_U32,                           \
-     .off = offsetof(T, m.tenant_queued), .lo = 0, .hi = 1u << 20,                                 \
-     .env = "KVFENCE_TENANT_MAX_QUEUED",                                                           \
-     .help = "requests of one tenant that wait for its share before 429 with Retry-After "         \
-             "(default 0; needs --tenant-max-running; without it, a request waits for its KV "     \
-             "share up to 30 s). A request that can never fit its tenant's share gets 400 at "     \
-             "once, naming the bound"},                                                            \
-    {.name = "--tenant-max-kv-tokens", .metavar = "N", .kind = KVF_CLI_U32,                        \
-     .off = offsetof(T, m.tenant_kv_tokens), .lo = 1, .hi = UINT32_MAX,                            \
-     .env = "KVFENCE_TENANT_MAX_KV_TOKENS",                                                        \
-     .help = "KV tokens one tenant's running requests may reserve at once: a request reserves "    \
+        {.name = "--tenant-max-queued",                                                            \
+         .metavar = "N",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.tenant_queued),                                                      \
+         .lo = 0,                                                                                  \
+         .hi = 1u << 20,                                                                           \
+         .env = "KVFENCE_TENANT_MAX_QUEUED",                                                       \
+         .help = "requests of one tenant that wait for its share before 429 with Retry-After "     \
+                 "(default 0; needs --tenant-max-running; without it, a request waits for its KV " \
+                 "share up to 30 s). A request that can never fit its tenant's share gets 400 at " \
+                 "once, naming the bound"},                                                        \
+        {.name = "--tenant-max-kv-tokens",                                                         \
+         .metavar = "N",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.tenant_kv_tokens),                                                   \
+         .lo = 1,                                                                                  \
+         .hi = UINT32_MAX,                                                                         \
+         .env = "KVFENCE_TENANT_MAX_KV_TOKENS",                                                    \
+         .help =                                                                                   \
+             "KV tokens one tenant's running requests may reserve at once: a request reserves "    \
              "n x (prompt + max_tokens), in whole pages. Default, with two or more tenants: the "  \
              "larger of the pool / tenants and the pool less one request at the context length "   \
              "for each other tenant, and at least one such request; with one tenant, no bound"},   \
-    {.name = "--max-connections", .metavar = "N", .kind = KVF_CLI_U32,                             \
-     .off = offsetof(T, m.max_connections), .lo = 2, .hi = 1u << 16,                               \
-     .env = "KVFENCE_MAX_CONNECTIONS",                                                             \
-     .help = "connections served at once (default 256); with --api-keys, a quarter of them are "   \
+        {.name = "--max-connections",                                                              \
+         .metavar = "N",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.max_connections),                                                    \
+         .lo = 2,                                                                                  \
+         .hi = 1u << 16,                                                                           \
+         .env = "KVFENCE_MAX_CONNECTIONS",                                                         \
+         .help =                                                                                   \
+             "connections served at once (default 256); with --api-keys, a quarter of them are "   \
              "kept for requests with a valid key. Past any connection cap a request gets 503 "     \
              "with Retry-After and the connection is closed after it"},                            \
-    {.name = "--max-conn-per-ip", .metavar = "N", .kind = KVF_CLI_U32,                             \
-     .off = offsetof(T, m.max_conn_per_ip), .lo = 1, .hi = 1u << 20,                               \
-     .env = "KVFENCE_MAX_CONN_PER_IP",                                                             \
-     .help = "connections of one client address at once (default 64)"},                            \
-    {.name = "--trusted-proxy", .metavar = "ADDR[/PREFIX][,...]", .kind = KVF_CLI_FN,              \
-     .off = offsetof(T, m.trusted_proxies), .fn = kvf_cli_http_add_proxy,                          \
-     .env = "KVFENCE_TRUSTED_PROXY",                                                               \
-     .help = "peers (repeatable; the environment's list and the command line's are joined) "       \
+        {.name = "--max-conn-per-ip",                                                              \
+         .metavar = "N",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.max_conn_per_ip),                                                    \
+         .lo = 1,                                                                                  \
+         .hi = 1u << 20,                                                                           \
+         .env = "KVFENCE_MAX_CONN_PER_IP",                                                         \
+         .help = "connections of one client address at once (default 64)"},                        \
+        {.name = "--trusted-proxy",                                                                \
+         .metavar = "ADDR[/PREFIX][,...]",                                                         \
+         .kind = KVF_CLI_FN,                                                                       \
+         .off = offsetof(T, m.trusted_proxies),                                                    \
+         .fn = kvf_cli_http_add_proxy,                                                             \
+         .env = "KVFENCE_TRUSTED_PROXY",                                                           \
+         .help =                                                                                   \
+             "peers (repeatable; the environment's list and the command line's are joined) "       \
              "whose Forwarded or X-Forwarded-For names the client: the last hop that is not a "    \
              "trusted proxy; other peers are their own client"},                                   \
-    {.name = "--keyless-timeout", .metavar = "MS", .kind = KVF_CLI_U32,                            \
-     .off = offsetof(T, m.keyless_timeout_ms), .lo = 1, .hi = 3600000,                             \
-     .env = "KVFENCE_KEYLESS_TIMEOUT",                                                             \
-     .help = "with --api-keys: a connection that has not shown a valid key sends its request's "   \
+        {.name = "--keyless-timeout",                                                              \
+         .metavar = "MS",                                                                          \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.keyless_timeout_ms),                                                 \
+         .lo = 1,                                                                                  \
+         .hi = 3600000,                                                                            \
+         .env = "KVFENCE_KEYLESS_TIMEOUT",                                                         \
+         .help =                                                                                   \
+             "with --api-keys: a connection that has not shown a valid key sends its request's "   \
              "headers within MS (default 2000)"},                                                  \
-    {.name = "--header-timeout", .metavar = "MS", .kind = KVF_CLI_U32,                             \
-     .off = offsetof(T, m.header_timeout_ms), .lo = 1, .hi = 3600000,                              \
-     .env = "KVFENCE_HEADER_TIMEOUT",                                                              \
-     .help = "a request's headers within MS of the accept (default 10000); past a bound the "      \
-             "connection is closed (docs/SERVER.md)"},                                             \
-    {.name = "--body-timeout", .metavar = "MS", .kind = KVF_CLI_U32,                               \
-     .off = offsetof(T, m.body_timeout_ms), .lo = 1, .hi = 3600000,                                \
-     .env = "KVFENCE_BODY_TIMEOUT",                                                                \
-     .help = "a request's body within MS of its headers (default 30000)"},                         \
-    {.name = "--send-timeout", .metavar = "MS", .kind = KVF_CLI_U32,                               \
-     .off = offsetof(T, m.send_timeout_ms), .lo = 1, .hi = 3600000,                                \
-     .env = "KVFENCE_SEND_TIMEOUT",                                                                \
-     .help = "a response left unread at most MS (default 30000)"}
+        {.name = "--header-timeout",                                                               \
+         .metavar = "MS",                                                                          \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.header_timeout_ms),                                                  \
+         .lo = 1,                                                                                  \
+         .hi = 3600000,                                                                            \
+         .env = "KVFENCE_HEADER_TIMEOUT",                                                          \
+         .help = "a request's headers within MS of the accept (default 10000); past a bound the "  \
+                 "connection is closed (docs/SERVER.md)"},                                         \
+        {.name = "--body-timeout",                                                                 \
+         .metavar = "MS",                                                                          \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.body_timeout_ms),                                                    \
+         .lo = 1,                                                                                  \
+         .hi = 3600000,                                                                            \
+         .env = "KVFENCE_BODY_TIMEOUT",                                                            \
+         .help = "a request's body within MS of its headers (default 30000)"},                     \
+    {                                                                                              \
+        .name = "--send-timeout", .metavar = "MS", .kind = KVF_CLI_U32,                            \
+        .off = offsetof(T, m.send_timeout_ms), .lo = 1, .hi = 3600000,                             \
+        .env = "KVFENCE_SEND_TIMEOUT", .help = "a response left unread at most MS (default 30000)" \
+    }
 /* After the options: the keys-or-loopback rule, and the key file loaded. 0, or 2 (printed). */
 int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h);
 /* Starts the server over ops/engine with the model's chat template when the interpreter takes
@@ -248,8 +312,8 @@ int kvf_cli_parse_addrs(const char *cmd, const char *opt, const char *v, struct 
 /* The KV pool of kv_bytes for m with pages of page_tokens, and the served limit: ctx_len, or the
  * model's context when 0, lowered to what the pool holds when not given. 0, or -1 (printed:
  * beyond the model's context, or a pool that cannot hold one request at the limit). */
-int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_tokens, uint64_t kv_bytes,
-                       uint32_t ctx_len, uint32_t *limit, uint32_t *n_pages);
+int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_tokens,
+                       uint64_t kv_bytes, uint32_t ctx_len, uint32_t *limit, uint32_t *n_pages);
 
 /* "HOST:PORT" into host (cap bytes) and port; port 0 allowed only when allow_zero. 0, or -1. */
 int kvf_cli_parse_addr(const char *v, char *host, size_t cap, uint16_t *port, bool allow_zero);
@@ -276,16 +340,22 @@ struct kvf_cli_fabric {
 };
 /* The fabric's rows of an option table whose struct T holds a struct kvf_cli_fabric as m. */
 #define KVF_CLI_FABRIC_OPTS(T, m)                                                                  \
-    {.name = "--cluster-key", .metavar = "FILE", .kind = KVF_CLI_STR,                              \
-     .off = offsetof(T, m.key_path), .env = "KVFENCE_CLUSTER_KEY",                                 \
+    {.name = "--cluster-key",                                                                      \
+     .metavar = "FILE",                                                                            \
+     .kind = KVF_CLI_STR,                                                                          \
+     .off = offsetof(T, m.key_path),                                                               \
+     .env = "KVFENCE_CLUSTER_KEY",                                                                 \
      .env_alt = "KVFENCE_CLUSTER_KEY_FILE",                                                        \
      .help = "the cluster key every router, prefill and decode of the service shares (`kvfence "   \
              "keygen FILE` writes one): peers prove it to each other before anything else is "     \
              "said, and every message after is sealed under a session key"},                       \
-    {.name = "--insecure-fabric", .kind = KVF_CLI_FLAG, .off = offsetof(T, m.insecure),            \
-     .env = "KVFENCE_INSECURE_FABRIC",                                                             \
-     .help = "listen beyond loopback without a cluster key (any peer that reaches the port can "   \
-             "join; refused otherwise)"}
+    {                                                                                              \
+        .name = "--insecure-fabric", .kind = KVF_CLI_FLAG, .off = offsetof(T, m.insecure),         \
+        .env = "KVFENCE_INSECURE_FABRIC",                                                          \
+        .help =                                                                                    \
+            "listen beyond loopback without a cluster key (any peer that reaches the port can "    \
+            "join; refused otherwise)"                                                             \
+    }
 /* After the options: loads the key, or applies the rule that a listener beyond loopback needs a
  * key or --insecure-fabric (listen_host NULL: no listener). 0, or 2 (printed). */
 int kvf_cli_fabric_prepare(const char *cmd, struct kvf_cli_fabric *f, const char *listen_host);

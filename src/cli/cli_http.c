@@ -76,17 +76,22 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
     const char *base = strrchr(model_path, '/');
     h->model_name = base ? base + 1 : model_path;
     h->chat_model = tmpl != NULL;
-    struct kvf_server_config sc = {.host = h->host, .port = (uint16_t)h->port,
-                                   .model_name = h->model_name, .drain_ms = 10000,
-                                   .max_queue = h->max_queue, .chat_template = tmpl, .keys = h->keys,
+    struct kvf_server_config sc = {.host = h->host,
+                                   .port = (uint16_t)h->port,
+                                   .model_name = h->model_name,
+                                   .drain_ms = 10000,
+                                   .max_queue = h->max_queue,
+                                   .chat_template = tmpl,
+                                   .keys = h->keys,
                                    .tenant_max_running = h->tenant_running,
                                    .tenant_max_queued = h->tenant_queued,
-                                   .tenant_max_kv_tokens = h->tenant_kv_tokens, .log = kvf_log_line,
+                                   .tenant_max_kv_tokens = h->tenant_kv_tokens,
+                                   .log = kvf_log_line,
                                    .max_conn_per_ip = h->max_conn_per_ip,
                                    .max_connections = h->max_connections,
                                    .keyless_timeout_ms = h->keyless_timeout_ms,
-                                   .trusted_proxies = h->trusted_proxies[0] ? h->trusted_proxies
-                                                                            : NULL,
+                                   .trusted_proxies =
+                                       h->trusted_proxies[0] ? h->trusted_proxies : NULL,
                                    .header_timeout_ms = h->header_timeout_ms,
                                    .body_timeout_ms = h->body_timeout_ms,
                                    .send_timeout_ms = h->send_timeout_ms};
@@ -108,8 +113,10 @@ void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h)
     else if (h->loopback)
         fprintf(stderr, "kvfence %s: no API keys: any local process may use this server\n", cmd);
     else
-        fprintf(stderr, "kvfence %s: warning: --no-auth: anyone who can reach %s may use this "
-                        "server\n", cmd, h->host);
+        fprintf(stderr,
+                "kvfence %s: warning: --no-auth: anyone who can reach %s may use this "
+                "server\n",
+                cmd, h->host);
 }
 
 void kvf_cli_http_free(struct kvf_cli_http *h)

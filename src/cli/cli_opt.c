@@ -136,8 +136,7 @@ static int stop(int *exit_status, int status)
     return -1;
 }
 
-int kvf_cli_parse(const struct kvf_cli_spec *s, int argc, char **argv, void *opts,
-                  int *exit_status)
+int kvf_cli_parse(const struct kvf_cli_spec *s, int argc, char **argv, void *opts, int *exit_status)
 {
     bool seen[MAX_OPTS] = {false}, positional_seen = false, help = false;
 #if defined(KVF_TEST_BUILD)

@@ -21,9 +21,12 @@ int kvf_cli_parse_size(const char *v, uint64_t *out)
     double x = strtod(v, &end);
     if (errno || end == v || !(x > 0)) return -1;
     uint64_t mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1ull << 10, end++;
-    else if (*end == 'm' || *end == 'M') mul = 1ull << 20, end++;
-    else if (*end == 'g' || *end == 'G') mul = 1ull << 30, end++;
+    if (*end == 'k' || *end == 'K')
+        mul = 1ull << 10, end++;
+    else if (*end == 'm' || *end == 'M')
+        mul = 1ull << 20, end++;
+    else if (*end == 'g' || *end == 'G')
+        mul = 1ull << 30, end++;
     if (*end == 'i' || *end == 'B' || *end == 'b') end++;
     if (*end == 'B') end++;
     if (*end) return -1;
@@ -78,7 +81,6 @@ int kvf_cli_file_fp(const char *path, uint64_t *fp)
     return 0;
 }
 
-
 void kvf_cli_block_stop_signals(sigset_t *sigs)
 {
     sigemptyset(sigs);
@@ -92,7 +94,8 @@ int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_mo
                        kvf_tokenizer_t **tok, uint64_t *fp)
 {
     char err[256] = "";
-    if (kvf_gguf_open(path, g, err, sizeof(err)) < 0 || kvf_model_load(*g, m, err, sizeof(err)) < 0 ||
+    if (kvf_gguf_open(path, g, err, sizeof(err)) < 0 ||
+        kvf_model_load(*g, m, err, sizeof(err)) < 0 ||
         (tok && kvf_tokenizer_create(*g, tok, err, sizeof(err)) < 0)) {
         fprintf(stderr, "kvfence %s: %s: %s\n", cmd, path, err);
         return -1;
@@ -132,13 +135,15 @@ int kvf_cli_parse_addrs(const char *cmd, const char *opt, const char *v, struct 
         size_t len = comma ? (size_t)(comma - p) : strlen(p);
         char one[128];
         if (len == 0 || len >= sizeof one || out->n == KVF_CLI_MAX_ADDRS) {
-            fprintf(stderr, "kvfence %s: %s wants 1 to %d HOST:PORT separated by commas, not '%s'\n",
-                    cmd, opt, KVF_CLI_MAX_ADDRS, v);
+            fprintf(stderr,
+                    "kvfence %s: %s wants 1 to %d HOST:PORT separated by commas, not '%s'\n", cmd,
+                    opt, KVF_CLI_MAX_ADDRS, v);
             return -1;
         }
         memcpy(one, p, len);
         one[len] = 0;
-        if (kvf_cli_parse_addr(one, out->host[out->n], sizeof out->host[0], &out->port[out->n], false) < 0) {
+        if (kvf_cli_parse_addr(one, out->host[out->n], sizeof out->host[0], &out->port[out->n],
+                               false) < 0) {
             fprintf(stderr, "kvfence %s: %s: '%s' is not HOST:PORT\n", cmd, opt, one);
             return -1;
         }
@@ -153,8 +158,9 @@ int kvf_cli_parse_addrs(const char *cmd, const char *opt, const char *v, struct 
     return 0;
 }
 
-int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_tokens, uint64_t kv_bytes,
-                       uint32_t ctx_len, uint32_t *limit_out, uint32_t *n_pages_out)
+int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_tokens,
+                       uint64_t kv_bytes, uint32_t ctx_len, uint32_t *limit_out,
+                       uint32_t *n_pages_out)
 {
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
     struct kvf_pool_geometry geo;
@@ -173,13 +179,14 @@ int kvf_cli_pool_limit(const char *cmd, const kvf_model_t *m, uint32_t page_toke
     if (pool_tokens < limit) {
         if (ctx_len || pool_tokens < 2 * page_tokens) {
             uint64_t need = ((uint64_t)limit + page_tokens - 1) / page_tokens * page_bytes;
-            fprintf(stderr,
-                    "kvfence %s: --kv-memory holds %llu tokens of KV for this model (%llu pages of "
-                    "%llu bytes), less than one request at the context length %u; raise --kv-memory "
-                    "to at least %lluM or lower --context-length\n",
-                    cmd, (unsigned long long)pool_tokens, (unsigned long long)n_pages,
-                    (unsigned long long)page_bytes, limit,
-                    (unsigned long long)((need + (1u << 20) - 1) >> 20));
+            fprintf(
+                stderr,
+                "kvfence %s: --kv-memory holds %llu tokens of KV for this model (%llu pages of "
+                "%llu bytes), less than one request at the context length %u; raise --kv-memory "
+                "to at least %lluM or lower --context-length\n",
+                cmd, (unsigned long long)pool_tokens, (unsigned long long)n_pages,
+                (unsigned long long)page_bytes, limit,
+                (unsigned long long)((need + (1u << 20) - 1) >> 20));
             return -1;
         }
         limit = (uint32_t)pool_tokens;

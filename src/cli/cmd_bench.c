@@ -13,8 +13,10 @@ static const struct kvf_cmd benches[] = {
      kvf_bench_model},
     {"attention", "a decode step's attention alone over K/V in pool pages: ms, GB/s, GMAC/s",
      kvf_bench_attention},
-    {"handoff", "two processes over the fabric: page-handoff GB/s and the one-page round trip, "
-                "beside ucx_perftest", kvf_bench_handoff},
+    {"handoff",
+     "two processes over the fabric: page-handoff GB/s and the one-page round trip, "
+     "beside ucx_perftest",
+     kvf_bench_handoff},
     {"serve", "closed-loop HTTP load on a running server: tok/s, TTFT and TPOT percentiles",
      kvf_bench_serve},
 };

@@ -24,27 +24,57 @@ struct prefill_opts {
 
 #define O(f) offsetof(struct prefill_opts, f)
 static const struct kvf_cli_opt prefill_opts[] = {
-    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
-     .env = "KVFENCE_MODEL", .flags = KVF_CLI_REQUIRED,
+    {.name = "--model",
+     .metavar = "F.gguf",
+     .kind = KVF_CLI_STR,
+     .off = O(model),
+     .env = "KVFENCE_MODEL",
+     .flags = KVF_CLI_REQUIRED,
      .help = "the model, the same file as the decode workers' and the router's"},
-    {.name = "--listen", .metavar = "HOST:PORT", .kind = KVF_CLI_ADDR, .off = O(listen),
-     .env = "KVFENCE_LISTEN", .flags = KVF_CLI_REQUIRED,
+    {.name = "--listen",
+     .metavar = "HOST:PORT",
+     .kind = KVF_CLI_ADDR,
+     .off = O(listen),
+     .env = "KVFENCE_LISTEN",
+     .flags = KVF_CLI_REQUIRED,
      .help = "where decode workers connect (port 0: any free port)"},
-    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = O(ctx_len), .lo = 2,
-     .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH",
+    {.name = "--context-length",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(ctx_len),
+     .lo = 2,
+     .hi = 1u << 20,
+     .env = "KVFENCE_CONTEXT_LENGTH",
      .help = "the most prompt + output tokens of one request (default: the model's); must equal "
              "the decode workers' (checked at connect)"},
-    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = O(threads), .lo = 1,
-     .hi = 256, .env = "KVFENCE_THREADS", .help = "compute threads (default: every core)"},
-    {.name = "--kv-memory", .metavar = "SIZE", .kind = KVF_CLI_SIZE, .off = O(kv_bytes),
+    {.name = "--threads",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(threads),
+     .lo = 1,
+     .hi = 256,
+     .env = "KVFENCE_THREADS",
+     .help = "compute threads (default: every core)"},
+    {.name = "--kv-memory",
+     .metavar = "SIZE",
+     .kind = KVF_CLI_SIZE,
+     .off = O(kv_bytes),
      .env = "KVFENCE_KV_MEMORY",
      .help = "its own pool, e.g. 512M (default: one prompt at the context length)"},
-    {.name = "--compute-lock", .metavar = "FILE", .kind = KVF_CLI_STR, .off = O(lock_path),
+    {.name = "--compute-lock",
+     .metavar = "FILE",
+     .kind = KVF_CLI_STR,
+     .off = O(lock_path),
      .env = "KVFENCE_COMPUTE_LOCK",
      .help = "workers on the same cores given the same file take turns computing, one forward "
              "call at a time, instead of halving each other"},
-    {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = O(chunk), .lo = 16,
-     .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK",
+    {.name = "--prefill-chunk",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(chunk),
+     .lo = 16,
+     .hi = 4096,
+     .env = "KVFENCE_PREFILL_CHUNK",
      .help = "prompt tokens computed per turn (default 256); each chunk's pages go to decode "
              "while the next is computed, and prompts take turns by chunks, the shortest first, "
              "so a short prompt does not wait for a long one"},
@@ -61,10 +91,9 @@ static const struct kvf_cli_spec prefill_spec = {
         "Runs a prefill worker: decode workers connect to HOST:PORT (TCP; they prove the cluster\n"
         "key, and it proves it to them) and grant it pages to write. Prints \"listening HOST\n"
         "PORT\" on stdout once it accepts connections.\n",
-    .after =
-        "Every option can also be set from the environment, as the variable in its brackets;\n"
-        "the command line wins. SIGINT or SIGTERM stops it (its connections close; decode\n"
-        "fences them).\n",
+    .after = "Every option can also be set from the environment, as the variable in its brackets;\n"
+             "the command line wins. SIGINT or SIGTERM stops it (its connections close; decode\n"
+             "fences them).\n",
 };
 
 int kvf_cmd_prefill(int argc, char **argv)
@@ -102,14 +131,21 @@ int kvf_cmd_prefill(int argc, char **argv)
     uint32_t need = (ctx_len + 15) / 16 + 1;
     uint32_t n_pages = o.kv_bytes ? (uint32_t)(o.kv_bytes / kvf_geo_page_bytes(&geo)) : need;
     if (n_pages < need) {
-        fprintf(stderr, "kvfence prefill: --kv-memory holds %u pages, less than one prompt at the "
-                        "context length %u (%u pages); raise --kv-memory or lower --context-length\n",
+        fprintf(stderr,
+                "kvfence prefill: --kv-memory holds %u pages, less than one prompt at the "
+                "context length %u (%u pages); raise --kv-memory or lower --context-length\n",
                 n_pages, ctx_len, need);
         goto out;
     }
-    struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = 16, .n_pages = n_pages,
-                                   .n_threads = threads, .max_context = ctx_len, .listen_host = host,
-                                   .listen_port = o.listen.port, .max_reqs = 64,
+    struct kvf_worker_config wc = {.model = m,
+                                   .model_fp = fp,
+                                   .page_tokens = 16,
+                                   .n_pages = n_pages,
+                                   .n_threads = threads,
+                                   .max_context = ctx_len,
+                                   .listen_host = host,
+                                   .listen_port = o.listen.port,
+                                   .max_reqs = 64,
                                    .prefill_chunk = o.chunk,
                                    .fabric_key = kvf_cli_fabric_key(&o.fab)};
     if (o.lock_path && kvf_cli_compute_lock("prefill", o.lock_path, &wc) < 0) goto out;

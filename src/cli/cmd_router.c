@@ -23,25 +23,47 @@ struct router_opts {
 
 #define O(f) offsetof(struct router_opts, f)
 static const struct kvf_cli_opt router_opts[] = {
-    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
-     .env = "KVFENCE_MODEL", .flags = KVF_CLI_REQUIRED,
+    {.name = "--model",
+     .metavar = "F.gguf",
+     .kind = KVF_CLI_STR,
+     .off = O(model),
+     .env = "KVFENCE_MODEL",
+     .flags = KVF_CLI_REQUIRED,
      .help = "the same model file the workers serve (its fingerprint, context and page geometry "
              "must agree: a worker that differs is refused with the reason, in the log and in "
              "/health)"},
-    {.name = "--prefill", .metavar = "HOST:PORT[,...]", .kind = KVF_CLI_ADDRS, .off = O(prefills),
-     .env = "KVFENCE_PREFILL", .flags = KVF_CLI_REQUIRED,
+    {.name = "--prefill",
+     .metavar = "HOST:PORT[,...]",
+     .kind = KVF_CLI_ADDRS,
+     .off = O(prefills),
+     .env = "KVFENCE_PREFILL",
+     .flags = KVF_CLI_REQUIRED,
      .help = "the prefill workers, separated by commas; every decode worker connects to each and "
              "grants it prompts"},
-    {.name = "--decode", .metavar = "HOST:PORT[,...]", .kind = KVF_CLI_ADDRS, .off = O(decodes),
-     .env = "KVFENCE_DECODE", .flags = KVF_CLI_REQUIRED,
+    {.name = "--decode",
+     .metavar = "HOST:PORT[,...]",
+     .kind = KVF_CLI_ADDRS,
+     .off = O(decodes),
+     .env = "KVFENCE_DECODE",
+     .flags = KVF_CLI_REQUIRED,
      .help = "the decode workers; a request goes to the live one with the fewest of this "
              "router's requests in flight, then the most free pages"},
-    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = O(ctx_len), .lo = 2,
-     .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH",
+    {.name = "--context-length",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(ctx_len),
+     .lo = 2,
+     .hi = 1u << 20,
+     .env = "KVFENCE_CONTEXT_LENGTH",
      .help = "the served limit (default: the model's); must equal the workers'"},
     KVF_CLI_HTTP_OPTS(struct router_opts, http),
-    {.name = "--admit-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = O(admit_ms), .lo = 1,
-     .hi = 3600000, .env = "KVFENCE_ADMIT_TIMEOUT",
+    {.name = "--admit-timeout",
+     .metavar = "MS",
+     .kind = KVF_CLI_U32,
+     .off = O(admit_ms),
+     .lo = 1,
+     .hi = 3600000,
+     .env = "KVFENCE_ADMIT_TIMEOUT",
      .help = "how long a request may wait for a live decode worker with a prefill before it "
              "fails with 503 no_decode or no_prefill (default 30000)"},
     KVF_CLI_FABRIC_OPTS(struct router_opts, fab),
@@ -94,13 +116,22 @@ int kvf_cmd_router(int argc, char **argv)
         goto out;
     }
     const char *ph[KVF_CLI_MAX_ADDRS], *dh[KVF_CLI_MAX_ADDRS];
-    for (uint32_t i = 0; i < pf->n; i++) ph[i] = pf->host[i];
-    for (uint32_t i = 0; i < dc->n; i++) dh[i] = dc->host[i];
-    struct kvf_router_config rc = {.decode_hosts = dh, .decode_ports = dc->port, .n_decodes = dc->n,
-                                   .prefill_hosts = ph, .prefill_ports = pf->port,
-                                   .n_prefills = pf->n, .model_fp = fp, .max_context = limit,
-                                   .page_tokens = ROUTER_PAGE_TOKENS, .n_vocab = hp->n_vocab,
-                                   .max_queue = o.http.max_queue, .admit_timeout_ms = o.admit_ms,
+    for (uint32_t i = 0; i < pf->n; i++)
+        ph[i] = pf->host[i];
+    for (uint32_t i = 0; i < dc->n; i++)
+        dh[i] = dc->host[i];
+    struct kvf_router_config rc = {.decode_hosts = dh,
+                                   .decode_ports = dc->port,
+                                   .n_decodes = dc->n,
+                                   .prefill_hosts = ph,
+                                   .prefill_ports = pf->port,
+                                   .n_prefills = pf->n,
+                                   .model_fp = fp,
+                                   .max_context = limit,
+                                   .page_tokens = ROUTER_PAGE_TOKENS,
+                                   .n_vocab = hp->n_vocab,
+                                   .max_queue = o.http.max_queue,
+                                   .admit_timeout_ms = o.admit_ms,
                                    .fabric_key = kvf_cli_fabric_key(&o.fab)};
     if (kvf_router_start(&rc, &r, err, sizeof err) < 0) {
         fprintf(stderr, "kvfence router: %s\n", err);

@@ -14,7 +14,7 @@
 #include "kvfence/text.h"
 
 /* Prompt tokens go through the forward pass in chunks of at most this many. */
-#define RUN_CHUNK 256u
+#define RUN_CHUNK       256u
 #define RUN_PAGE_TOKENS 16u
 
 struct run_opts {
@@ -29,26 +29,71 @@ struct run_opts {
  * (a deployment's KVFENCE_MODEL must not turn into its model). */
 #define O(f) offsetof(struct run_opts, f)
 static const struct kvf_cli_opt run_opts[] = {
-    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
-     .flags = KVF_CLI_REQUIRED, .help = "the model"},
-    {.name = "--prompt", .metavar = "TEXT", .kind = KVF_CLI_STR, .off = O(prompt),
-     .flags = KVF_CLI_REQUIRED, .help = "the text to complete"},
-    {.name = "--max-tokens", .metavar = "N", .kind = KVF_CLI_U32, .off = O(max_tokens), .lo = 0,
-     .hi = 1u << 20, .def = "64",
+    {.name = "--model",
+     .metavar = "F.gguf",
+     .kind = KVF_CLI_STR,
+     .off = O(model),
+     .flags = KVF_CLI_REQUIRED,
+     .help = "the model"},
+    {.name = "--prompt",
+     .metavar = "TEXT",
+     .kind = KVF_CLI_STR,
+     .off = O(prompt),
+     .flags = KVF_CLI_REQUIRED,
+     .help = "the text to complete"},
+    {.name = "--max-tokens",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(max_tokens),
+     .lo = 0,
+     .hi = 1u << 20,
+     .def = "64",
      .help = "tokens generated at most; an end-of-generation token stops it sooner"},
-    {.name = "--temperature", .metavar = "T", .kind = KVF_CLI_FLOAT, .off = O(temperature),
-     .flo = 0.0f, .fhi = 100.0f, .def = "0", .help = "0 is greedy"},
-    {.name = "--top-k", .metavar = "K", .kind = KVF_CLI_U32, .off = O(top_k), .lo = 0,
-     .hi = 1u << 24, .help = "draw from the K most likely tokens only (default 0: all)"},
-    {.name = "--top-p", .metavar = "P", .kind = KVF_CLI_FLOAT, .off = O(top_p), .flo = 1e-6f,
-     .fhi = 1.0f, .def = "1", .help = "draw from the most likely tokens whose mass reaches P"},
-    {.name = "--seed", .metavar = "S", .kind = KVF_CLI_U64, .off = O(seed), .lo = 0,
-     .hi = UINT64_MAX, .def = "1", .help = "the sampling stream, so a run repeats exactly"},
-    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = O(threads), .lo = 0,
-     .hi = 256, .help = "compute threads (default 0: every core)"},
-    {.name = "--print-token-ids", .kind = KVF_CLI_FLAG, .off = O(print_ids),
+    {.name = "--temperature",
+     .metavar = "T",
+     .kind = KVF_CLI_FLOAT,
+     .off = O(temperature),
+     .flo = 0.0f,
+     .fhi = 100.0f,
+     .def = "0",
+     .help = "0 is greedy"},
+    {.name = "--top-k",
+     .metavar = "K",
+     .kind = KVF_CLI_U32,
+     .off = O(top_k),
+     .lo = 0,
+     .hi = 1u << 24,
+     .help = "draw from the K most likely tokens only (default 0: all)"},
+    {.name = "--top-p",
+     .metavar = "P",
+     .kind = KVF_CLI_FLOAT,
+     .off = O(top_p),
+     .flo = 1e-6f,
+     .fhi = 1.0f,
+     .def = "1",
+     .help = "draw from the most likely tokens whose mass reaches P"},
+    {.name = "--seed",
+     .metavar = "S",
+     .kind = KVF_CLI_U64,
+     .off = O(seed),
+     .lo = 0,
+     .hi = UINT64_MAX,
+     .def = "1",
+     .help = "the sampling stream, so a run repeats exactly"},
+    {.name = "--threads",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(threads),
+     .lo = 0,
+     .hi = 256,
+     .help = "compute threads (default 0: every core)"},
+    {.name = "--print-token-ids",
+     .kind = KVF_CLI_FLAG,
+     .off = O(print_ids),
      .help = "then print the prompt's and the output's token ids (two lines)"},
-    {.name = "--print-logprobs", .kind = KVF_CLI_FLAG, .off = O(print_logprobs),
+    {.name = "--print-logprobs",
+     .kind = KVF_CLI_FLAG,
+     .off = O(print_logprobs),
      .help = "with --print-token-ids: then print each generated token's log probability"},
 };
 #undef O
@@ -63,13 +108,12 @@ static const struct kvf_cli_spec run_spec = {
         "token or after N tokens; BOS first when the vocabulary asks for it). Temperature 0 is\n"
         "greedy; otherwise tokens are drawn with top-k / top-p from a stream fixed by the seed,\n"
         "so a run repeats exactly.\n",
-    .after =
-        "--print-token-ids prints two more lines:\n"
-        "  prompt_token_ids: <ids of the prompt>\n"
-        "  output_token_ids: <ids generated>\n"
-        "and --print-logprobs one more, each generated token's natural log probability at\n"
-        "temperature 1 (the figure a server's logprobs give, computed the same way):\n"
-        "  output_logprobs: <one %.9g float per generated token>\n",
+    .after = "--print-token-ids prints two more lines:\n"
+             "  prompt_token_ids: <ids of the prompt>\n"
+             "  output_token_ids: <ids generated>\n"
+             "and --print-logprobs one more, each generated token's natural log probability at\n"
+             "temperature 1 (the figure a server's logprobs give, computed the same way):\n"
+             "  output_logprobs: <one %.9g float per generated token>\n",
 };
 
 /* What one run holds; run_free releases every part, each NULL or valid. */
@@ -180,8 +224,14 @@ static int run_generate(struct run *r, const struct kvf_sample_params *sp)
         uint32_t len = pos < r->n_prompt ? r->n_prompt - pos : 1;
         if (len > r->chunk) len = r->chunk;
         bool last_of_prompt = pos + len >= r->n_prompt;
-        struct kvf_fwd_seq s = {r->own.req, r->ids + pos, len, pos, r->pages, r->n_pages,
-                                last_of_prompt ? r->logits : NULL, 0};
+        struct kvf_fwd_seq s = {r->own.req,
+                                r->ids + pos,
+                                len,
+                                pos,
+                                r->pages,
+                                r->n_pages,
+                                last_of_prompt ? r->logits : NULL,
+                                0};
         int rc = kvf_fwd_run(r->f, r->pool, &s, 1);
         if (rc != 1 || s.status != 0) {
             fprintf(stderr, "\nkvfence run: forward pass failed: %s\n",
@@ -213,7 +263,8 @@ static int run_generate(struct run *r, const struct kvf_sample_params *sp)
 static void print_ids(const char *label, const int32_t *ids, size_t n)
 {
     printf("%s:", label);
-    for (size_t i = 0; i < n; i++) printf(" %d", ids[i]);
+    for (size_t i = 0; i < n; i++)
+        printf(" %d", ids[i]);
     printf("\n");
 }
 
@@ -254,7 +305,8 @@ int kvf_cmd_run(int argc, char **argv)
     }
     if (o.print_logprobs) {
         printf("output_logprobs:");
-        for (size_t i = 0; i < r.n_out; i++) printf(" %.9g", (double)r.lps[i]);
+        for (size_t i = 0; i < r.n_out; i++)
+            printf(" %.9g", (double)r.lps[i]);
         printf("\n");
     }
     status = 0;

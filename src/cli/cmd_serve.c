@@ -52,8 +52,8 @@ static void serve_info(void *e, struct kvf_engine_info *out)
     kvf_dworker_gen_ops.info(e, out);
     if (serve_pw) kvf_pworker_pool(serve_pw, &out->prefill_pages, &out->prefill_free);
 }
-static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_cancel, serve_release,
-                                             serve_info, NULL};
+static const struct kvf_gen_ops serve_ops = {serve_submit,  serve_next, serve_cancel,
+                                             serve_release, serve_info, NULL};
 
 struct serve_opts {
     const char *model, *data_dir;
@@ -64,37 +64,80 @@ struct serve_opts {
 
 #define O(f) offsetof(struct serve_opts, f)
 static const struct kvf_cli_opt serve_opts[] = {
-    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = O(model),
+    {.name = "--model",
+     .metavar = "F.gguf",
+     .kind = KVF_CLI_STR,
+     .off = O(model),
      .env = "KVFENCE_MODEL",
      .help = "the model; without it, kvfence writes (once) and serves its readable test model "
              "'hist' in the data directory"},
-    {.name = "--data-dir", .metavar = "D", .kind = KVF_CLI_STR, .off = O(data_dir),
+    {.name = "--data-dir",
+     .metavar = "D",
+     .kind = KVF_CLI_STR,
+     .off = O(data_dir),
      .env = "KVFENCE_DATA_DIR",
      .help = "where the default model lives (default $XDG_DATA_HOME/kvfence or "
              "~/.local/share/kvfence)"},
-    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = O(threads), .lo = 1,
-     .hi = 256, .env = "KVFENCE_THREADS", .help = "compute threads (default: every core)"},
-    {.name = "--kv-memory", .metavar = "SIZE", .kind = KVF_CLI_SIZE, .off = O(kv_bytes),
-     .def = "1G", .env = "KVFENCE_KV_MEMORY", .help = "the decode worker's KV pool, e.g. 512M, 2G"},
-    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = O(ctx_len), .lo = 2,
-     .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH",
+    {.name = "--threads",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(threads),
+     .lo = 1,
+     .hi = 256,
+     .env = "KVFENCE_THREADS",
+     .help = "compute threads (default: every core)"},
+    {.name = "--kv-memory",
+     .metavar = "SIZE",
+     .kind = KVF_CLI_SIZE,
+     .off = O(kv_bytes),
+     .def = "1G",
+     .env = "KVFENCE_KV_MEMORY",
+     .help = "the decode worker's KV pool, e.g. 512M, 2G"},
+    {.name = "--context-length",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(ctx_len),
+     .lo = 2,
+     .hi = 1u << 20,
+     .env = "KVFENCE_CONTEXT_LENGTH",
      .help = "the most prompt + output tokens of one request (default: the model's, bounded by "
              "the pool)"},
     KVF_CLI_HTTP_OPTS(struct serve_opts, http),
-    {.name = "--admit-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = O(admit_ms), .lo = 1,
-     .hi = 3600000, .env = "KVFENCE_ADMIT_TIMEOUT",
+    {.name = "--admit-timeout",
+     .metavar = "MS",
+     .kind = KVF_CLI_U32,
+     .off = O(admit_ms),
+     .lo = 1,
+     .hi = 3600000,
+     .env = "KVFENCE_ADMIT_TIMEOUT",
      .help = "how long a request may wait for KV pages before it gets 503 pool_exhausted "
              "(default 30000)"},
-    {.name = "--progress-timeout", .alias = "--grant-timeout", .metavar = "MS", .kind = KVF_CLI_U32,
-     .off = O(grant_ms), .lo = 100, .hi = 3600000, .env = "KVFENCE_PROGRESS_TIMEOUT",
+    {.name = "--progress-timeout",
+     .alias = "--grant-timeout",
+     .metavar = "MS",
+     .kind = KVF_CLI_U32,
+     .off = O(grant_ms),
+     .lo = 100,
+     .hi = 3600000,
+     .env = "KVFENCE_PROGRESS_TIMEOUT",
      .help = "a prompt whose prefill reports no progress for MS fails with 503 prefill_stalled "
              "(default 5000); a prompt that is being computed, however long, never fails by time"},
-    {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = O(chunk), .lo = 16,
-     .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK",
+    {.name = "--prefill-chunk",
+     .metavar = "N",
+     .kind = KVF_CLI_U32,
+     .off = O(chunk),
+     .lo = 16,
+     .hi = 4096,
+     .env = "KVFENCE_PREFILL_CHUNK",
      .help = "prompt tokens computed per turn (default 256): each chunk's pages go to decode while "
              "the next is computed, and prompts take turns by chunks, the shortest first"},
-    {.name = "--hold-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = O(hold_ms), .lo = 100,
-     .hi = 3600000, .env = "KVFENCE_HOLD_TIMEOUT",
+    {.name = "--hold-timeout",
+     .metavar = "MS",
+     .kind = KVF_CLI_U32,
+     .off = O(hold_ms),
+     .lo = 100,
+     .hi = 3600000,
+     .env = "KVFENCE_HOLD_TIMEOUT",
      .help = "its pages, without the writer's proof that it stopped within MS more, are "
              "quarantined and the writer fenced (default 30000); a timeout never frees a page by "
              "itself"},
@@ -145,10 +188,12 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
     else if (getenv("XDG_DATA_HOME") && *getenv("XDG_DATA_HOME"))
         snprintf(dir, sizeof(dir), "%s/kvfence", getenv("XDG_DATA_HOME"));
     else
-        snprintf(dir, sizeof(dir), "%s/.local/share/kvfence", getenv("HOME") ? getenv("HOME") : "/tmp");
+        snprintf(dir, sizeof(dir), "%s/.local/share/kvfence",
+                 getenv("HOME") ? getenv("HOME") : "/tmp");
     int rc = mkdirs(dir);
     if (rc < 0) {
-        fprintf(stderr, "kvfence serve: cannot create the data directory %s: %s\n", dir, strerror(-rc));
+        fprintf(stderr, "kvfence serve: cannot create the data directory %s: %s\n", dir,
+                strerror(-rc));
         return rc;
     }
     snprintf(path, path_len, "%s/hist.gguf", dir);
@@ -160,7 +205,8 @@ static int default_model(const char *data_dir, char *path, size_t path_len)
     snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
     const struct kvf_mkmodel_shape *sh = kvf_mkmodel_shape_by_name("hist");
     if (!sh || (rc = kvf_mkmodel_write(tmp, sh, KVF_GGML_F32, 1, err, sizeof(err))) < 0) {
-        fprintf(stderr, "kvfence serve: cannot write the test model: %s\n", sh ? err : "no 'hist' shape");
+        fprintf(stderr, "kvfence serve: cannot write the test model: %s\n",
+                sh ? err : "no 'hist' shape");
         return -EINVAL;
     }
     if (rename(tmp, path) < 0) {
@@ -215,8 +261,8 @@ int kvf_cmd_serve(int argc, char **argv)
     uint64_t fp = 0;
     if (kvf_cli_open_model("serve", model_path, &g, &m, &tok, &fp) < 0) goto out;
     uint32_t limit = 0, n_pages = 0;
-    if (kvf_cli_pool_limit("serve", m, SERVE_PAGE_TOKENS, o.kv_bytes, o.ctx_len, &limit,
-                           &n_pages) < 0)
+    if (kvf_cli_pool_limit("serve", m, SERVE_PAGE_TOKENS, o.kv_bytes, o.ctx_len, &limit, &n_pages) <
+        0)
         goto out;
     /* The prefill pool holds one prompt at the limit: a prompt that long is computed alone,
      * shorter ones take turns (a prompt takes its pages when it starts). */
@@ -229,12 +275,21 @@ int kvf_cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvfence serve: no random source for the internal fabric's key\n");
         goto out;
     }
-    struct kvf_worker_config wc = {.model = m, .model_fp = fp, .page_tokens = SERVE_PAGE_TOKENS,
-                                   .fabric_key = fabric_key, .n_pages = prefill_pages, .n_threads = threads,
-                                   .max_context = limit, .listen_host = "127.0.0.1",
-                                   .compute_lock = &compute, .max_batch = 16, .max_reqs = 64,
-                                   .max_queue = o.http.max_queue, .admit_timeout_ms = o.admit_ms,
-                                   .grant_timeout_ms = o.grant_ms, .hold_timeout_ms = o.hold_ms,
+    struct kvf_worker_config wc = {.model = m,
+                                   .model_fp = fp,
+                                   .page_tokens = SERVE_PAGE_TOKENS,
+                                   .fabric_key = fabric_key,
+                                   .n_pages = prefill_pages,
+                                   .n_threads = threads,
+                                   .max_context = limit,
+                                   .listen_host = "127.0.0.1",
+                                   .compute_lock = &compute,
+                                   .max_batch = 16,
+                                   .max_reqs = 64,
+                                   .max_queue = o.http.max_queue,
+                                   .admit_timeout_ms = o.admit_ms,
+                                   .grant_timeout_ms = o.grant_ms,
+                                   .hold_timeout_ms = o.hold_ms,
                                    .prefill_chunk = o.chunk};
     if (kvf_pworker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);

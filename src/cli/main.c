@@ -7,7 +7,8 @@
 #include "kvfence/common.h"
 
 static const struct kvf_cmd commands[] = {
-    {"serve", "run router + prefill + decode in one process (OpenAI-compatible HTTP)", kvf_cmd_serve},
+    {"serve", "run router + prefill + decode in one process (OpenAI-compatible HTTP)",
+     kvf_cmd_serve},
     {"router", "run the HTTP router alone", kvf_cmd_router},
     {"prefill", "run a prefill worker", kvf_cmd_prefill},
     {"decode", "run a decode worker", kvf_cmd_decode},
@@ -33,7 +34,8 @@ static void usage(FILE *f)
 }
 
 /* The process's log sink (kvf_log_set): the library's lines and the HTTP server's (which its
- * config hands to kvf_log_line) go one per line to stderr; stdio's stream lock keeps lines whole. */
+ * config hands to kvf_log_line) go one per line to stderr; stdio's stream lock keeps lines whole.
+ */
 static void log_stderr(void *arg, enum kvf_log_level level, const char *line)
 {
     (void)arg;

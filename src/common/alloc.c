@@ -9,7 +9,7 @@
  * from each of many pool pages, spread over hundreds of MiB: with 4 KiB pages nearly every
  * row is a TLB miss and a page walk. The request is advice (madvise), so a kernel without THP,
  * or with it off, just gives 4 KiB pages. */
-#define HUGE_MIN (4u << 20)
+#define HUGE_MIN   (4u << 20)
 #define HUGE_ALIGN (2u << 20)
 
 void *kvf_alloc_large(size_t bytes, size_t align)

@@ -95,18 +95,22 @@ int kvf__hello_mismatch(const struct kvf_msg_hello *mine, const struct kvf_msg_h
     if (rc == 0) return 0;
     const struct kvf_pool_geometry *a = &mine->geo, *b = &theirs->geo;
     if (mine->model_fp != theirs->model_fp)
-        snprintf(why, why_len, "model fingerprint %016llx there, %016llx here (a different model file)",
+        snprintf(why, why_len,
+                 "model fingerprint %016llx there, %016llx here (a different model file)",
                  (unsigned long long)theirs->model_fp, (unsigned long long)mine->model_fp);
     else if (mine->max_context != theirs->max_context)
-        snprintf(why, why_len, "context limit %u tokens there, %u here (--context-length must agree)",
+        snprintf(why, why_len,
+                 "context limit %u tokens there, %u here (--context-length must agree)",
                  theirs->max_context, mine->max_context);
     else if (a->page_tokens != b->page_tokens)
-        snprintf(why, why_len, "page size %u tokens there, %u here", b->page_tokens, a->page_tokens);
+        snprintf(why, why_len, "page size %u tokens there, %u here", b->page_tokens,
+                 a->page_tokens);
     else
-        snprintf(why, why_len, "page geometry %u layers × %u KV heads × %u dims × %u bytes there, "
+        snprintf(why, why_len,
+                 "page geometry %u layers × %u KV heads × %u dims × %u bytes there, "
                  "%u × %u × %u × %u here",
-                 b->n_layers, b->n_kv_heads, b->head_dim, b->elem_bytes, a->n_layers,
-                 a->n_kv_heads, a->head_dim, a->elem_bytes);
+                 b->n_layers, b->n_kv_heads, b->head_dim, b->elem_bytes, a->n_layers, a->n_kv_heads,
+                 a->head_dim, a->elem_bytes);
     return rc;
 }
 
@@ -146,7 +150,8 @@ void kvf__evq_push(struct kvf__evq *q, const struct kvf_gen_event *ev)
                 q->ended = true;
                 goto wake;
             }
-            for (uint32_t i = 0; i < q->n; i++) r[i] = q->ring[(q->head + i) % q->cap];
+            for (uint32_t i = 0; i < q->n; i++)
+                r[i] = q->ring[(q->head + i) % q->cap];
             free(q->ring);
             q->ring = r;
             q->cap = cap;

@@ -22,7 +22,7 @@
 #include "engine_internal.h"
 #include "rpc.h"
 
-#define DS_HELLO_MS 2000u  /* accept → the router's HELLO, at most */
+#define DS_HELLO_MS  2000u /* accept → the router's HELLO, at most */
 #define DS_REFUSE_MS 500u  /* a refused router's connection closes this long after the reply */
 #define DS_STATUS_MS 100u  /* STATUS to every router this often */
 #define DS_FRAME_CAP (64u << 10)
@@ -58,11 +58,11 @@ struct kvf_decode_service {
     bool started;
     atomic_int stop;
     atomic_uint routers;
-    int wake_fd;           /* the decode worker's notify fd (kvf_dworker_notify_fd) */
+    int wake_fd; /* the decode worker's notify fd (kvf_dworker_notify_fd) */
     struct rconn *conns;
     struct sframe *fhead, *ftail;
-    uint8_t *frame;        /* outgoing frames */
-    int32_t *prompt_room;  /* [max_context] */
+    uint8_t *frame;       /* outgoing frames */
+    int32_t *prompt_room; /* [max_context] */
     struct kvf_rpc_hello hello;
     uint64_t next_status_ms;
     uint64_t bad_frames;
@@ -133,10 +133,13 @@ static void send_end(struct kvf_decode_service *s, struct rconn *rc, uint64_t ri
     send_bytes(s, rc, kvf_rpc_put_event(s->frame, DS_FRAME_CAP, rid, &ev));
 }
 
-static void handle_hello(struct kvf_decode_service *s, struct rconn *rc, const struct kvf_rpc_hello *h)
+static void handle_hello(struct kvf_decode_service *s, struct rconn *rc,
+                         const struct kvf_rpc_hello *h)
 {
-    struct kvf_rpc_hello reply = {.model_fp = s->cfg.model_fp, .max_context = s->cfg.max_context,
-                                  .page_tokens = s->cfg.page_tokens, .n_vocab = s->cfg.n_vocab};
+    struct kvf_rpc_hello reply = {.model_fp = s->cfg.model_fp,
+                                  .max_context = s->cfg.max_context,
+                                  .page_tokens = s->cfg.page_tokens,
+                                  .n_vocab = s->cfg.n_vocab};
     if (h->model_fp != s->cfg.model_fp)
         snprintf(reply.why, sizeof reply.why,
                  "model fingerprint %016llx at the router, %016llx here (a different model file)",
@@ -178,7 +181,8 @@ static struct sreq *find_req(struct rconn *rc, uint64_t rid)
     return NULL;
 }
 
-static void handle_frame(struct kvf_decode_service *s, struct rconn *rc, const uint8_t *buf, size_t len)
+static void handle_frame(struct kvf_decode_service *s, struct rconn *rc, const uint8_t *buf,
+                         size_t len)
 {
     struct kvf_rpc_msg m;
     if (rc->failed) return;
@@ -278,17 +282,20 @@ static void publish_named(struct kvf_decode_service *s)
 {
     struct kvf_prefill_addr all[KVF_DECODE_MAX_PREFILLS];
     uint32_t n = 0, dropped = 0, n_conns = 0;
-    for (struct rconn *rc = s->conns; rc; rc = rc->next) n_conns++;
+    for (struct rconn *rc = s->conns; rc; rc = rc->next)
+        n_conns++;
     /* Oldest router first (the list is newest first): names already in use keep their slots,
      * and a newer router's names beyond the table are the ones refused. */
     for (uint32_t age = n_conns; age-- > 0;) {
         struct rconn *rc = s->conns;
-        for (uint32_t k = 0; k < age; k++) rc = rc->next;
+        for (uint32_t k = 0; k < age; k++)
+            rc = rc->next;
         if (!rc->hello_ok) continue;
         for (uint32_t i = 0; i < rc->n_named; i++) {
             bool dup = false;
             for (uint32_t k = 0; k < n && !dup; k++)
-                dup = all[k].port == rc->named[i].port && strcmp(all[k].host, rc->named[i].host) == 0;
+                dup =
+                    all[k].port == rc->named[i].port && strcmp(all[k].host, rc->named[i].host) == 0;
             if (dup) continue;
             if (n < KVF_ARRAY_LEN(all))
                 all[n++] = rc->named[i];
@@ -298,8 +305,10 @@ static void publish_named(struct kvf_decode_service *s)
     }
     dropped += (uint32_t)kvf_dworker_set_router_prefills(s->dw, all, n);
     if (dropped)
-        kvf_log(KVF_LOG_WARN, "kvfence decode: the routers name %u prefill workers beyond the %d this decode "
-                        "worker can use\n", dropped, KVF_DECODE_MAX_PREFILLS);
+        kvf_log(KVF_LOG_WARN,
+                "kvfence decode: the routers name %u prefill workers beyond the %d this decode "
+                "worker can use\n",
+                dropped, KVF_DECODE_MAX_PREFILLS);
     s->named_dirty = false;
 }
 
@@ -368,8 +377,9 @@ int kvf_decode_service_start(kvf_dworker_t *dw, const struct kvf_decode_service_
     int rc = s->wake_fd < 0 ? s->wake_fd : (!s->frame || !s->prompt_room) ? -ENOMEM : 0;
     if (rc < 0) snprintf(err, err_len, "out of memory");
     if (rc == 0) {
-        struct kvf_xport_config xc = {cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0,
-                                      cfg->fabric_key, cfg->transport, cfg->transport_ctx};
+        struct kvf_xport_config xc = {
+            cfg->listen_host, cfg->listen_port, cfg->keepalive_ms, NULL, 0,
+            cfg->fabric_key,  cfg->transport,   cfg->transport_ctx};
         struct kvf_xport_events ev = {s, on_accept, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &s->x, err, err_len);
     }

@@ -34,9 +34,9 @@
 #include "engine_internal.h"
 #include "kvfence/gguf.h"
 
-#define DW_TICK_MS 20u    /* machine timers */
+#define DW_TICK_MS      20u /* machine timers */
 #define DW_RECONNECT_MS 100u
-#define DW_HELLO_MS 2000u /* connect → the prefill's HELLO, at most */
+#define DW_HELLO_MS     2000u /* connect → the prefill's HELLO, at most */
 /* A DONE whose pages hold more than this is hashed in slices of this many bytes, one slice per
  * loop turn, so a long prompt's verification never stalls the loop (XXH3 runs at ≥ 10 GB/s a
  * core: a slice is about a millisecond). */
@@ -45,15 +45,15 @@
 enum gstate { G_INBOX = 0, G_PENDING = 1, G_SUBMITTED = 2, G_RUNNING = 3, G_ENDED = 4 };
 
 struct kvf_gen {
-    KVF__GEN_FIELDS        /* the handle (gen.c) */
-    /* The loop's (req and sampling set by gen_admit, under mu). */
-    enum gstate state;
+    KVF__GEN_FIELDS /* the handle (gen.c) */
+        /* The loop's (req and sampling set by gen_admit, under mu). */
+        enum gstate state;
     kvf_req_id_t req;
-    uint16_t peer;         /* the prefill worker it was granted to (submitted or running) */
+    uint16_t peer; /* the prefill worker it was granted to (submitted or running) */
     uint32_t n_out;
     int32_t last;
     struct kvf_msg_sampling sampling;
-    bool in_step;          /* in the batch of the step being computed: no cancel or finish now */
+    bool in_step; /* in the batch of the step being computed: no cancel or finish now */
 };
 
 enum { STEP_IDLE = 0, STEP_GO = 1, STEP_DONE = 2 };
@@ -64,14 +64,14 @@ struct dpeer {
     uint16_t port;
     kvf_conn_t *conn;
     bool failed, hello_ok;
-    bool configured;             /* added by the decode's own configuration: kept */
-    bool named;                  /* named by a live router (set_router_prefills) */
-    bool retired;                /* neither: fenced, never dialled, its slot free once closed */
-    uint32_t epoch;              /* the pool epoch the connection was opened at */
+    bool configured; /* added by the decode's own configuration: kept */
+    bool named;      /* named by a live router (set_router_prefills) */
+    bool retired;    /* neither: fenced, never dialled, its slot free once closed */
+    uint32_t epoch;  /* the pool epoch the connection was opened at */
     uint64_t next_connect_ms;
-    uint64_t hello_deadline_ms;  /* a connection without the prefill's HELLO by then is dropped */
-    uint32_t failures;           /* attempts since the last HELLO: the retry backs off */
-    uint64_t granted;            /* prompts granted to it so far */
+    uint64_t hello_deadline_ms;    /* a connection without the prefill's HELLO by then is dropped */
+    uint32_t failures;             /* attempts since the last HELLO: the retry backs off */
+    uint64_t granted;              /* prompts granted to it so far */
     char why[KVF_PREFILL_WHY_MAX]; /* why it is not in use ("" when it is, or unknown yet) */
 };
 
@@ -100,18 +100,21 @@ struct kvf_dworker {
     /* Router side, under mu. */
     pthread_mutex_t mu;
     struct kvf_gen *inbox_head, *inbox_tail;
-    uint32_t n_waiting;   /* inbox + pending, for the queue bound */
-    bool closing;         /* no more submits */
+    uint32_t n_waiting; /* inbox + pending, for the queue bound */
+    bool closing;       /* no more submits */
     struct kvf_engine_info info;
     uint64_t req_hi, next_req;
-    struct { char host[KVF_PREFILL_HOST_MAX]; uint16_t port; } adds[KVF_DECODE_MAX_PREFILLS];
-    uint32_t n_adds;      /* prefill workers to add (kvf_dworker_add_prefill) */
+    struct {
+        char host[KVF_PREFILL_HOST_MAX];
+        uint16_t port;
+    } adds[KVF_DECODE_MAX_PREFILLS];
+    uint32_t n_adds; /* prefill workers to add (kvf_dworker_add_prefill) */
     struct kvf_prefill_addr named[KVF_DECODE_MAX_PREFILLS]; /* the live routers' names */
     uint32_t n_named;
-    bool named_dirty;     /* set_router_prefills since the loop last took them */
+    bool named_dirty; /* set_router_prefills since the loop last took them */
     struct kvf_prefill_status status[KVF_DECODE_MAX_PREFILLS]; /* published by the loop */
     uint32_t n_status;
-    int notify_fd;        /* eventfd written on every event pushed to a handle, once notify_on */
+    int notify_fd; /* eventfd written on every event pushed to a handle, once notify_on */
     bool notify_on;
     /* Loop side. */
     struct kvf_gen *pending_head, *pending_tail;
@@ -120,13 +123,18 @@ struct kvf_dworker {
     uint32_t n_peers;
     uint64_t next_tick_ms;
     uint64_t rejected_before_handoff;
-    uint64_t foreign_tails; /* committed prompts whose last page carried bytes it did not write */
+    uint64_t foreign_tails;  /* committed prompts whose last page carried bytes it did not write */
     uint64_t decoded_tokens; /* tokens the decode steps produced */
     struct kvf_actions acts;
-    bool in_actions;      /* run_actions is executing the list (a nested call only appends) */
+    bool in_actions; /* run_actions is executing the list (a nested call only appends) */
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
-    struct pframe { uint8_t *buf; size_t len; uint16_t peer; struct pframe *next; } *frames_head, *frames_tail;
+    struct pframe {
+        uint8_t *buf;
+        size_t len;
+        uint16_t peer;
+        struct pframe *next;
+    } * frames_head, *frames_tail;
     /* DONEs being hashed in slices, oldest first: the frame, and the hashes so far. */
     struct pverify {
         uint16_t peer;
@@ -135,12 +143,12 @@ struct kvf_dworker {
         uint64_t *hashes;
         uint32_t done, n;
         struct pverify *next;
-    } *verify_head, *verify_tail;
+    } * verify_head, *verify_tail;
     uint64_t hash_slices; /* counter: slices hashed off the message path */
-    uint64_t bad_frames; /* counter: control frames that did not decode */
+    uint64_t bad_frames;  /* counter: control frames that did not decode */
     struct kvf_fwd_seq *seqs;
     struct kvf_gen **batch;
-    float *logits;        /* [max_batch][n_vocab] */
+    float *logits;             /* [max_batch][n_vocab] */
     struct step_out *step_out; /* [max_batch] */
     /* The compute thread, and the step it is lent (under cmu). */
     pthread_t compute;
@@ -156,7 +164,8 @@ struct kvf_dworker {
     uint32_t test_step_ms;
     bool test_audit_tail; /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
 #endif
-    bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only) */
+    bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only)
+                           */
 };
 
 /* The loop's clock is the transport's: real time on the fabric, simulated time in the simulator
@@ -179,9 +188,9 @@ static int gen_admit(void *e, struct kvf_gen *g)
     struct kvf_dworker *w = e;
     const struct kvf_gen_params *p = &g->p;
     if (g->p.ignore_eos) g->p.n_stop_ids = 0;
-    g->sampling = (struct kvf_msg_sampling){p->sample.temperature, p->sample.top_p, p->sample.top_k,
-                                            p->n_logprobs, p->sample.seed,
-                                            p->want_logprob || p->n_logprobs > 0};
+    g->sampling = (struct kvf_msg_sampling){
+        p->sample.temperature, p->sample.top_p, p->sample.top_k,
+        p->n_logprobs,         p->sample.seed,  p->want_logprob || p->n_logprobs > 0};
     pthread_mutex_lock(&w->mu);
     int rc = 0;
     if (w->closing)
@@ -213,8 +222,8 @@ static void gen_info(void *e, struct kvf_engine_info *out)
     pthread_mutex_unlock(&w->mu);
 }
 
-const struct kvf_gen_ops kvf_dworker_gen_ops = {gen_submit, kvf__gen_next, kvf__gen_cancel,
-                                               kvf__gen_release, gen_info, NULL};
+const struct kvf_gen_ops kvf_dworker_gen_ops = {gen_submit,       kvf__gen_next, kvf__gen_cancel,
+                                                kvf__gen_release, gen_info,      NULL};
 
 /* --- Loop side: ending requests. ------------------------------------------------------------- */
 
@@ -271,7 +280,8 @@ static void after_token(struct kvf_dworker *w, struct kvf_gen *g, int32_t tok)
 static void fence(struct kvf_dworker *w, struct kvf_peer_epoch pe)
 {
     uint32_t cur = 0;
-    if (kvf_pool_peer_epoch(w->pool, pe.peer, &cur) < 0 || cur != pe.epoch) return; /* done already */
+    if (kvf_pool_peer_epoch(w->pool, pe.peer, &cur) < 0 || cur != pe.epoch)
+        return; /* done already */
     struct dpeer *p = pe.peer < w->n_peers ? &w->peers[pe.peer] : NULL;
     if (p && p->conn && p->epoch == pe.epoch) {
         /* The fence: a forced close in peer-error mode; after it returns the peer can no longer
@@ -326,8 +336,10 @@ static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
     uint32_t fill = g->p.n_prompt - last * pt;
     const struct kvf_page_ref *pages;
     uint32_t n_pages;
-    if (fill == pt || kvf_decode_pages(w->d, g->req, &pages, &n_pages) < 0 || last >= n_pages) return;
-    const uint8_t *v0 = kvf_pool_page_data(w->pool, pages[last].page) + kvf_geo_kv_offset(&w->geo, 0, 1);
+    if (fill == pt || kvf_decode_pages(w->d, g->req, &pages, &n_pages) < 0 || last >= n_pages)
+        return;
+    const uint8_t *v0 =
+        kvf_pool_page_data(w->pool, pages[last].page) + kvf_geo_kv_offset(&w->geo, 0, 1);
     size_t row = kvf_geo_block_bytes(&w->geo) / pt;
     uint32_t width = w->geo.n_kv_heads * w->geo.head_dim, found = 0;
     char at[256] = "";
@@ -337,8 +349,9 @@ static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
         float best = 0.25f;
         int64_t where = -1;
         for (uint32_t e = 0; e < width; e++) {
-            float x = w->geo.elem_bytes == 2 ? kvf_fp16_to_f32(((const uint16_t *)(const void *)r)[e])
-                                             : ((const float *)(const void *)r)[e];
+            float x = w->geo.elem_bytes == 2
+                          ? kvf_fp16_to_f32(((const uint16_t *)(const void *)r)[e])
+                          : ((const float *)(const void *)r)[e];
             if (x > best) { /* NaN never is */
                 best = x;
                 where = e;
@@ -346,11 +359,14 @@ static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
         }
         if (where < 0) continue;
         found++;
-        int k = len < sizeof at ? snprintf(at + len, sizeof at - len, " %lld", (long long)where) : 0;
+        int k =
+            len < sizeof at ? snprintf(at + len, sizeof at - len, " %lld", (long long)where) : 0;
         if (k > 0) len += (size_t)k;
     }
     if (found)
-        kvf_log(KVF_LOG_WARN, "kvfence decode: test audit: %u of %u unwritten slots of a committed prompt's last page hold values, largest at coordinates%s\n",
+        kvf_log(KVF_LOG_WARN,
+                "kvfence decode: test audit: %u of %u unwritten slots of a committed prompt's last "
+                "page hold values, largest at coordinates%s\n",
                 found, pt - fill, at);
 }
 #endif
@@ -364,10 +380,13 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
         switch (a.kind) {
         case KVF_ACT_SEND: {
             struct dpeer *p = a.peer < w->n_peers ? &w->peers[a.peer] : NULL;
-            if (p && p->conn && !p->failed) kvf__send_msg(p->conn, &a.msg, w->frame, KVF_PROTO_MAX_MSG_BYTES);
+            if (p && p->conn && !p->failed)
+                kvf__send_msg(p->conn, &a.msg, w->frame, KVF_PROTO_MAX_MSG_BYTES);
             break;
         }
-        case KVF_ACT_FENCE_PEER: fence(w, (struct kvf_peer_epoch){a.peer, a.epoch}); break;
+        case KVF_ACT_FENCE_PEER:
+            fence(w, (struct kvf_peer_epoch){a.peer, a.epoch});
+            break;
         case KVF_ACT_DELIVER_FIRST: {
             int li = live_index(w, a.req);
             if (li < 0) break;
@@ -392,7 +411,8 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
             if (done) {
                 lp = done->u.done.first_logprob;
                 n_top = done->u.done.n_top;
-                for (uint32_t k = 0; k < n_top; k++) ids[k] = (int32_t)done->u.done.top_ids[k];
+                for (uint32_t k = 0; k < n_top; k++)
+                    ids[k] = (int32_t)done->u.done.top_ids[k];
                 lps = done->u.done.top_logprobs;
             }
             push_token(g, g->last, lp, n_top, ids, lps);
@@ -404,10 +424,13 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
             /* A prefill's REJECT of a granted prompt: the prompt was within the limit (checked
              * at submit, the same limit on every worker), so the worker could not take it (its
              * engine or memory failed): a worker's failure, never the client's 400. */
-            if (li >= 0) end_gen(w, w->live[li], a.err == KVF_E_PROTO_REJECTED ? KVF_E_PROTO_FAILED : a.err, false);
+            if (li >= 0)
+                end_gen(w, w->live[li], a.err == KVF_E_PROTO_REJECTED ? KVF_E_PROTO_FAILED : a.err,
+                        false);
             break;
         }
-        default: break;
+        default:
+            break;
         }
     }
     w->acts.n = 0;
@@ -454,8 +477,8 @@ static void on_error(void *ctx, kvf_conn_t *c, int err)
 
 static void hello(struct kvf_dworker *w, struct kvf_msg_hello *h)
 {
-    *h = (struct kvf_msg_hello){w->cfg.model_fp, w->geo, w->cfg.max_context, w->seq_pages, 0,
-                                KVF_ROLE_DECODE};
+    *h = (struct kvf_msg_hello){w->cfg.model_fp, w->geo, w->cfg.max_context,
+                                w->seq_pages,    0,      KVF_ROLE_DECODE};
 }
 
 static void handle_frame(struct kvf_dworker *w, uint16_t peer, const uint8_t *buf, size_t len)
@@ -474,14 +497,15 @@ static void handle_frame(struct kvf_dworker *w, uint16_t peer, const uint8_t *bu
         char why[KVF_PREFILL_WHY_MAX - 64];
         if (m.u.hello.role != KVF_ROLE_PREFILL)
             snprintf(why, sizeof why, "not a prefill worker (role %u)", (unsigned)m.u.hello.role);
-        else if (kvf__hello_mismatch(&mine, &m.u.hello, why, sizeof why) == 0 && m.epoch != p->epoch)
+        else if (kvf__hello_mismatch(&mine, &m.u.hello, why, sizeof why) == 0 &&
+                 m.epoch != p->epoch)
             snprintf(why, sizeof why, "answered for epoch %u, not %u", m.epoch, p->epoch);
         if (why[0]) {
             char full[KVF_PREFILL_WHY_MAX + 16];
             snprintf(full, sizeof full, "refused: %s", why);
             if (strcmp(full, p->why) != 0)
-                kvf_log(KVF_LOG_WARN, "kvfence decode: refusing the prefill worker at %s:%u: %s\n", p->host,
-                        p->port, why);
+                kvf_log(KVF_LOG_WARN, "kvfence decode: refusing the prefill worker at %s:%u: %s\n",
+                        p->host, p->port, why);
             kvf__strlcpy(p->why, full, sizeof p->why);
             p->failed = true; /* closed, and tried again later (it may be restarted right) */
             return;
@@ -496,8 +520,7 @@ static void handle_frame(struct kvf_dworker *w, uint16_t peer, const uint8_t *bu
     if (!p->hello_ok) return;
     const struct kvf_page_ref *pages;
     uint32_t n_pages;
-    if (m.type == KVF_MSG_DONE &&
-        kvf_decode_done_pages(w->d, peer, &m, &pages, &n_pages) == 0 &&
+    if (m.type == KVF_MSG_DONE && kvf_decode_done_pages(w->d, peer, &m, &pages, &n_pages) == 0 &&
         (uint64_t)n_pages * kvf_geo_data_bytes(&w->geo) > w->cfg.hash_slice_bytes) {
         /* A long prompt: hash its pages in slices across loop turns (verify_step), then hand
          * the DONE to the machine with the hashes. */
@@ -579,11 +602,12 @@ static void conn_lost(struct kvf_dworker *w, uint16_t peer)
     struct dpeer *p = &w->peers[peer];
     if (p->hello_ok) {
         snprintf(p->why, sizeof p->why, "connection lost");
-    } else if (p->conn && kvf_conn_failed(p->conn) && strstr(kvf_conn_error(p->conn), "authentication")) {
+    } else if (p->conn && kvf_conn_failed(p->conn) &&
+               strstr(kvf_conn_error(p->conn), "authentication")) {
         /* Said once per change: the connection is tried again every few seconds. */
         if (strcmp(p->why, kvf_conn_error(p->conn)) != 0)
-            kvf_log(KVF_LOG_WARN, "kvfence decode: not using the prefill worker at %s:%u: %s\n", p->host, p->port,
-                    kvf_conn_error(p->conn));
+            kvf_log(KVF_LOG_WARN, "kvfence decode: not using the prefill worker at %s:%u: %s\n",
+                    p->host, p->port, kvf_conn_error(p->conn));
         kvf__strlcpy(p->why, kvf_conn_error(p->conn), sizeof p->why);
     } else if (!p->why[0]) {
         snprintf(p->why, sizeof p->why, "no answer to HELLO within %u ms", DW_HELLO_MS);
@@ -662,18 +686,21 @@ static void take_adds(struct kvf_dworker *w)
         }
         /* New names take free slots, or retired ones once their connections are closed. */
         bool closing = false;
-        for (uint32_t k = 0; k < w->n_peers; k++) closing |= w->peers[k].retired && w->peers[k].conn;
+        for (uint32_t k = 0; k < w->n_peers; k++)
+            closing |= w->peers[k].retired && w->peers[k].conn;
         for (uint32_t i = 0; i < w->n_named; i++) {
             bool known = false;
             for (uint32_t k = 0; k < w->n_peers && !known; k++)
-                known = w->peers[k].port == w->named[i].port && strcmp(w->peers[k].host, w->named[i].host) == 0;
+                known = w->peers[k].port == w->named[i].port &&
+                        strcmp(w->peers[k].host, w->named[i].host) == 0;
             if (known) continue;
             struct dpeer *p = peer_slot(w, w->named[i].host, w->named[i].port);
             if (!p) {
                 if (closing)
                     w->named_dirty = true; /* tried again once the retired slots are closed */
                 else
-                    kvf_log(KVF_LOG_WARN, "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
+                    kvf_log(KVF_LOG_WARN,
+                            "kvfence decode: cannot add the prefill worker %s:%u (at most %d)\n",
                             w->named[i].host, w->named[i].port, KVF_DECODE_MAX_PREFILLS);
                 continue;
             }
@@ -684,12 +711,14 @@ static void take_adds(struct kvf_dworker *w)
     pthread_mutex_unlock(&w->mu);
 }
 
-int kvf_dworker_set_router_prefills(kvf_dworker_t *w, const struct kvf_prefill_addr *named, uint32_t n)
+int kvf_dworker_set_router_prefills(kvf_dworker_t *w, const struct kvf_prefill_addr *named,
+                                    uint32_t n)
 {
     uint32_t kept = n < KVF_DECODE_MAX_PREFILLS ? n : KVF_DECODE_MAX_PREFILLS;
     pthread_mutex_lock(&w->mu);
     memcpy(w->named, named, kept * sizeof(*named));
-    for (uint32_t i = 0; i < kept; i++) w->named[i].host[KVF_PREFILL_HOST_MAX - 1] = 0;
+    for (uint32_t i = 0; i < kept; i++)
+        w->named[i].host[KVF_PREFILL_HOST_MAX - 1] = 0;
     w->n_named = kept;
     w->named_dirty = true;
     pthread_mutex_unlock(&w->mu);
@@ -794,7 +823,8 @@ static void admit(struct kvf_dworker *w)
             end_err = -ESHUTDOWN;
         else if (now - g->since_ms > w->cfg.admit_timeout_ms)
             end_err = any_up ? -EBUSY : KVF_E_ENGINE_NO_PREFILL;
-        else if (best >= 0 && kvf_pool_available(w->pool) >= pages_for(w, (uint64_t)g->p.n_prompt + g->p.max_tokens))
+        else if (best >= 0 && kvf_pool_available(w->pool) >=
+                                  pages_for(w, (uint64_t)g->p.n_prompt + g->p.max_tokens))
             go = true;
         if (!end_err && !go) {
             /* FIFO: a request that cannot go holds back those behind it (no starvation). */
@@ -826,8 +856,9 @@ static void admit(struct kvf_dworker *w)
         }
         w->live[slot] = g;
         g->state = G_SUBMITTED;
-        struct kvf_msg_new nreq = {g->p.tenant, g->p.n_prompt, g->p.max_tokens, g->p.n_prompt,
-                                   (const uint32_t *)g->prompt, g->sampling};
+        struct kvf_msg_new nreq = {
+            g->p.tenant, g->p.n_prompt, g->p.max_tokens, g->p.n_prompt, (const uint32_t *)g->prompt,
+            g->sampling};
         g->peer = (uint16_t)best;
         int rc = kvf_decode_submit(w->d, now, g->req, &nreq, g->peer, &w->acts);
         if (rc < 0) {
@@ -881,8 +912,8 @@ static bool start_step(struct kvf_dworker *w)
             kvf_decode_pages(w->d, g->req, &pages, &n_pages);
         }
         w->batch[n] = g;
-        w->seqs[n] = (struct kvf_fwd_seq){g->req, &g->last, 1, pos, pages, n_pages,
-                                          w->logits + (size_t)n * w->n_vocab, 0};
+        w->seqs[n] = (struct kvf_fwd_seq){
+            g->req, &g->last, 1, pos, pages, n_pages, w->logits + (size_t)n * w->n_vocab, 0};
         n++;
     }
     if (n == 0) return false;
@@ -894,7 +925,8 @@ static bool start_step(struct kvf_dworker *w)
         }
         return false;
     }
-    for (uint32_t i = 0; i < n; i++) w->batch[i]->in_step = true;
+    for (uint32_t i = 0; i < n; i++)
+        w->batch[i]->in_step = true;
     pthread_mutex_lock(&w->cmu);
     w->step_n = n;
     w->step_state = STEP_GO;
@@ -918,11 +950,10 @@ static void compute_step(struct kvf_dworker *w, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct step_out *o = &w->step_out[i];
         const struct kvf_gen *g = w->batch[i];
-        o->tok = w->seqs[i].status != 0 ? w->seqs[i].status
-                                          : kvf__sample_token(w->seqs[i].logits, w->n_vocab,
-                                                              &g->sampling, g->n_out,
-                                                              w->sample_scratch, &o->lp,
-                                                              &o->n_top, o->ids, o->lps);
+        o->tok = w->seqs[i].status != 0
+                     ? w->seqs[i].status
+                     : kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, g->n_out,
+                                         w->sample_scratch, &o->lp, &o->n_top, o->ids, o->lps);
     }
     pthread_mutex_lock(&w->cmu);
     w->step_state = STEP_DONE;
@@ -934,7 +965,8 @@ static void *compute_main(void *arg)
     struct kvf_dworker *w = arg;
     for (;;) {
         pthread_mutex_lock(&w->cmu);
-        while (w->step_state != STEP_GO && !w->compute_quit) pthread_cond_wait(&w->ccv, &w->cmu);
+        while (w->step_state != STEP_GO && !w->compute_quit)
+            pthread_cond_wait(&w->ccv, &w->cmu);
         bool quit = w->compute_quit && w->step_state != STEP_GO;
         uint32_t n = w->step_n;
         pthread_mutex_unlock(&w->cmu);
@@ -988,7 +1020,8 @@ static void publish_info(struct kvf_dworker *w)
     in->decode_pages = ps.n_pages;
     in->decode_free = ps.by_state[KVF_PAGE_FREE];
     in->decode_reserved = ps.reserved;
-    for (int s = 0; s < KVF_PAGE__NSTATES; s++) in->decode_by_state[s] = ps.by_state[s];
+    for (int s = 0; s < KVF_PAGE__NSTATES; s++)
+        in->decode_by_state[s] = ps.by_state[s];
     in->queued = w->n_waiting;
     in->running = running;
     in->prefills = 0;
@@ -1036,7 +1069,8 @@ static bool turn(struct kvf_dworker *w, bool *may_sleep)
     uint64_t now = now_ms(w);
     take_adds(w);
     for (uint16_t i = 0; i < w->n_peers; i++)
-        if (!w->peers[i].conn && !w->peers[i].retired && now >= w->peers[i].next_connect_ms && !w->stop)
+        if (!w->peers[i].conn && !w->peers[i].retired && now >= w->peers[i].next_connect_ms &&
+            !w->stop)
             connect_prefill(w, i);
     kvf_xport_progress(w->x);
     while (w->frames_head) {
@@ -1172,8 +1206,8 @@ static void destroy(struct kvf_dworker *w)
     free(w);
 }
 
-int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
-                            char *err, size_t err_len)
+int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out, char *err,
+                      size_t err_len)
 {
     struct kvf_dworker *w = calloc(1, sizeof(*w));
     if (!w) return -ENOMEM;
@@ -1193,15 +1227,29 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
     w->n_vocab = hp->n_vocab;
     kvf_model_geometry(cfg->model, cfg->page_tokens, &w->geo);
     w->seq_pages = pages_for(w, cfg->max_context);
-    uint64_t seed = cfg->seed ? cfg->seed : (uint64_t)kvf__now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    uint64_t seed = cfg->seed
+                        ? cfg->seed
+                        : (uint64_t)kvf__now_ms() * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
     w->req_hi = seed | 1;
-    struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = KVF_DECODE_MAX_PREFILLS,
-                                 .hold_timeout_ms = cfg->hold_timeout_ms, .tag_seed = seed >> 16,
+    struct kvf_pool_config pc = {.geo = w->geo,
+                                 .n_pages = cfg->n_pages,
+                                 .max_peers = KVF_DECODE_MAX_PREFILLS,
+                                 .hold_timeout_ms = cfg->hold_timeout_ms,
+                                 .tag_seed = seed >> 16,
                                  .poison_on_free = cfg->poison_free};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
-        snprintf(err, err_len, "cannot create the decode pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
-    struct kvf_decode_config dc = {w->pool, w->cfg.max_reqs, cfg->max_context, w->seq_pages, KVF_DECODE_MAX_PREFILLS,
-                                   cfg->grant_timeout_ms, cfg->hold_timeout_ms, seed, NULL, false};
+        snprintf(err, err_len, "cannot create the decode pool of %u pages: %s", cfg->n_pages,
+                 kvf_strerror(rc));
+    struct kvf_decode_config dc = {w->pool,
+                                   w->cfg.max_reqs,
+                                   cfg->max_context,
+                                   w->seq_pages,
+                                   KVF_DECODE_MAX_PREFILLS,
+                                   cfg->grant_timeout_ms,
+                                   cfg->hold_timeout_ms,
+                                   seed,
+                                   NULL,
+                                   false};
 #if defined(KVF_TEST_BUILD)
     /* The isolation suite's unverified runs: what arrives is committed unread (no trailer,
      * checksum or tail check), so that what the page lifetime rules alone let through reaches
@@ -1209,13 +1257,14 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
     if (getenv("KVF_TEST_UNVERIFIED") && atoi(getenv("KVF_TEST_UNVERIFIED"))) {
         dc.test_unverified = true;
         w->test_unverified = true;
-        kvf_log(KVF_LOG_INFO, "kvfence decode: test build: KVF_TEST_UNVERIFIED: arriving pages are committed unread\n");
+        kvf_log(KVF_LOG_INFO, "kvfence decode: test build: KVF_TEST_UNVERIFIED: arriving pages are "
+                              "committed unread\n");
     }
 #endif
     if (rc == 0 && (rc = kvf_decode_create(&dc, &w->d)) < 0)
         snprintf(err, err_len, "cannot create the decode machine: %s", kvf_strerror(rc));
-    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->cfg.max_batch, w->cfg.max_batch, NULL,
-                                cfg->max_context};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->cfg.max_batch,
+                                w->cfg.max_batch, NULL, cfg->max_context};
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
         snprintf(err, err_len, "cannot start the compute threads: %s", kvf_strerror(rc));
     if (rc == 0) {
@@ -1234,8 +1283,8 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
         w->logits = malloc((size_t)w->cfg.max_batch * hp->n_vocab * sizeof(float));
         w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
         w->step_out = calloc(w->cfg.max_batch, sizeof(*w->step_out));
-        if (!w->sample_scratch || !w->step_out || !w->live || !w->acts.v || !w->scratch.pages || !w->scratch.checksums || !w->frame ||
-            !w->seqs || !w->batch || !w->logits) {
+        if (!w->sample_scratch || !w->step_out || !w->live || !w->acts.v || !w->scratch.pages ||
+            !w->scratch.checksums || !w->frame || !w->seqs || !w->batch || !w->logits) {
             rc = -ENOMEM;
             snprintf(err, err_len, "out of memory");
         }
@@ -1243,8 +1292,14 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
     if (rc == 0) {
         size_t bytes = 0;
         void *base = kvf_pool_data(w->pool, &bytes);
-        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, base, bytes, cfg->fabric_key,
-                                      cfg->transport, cfg->transport_ctx};
+        struct kvf_xport_config xc = {NULL,
+                                      0,
+                                      cfg->keepalive_ms,
+                                      base,
+                                      bytes,
+                                      cfg->fabric_key,
+                                      cfg->transport,
+                                      cfg->transport_ctx};
         struct kvf_xport_events ev = {w, NULL, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
     }
@@ -1256,7 +1311,9 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out,
         const char *e = getenv("KVF_TEST_STEP_MS");
         if (e && atoi(e) > 0 && atoi(e) <= 10000) {
             w->test_step_ms = (uint32_t)atoi(e);
-            kvf_log(KVF_LOG_INFO, "kvfence decode: test build: every decode step lasts %u ms more\n", w->test_step_ms);
+            kvf_log(KVF_LOG_INFO,
+                    "kvfence decode: test build: every decode step lasts %u ms more\n",
+                    w->test_step_ms);
         }
     }
 #endif
@@ -1312,4 +1369,3 @@ void kvf_dworker_stop(kvf_dworker_t *w, uint64_t grace_ms)
     if (w->started) pthread_join(w->thread, NULL);
     destroy(w);
 }
-

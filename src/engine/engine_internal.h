@@ -25,15 +25,18 @@ static inline uint64_t kvf__now_ms(void)
 static inline void kvf__strlcpy(char *dst, const char *src, size_t cap)
 {
     size_t n = 0;
-    while (n + 1 < cap && src[n]) n++;
-    for (size_t i = 0; i < n; i++) dst[i] = src[i];
+    while (n + 1 < cap && src[n])
+        n++;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
     if (cap) dst[n] = 0;
 }
 
 /* The sampling parameters of a request as kvf_sample takes them (top_p 0 means no cut). */
 static inline struct kvf_sample_params kvf__sample_params(const struct kvf_msg_sampling *s)
 {
-    struct kvf_sample_params p = {s->temperature, s->top_k, s->top_p > 0.0f ? s->top_p : 1.0f, s->seed};
+    struct kvf_sample_params p = {s->temperature, s->top_k, s->top_p > 0.0f ? s->top_p : 1.0f,
+                                  s->seed};
     return p;
 }
 
@@ -86,11 +89,11 @@ int kvf__hello_mismatch(const struct kvf_msg_hello *mine, const struct kvf_msg_h
  * sleep until one of them has something.
  */
 struct kvf__evq {
-    pthread_mutex_t mu;      /* also guards the owner's fields it says so of */
+    pthread_mutex_t mu; /* also guards the owner's fields it says so of */
     pthread_cond_t cv;
     struct kvf_gen_event *ring; /* [cap] events not yet read */
     uint32_t head, n, cap;
-    bool ended;              /* END was pushed (after every TOKEN) */
+    bool ended; /* END was pushed (after every TOKEN) */
     struct kvf_gen_event end_ev;
     int notify_fd;
 };
@@ -115,17 +118,17 @@ int kvf__evq_next(struct kvf__evq *q, struct kvf_gen_event *ev, int timeout_ms);
  *   the submitter: next…, cancel (sets cancel, wakes the loop), release (cancel, then drops
  *   its reference). The last reference frees the handle, whichever side drops it.
  */
-#define KVF__GEN_FIELDS                                                                           \
-    struct kvf__evq q;                                                                            \
-    int refs;                 /* under q.mu: the submitter's and the loop's */                    \
-    bool cancel;              /* under q.mu: the submitter asked to end it */                     \
-    /* Fixed at submit. */                                                                        \
-    struct kvf_gen_params p;  /* p.prompt is prompt */                                            \
-    int32_t *prompt;          /* owned: [p.n_prompt] */                                           \
-    /* The engine's: set by its admit, under its mutex, then the loop's. */                       \
-    uint64_t since_ms;        /* when it was queued */                                            \
-    struct kvf_gen *next;     /* the engine's inbox, then its loop's lists */                     \
-    int wake_fd;              /* fixed at submit: the engine's loop (which outlives its handles) */
+#define KVF__GEN_FIELDS                                                                            \
+    struct kvf__evq q;                                                                             \
+    int refs;    /* under q.mu: the submitter's and the loop's */                                  \
+    bool cancel; /* under q.mu: the submitter asked to end it */                                   \
+    /* Fixed at submit. */                                                                         \
+    struct kvf_gen_params p; /* p.prompt is prompt */                                              \
+    int32_t *prompt;         /* owned: [p.n_prompt] */                                             \
+    /* The engine's: set by its admit, under its mutex, then the loop's. */                        \
+    uint64_t since_ms;    /* when it was queued */                                                 \
+    struct kvf_gen *next; /* the engine's inbox, then its loop's lists */                          \
+    int wake_fd;          /* fixed at submit: the engine's loop (which outlives its handles) */
 
 /*
  * Queues g on engine e, under e's mutex: 0 when queued (the loop will see it), or a negative
@@ -154,7 +157,8 @@ void kvf__gen_cancel(void *e, kvf_gen_t *g);
 void kvf__gen_release(void *e, kvf_gen_t *g);
 /* For an admit: stamps g's since_ms with now_ms (the engine's clock: the transport's) and
  * appends it to the inbox *head..*tail (the engine's, under its mutex). */
-void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g, uint64_t now_ms);
+void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g,
+                      uint64_t now_ms);
 /* The loop's side: whether the submitter asked to end g. */
 bool kvf__gen_cancelled(kvf_gen_t *g);
 /* Drops one reference; the last frees the queue, the prompt and g. */

@@ -62,7 +62,8 @@ int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t m
     return 0;
 }
 
-void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g, uint64_t now_ms)
+void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_gen *g,
+                      uint64_t now_ms)
 {
     g->since_ms = now_ms;
     if (*tail)

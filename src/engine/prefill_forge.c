@@ -29,13 +29,13 @@
  * granted prompt of two pages or more before computing it, as when it cannot get memory: the
  * machine must answer REJECT and the request fail with an error (the path of the 2026
  * placeholder bug, H6). With ",short=S" (S >= 2) every Sth granted prompt of two pages or more
- * that fills its last page is computed whole but handed off short: only its first page is put, and its DONE says it wrote
- * that page's tokens — a writer that stopped early and says so. Decode must compare the count
- * with the prompt and fail the request; a decode that does not reads the pages nobody wrote.
- * With ",fenced=1", the grants of a session that failed (its endpoint closed: decode fenced this
- * writer, or the connection broke) get DONEs on the next session that says HELLO: each at the
- * failed session's epoch, with the grant's own request and nonce and page count, first token T
- * and zero checksums — a writer replaying its fenced epoch's answers. Decode must ignore them
+ * that fills its last page is computed whole but handed off short: only its first page is put, and
+ * its DONE says it wrote that page's tokens — a writer that stopped early and says so. Decode must
+ * compare the count with the prompt and fail the request; a decode that does not reads the pages
+ * nobody wrote. With ",fenced=1", the grants of a session that failed (its endpoint closed: decode
+ * fenced this writer, or the connection broke) get DONEs on the next session that says HELLO: each
+ * at the failed session's epoch, with the grant's own request and nonce and page count, first token
+ * T and zero checksums — a writer replaying its fenced epoch's answers. Decode must ignore them
  * (counted as stale): the fence ended those grants; accepted, T would head the reply.
  * Each forgery logs one "test forge:" line (kvf_log; the CLI writes it to stderr), which the
  * suite counts. */
@@ -48,15 +48,15 @@ struct pforge {
         uint32_t epoch, n_pages, n_tokens;
     } replay[PF_FORGE_REPLAYS]; /* fenced=1: the failed session's grants, replayed next session */
     uint32_t n_replay;
-    uint64_t *zero_sums;        /* [seq pages]: the replayed DONEs' checksums */
+    uint64_t *zero_sums; /* [seq pages]: the replayed DONEs' checksums */
     uint64_t dones, flushes, computes, short_computes;
     struct {
-        uint8_t *bytes;   /* [data_bytes]: a copy of a first page written for an earlier request */
-        uint32_t tenant;  /* whose request it was */
+        uint8_t *bytes;  /* [data_bytes]: a copy of a first page written for an earlier request */
+        uint32_t tenant; /* whose request it was */
         bool have;
-    } stale[2];           /* two tenants' copies, so one is always another tenant's */
-    uint32_t replace;     /* the copy a third tenant's page replaces next */
-    uint32_t puts_out;    /* forged puts not complete locally: no copy is refreshed meanwhile */
+    } stale[2];        /* two tenants' copies, so one is always another tenant's */
+    uint32_t replace;  /* the copy a third tenant's page replaces next */
+    uint32_t puts_out; /* forged puts not complete locally: no copy is refreshed meanwhile */
 };
 
 void kvf__forge_init(struct kvf_pworker *w)
@@ -71,20 +71,32 @@ void kvf__forge_init(struct kvf_pworker *w)
     bool bad = false;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         unsigned v = 0;
-        if (sscanf(t, "every=%u", &v) == 1) every = v;
-        else if (sscanf(t, "token=%u", &v) == 1) token = v;
-        else if (sscanf(t, "refuse=%u", &v) == 1) refuse = v;
-        else if (sscanf(t, "short=%u", &v) == 1) shorts = v;
-        else if (sscanf(t, "fenced=%u", &v) == 1) fenced = v;
-        else bad = true;
+        if (sscanf(t, "every=%u", &v) == 1)
+            every = v;
+        else if (sscanf(t, "token=%u", &v) == 1)
+            token = v;
+        else if (sscanf(t, "refuse=%u", &v) == 1)
+            refuse = v;
+        else if (sscanf(t, "short=%u", &v) == 1)
+            shorts = v;
+        else if (sscanf(t, "fenced=%u", &v) == 1)
+            fenced = v;
+        else
+            bad = true;
     }
-    if (bad || every == 1 || refuse == 1 || shorts == 1 || fenced > 1 || (!every && !refuse && !shorts && !fenced)) {
-        kvf_log(KVF_LOG_WARN, "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored (every=N,token=T,refuse=R,short=S,fenced=0|1; N, R, S >= 2)\n", e);
+    if (bad || every == 1 || refuse == 1 || shorts == 1 || fenced > 1 ||
+        (!every && !refuse && !shorts && !fenced)) {
+        kvf_log(KVF_LOG_WARN,
+                "kvfence prefill: test build: KVF_TEST_FORGE='%s' ignored "
+                "(every=N,token=T,refuse=R,short=S,fenced=0|1; N, R, S >= 2)\n",
+                e);
         return;
     }
-    uint32_t seq_pages = (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens);
+    uint32_t seq_pages =
+        (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens);
     struct pforge *f = calloc(1, sizeof(*f));
-    if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) || !(f->stale[1].bytes = malloc(w->data_bytes)) ||
+    if (!f || !(f->stale[0].bytes = malloc(w->data_bytes)) ||
+        !(f->stale[1].bytes = malloc(w->data_bytes)) ||
         !(f->zero_sums = calloc(seq_pages, sizeof(uint64_t)))) {
         if (f) free(f->stale[0].bytes);
         if (f) free(f->stale[1].bytes);
@@ -97,7 +109,9 @@ void kvf__forge_init(struct kvf_pworker *w)
     f->refuse = refuse;
     f->shorts = shorts;
     w->forge = f;
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, fenced %u\n",
+    kvf_log(KVF_LOG_INFO,
+            "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, "
+            "fenced %u\n",
             every, token, f->refuse, f->shorts, f->fenced);
 }
 
@@ -108,7 +122,9 @@ bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j)
     if (!f || !f->refuse || j->n_pages < 2) return false;
     if (KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && j->placeholder) return false;
     if (++f->computes % f->refuse != 0) return false;
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n", j->n_pages);
+    kvf_log(KVF_LOG_INFO,
+            "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n",
+            j->n_pages);
     return true;
 }
 
@@ -124,7 +140,9 @@ void kvf__forge_short(struct kvf_pworker *w, struct pjob *j)
     if (KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && j->placeholder) return;
     if (++f->short_computes % f->shorts != 0) return;
     j->forged_short = true;
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages put)\n",
+    kvf_log(KVF_LOG_INFO,
+            "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages "
+            "put)\n",
             j->n_tokens, 1u, j->n_pages);
 }
 
@@ -161,14 +179,18 @@ void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j)
         f->puts_out--; /* never posted: no completion comes */
         return;
     }
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: stale bytes written into a page granted to another request\n");
+    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: stale bytes written into a page granted to "
+                          "another request\n");
 }
 
-/* Before a DONE: a short handoff's count; and the same DONE at the previous epoch and with an unknown nonce, first token T. */
-void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done)
+/* Before a DONE: a short handoff's count; and the same DONE at the previous epoch and with an
+ * unknown nonce, first token T. */
+void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j,
+                     struct kvf_msg *done)
 {
     if (j->forged_short) /* the DONE says only page 0 was written */
-        done->u.done.tokens_written = j->n_tokens < w->geo.page_tokens ? j->n_tokens : w->geo.page_tokens;
+        done->u.done.tokens_written =
+            j->n_tokens < w->geo.page_tokens ? j->n_tokens : w->geo.page_tokens;
     struct pforge *f = w->forge;
     if (!f || !f->every || !s->conn || s->failed || ++f->dones % f->every != 0) return;
     struct kvf_msg m = *done;
@@ -178,7 +200,9 @@ void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *
     m.epoch = done->epoch;
     m.nonce = done->nonce ^ 0x8000000000000000ull;
     kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-    kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
+    kvf_log(
+        KVF_LOG_INFO,
+        "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
 }
 
 /* A session failed (before its machine forgets its grants): keep what its DONEs would name. */
@@ -205,14 +229,17 @@ void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s)
     if (!f || !f->n_replay || !s->conn || s->failed) return;
     for (uint32_t i = 0; i < f->n_replay; i++) {
         if (f->replay[i].epoch == s->epoch) continue;
-        struct kvf_msg m = {.type = KVF_MSG_DONE, .req = f->replay[i].req, .nonce = f->replay[i].nonce,
+        struct kvf_msg m = {.type = KVF_MSG_DONE,
+                            .req = f->replay[i].req,
+                            .nonce = f->replay[i].nonce,
                             .epoch = f->replay[i].epoch};
         m.u.done.tokens_written = f->replay[i].n_tokens;
         m.u.done.first_token = f->token;
         m.u.done.n_pages = f->replay[i].n_pages;
         m.u.done.checksums = f->zero_sums;
         kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
-        kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the next connection\n");
+        kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the "
+                              "next connection\n");
     }
     f->n_replay = 0;
 }

@@ -5,11 +5,11 @@
 
 #include "engine_internal.h"
 
-#define PF_CHUNK 256u      /* prompt tokens per forward call, unless prefill_chunk says */
-#define PF_MAX_PASSES 4u   /* turns a started job may be passed over in a row */
+#define PF_CHUNK       256u /* prompt tokens per forward call, unless prefill_chunk says */
+#define PF_MAX_PASSES  4u   /* turns a started job may be passed over in a row */
 #define PF_PROGRESS_MS 250u /* at most this often, each job's PROGRESS (while compute advances) */
-#define PF_MAX_SESS 8u     /* decode connections at once */
-#define PF_FRAME_CAP (KVF_PROTO_MAX_MSG_BYTES)
+#define PF_MAX_SESS    8u   /* decode connections at once */
+#define PF_FRAME_CAP   (KVF_PROTO_MAX_MSG_BYTES)
 
 struct pjob;
 
@@ -31,7 +31,7 @@ struct pjob {
     uint32_t tenant;
     struct kvf_msg_sampling sampling;
     uint32_t n_tokens;
-    int32_t *tokens;                   /* [n_tokens] */
+    int32_t *tokens; /* [n_tokens] */
     uint32_t n_pages;
     struct kvf_page_ref *dst;          /* [n_pages]: the granted decode pages */
     struct kvf_page_ref *src;          /* [n_pages]: this pool's pages */
@@ -105,8 +105,8 @@ struct kvf_pworker {
     uint8_t *frame;
     float *logits;
     void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
-    uint64_t bad_frames;          /* counter: control frames that did not decode */
-    uint32_t chunk;               /* prompt tokens per chunk */
+    uint64_t bad_frames;  /* counter: control frames that did not decode */
+    uint32_t chunk;       /* prompt tokens per chunk */
     /* The compute thread: one chunk at a time. step_state moves IDLE → GO (loop) → DONE
      * (compute) → IDLE (loop, at the commit); the other fields are the loop's, read by the
      * compute thread only between GO and DONE. */
@@ -123,11 +123,11 @@ struct kvf_pworker {
     bool step_last;
     /* Progress: what the compute had done at the last report, and when that was. */
     uint64_t seen_layers, seen_puts, puts_done, last_progress_ms;
-    bool chunk_done; /* a chunk finished since the last report */
-    pthread_mutex_t info_mu;      /* guards the two figures below, read from other threads */
+    bool chunk_done;         /* a chunk finished since the last report */
+    pthread_mutex_t info_mu; /* guards the two figures below, read from other threads */
     uint32_t info_pages, info_free;
 #if defined(KVF_TEST_BUILD)
-    struct pforge *forge; /* KVF_TEST_FORGE: see "Test builds: forgeries" below; NULL = off */
+    struct pforge *forge;   /* KVF_TEST_FORGE: see "Test builds: forgeries" below; NULL = off */
     uint32_t test_chunk_ms; /* KVF_TEST_CHUNK_MS: each chunk's compute takes this much longer (a
                                slow but live prefill, for the long-prompt tests) */
 #endif
@@ -149,21 +149,67 @@ static inline bool kvf__forge_skip_put(const struct pjob *j, uint32_t index)
 void kvf__forge_keep(struct kvf_pworker *w, const struct pjob *j, const uint8_t *src);
 /* Before a job's flush; before its DONE is sent (the DONE may be rewritten). */
 void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j);
-void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done);
+void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j,
+                     struct kvf_msg *done);
 /* A session failed; a new one said HELLO. */
 void kvf__forge_keep_fenced(struct kvf_pworker *w, struct psess *s);
 void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s);
 #else
-static inline void kvf__forge_init(struct kvf_pworker *w) { (void)w; }
-static inline void kvf__forge_free(struct kvf_pworker *w) { (void)w; }
-static inline bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j) { (void)w; (void)j; return false; }
-static inline void kvf__forge_short(struct kvf_pworker *w, struct pjob *j) { (void)w; (void)j; }
-static inline bool kvf__forge_skip_put(const struct pjob *j, uint32_t index) { (void)j; (void)index; return false; }
-static inline void kvf__forge_keep(struct kvf_pworker *w, const struct pjob *j, const uint8_t *src) { (void)w; (void)j; (void)src; }
-static inline void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j) { (void)w; (void)s; (void)j; }
-static inline void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j, struct kvf_msg *done) { (void)w; (void)s; (void)j; (void)done; }
-static inline void kvf__forge_keep_fenced(struct kvf_pworker *w, struct psess *s) { (void)w; (void)s; }
-static inline void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s) { (void)w; (void)s; }
+static inline void kvf__forge_init(struct kvf_pworker *w)
+{
+    (void)w;
+}
+static inline void kvf__forge_free(struct kvf_pworker *w)
+{
+    (void)w;
+}
+static inline bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j)
+{
+    (void)w;
+    (void)j;
+    return false;
+}
+static inline void kvf__forge_short(struct kvf_pworker *w, struct pjob *j)
+{
+    (void)w;
+    (void)j;
+}
+static inline bool kvf__forge_skip_put(const struct pjob *j, uint32_t index)
+{
+    (void)j;
+    (void)index;
+    return false;
+}
+static inline void kvf__forge_keep(struct kvf_pworker *w, const struct pjob *j, const uint8_t *src)
+{
+    (void)w;
+    (void)j;
+    (void)src;
+}
+static inline void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j)
+{
+    (void)w;
+    (void)s;
+    (void)j;
+}
+static inline void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *j,
+                                   struct kvf_msg *done)
+{
+    (void)w;
+    (void)s;
+    (void)j;
+    (void)done;
+}
+static inline void kvf__forge_keep_fenced(struct kvf_pworker *w, struct psess *s)
+{
+    (void)w;
+    (void)s;
+}
+static inline void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s)
+{
+    (void)w;
+    (void)s;
+}
 #endif
 
 #endif

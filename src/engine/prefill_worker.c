@@ -315,7 +315,8 @@ static void run_actions(struct kvf_pworker *w, struct psess *s0, const struct kv
                 j->tokens = malloc(g->n_tokens * sizeof(int32_t));
                 j->dst = malloc(g->n_pages * sizeof(*j->dst));
                 j->src = calloc(g->n_pages, sizeof(*j->src));
-                j->trailers = aligned_alloc(64, ((g->n_pages * sizeof(*j->trailers)) + 63) & ~(size_t)63);
+                j->trailers =
+                    aligned_alloc(64, ((g->n_pages * sizeof(*j->trailers)) + 63) & ~(size_t)63);
                 j->puts = calloc(g->n_pages, sizeof(*j->puts));
                 if (j->tokens && j->dst && j->src && j->trailers && j->puts) {
                     err = 0;
@@ -362,15 +363,18 @@ static void run_actions(struct kvf_pworker *w, struct psess *s0, const struct kv
             job_maybe_free(w, j);
             break;
         }
-        case KVF_ACT_POST_WRITE: post_write(w, s, a); break;
+        case KVF_ACT_POST_WRITE:
+            post_write(w, s, a);
+            break;
         case KVF_ACT_FLUSH: {
             struct pjob *j = job_find(w, s, a->req, a->nonce);
             if (!j) break;
             kvf__forge_write(w, s, j);
             j->flush_out = true;
             int rc = s->conn && !s->failed ? kvf_conn_flush(s->conn, on_flush_done, j) : -ENOTCONN;
-            if (rc < 0) j->flush_out = false; /* a flush that cannot start never proves anything: the job waits for the
-                         connection's end, and decode's timeouts and fence end the grant */
+            if (rc < 0)
+                j->flush_out = false; /* a flush that cannot start never proves anything: the job
+                 waits for the connection's end, and decode's timeouts and fence end the grant */
             break;
         }
         case KVF_ACT_RELEASE_SRC: {
@@ -379,7 +383,8 @@ static void run_actions(struct kvf_pworker *w, struct psess *s0, const struct kv
                 kvf_pool_release(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC, now_ms(w));
             break;
         }
-        default: break;
+        default:
+            break;
         }
     }
     w->acts.n = 0;
@@ -401,7 +406,8 @@ static void page_ready(struct kvf_pworker *w, struct pjob *j, uint32_t idx, uint
     if (slots < pt && !KVF_MUTANT(STALE_TAIL_SENT))
         for (uint32_t l = 0; l < w->geo.n_layers; l++)
             for (int kv = 0; kv < 2; kv++)
-                memset(page + kvf_geo_kv_offset(&w->geo, l, kv) + slots * row, 0, (pt - slots) * row);
+                memset(page + kvf_geo_kv_offset(&w->geo, l, kv) + slots * row, 0,
+                       (pt - slots) * row);
     uint64_t sum = XXH3_64bits(page, w->data_bytes);
     kvf_prefill_page_ready(j->s->m, now_ms(w), j->req, j->nonce, idx, sum, first, &w->acts);
     run_actions(w, j->s, NULL);
@@ -414,9 +420,12 @@ static void compute_failed(struct kvf_pworker *w, struct pjob *j, int err)
     /* Mutant, the engine's half: the machine asks for the refused request again (its
      * placeholder): one token, computed into the first of its pages, which goes through the
      * handoff as if it were the prompt. */
-    for (uint32_t i = 0; KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && i < w->acts.n && !j->placeholder && j->started; i++) {
+    for (uint32_t i = 0;
+         KVF_MUTANT(PLACEHOLDER_AFTER_REJECT) && i < w->acts.n && !j->placeholder && j->started;
+         i++) {
         struct kvf_action *a = &w->acts.v[i];
-        if (a->kind != KVF_ACT_COMPUTE || !kvf_req_id_eq(a->req, j->req) || a->nonce != j->nonce) continue;
+        if (a->kind != KVF_ACT_COMPUTE || !kvf_req_id_eq(a->req, j->req) || a->nonce != j->nonce)
+            continue;
         a->kind = (enum kvf_action_kind)0; /* taken here: run_actions skips it */
         j->placeholder = true;
         j->n_tokens = 1;
@@ -447,7 +456,8 @@ static int take_pages(struct kvf_pworker *w, struct pjob *j)
     int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages, false, j->src);
     if (rc == 0) return 1;
     memset(j->src, 0, j->n_pages * sizeof(*j->src));
-    if (rc == KVF_E_POOL_FULL && j->n_pages <= kvf_pool_n_pages(w->pool) && pages_in_use(w)) return 0;
+    if (rc == KVF_E_POOL_FULL && j->n_pages <= kvf_pool_n_pages(w->pool) && pages_in_use(w))
+        return 0;
     return rc;
 }
 
@@ -464,7 +474,8 @@ static struct pjob *pick_job(struct kvf_pworker *w, bool *waiting)
         nx = j->next_queued;
         if (j->aborted || j->finished || !j->s || j->s->failed) unqueue(w, j);
     }
-    for (struct pjob *j = w->queue_head; j; j = j->next_queued) j->no_pages = false;
+    for (struct pjob *j = w->queue_head; j; j = j->next_queued)
+        j->no_pages = false;
     for (;;) {
         struct pjob *best = NULL, *starved = NULL;
         for (struct pjob *j = w->queue_head; j; j = j->next_queued) {
@@ -505,15 +516,16 @@ static bool start_chunk(struct kvf_pworker *w, bool *waiting)
     j->passes = 0;
     uint32_t left = j->n_tokens - j->pos, len = left < w->chunk ? left : w->chunk;
     bool last = len == left;
-    w->step_seq = (struct kvf_fwd_seq){j->req, j->tokens + j->pos, len, j->pos, j->src, j->n_pages,
-                                       last ? w->logits : NULL, 0};
+    w->step_seq = (struct kvf_fwd_seq){j->req,     j->tokens + j->pos,      len, j->pos, j->src,
+                                       j->n_pages, last ? w->logits : NULL, 0};
     int rc = kvf_fwd_prepare(w->fwd, w->pool, &w->step_seq, 1);
     if (rc != 1) {
         if (rc >= 0) { /* prepared with nothing to run: end the batch before failing the job */
             kvf_fwd_compute(w->fwd);
             kvf_fwd_commit(w->fwd, w->pool);
         }
-        compute_failed(w, j, rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
+        compute_failed(w, j,
+                       rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
         return false;
     }
     j->in_step = true;
@@ -547,7 +559,8 @@ static void *compute_main(void *arg)
     struct kvf_pworker *w = arg;
     for (;;) {
         pthread_mutex_lock(&w->cmu);
-        while (w->step_state != STEP_GO && !w->compute_quit) pthread_cond_wait(&w->ccv, &w->cmu);
+        while (w->step_state != STEP_GO && !w->compute_quit)
+            pthread_cond_wait(&w->ccv, &w->cmu);
         bool quit = w->step_state != STEP_GO;
         pthread_mutex_unlock(&w->cmu);
         if (quit) return NULL;
@@ -582,14 +595,15 @@ static void finish_chunk(struct kvf_pworker *w)
         return;
     }
     if (rc != 1 || w->step_seq.status != 0) {
-        compute_failed(w, j, rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
+        compute_failed(w, j,
+                       rc < 0 ? rc : (w->step_seq.status ? w->step_seq.status : KVF_E_ENGINE));
         return;
     }
     j->pos += w->step_len;
     if (!w->step_last) return; /* its completed pages are posted once the next chunk runs */
     float lp = 0.0f;
-    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp, &j->n_top,
-                                j->top_ids, j->top_lps);
+    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp,
+                                &j->n_top, j->top_ids, j->top_lps);
     if (tok < 0) {
         compute_failed(w, j, tok);
         return;
@@ -610,9 +624,11 @@ static void post_completed(struct kvf_pworker *w)
         struct pjob *j = &w->jobs[i];
         if (!j->used || j->finished || j->aborted || !j->s || j->s->failed) continue;
         if (j->computed)
-            for (; j->reported < j->n_pages && !j->aborted; j->reported++) page_ready(w, j, j->reported, j->first_token);
+            for (; j->reported < j->n_pages && !j->aborted; j->reported++)
+                page_ready(w, j, j->reported, j->first_token);
         else
-            for (; (j->reported + 1) * pt <= j->pos && !j->aborted; j->reported++) page_ready(w, j, j->reported, 0);
+            for (; (j->reported + 1) * pt <= j->pos && !j->aborted; j->reported++)
+                page_ready(w, j, j->reported, 0);
     }
 }
 
@@ -646,14 +662,19 @@ static void handle_frame(struct kvf_pworker *w, struct psess *s, const uint8_t *
     long n = kvf_msg_decode(buf, len, &m, &w->scratch);
     if (n != (long)len) {
         w->bad_frames++; /* does not decode: counted and dropped, never trusted */
-        kvf_log(KVF_LOG_WARN, "kvfence prefill: dropped a control frame that does not decode (%s); %llu so far\n",
+        kvf_log(KVF_LOG_WARN,
+                "kvfence prefill: dropped a control frame that does not decode (%s); %llu so far\n",
                 kvf_strerror((int)n), (unsigned long long)w->bad_frames);
         return;
     }
     if (m.type == KVF_MSG_HELLO) {
-        struct kvf_msg_hello mine = {w->cfg.model_fp, w->geo, w->cfg.max_context,
-                                     (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
-                                     0, KVF_ROLE_PREFILL};
+        struct kvf_msg_hello mine = {
+            w->cfg.model_fp,
+            w->geo,
+            w->cfg.max_context,
+            (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
+            0,
+            KVF_ROLE_PREFILL};
         char why[KVF_PREFILL_WHY_MAX];
         if (m.u.hello.role != KVF_ROLE_DECODE)
             snprintf(why, sizeof why, "not a decode worker (role %u)", (unsigned)m.u.hello.role);
@@ -704,9 +725,13 @@ static void sess_open(struct kvf_pworker *w, kvf_conn_t *c)
             }
         sess_reap(w);
     }
-    struct kvf_prefill_config pc = {s ? (uint16_t)(s - w->sess) : 0, w->cfg.max_reqs,
-                                    (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
-                                    w->cfg.max_context, w->geo.page_tokens, NULL};
+    struct kvf_prefill_config pc = {
+        s ? (uint16_t)(s - w->sess) : 0,
+        w->cfg.max_reqs,
+        (uint32_t)((w->cfg.max_context + w->geo.page_tokens - 1) / w->geo.page_tokens),
+        w->cfg.max_context,
+        w->geo.page_tokens,
+        NULL};
     if (!s || kvf_prefill_create(&pc, &s->m) < 0) {
         kvf_conn_close(c);
         return;
@@ -753,7 +778,9 @@ static void handle_events(struct kvf_pworker *w)
         if (!w->ev_head) w->ev_tail = NULL;
         struct psess *s = e->conn ? sess_of(w, e->conn) : NULL;
         switch (e->kind) {
-        case PEV_ACCEPT: sess_open(w, e->conn); break;
+        case PEV_ACCEPT:
+            sess_open(w, e->conn);
+            break;
         case PEV_FRAME:
             if (s && !s->failed) handle_frame(w, s, e->buf, e->len);
             break;
@@ -806,9 +833,11 @@ static int turn(struct kvf_pworker *w)
 static void *loop(void *arg)
 {
     struct kvf_pworker *w = arg;
-    while (!w->stop) kvf__loop_wait(w->x, w->wake_fd, turn(w));
+    while (!w->stop)
+        kvf__loop_wait(w->x, w->wake_fd, turn(w));
     /* A chunk still on the compute thread finishes before anything is torn down. */
-    while (step_state(w) == STEP_GO) kvf__loop_wait(w->x, w->wake_fd, 50);
+    while (step_state(w) == STEP_GO)
+        kvf__loop_wait(w->x, w->wake_fd, 50);
     if (step_state(w) == STEP_DONE) finish_chunk(w);
     post_completed(w);
     return NULL;
@@ -878,8 +907,8 @@ static void destroy(struct kvf_pworker *w)
     free(w);
 }
 
-int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out,
-                             char *err, size_t err_len)
+int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, char *err,
+                      size_t err_len)
 {
     struct kvf_pworker *w = calloc(1, sizeof(*w));
     if (!w) return -ENOMEM;
@@ -899,15 +928,20 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out,
     w->page_bytes = kvf_geo_page_bytes(&w->geo);
     w->block_bytes = kvf_geo_block_bytes(&w->geo);
     uint32_t max_pages = (cfg->max_context + cfg->page_tokens - 1) / cfg->page_tokens;
-    struct kvf_pool_config pc = {.geo = w->geo, .n_pages = cfg->n_pages, .max_peers = 1,
-                                 .tag_seed = 0x5000000000ull, .poison_on_free = cfg->poison_free};
+    struct kvf_pool_config pc = {.geo = w->geo,
+                                 .n_pages = cfg->n_pages,
+                                 .max_peers = 1,
+                                 .tag_seed = 0x5000000000ull,
+                                 .poison_on_free = cfg->poison_free};
 #if defined(KVF_TEST_BUILD)
     /* KVF_POISON=1 poisons this pool's freed pages whoever started the worker (serve too). */
     if (getenv("KVF_POISON") && atoi(getenv("KVF_POISON"))) pc.poison_on_free = true;
 #endif
-    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->chunk, 1, NULL, cfg->max_context};
+    struct kvf_fwd_config fc = {cfg->n_threads ? cfg->n_threads : 1, w->chunk, 1, NULL,
+                                cfg->max_context};
     if (rc == 0 && (rc = kvf_pool_create(&pc, &w->pool)) < 0)
-        snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages, kvf_strerror(rc));
+        snprintf(err, err_len, "cannot create the prefill pool of %u pages: %s", cfg->n_pages,
+                 kvf_strerror(rc));
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
         snprintf(err, err_len, "cannot start the compute threads: %s", kvf_strerror(rc));
     if (rc == 0) {
@@ -923,16 +957,21 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out,
         w->frame = malloc(PF_FRAME_CAP);
         w->logits = malloc(hp->n_vocab * sizeof(float));
         w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
-        if (!w->sample_scratch || !w->jobs || !w->acts.v || !w->scratch.pages || !w->scratch.checksums ||
-            !w->scratch.tokens || !w->frame || !w->logits) {
+        if (!w->sample_scratch || !w->jobs || !w->acts.v || !w->scratch.pages ||
+            !w->scratch.checksums || !w->scratch.tokens || !w->frame || !w->logits) {
             rc = -ENOMEM;
             snprintf(err, err_len, "out of memory");
         }
     }
     if (rc == 0) {
         struct kvf_xport_config xc = {cfg->listen_host ? cfg->listen_host : "127.0.0.1",
-                                      cfg->listen_port, cfg->keepalive_ms, NULL, 0, cfg->fabric_key,
-                                      cfg->transport, cfg->transport_ctx};
+                                      cfg->listen_port,
+                                      cfg->keepalive_ms,
+                                      NULL,
+                                      0,
+                                      cfg->fabric_key,
+                                      cfg->transport,
+                                      cfg->transport_ctx};
         struct kvf_xport_events ev = {w, on_accept, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &w->x, err, err_len);
     }

@@ -29,20 +29,20 @@
 #include "engine_internal.h"
 #include "rpc.h"
 
-#define RT_HELLO_MS 2000u
+#define RT_HELLO_MS     2000u
 #define RT_RECONNECT_MS 100u
-#define RT_FRAME_CAP (64u << 10)
-#define RT_STOP_MS 5000u /* stopping: how long cancelled requests' ENDs are waited for */
+#define RT_FRAME_CAP    (64u << 10)
+#define RT_STOP_MS      5000u /* stopping: how long cancelled requests' ENDs are waited for */
 
 enum rstate { R_PENDING = 1, R_SENT = 2, R_ENDED = 3 };
 
 struct kvf_gen {
-    KVF__GEN_FIELDS    /* the handle (gen.c) */
-    /* The loop's. */
-    enum rstate state;
+    KVF__GEN_FIELDS /* the handle (gen.c) */
+        /* The loop's. */
+        enum rstate state;
     bool cancel_sent;
     uint64_t rid;
-    int dec;           /* the decode worker it was sent to */
+    int dec; /* the decode worker it was sent to */
 };
 
 struct rdec {
@@ -75,14 +75,14 @@ struct kvf_router {
     /* Router side, under mu. */
     pthread_mutex_t mu;
     struct kvf_gen *inbox_head, *inbox_tail;
-    uint32_t n_open;     /* submitted and not yet ended (the queue bound) */
+    uint32_t n_open; /* submitted and not yet ended (the queue bound) */
     bool closing;
     struct kvf_engine_info info;
     struct kvf_worker_status *workers; /* [n_workers] published by the loop */
     size_t n_workers, workers_cap;
     /* Loop side. */
     struct kvf_gen *pending_head, *pending_tail;
-    struct kvf_gen *sent;   /* every sent request (a list: a few hundred at most) */
+    struct kvf_gen *sent; /* every sent request (a list: a few hundred at most) */
     struct rdec decs[KVF_ROUTER_MAX_DECODES];
     struct rframe *fhead, *ftail;
     uint64_t next_rid;
@@ -142,8 +142,8 @@ static size_t gen_workers(void *e, struct kvf_worker_status *out, size_t max)
     return n;
 }
 
-const struct kvf_gen_ops kvf_router_gen_ops = {gen_submit, kvf__gen_next, kvf__gen_cancel,
-                                               kvf__gen_release, gen_info, gen_workers};
+const struct kvf_gen_ops kvf_router_gen_ops = {gen_submit,       kvf__gen_next, kvf__gen_cancel,
+                                               kvf__gen_release, gen_info,      gen_workers};
 
 /* --- Loop side. ------------------------------------------------------------------------------ */
 
@@ -242,8 +242,8 @@ static void handle_frame(struct kvf_router *r, int di, const uint8_t *buf, size_
             char full[KVF_PREFILL_WHY_MAX + 16];
             snprintf(full, sizeof full, "refused: %s", why);
             if (strcmp(full, d->why) != 0)
-                kvf_log(KVF_LOG_WARN, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host,
-                        d->port, why);
+                kvf_log(KVF_LOG_WARN, "kvfence router: not using the decode worker at %s:%u: %s\n",
+                        d->host, d->port, why);
             kvf__strlcpy(d->why, full, sizeof d->why);
             d->failed = true;
             return;
@@ -303,13 +303,13 @@ static void dec_lost(struct kvf_router *r, int di)
     struct rdec *d = &r->decs[di];
     if (d->hello_ok) {
         snprintf(d->why, sizeof d->why, "connection lost");
-        kvf_log(KVF_LOG_WARN, "kvfence router: lost the decode worker %s:%u; its requests fail\n", d->host,
-                d->port);
+        kvf_log(KVF_LOG_WARN, "kvfence router: lost the decode worker %s:%u; its requests fail\n",
+                d->host, d->port);
     } else if (d->c && kvf_conn_failed(d->c) && strstr(kvf_conn_error(d->c), "authentication")) {
         /* Said once per change: a router with the wrong cluster key retries every few seconds. */
         if (strcmp(d->why, kvf_conn_error(d->c)) != 0)
-            kvf_log(KVF_LOG_WARN, "kvfence router: not using the decode worker at %s:%u: %s\n", d->host, d->port,
-                    kvf_conn_error(d->c));
+            kvf_log(KVF_LOG_WARN, "kvfence router: not using the decode worker at %s:%u: %s\n",
+                    d->host, d->port, kvf_conn_error(d->c));
         kvf__strlcpy(d->why, kvf_conn_error(d->c), sizeof d->why);
     } else if (!d->why[0] || strncmp(d->why, "refused", 7) != 0) {
         snprintf(d->why, sizeof d->why, "no answer to HELLO within %u ms", RT_HELLO_MS);
@@ -443,7 +443,8 @@ static void publish(struct kvf_router *r)
         in.decode_pages += s->decode_pages;
         in.decode_free += s->decode_free;
         in.decode_reserved += s->decode_reserved;
-        for (int k = 0; k < 5; k++) in.decode_by_state[k] += s->decode_by_state[k];
+        for (int k = 0; k < 5; k++)
+            in.decode_by_state[k] += s->decode_by_state[k];
         in.queued += s->queued;
         in.running += s->running;
         in.prefill_up |= s->prefill_up;
@@ -560,7 +561,8 @@ static bool turn(struct kvf_router *r)
 static void *loop(void *arg)
 {
     struct kvf_router *r = arg;
-    while (!turn(r)) kvf__loop_wait(r->x, r->wake_fd, 50);
+    while (!turn(r))
+        kvf__loop_wait(r->x, r->wake_fd, 50);
     return NULL;
 }
 
@@ -601,7 +603,8 @@ static void destroy(struct kvf_router *r)
     free(r);
 }
 
-int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err, size_t err_len)
+int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, char *err,
+                     size_t err_len)
 {
     if (cfg->n_decodes == 0 || cfg->n_decodes > KVF_ROUTER_MAX_DECODES || cfg->n_prefills == 0 ||
         cfg->n_prefills > KVF_DECODE_MAX_PREFILLS) {
@@ -616,28 +619,39 @@ int kvf_router_start(const struct kvf_router_config *cfg, kvf_router_t **out, ch
     if (!r->cfg.max_queue) r->cfg.max_queue = 256;
     if (!r->cfg.admit_timeout_ms) r->cfg.admit_timeout_ms = 30000;
     r->wake_fd = kvf__wake_open();
-    r->frame = malloc(RT_FRAME_CAP > kvf_rpc_submit_bytes(cfg->max_context) ? RT_FRAME_CAP
-                                                                            : kvf_rpc_submit_bytes(cfg->max_context));
+    r->frame = malloc(RT_FRAME_CAP > kvf_rpc_submit_bytes(cfg->max_context)
+                          ? RT_FRAME_CAP
+                          : kvf_rpc_submit_bytes(cfg->max_context));
     int rc = r->wake_fd < 0 ? r->wake_fd : r->frame ? 0 : -ENOMEM;
     for (uint32_t i = 0; rc == 0 && i < cfg->n_decodes; i++) {
         if (strlen(cfg->decode_hosts[i]) >= KVF_PREFILL_HOST_MAX) rc = -EINVAL;
         kvf__strlcpy(r->decs[i].host, cfg->decode_hosts[i], sizeof r->decs[i].host);
         r->decs[i].port = cfg->decode_ports[i];
     }
-    r->hello = (struct kvf_rpc_hello){.model_fp = cfg->model_fp, .max_context = cfg->max_context,
-                                      .page_tokens = cfg->page_tokens, .n_prefills = cfg->n_prefills};
+    r->hello = (struct kvf_rpc_hello){.model_fp = cfg->model_fp,
+                                      .max_context = cfg->max_context,
+                                      .page_tokens = cfg->page_tokens,
+                                      .n_prefills = cfg->n_prefills};
     for (uint32_t i = 0; rc == 0 && i < cfg->n_prefills; i++) {
         if (strlen(cfg->prefill_hosts[i]) >= KVF_PREFILL_HOST_MAX) rc = -EINVAL;
         kvf__strlcpy(r->hello.prefills[i].host, cfg->prefill_hosts[i], KVF_PREFILL_HOST_MAX);
         r->hello.prefills[i].port = cfg->prefill_ports[i];
     }
-    if (rc < 0) snprintf(err, err_len, rc == -EINVAL ? "a worker's host name is too long" : "out of memory");
+    if (rc < 0)
+        snprintf(err, err_len,
+                 rc == -EINVAL ? "a worker's host name is too long" : "out of memory");
     /* Host names are copied (decs, the HELLO); the config's arrays are the caller's. */
     r->cfg.decode_hosts = r->cfg.prefill_hosts = NULL;
     r->cfg.decode_ports = r->cfg.prefill_ports = NULL;
     if (rc == 0) {
-        struct kvf_xport_config xc = {NULL, 0, cfg->keepalive_ms, NULL, 0, cfg->fabric_key,
-                                      cfg->transport, cfg->transport_ctx};
+        struct kvf_xport_config xc = {NULL,
+                                      0,
+                                      cfg->keepalive_ms,
+                                      NULL,
+                                      0,
+                                      cfg->fabric_key,
+                                      cfg->transport,
+                                      cfg->transport_ctx};
         struct kvf_xport_events ev = {r, NULL, on_frame, NULL, on_error};
         rc = kvf_xport_create(&xc, &ev, &r->x, err, err_len);
     }

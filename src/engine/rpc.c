@@ -22,18 +22,31 @@ static void put(struct wr *w, const void *v, size_t len)
     w->n += len;
 }
 
-static void put_u8(struct wr *w, uint8_t v) { put(w, &v, 1); }
+static void put_u8(struct wr *w, uint8_t v)
+{
+    put(w, &v, 1);
+}
 
 static void put_le(struct wr *w, uint64_t v, unsigned bytes)
 {
     uint8_t b[8];
-    for (unsigned i = 0; i < bytes; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (unsigned i = 0; i < bytes; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
     put(w, b, bytes);
 }
 
-static void put_u16(struct wr *w, uint16_t v) { put_le(w, v, 2); }
-static void put_u32(struct wr *w, uint32_t v) { put_le(w, v, 4); }
-static void put_u64(struct wr *w, uint64_t v) { put_le(w, v, 8); }
+static void put_u16(struct wr *w, uint16_t v)
+{
+    put_le(w, v, 2);
+}
+static void put_u32(struct wr *w, uint32_t v)
+{
+    put_le(w, v, 4);
+}
+static void put_u64(struct wr *w, uint64_t v)
+{
+    put_le(w, v, 8);
+}
 
 static void put_f32(struct wr *w, float f)
 {
@@ -84,14 +97,27 @@ static uint64_t get_le(struct rd *r, unsigned bytes)
     uint8_t b[8];
     get(r, b, bytes);
     uint64_t v = 0;
-    for (unsigned i = 0; i < bytes; i++) v |= (uint64_t)b[i] << (8 * i);
+    for (unsigned i = 0; i < bytes; i++)
+        v |= (uint64_t)b[i] << (8 * i);
     return v;
 }
 
-static uint8_t get_u8(struct rd *r) { return (uint8_t)get_le(r, 1); }
-static uint16_t get_u16(struct rd *r) { return (uint16_t)get_le(r, 2); }
-static uint32_t get_u32(struct rd *r) { return (uint32_t)get_le(r, 4); }
-static uint64_t get_u64(struct rd *r) { return get_le(r, 8); }
+static uint8_t get_u8(struct rd *r)
+{
+    return (uint8_t)get_le(r, 1);
+}
+static uint16_t get_u16(struct rd *r)
+{
+    return (uint16_t)get_le(r, 2);
+}
+static uint32_t get_u32(struct rd *r)
+{
+    return (uint32_t)get_le(r, 4);
+}
+static uint64_t get_u64(struct rd *r)
+{
+    return get_le(r, 8);
+}
 
 static float get_f32(struct rd *r)
 {
@@ -117,7 +143,8 @@ static void get_str(struct rd *r, char *out, size_t max)
 
 /* --- Frames. -------------------------------------------------------------------------------- */
 
-long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type, const struct kvf_rpc_hello *h)
+long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type,
+                       const struct kvf_rpc_hello *h)
 {
     struct wr w = {buf, cap, 0, false};
     put_head(&w, type);
@@ -141,7 +168,8 @@ long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type, const s
 
 size_t kvf_rpc_submit_bytes(uint32_t n_prompt)
 {
-    return 2 + 8 + 4 * 4 + 4 + 4 + 4 + 8 + 1 + 4 + 4 * KVF_GEN_MAX_STOP_IDS + 4 + 4 * (size_t)n_prompt;
+    return 2 + 8 + 4 * 4 + 4 + 4 + 4 + 8 + 1 + 4 + 4 * KVF_GEN_MAX_STOP_IDS + 4 +
+           4 * (size_t)n_prompt;
 }
 
 enum { F_WANT_LOGPROB = 1, F_IGNORE_EOS = 2 };
@@ -159,11 +187,14 @@ long kvf_rpc_put_submit(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf
     put_f32(&w, p->sample.temperature);
     put_f32(&w, p->sample.top_p);
     put_u64(&w, p->sample.seed);
-    put_u8(&w, (uint8_t)((p->want_logprob ? F_WANT_LOGPROB : 0) | (p->ignore_eos ? F_IGNORE_EOS : 0)));
+    put_u8(&w,
+           (uint8_t)((p->want_logprob ? F_WANT_LOGPROB : 0) | (p->ignore_eos ? F_IGNORE_EOS : 0)));
     put_u32(&w, p->n_stop_ids);
-    for (uint32_t i = 0; i < p->n_stop_ids; i++) put_u32(&w, (uint32_t)p->stop_ids[i]);
+    for (uint32_t i = 0; i < p->n_stop_ids; i++)
+        put_u32(&w, (uint32_t)p->stop_ids[i]);
     put_u32(&w, p->n_prompt);
-    for (uint32_t i = 0; i < p->n_prompt; i++) put_u32(&w, (uint32_t)p->prompt[i]);
+    for (uint32_t i = 0; i < p->n_prompt; i++)
+        put_u32(&w, (uint32_t)p->prompt[i]);
     return done(&w);
 }
 
@@ -199,13 +230,38 @@ long kvf_rpc_put_event(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_
 }
 
 /* The figures of kvf_engine_info a decode worker reports, in this order. */
-#define INFO_U32S(X)                                                                              \
-    X(n_vocab) X(served_limit) X(page_tokens) X(decode_pages) X(decode_free) X(decode_reserved)   \
-    X(decode_by_state[0]) X(decode_by_state[1]) X(decode_by_state[2]) X(decode_by_state[3])       \
-    X(decode_by_state[4]) X(queued) X(running) X(prefills) X(prefills_up)
-#define INFO_U64S(X)                                                                              \
-    X(fences) X(verify_failed) X(stale_msgs) X(rejected_before_handoff) X(holds) X(quarantines)   \
-    X(committed) X(failed) X(foreign_tails) X(hash_slices) X(bad_frames) X(decoded_tokens)
+/* An X-macro list, one figure per line (left as written by the formatter). */
+/* clang-format off */
+#define INFO_U32S(X) \
+    X(n_vocab) \
+    X(served_limit) \
+    X(page_tokens) \
+    X(decode_pages) \
+    X(decode_free) \
+    X(decode_reserved) \
+    X(decode_by_state[0]) \
+    X(decode_by_state[1]) \
+    X(decode_by_state[2]) \
+    X(decode_by_state[3]) \
+    X(decode_by_state[4]) \
+    X(queued) \
+    X(running) \
+    X(prefills) \
+    X(prefills_up)
+#define INFO_U64S(X) \
+    X(fences) \
+    X(verify_failed) \
+    X(stale_msgs) \
+    X(rejected_before_handoff) \
+    X(holds) \
+    X(quarantines) \
+    X(committed) \
+    X(failed) \
+    X(foreign_tails) \
+    X(hash_slices) \
+    X(bad_frames) \
+    X(decoded_tokens)
+/* clang-format on */
 
 long kvf_rpc_put_status(uint8_t *buf, size_t cap, const struct kvf_rpc_status *st)
 {
@@ -278,15 +334,19 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
         p->ignore_eos = flags & F_IGNORE_EOS;
         p->n_stop_ids = get_u32(&r);
         if (p->n_stop_ids > KVF_GEN_MAX_STOP_IDS) return -EBADMSG;
-        for (uint32_t i = 0; i < p->n_stop_ids; i++) p->stop_ids[i] = (int32_t)get_u32(&r);
+        for (uint32_t i = 0; i < p->n_stop_ids; i++)
+            p->stop_ids[i] = (int32_t)get_u32(&r);
         p->n_prompt = get_u32(&r);
         if (p->n_prompt > prompt_cap || !prompt_room) return -EBADMSG;
         if (r.bad || (len - r.n) / 4 < p->n_prompt) return -EBADMSG;
-        for (uint32_t i = 0; i < p->n_prompt; i++) prompt_room[i] = (int32_t)get_u32(&r);
+        for (uint32_t i = 0; i < p->n_prompt; i++)
+            prompt_room[i] = (int32_t)get_u32(&r);
         p->prompt = prompt_room;
         break;
     }
-    case KVF_RPC_CANCEL: m->rid = get_u64(&r); break;
+    case KVF_RPC_CANCEL:
+        m->rid = get_u64(&r);
+        break;
     case KVF_RPC_TOKEN: {
         m->rid = get_u64(&r);
         m->ev.kind = KVF_GEN_TOKEN;
@@ -335,7 +395,8 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
         }
         break;
     }
-    default: return -EBADMSG;
+    default:
+        return -EBADMSG;
     }
     if (r.bad || r.n != len) return -EBADMSG;
     return 0;

@@ -27,7 +27,7 @@
 
 #include "kvfence/engine.h"
 
-#define KVF_RPC_VERSION 1
+#define KVF_RPC_VERSION      1
 #define KVF_RPC_MAX_PREFILLS KVF_DECODE_MAX_PREFILLS
 
 enum kvf_rpc_type {
@@ -55,7 +55,7 @@ struct kvf_rpc_hello {
 };
 
 struct kvf_rpc_status {
-    struct kvf_engine_info info;                /* the decode worker's figures */
+    struct kvf_engine_info info; /* the decode worker's figures */
     uint32_t n_prefills;
     struct kvf_prefill_status prefills[KVF_RPC_MAX_PREFILLS];
 };
@@ -71,7 +71,8 @@ struct kvf_rpc_msg {
 };
 
 /* Writers: the frame's length, or -EMSGSIZE when cap is too small. */
-long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type, const struct kvf_rpc_hello *h);
+long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type,
+                       const struct kvf_rpc_hello *h);
 long kvf_rpc_put_submit(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_gen_params *p);
 long kvf_rpc_put_cancel(uint8_t *buf, size_t cap, uint64_t rid);
 long kvf_rpc_put_event(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_gen_event *ev);

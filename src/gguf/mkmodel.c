@@ -122,18 +122,33 @@ static int gen_row(void *ctx, uint64_t row, void *dst, size_t row_bytes)
     for (uint64_t i = 0; i < g->n; i++)
         x[i] = g->center + g->amp * rng_unit(&g->rng);
     switch (g->type) {
-    case KVF_GGML_Q8_0: kvf_quantize_row_q8_0(x, dst, g->n); break;
-    case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(x, dst, g->n); break;
-    case KVF_GGML_Q5_0: kvf_quantize_row_q5_0(x, dst, g->n); break;
-    case KVF_GGML_Q5_1: kvf_quantize_row_q5_1(x, dst, g->n); break;
-    case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(x, dst, g->n); break;
-    case KVF_GGML_Q5_K: kvf_quantize_row_q5_k(x, dst, g->n); break;
-    case KVF_GGML_Q6_K: kvf_quantize_row_q6_k(x, dst, g->n); break;
+    case KVF_GGML_Q8_0:
+        kvf_quantize_row_q8_0(x, dst, g->n);
+        break;
+    case KVF_GGML_Q4_0:
+        kvf_quantize_row_q4_0(x, dst, g->n);
+        break;
+    case KVF_GGML_Q5_0:
+        kvf_quantize_row_q5_0(x, dst, g->n);
+        break;
+    case KVF_GGML_Q5_1:
+        kvf_quantize_row_q5_1(x, dst, g->n);
+        break;
+    case KVF_GGML_Q4_K:
+        kvf_quantize_row_q4_k(x, dst, g->n);
+        break;
+    case KVF_GGML_Q5_K:
+        kvf_quantize_row_q5_k(x, dst, g->n);
+        break;
+    case KVF_GGML_Q6_K:
+        kvf_quantize_row_q6_k(x, dst, g->n);
+        break;
     case KVF_GGML_F16:
         for (uint64_t i = 0; i < g->n; i++)
             ((uint16_t *)dst)[i] = kvf_f32_to_fp16(x[i]);
         break;
-    default: break;
+    default:
+        break;
     }
     return 0;
 }
@@ -374,8 +389,7 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
     const bool qwen2 = s->arch && strcmp(s->arch, "qwen2") == 0;
     const bool qwen3 = s->arch && strcmp(s->arch, "qwen3") == 0;
     const float emb_amp = amp_for_sd(2.0 / sqrt((double)dim));
-    add(&b, "token_embd.weight", dim, s->n_vocab, 0.0f, emb_amp,
-        mat_type(&b, dim, s->tied_output));
+    add(&b, "token_embd.weight", dim, s->n_vocab, 0.0f, emb_amp, mat_type(&b, dim, s->tied_output));
     add(&b, "output_norm.weight", dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
     float rope_factors[512];
     if (b.rc == 0)
@@ -405,8 +419,8 @@ int kvf_mkmodel_write(const char *path, const struct kvf_mkmodel_shape *s, uint3
         add(&b, BLK("ffn_norm.weight"), dim, 0, 1.0f, 0.05f, KVF_GGML_F32);
         add(&b, BLK("ffn_gate.weight"), dim, ffn, 0.0f, in_amp, mat_type(&b, dim, false));
         add(&b, BLK("ffn_up.weight"), dim, ffn, 0.0f, in_amp, mat_type(&b, dim, false));
-        add(&b, BLK("ffn_down.weight"), ffn, dim, 0.0f,
-            amp_for_sd(1.0 / sqrt((double)ffn) / depth), mat_type(&b, ffn, more));
+        add(&b, BLK("ffn_down.weight"), ffn, dim, 0.0f, amp_for_sd(1.0 / sqrt((double)ffn) / depth),
+            mat_type(&b, ffn, more));
 #undef BLK
     }
     int rc = b.rc;

@@ -184,8 +184,10 @@ static void dequant_q4_k(const struct kvf_block_q4_k *b, float *y, uint64_t nb)
             kvf_kquant_scale_min(b->scales, 2 * c + 1, &sc1, &m1);
             float d0 = d * sc0, mm0 = dmin * m0, d1 = d * sc1, mm1 = dmin * m1;
             const uint8_t *q = b->qs + 32 * c;
-            for (int l = 0; l < 32; l++) *y++ = d0 * (float)(q[l] & 15) - mm0;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] >> 4) - mm1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d0 * (float)(q[l] & 15) - mm0;
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)(q[l] >> 4) - mm1;
         }
     }
 }
@@ -386,7 +388,8 @@ void kvf_quantize_row_q5_0(const float *src, struct kvf_block_q5_0 *dst, uint64_
             dst[k].qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
             h |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
         }
-        for (int i = 0; i < 4; i++) dst[k].qh[i] = (uint8_t)(h >> (8 * i));
+        for (int i = 0; i < 4; i++)
+            dst[k].qh[i] = (uint8_t)(h >> (8 * i));
     }
 }
 
@@ -416,7 +419,8 @@ void kvf_quantize_row_q4_1(const float *src, struct kvf_block_q4_1 *dst, uint64_
     uint8_t q[KVF_QK];
     for (uint64_t k = 0; k < n / KVF_QK; k++) {
         quantize_affine_block(src + k * KVF_QK, 15, &dst[k].d, &dst[k].m, q);
-        for (int j = 0; j < KVF_QK / 2; j++) dst[k].qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
+        for (int j = 0; j < KVF_QK / 2; j++)
+            dst[k].qs[j] = (uint8_t)(q[j] | q[j + 16] << 4);
     }
 }
 
@@ -430,7 +434,8 @@ void kvf_quantize_row_q5_1(const float *src, struct kvf_block_q5_1 *dst, uint64_
             dst[k].qs[j] = (uint8_t)((q[j] & 15) | (q[j + 16] & 15) << 4);
             h |= (uint32_t)(q[j] >> 4) << j | (uint32_t)(q[j + 16] >> 4) << (j + 16);
         }
-        for (int i = 0; i < 4; i++) dst[k].qh[i] = (uint8_t)(h >> (8 * i));
+        for (int i = 0; i < 4; i++)
+            dst[k].qh[i] = (uint8_t)(h >> (8 * i));
     }
 }
 

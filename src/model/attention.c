@@ -57,7 +57,8 @@ static uint32_t batch_segs(const struct kvf_attn_batch *b)
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target_clones("fma", "default")))
 #endif
-static void combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
+static void
+combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
 {
     size_t ps = kvf__attn_part_size(hd);
     float mx = part[hd], l = 0.0f;
@@ -70,12 +71,15 @@ static void combine(const float *part, uint32_t n_seg, uint32_t hd, float *out)
         /* Multiply, then add: this file is built for baseline x86-64, where fmaf would be a
          * library call per element. */
         if (s == 0)
-            for (uint32_t e = 0; e < hd; e++) out[e] = acc[e] * w;
+            for (uint32_t e = 0; e < hd; e++)
+                out[e] = acc[e] * w;
         else
-            for (uint32_t e = 0; e < hd; e++) out[e] += acc[e] * w;
+            for (uint32_t e = 0; e < hd; e++)
+                out[e] += acc[e] * w;
     }
     float inv = 1.0f / l;
-    for (uint32_t e = 0; e < hd; e++) out[e] *= inv;
+    for (uint32_t e = 0; e < hd; e++)
+        out[e] *= inv;
 }
 
 /* Queues the whole slots (every K/V head) of segment seg of token t, K and V, into pf: on each
@@ -222,7 +226,7 @@ void kvf__attn_chunk(const struct kvf_attn_batch *b, uint32_t i, uint32_t n, uin
             kern->attn_seg(b, t, h0, h0 + group, seg, part + seg * ps, segs * ps, scores, NULL);
         for (uint32_t h = h0; h < h0 + group; h++)
             combine(part + (h - h0) * segs * ps, segs, hd,
-                              b->out + (size_t)t * q_dim + (size_t)h * hd);
+                    b->out + (size_t)t * q_dim + (size_t)h * hd);
     }
 }
 
@@ -234,8 +238,8 @@ void kvf__attn_finish(const struct kvf_attn_batch *b, uint32_t n)
     for (uint32_t t = 0; t < b->nt; t++)
         for (uint32_t h = 0; h < b->n_heads; h++)
             combine(b->part + ((size_t)t * b->n_heads + h) * S * ps,
-                              b->tok_pos[t] / KVF_ATTN_SEG + 1, hd,
-                              b->out + ((size_t)t * b->n_heads + h) * hd);
+                    b->tok_pos[t] / KVF_ATTN_SEG + 1, hd,
+                    b->out + ((size_t)t * b->n_heads + h) * hd);
 }
 
 /*
@@ -260,7 +264,8 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
         for (uint32_t j = 0; j < n; j++) {
             if (j % 8 == 0) kvf__attn_pf_step(pf);
             float d = 0.0f;
-            for (uint32_t e = 0; e < hd; e++) d += q[e] * kvf__kv_elem(rows[j], e, eb);
+            for (uint32_t e = 0; e < hd; e++)
+                d += q[e] * kvf__kv_elem(rows[j], e, eb);
             scores[j] = d * scale;
             /* A NaN score is skipped here but not lost: its own exp, and so l, is NaN. */
             if (scores[j] > mx) mx = scores[j];
@@ -269,10 +274,12 @@ void kvf__attn_seg_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t h
             scores[j] = kvf__expf(scores[j] - mx);
             sum += scores[j];
         }
-        for (uint32_t e = 0; e < hd; e++) acc[e] = 0.0f;
+        for (uint32_t e = 0; e < hd; e++)
+            acc[e] = 0.0f;
         kvf__attn_rows(b, s, b->v_off, kvh, p0, n, rows);
         for (uint32_t j = 0; j < n; j++)
-            for (uint32_t e = 0; e < hd; e++) acc[e] += scores[j] * kvf__kv_elem(rows[j], e, eb);
+            for (uint32_t e = 0; e < hd; e++)
+                acc[e] += scores[j] * kvf__kv_elem(rows[j], e, eb);
         acc[hd] = mx;
         acc[hd + 1] = sum;
     }
@@ -300,7 +307,8 @@ void kvf__attn_tok_scalar(const struct kvf_attn_batch *b, uint32_t t, uint32_t s
 
 void kvf__swiglu_scalar(float *g, const float *u, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) g[i] = kvf__swiglu1(g[i], u[i]);
+    for (uint32_t i = 0; i < n; i++)
+        g[i] = kvf__swiglu1(g[i], u[i]);
 }
 
 void kvf__swiglu(float *g, const float *u, uint32_t n)

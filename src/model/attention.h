@@ -39,27 +39,27 @@
 struct kvf_act16;
 
 struct kvf_attn_batch {
-    uint32_t nt;                      /* tokens in the batch */
+    uint32_t nt; /* tokens in the batch */
     uint32_t n_heads, n_kv_heads, head_dim;
-    const float *q;                   /* (nt, n_heads · head_dim), RoPE applied */
-    float *out;                       /* (nt, n_heads · head_dim) attention output */
-    const uint32_t *tok_seq;          /* [nt] index into seqs */
-    const uint32_t *tok_pos;          /* [nt] position: attends over 0..pos of its sequence */
-    const struct kvf_fwd_seq *seqs;   /* page tables, checked by forward.c before this runs */
-    const uint8_t *pool_base;         /* page p's data is at pool_base + p · page_bytes */
+    const float *q;                 /* (nt, n_heads · head_dim), RoPE applied */
+    float *out;                     /* (nt, n_heads · head_dim) attention output */
+    const uint32_t *tok_seq;        /* [nt] index into seqs */
+    const uint32_t *tok_pos;        /* [nt] position: attends over 0..pos of its sequence */
+    const struct kvf_fwd_seq *seqs; /* page tables, checked by forward.c before this runs */
+    const uint8_t *pool_base;       /* page p's data is at pool_base + p · page_bytes */
     size_t page_bytes;
     uint32_t page_tokens;
-    size_t k_off, v_off;              /* this layer's K and V blocks inside a page */
-    uint32_t elem_bytes;              /* a K/V element: 4, a float; 2, an IEEE half */
-    float *scratch;                   /* per thread: scratch_floats floats at thread · scratch_floats */
+    size_t k_off, v_off; /* this layer's K and V blocks inside a page */
+    uint32_t elem_bytes; /* a K/V element: 4, a float; 2, an IEEE half */
+    float *scratch;      /* per thread: scratch_floats floats at thread · scratch_floats */
     size_t scratch_floats;
-    float *part;                      /* kvf__attn_part_floats floats, shared: split partials */
-    bool first_asked;                 /* a decode step's chunk i of n: kvf__attn_ask_first(b, i,
-                                       * n) ran in an earlier phase, so its first item's K/V
-                                       * lines are on their way */
-    struct kvf_act16 *outq;           /* when set, and items are whole decode tokens, each token's
-                                       * out row is also quantized into it, at row t
-                                       * (kvf__attn_quantizes) */
+    float *part;            /* kvf__attn_part_floats floats, shared: split partials */
+    bool first_asked;       /* a decode step's chunk i of n: kvf__attn_ask_first(b, i,
+                             * n) ran in an earlier phase, so its first item's K/V
+                             * lines are on their way */
+    struct kvf_act16 *outq; /* when set, and items are whole decode tokens, each token's
+                             * out row is also quantized into it, at row t
+                             * (kvf__attn_quantizes) */
 };
 
 /* Tokens of one sequence a prefill work item takes together (attention_x86.c's attn_segs):
@@ -123,7 +123,8 @@ static inline void kvf__attn_pf_step(struct kvf_attn_pf *pf)
         const uint8_t *r = pf->run[pf->run_at];
         uint32_t at = pf->line_at, end = pf->lines[pf->run_at];
         uint32_t k = end - at < c ? end - at : c;
-        for (uint32_t i = 0; i < k; i++) __builtin_prefetch(r + (size_t)(at + i) * 64, 0, 2);
+        for (uint32_t i = 0; i < k; i++)
+            __builtin_prefetch(r + (size_t)(at + i) * 64, 0, 2);
         c -= k;
         if (at + k == end) {
             pf->line_at = 0;
@@ -230,17 +231,17 @@ static inline float kvf__kv_elem(const void *row, uint32_t e, uint32_t elem_byte
  * lane — the clamp written as its max/min, fmaf where it uses FMA, the same constants — so the
  * two give the same bits, and a scalar tail computes exactly what a vector lane would.
  */
-#define KVF_EXP_LO (-110.0f)      /* below: e^x rounds to 0 anyway */
-#define KVF_EXP_HI 90.0f          /* above: e^x overflows to +inf anyway */
-#define KVF_EXP_LOG2E 1.44269502f
-#define KVF_EXP_LN2_HI 0.693359375f     /* 355/512: k · LN2_HI is exact */
+#define KVF_EXP_LO     (-110.0f) /* below: e^x rounds to 0 anyway */
+#define KVF_EXP_HI     90.0f     /* above: e^x overflows to +inf anyway */
+#define KVF_EXP_LOG2E  1.44269502f
+#define KVF_EXP_LN2_HI 0.693359375f      /* 355/512: k · LN2_HI is exact */
 #define KVF_EXP_LN2_LO (-2.12194440e-4f) /* ln 2 − LN2_HI */
-#define KVF_EXP_C2 (1.0f / 2.0f)
-#define KVF_EXP_C3 (1.0f / 6.0f)
-#define KVF_EXP_C4 (1.0f / 24.0f)
-#define KVF_EXP_C5 (1.0f / 120.0f)
-#define KVF_EXP_C6 (1.0f / 720.0f)
-#define KVF_EXP_C7 (1.0f / 5040.0f)
+#define KVF_EXP_C2     (1.0f / 2.0f)
+#define KVF_EXP_C3     (1.0f / 6.0f)
+#define KVF_EXP_C4     (1.0f / 24.0f)
+#define KVF_EXP_C5     (1.0f / 120.0f)
+#define KVF_EXP_C6     (1.0f / 720.0f)
+#define KVF_EXP_C7     (1.0f / 5040.0f)
 
 static inline float kvf__expf(float x)
 {
@@ -260,7 +261,10 @@ static inline float kvf__expf(float x)
     int32_t ki = (int32_t)k;
     int32_t k1 = (ki - (ki & 1)) / 2; /* floor(ki / 2), as the vector's arithmetic shift */
     int32_t k2 = ki - k1;
-    union { uint32_t u; float f; } s1, s2;
+    union {
+        uint32_t u;
+        float f;
+    } s1, s2;
     s1.u = (uint32_t)(k1 + 127) << 23;
     s2.u = (uint32_t)(k2 + 127) << 23;
     return p * s1.f * s2.f;
@@ -288,9 +292,9 @@ void kvf__swiglu_scalar(float *g, const float *u, uint32_t n);
 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                         uint32_t seg, float *part, size_t part_stride, float *scores,
                         struct kvf_attn_pf *pf);
-void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
-                         uint32_t h0, uint32_t h1, uint32_t seg, float *part,
-                         size_t part_stride, size_t tok_stride, float *scores);
+void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                         uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                         size_t tok_stride, float *scores);
 void kvf__attn_tok_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
                         size_t part_stride, float *scores, struct kvf_attn_pf *pf);
 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n);
@@ -303,8 +307,8 @@ void kvf__attn_tok_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg
 void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                         uint32_t seg, float *part, size_t part_stride, float *scores,
                         struct kvf_attn_pf *pf);
-void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
-                         uint32_t h0, uint32_t h1, uint32_t seg, float *part,
-                         size_t part_stride, size_t tok_stride, float *scores);
+void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                         uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                         size_t tok_stride, float *scores);
 
 #endif

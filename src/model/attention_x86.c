@@ -33,8 +33,8 @@
 /* kvf__expf (attention.h), lane by lane, with the same operations in the same order. */
 AVX2 INLINE __m256 exp8(__m256 x)
 {
-    __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(KVF_EXP_LO));  /* x > LO ? x : LO */
-    xc = _mm256_min_ps(xc, _mm256_set1_ps(KVF_EXP_HI));        /* xc < HI ? xc : HI */
+    __m256 xc = _mm256_max_ps(x, _mm256_set1_ps(KVF_EXP_LO)); /* x > LO ? x : LO */
+    xc = _mm256_min_ps(xc, _mm256_set1_ps(KVF_EXP_HI));       /* xc < HI ? xc : HI */
     __m256 k = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(KVF_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-KVF_EXP_LN2_HI), xc);
@@ -58,8 +58,10 @@ AVX2 INLINE __m256 exp8(__m256 x)
 AVX2 void kvf__exp_avx2(float *y, const float *x, uint32_t n)
 {
     uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
-    for (; i < n; i++) y[i] = kvf__expf(x[i]);
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        y[i] = kvf__expf(x[i]);
 }
 
 /* Lane j = the sum of a_j's 8 lanes, ((0+1) + (2+3)) + ((4+5) + (6+7)), for every j. */
@@ -90,16 +92,20 @@ AVX2 INLINE void dotH8x8(const float *const *q, const void *const k[8], uint32_t
 {
     __m256 acc[3][8];
     for (int h = 0; h < H; h++)
-        for (int j = 0; j < 8; j++) acc[h][j] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++)
+            acc[h][j] = _mm256_setzero_ps();
     for (uint32_t c = 0; c < nc; c++) {
         __m256 qv[3];
-        for (int h = 0; h < H; h++) qv[h] = _mm256_loadu_ps(q[h] + 8 * c);
+        for (int h = 0; h < H; h++)
+            qv[h] = _mm256_loadu_ps(q[h] + 8 * c);
         for (int j = 0; j < 8; j++) {
             __m256 kv = load_kv8(k[j], 8 * c, F16);
-            for (int h = 0; h < H; h++) acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
+            for (int h = 0; h < H; h++)
+                acc[h][j] = _mm256_fmadd_ps(qv[h], kv, acc[h][j]);
         }
     }
-    for (int h = 0; h < H; h++) d[h] = hsum8x8(acc[h]);
+    for (int h = 0; h < H; h++)
+        d[h] = hsum8x8(acc[h]);
 }
 
 /* The scores of query heads [h, h + hb) (hb ≤ HB ≤ 3) of one token (its query at q) against the
@@ -116,9 +122,12 @@ AVX2 INLINE void score_heads(const float *q, const void *const k8[8], uint32_t h
         kvf__attn_pf_step(pf);
         qh[x] = q + (size_t)(h + x) * hd;
     }
-    if (HB >= 3 && hb == 3) dotH8x8(qh, k8, nc, 3, F16, d);
-    else if (HB >= 2 && hb == 2) dotH8x8(qh, k8, nc, 2, F16, d);
-    else dotH8x8(qh, k8, nc, 1, F16, d);
+    if (HB >= 3 && hb == 3)
+        dotH8x8(qh, k8, nc, 3, F16, d);
+    else if (HB >= 2 && hb == 2)
+        dotH8x8(qh, k8, nc, 2, F16, d);
+    else
+        dotH8x8(qh, k8, nc, 1, F16, d);
     for (uint32_t x = 0; x < hb; x++)
         _mm256_storeu_ps(sc + x * KVF_ATTN_SCORE_STRIDE, _mm256_mul_ps(d[x], scale));
 }
@@ -137,7 +146,8 @@ AVX2 INLINE void wsum_cols(float *out, const float *w, const void *const *rows, 
         for (int c = 0; c < NV; c++)
             acc[c] = _mm256_fmadd_ps(wj, load_kv8(rows[j], col + 8 * c, F16), acc[c]);
     }
-    for (int c = 0; c < NV; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+    for (int c = 0; c < NV; c++)
+        _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
 /* wsum_cols over the nc vectors of a row from element e0, 8 vectors (64 elements) at a time. */
@@ -148,14 +158,30 @@ AVX2 INLINE void wsum(float *out, const float *w, const void *const *rows, size_
         float *o = out + 8 * (size_t)c0;
         size_t col = e0 + 8 * (size_t)c0;
         switch (nc - c0 < 8 ? nc - c0 : 8) {
-        case 1: wsum_cols(o, w, rows, col, m, first, 1, F16); break;
-        case 2: wsum_cols(o, w, rows, col, m, first, 2, F16); break;
-        case 3: wsum_cols(o, w, rows, col, m, first, 3, F16); break;
-        case 4: wsum_cols(o, w, rows, col, m, first, 4, F16); break;
-        case 5: wsum_cols(o, w, rows, col, m, first, 5, F16); break;
-        case 6: wsum_cols(o, w, rows, col, m, first, 6, F16); break;
-        case 7: wsum_cols(o, w, rows, col, m, first, 7, F16); break;
-        default: wsum_cols(o, w, rows, col, m, first, 8, F16); break;
+        case 1:
+            wsum_cols(o, w, rows, col, m, first, 1, F16);
+            break;
+        case 2:
+            wsum_cols(o, w, rows, col, m, first, 2, F16);
+            break;
+        case 3:
+            wsum_cols(o, w, rows, col, m, first, 3, F16);
+            break;
+        case 4:
+            wsum_cols(o, w, rows, col, m, first, 4, F16);
+            break;
+        case 5:
+            wsum_cols(o, w, rows, col, m, first, 5, F16);
+            break;
+        case 6:
+            wsum_cols(o, w, rows, col, m, first, 6, F16);
+            break;
+        case 7:
+            wsum_cols(o, w, rows, col, m, first, 7, F16);
+            break;
+        default:
+            wsum_cols(o, w, rows, col, m, first, 8, F16);
+            break;
         }
     }
 }
@@ -166,12 +192,15 @@ AVX2 static float softmax_row(float *sc, uint32_t n, float *mx_out)
 {
     uint32_t n8 = n & ~7u;
     __m256 mv = _mm256_set1_ps(-INFINITY);
-    for (uint32_t i = 0; i < n8; i += 8) mv = _mm256_max_ps(_mm256_loadu_ps(sc + i), mv);
+    for (uint32_t i = 0; i < n8; i += 8)
+        mv = _mm256_max_ps(_mm256_loadu_ps(sc + i), mv);
     float lanes[8], mx;
     _mm256_storeu_ps(lanes, mv);
     mx = lanes[0];
-    for (int l = 1; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
-    for (uint32_t i = n8; i < n; i++) mx = sc[i] > mx ? sc[i] : mx;
+    for (int l = 1; l < 8; l++)
+        mx = lanes[l] > mx ? lanes[l] : mx;
+    for (uint32_t i = n8; i < n; i++)
+        mx = sc[i] > mx ? sc[i] : mx;
     /* A NaN score may or may not win the max; either way its own exp, and the sum, are NaN. */
     __m256 mxv = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
     for (uint32_t i = 0; i < n8; i += 8) {
@@ -205,8 +234,8 @@ VNNI INLINE __m512 load_kv16(const void *row, size_t e, const int F16)
  * wsum_cols gives it, in the same order (w[h][j] · v_j[e] into acc, j ascending), so the sums
  * are wsum_cols's bit for bit, with a sixth of the loads and half the FMAs. H · NZ ≤ 12. */
 VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void *const *rows,
-                            size_t e0, size_t col, uint32_t m, int first, const int H,
-                            const int NZ, const int NY, const int F16)
+                            size_t e0, size_t col, uint32_t m, int first, const int H, const int NZ,
+                            const int NY, const int F16)
 {
     __m512 acc[3][4];
     __m256 accy[3];
@@ -217,10 +246,12 @@ VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void
     }
     for (uint32_t j = 0; j < m; j++) {
         __m512 wj[3];
-        for (int h = 0; h < H; h++) wj[h] = _mm512_set1_ps(w[h][j]);
+        for (int h = 0; h < H; h++)
+            wj[h] = _mm512_set1_ps(w[h][j]);
         for (int z = 0; z < NZ; z++) {
             __m512 vv = load_kv16(rows[j], e0 + col + 16 * z, F16);
-            for (int h = 0; h < H; h++) acc[h][z] = _mm512_fmadd_ps(wj[h], vv, acc[h][z]);
+            for (int h = 0; h < H; h++)
+                acc[h][z] = _mm512_fmadd_ps(wj[h], vv, acc[h][z]);
         }
         if (NY) {
             __m256 vv = load_kv8(rows[j], e0 + col + 16 * NZ, F16);
@@ -229,38 +260,61 @@ VNNI INLINE void wsumZ_cols(float *const *out, const float *const *w, const void
         }
     }
     for (int h = 0; h < H; h++) {
-        for (int z = 0; z < NZ; z++) _mm512_storeu_ps(out[h] + col + 16 * z, acc[h][z]);
+        for (int z = 0; z < NZ; z++)
+            _mm512_storeu_ps(out[h] + col + 16 * z, acc[h][z]);
         if (NY) _mm256_storeu_ps(out[h] + col + 16 * NZ, accy[h]);
     }
 }
 
-#define WSUMZ_CASES(H, F16)                                                                      \
-    switch (nc - c0 < 8 ? nc - c0 : 8) {                                                         \
-    case 1: wsumZ_cols(out, w, rows, e0, col, m, first, H, 0, 1, F16); break;                   \
-    case 2: wsumZ_cols(out, w, rows, e0, col, m, first, H, 1, 0, F16); break;                   \
-    case 3: wsumZ_cols(out, w, rows, e0, col, m, first, H, 1, 1, F16); break;                   \
-    case 4: wsumZ_cols(out, w, rows, e0, col, m, first, H, 2, 0, F16); break;                   \
-    case 5: wsumZ_cols(out, w, rows, e0, col, m, first, H, 2, 1, F16); break;                   \
-    case 6: wsumZ_cols(out, w, rows, e0, col, m, first, H, 3, 0, F16); break;                   \
-    case 7: wsumZ_cols(out, w, rows, e0, col, m, first, H, 3, 1, F16); break;                   \
-    default: wsumZ_cols(out, w, rows, e0, col, m, first, H, 4, 0, F16); break;                  \
+#define WSUMZ_CASES(H, F16)                                                                        \
+    switch (nc - c0 < 8 ? nc - c0 : 8) {                                                           \
+    case 1:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 0, 1, F16);                                 \
+        break;                                                                                     \
+    case 2:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 1, 0, F16);                                 \
+        break;                                                                                     \
+    case 3:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 1, 1, F16);                                 \
+        break;                                                                                     \
+    case 4:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 2, 0, F16);                                 \
+        break;                                                                                     \
+    case 5:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 2, 1, F16);                                 \
+        break;                                                                                     \
+    case 6:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 3, 0, F16);                                 \
+        break;                                                                                     \
+    case 7:                                                                                        \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 3, 1, F16);                                 \
+        break;                                                                                     \
+    default:                                                                                       \
+        wsumZ_cols(out, w, rows, e0, col, m, first, H, 4, 0, F16);                                 \
+        break;                                                                                     \
     }
 
 /* The V pass of H (1 to 3) heads over m positions, for the "avx2+vnni" variant: wsum's values
  * for each head. A call, not inlined, so that the AVX2 kernel body (attn_segs) can reach it. */
-VNNI static void wsumZ(float *const *out, const float *const *w, const void *const *rows,
-                       size_t e0, uint32_t m, int first, uint32_t nc, uint32_t H, int F16)
+VNNI static void wsumZ(float *const *out, const float *const *w, const void *const *rows, size_t e0,
+                       uint32_t m, int first, uint32_t nc, uint32_t H, int F16)
 {
     for (uint32_t c0 = 0; c0 < nc; c0 += 8) {
         size_t col = 8 * (size_t)c0;
         if (F16) {
-            if (H == 3) WSUMZ_CASES(3, 1)
-            else if (H == 2) WSUMZ_CASES(2, 1)
-            else WSUMZ_CASES(1, 1)
+            if (H == 3)
+                WSUMZ_CASES(3, 1)
+            else if (H == 2)
+                WSUMZ_CASES(2, 1)
+            else
+                WSUMZ_CASES(1, 1)
         } else {
-            if (H == 3) WSUMZ_CASES(3, 0)
-            else if (H == 2) WSUMZ_CASES(2, 0)
-            else WSUMZ_CASES(1, 0)
+            if (H == 3)
+                WSUMZ_CASES(3, 0)
+            else if (H == 2)
+                WSUMZ_CASES(2, 0)
+            else
+                WSUMZ_CASES(1, 0)
         }
     }
 }
@@ -273,8 +327,10 @@ AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_b
 {
     for (uint32_t j = 0; j < n; j++)
         for (size_t e = 0; e < row_bytes; e += 64) {
-            if (hint == _MM_HINT_T0) _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T0);
-            else _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T1);
+            if (hint == _MM_HINT_T0)
+                _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T0);
+            else
+                _mm_prefetch((const char *)rows[j] + e, _MM_HINT_T1);
         }
 }
 
@@ -292,8 +348,8 @@ AVX2 INLINE void prefetch_rows(const void *const *rows, uint32_t n, size_t row_b
  */
 AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
                            uint32_t h1, uint32_t seg, float *part, size_t part_stride,
-                           size_t tok_stride, float *scores, struct kvf_attn_pf *pf,
-                           const int F16, const int HB)
+                           size_t tok_stride, float *scores, struct kvf_attn_pf *pf, const int F16,
+                           const int HB)
 {
     uint32_t hd = b->head_dim;
     const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
@@ -316,7 +372,8 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
             if (j0 >= nu) continue;
             const float *q = b->q + (size_t)(t0 + u) * b->n_heads * hd;
             const void *k8[8];
-            for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < nu ? j0 + j : j0];
+            for (uint32_t j = 0; j < 8; j++)
+                k8[j] = rows[j0 + j < nu ? j0 + j : j0];
             for (uint32_t h = h0; h < h1; h += HB)
                 score_heads(q, k8, h, h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB, hd, scale,
                             scores + (u * nh + h - h0) * KVF_ATTN_SCORE_STRIDE + j0, pf, F16, HB);
@@ -346,8 +403,10 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
                     out[x] = part + u * tok_stride + (h + x - h0) * part_stride;
                     w[x] = scores + (u * nh + h + x - h0) * KVF_ATTN_SCORE_STRIDE + j0;
                 }
-                if (HB > 1) wsumZ(out, w, vrows + j0, 0, m, j0 == 0, nc, hb, F16);
-                else wsum(out[0], w[0], vrows + j0, 0, m, j0 == 0, nc, F16);
+                if (HB > 1)
+                    wsumZ(out, w, vrows + j0, 0, m, j0 == 0, nc, hb, F16);
+                else
+                    wsum(out[0], w[0], vrows + j0, 0, m, j0 == 0, nc, F16);
             }
         }
 }
@@ -361,8 +420,8 @@ AVX2 INLINE void attn_segs(const struct kvf_attn_batch *b, uint32_t t0, uint32_t
  * at once, so a slot is read whole while it is in L1.
  */
 AVX2 INLINE void attn_tok(const struct kvf_attn_batch *b, uint32_t t, uint32_t seg, float *part,
-                          size_t part_stride, float *scores, struct kvf_attn_pf *pf,
-                          const int F16, const int HB)
+                          size_t part_stride, float *scores, struct kvf_attn_pf *pf, const int F16,
+                          const int HB)
 {
     uint32_t hd = b->head_dim, nc = hd / 8, n_kv = b->n_kv_heads, group = b->n_heads / n_kv;
     const void *rows[KVF_ATTN_SEG], *vrows[KVF_ATTN_SEG];
@@ -376,13 +435,16 @@ AVX2 INLINE void attn_tok(const struct kvf_attn_batch *b, uint32_t t, uint32_t s
     kvf__attn_rows(b, s, b->v_off, 0, p0, n, vrows);
     prefetch_rows(rows, n < 16 ? n : 16, slot_bytes, _MM_HINT_T0); /* whole slots */
     for (uint32_t j0 = 0; j0 < n; j0 += 8) {
-        if (j0 + 16 < n) prefetch_rows(rows + j0 + 16, n - j0 - 16 < 8 ? n - j0 - 16 : 8,
-                                       slot_bytes, _MM_HINT_T0);
+        if (j0 + 16 < n)
+            prefetch_rows(rows + j0 + 16, n - j0 - 16 < 8 ? n - j0 - 16 : 8, slot_bytes,
+                          _MM_HINT_T0);
         const uint8_t *k8[8];
-        for (uint32_t j = 0; j < 8; j++) k8[j] = rows[j0 + j < n ? j0 + j : j0];
+        for (uint32_t j = 0; j < 8; j++)
+            k8[j] = rows[j0 + j < n ? j0 + j : j0];
         for (uint32_t kvh = 0; kvh < n_kv; kvh++) {
             const void *kk[8];
-            for (uint32_t j = 0; j < 8; j++) kk[j] = k8[j] + kvh * head_bytes;
+            for (uint32_t j = 0; j < 8; j++)
+                kk[j] = k8[j] + kvh * head_bytes;
             for (uint32_t h = kvh * group, h1 = (kvh + 1) * group; h < h1; h += HB)
                 score_heads(q, kk, h, h1 - h < (uint32_t)HB ? h1 - h : (uint32_t)HB, hd, scale,
                             scores + h * KVF_ATTN_SCORE_STRIDE + j0, pf, F16, HB);
@@ -396,16 +458,18 @@ AVX2 INLINE void attn_tok(const struct kvf_attn_batch *b, uint32_t t, uint32_t s
         uint32_t m = n - j0 < V_RUN ? n - j0 : V_RUN;
         for (uint32_t kvh = 0; kvh < n_kv; kvh++)
             for (uint32_t h = kvh * group; h < (kvh + 1) * group; h += HB) {
-                uint32_t hb = (kvh + 1) * group - h < (uint32_t)HB ? (kvh + 1) * group - h
-                                                                   : (uint32_t)HB;
+                uint32_t hb =
+                    (kvh + 1) * group - h < (uint32_t)HB ? (kvh + 1) * group - h : (uint32_t)HB;
                 float *out[3];
                 const float *w[3];
                 for (uint32_t x = 0; x < hb; x++) {
                     out[x] = part + (h + x) * part_stride;
                     w[x] = scores + (h + x) * KVF_ATTN_SCORE_STRIDE + j0;
                 }
-                if (HB > 1) wsumZ(out, w, vrows + j0, (size_t)kvh * hd, m, j0 == 0, nc, hb, F16);
-                else wsum(out[0], w[0], vrows + j0, (size_t)kvh * hd, m, j0 == 0, nc, F16);
+                if (HB > 1)
+                    wsumZ(out, w, vrows + j0, (size_t)kvh * hd, m, j0 == 0, nc, hb, F16);
+                else
+                    wsum(out[0], w[0], vrows + j0, (size_t)kvh * hd, m, j0 == 0, nc, F16);
             }
     }
 }
@@ -420,7 +484,8 @@ AVX2 INLINE void seg_entry(const struct kvf_attn_batch *b, uint32_t t, uint32_t 
         kvf__attn_seg_scalar(b, t, h0, h1, seg, part, part_stride, scores, pf);
     else if (b->elem_bytes == 2)
         attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 1, HB);
-    else attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, HB);
+    else
+        attn_segs(b, t, 1, h0, h1, seg, part, part_stride, 0, scores, pf, 0, HB);
 }
 
 AVX2 INLINE void segs_entry(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
@@ -432,7 +497,8 @@ AVX2 INLINE void segs_entry(const struct kvf_attn_batch *b, uint32_t t0, uint32_
         kvf__attn_segs_scalar(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores);
     else if (b->elem_bytes == 2)
         attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 1, HB);
-    else attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, HB);
+    else
+        attn_segs(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, NULL, 0, HB);
 }
 
 AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
@@ -442,19 +508,19 @@ AVX2 void kvf__attn_seg_avx2(const struct kvf_attn_batch *b, uint32_t t, uint32_
     seg_entry(b, t, h0, h1, seg, part, part_stride, scores, pf, 1);
 }
 
-AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
-                              uint32_t h0, uint32_t h1, uint32_t seg, float *part,
-                              size_t part_stride, size_t tok_stride, float *scores)
+AVX2 void kvf__attn_segs_avx2(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                              uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                              size_t tok_stride, float *scores)
 {
     segs_entry(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, 1);
 }
 
-/* The same kernels with up to three query heads of a group at a time (dotH8x8 with H = 3, wsumZ): one
- * load of each K and V chunk serves them all, where one head at a time loads it once per
- * head, and the V pass runs on 512-bit vectors. The values are the AVX2 kernels' bit for bit
- * (tested); the score pass's 24 accumulators need the 32 registers that AVX-512 (here with VL)
- * gives 256-bit vectors. (Its 512-bit form — two heads in the halves of each accumulator, the
- * same reduction tree per half — was tried: no faster, 4-7% slower with halves.) */
+/* The same kernels with up to three query heads of a group at a time (dotH8x8 with H = 3, wsumZ):
+ * one load of each K and V chunk serves them all, where one head at a time loads it once per head,
+ * and the V pass runs on 512-bit vectors. The values are the AVX2 kernels' bit for bit (tested);
+ * the score pass's 24 accumulators need the 32 registers that AVX-512 (here with VL) gives 256-bit
+ * vectors. (Its 512-bit form — two heads in the halves of each accumulator, the same reduction tree
+ * per half — was tried: no faster, 4-7% slower with halves.) */
 VNNI void kvf__attn_seg_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_t h0, uint32_t h1,
                              uint32_t seg, float *part, size_t part_stride, float *scores,
                              struct kvf_attn_pf *pf)
@@ -489,9 +555,9 @@ VNNI void kvf__attn_tok_vnni(const struct kvf_attn_batch *b, uint32_t t, uint32_
     tok_entry(b, t, seg, part, part_stride, scores, pf, 3);
 }
 
-VNNI void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb,
-                              uint32_t h0, uint32_t h1, uint32_t seg, float *part,
-                              size_t part_stride, size_t tok_stride, float *scores)
+VNNI void kvf__attn_segs_vnni(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
+                              uint32_t h1, uint32_t seg, float *part, size_t part_stride,
+                              size_t tok_stride, float *scores)
 {
     segs_entry(b, t0, nb, h0, h1, seg, part, part_stride, tok_stride, scores, 3);
 }
@@ -505,10 +571,11 @@ AVX2 void kvf__swiglu_avx2(float *g, const float *u, uint32_t n)
     for (; i + 8 <= n; i += 8) {
         __m256 gv = _mm256_loadu_ps(g + i);
         __m256 e = exp8(_mm256_xor_ps(gv, sign));
-        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)),
-                                              _mm256_loadu_ps(u + i)));
+        _mm256_storeu_ps(
+            g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
     }
-    for (; i < n; i++) g[i] = kvf__swiglu1(g[i], u[i]);
+    for (; i < n; i++)
+        g[i] = kvf__swiglu1(g[i], u[i]);
 }
 
 /* exp8 on 16 lanes: the same operations lane by lane (vrndscaleps to nearest is vroundps's
@@ -547,8 +614,8 @@ VNNI void kvf__swiglu_vnni(float *g, const float *u, uint32_t n)
         __m512 gv = _mm512_loadu_ps(g + i);
         __m512 e = exp16(_mm512_castsi512_ps(
             _mm512_xor_si512(_mm512_castps_si512(gv), _mm512_castps_si512(sign))));
-        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)),
-                                              _mm512_loadu_ps(u + i)));
+        _mm512_storeu_ps(
+            g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
     }
     kvf__swiglu_avx2(g + i, u + i, n - i);
 }

@@ -38,42 +38,42 @@
 
 struct kvf_fwd {
     const kvf_model_t *m;
-    uint64_t layers_done;     /* layers computed, ever: read by other threads (atomic access) */
+    uint64_t layers_done; /* layers computed, ever: read by other threads (atomic access) */
     const struct kvf_alloc_ops *alloc; /* where this and the arena came from */
-    uint8_t *arena;           /* every scratch buffer below, 64-byte aligned, one allocation */
+    uint8_t *arena; /* every scratch buffer below, 64-byte aligned, one allocation */
     size_t arena_bytes;
     struct kvf_tpool *tp;
     uint32_t max_tokens, max_seqs;
-    uint32_t max_ctx;         /* positions a sequence may reach: the scratch is sized for it */
-    uint32_t n_chunks;        /* chunks per parallel phase: 4 per thread, 1 without workers;
-                               * the matrix products and a decode step's attention take one per
-                               * thread (kvf_fwd_run) */
-    float *x;                 /* (max_tokens, dim) the residual stream */
-    float *xb;                /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
-    float *o;                 /* (max_tokens, dim) output of Wo and Wdown before the residual add */
-    struct kvf_act16 xq;      /* the current matmul input quantized for Q8_0 weights: (max_tokens,
-                               * max(dim, q_dim, ffn_dim) rounded up to 32) int16, a scale each,
-                               * and a sum per 32 */
-    float *q;                 /* (max_tokens, q_dim) */
-    float *k, *v;             /* (max_tokens, kv_dim) */
-    float *hg, *hu;           /* (max_tokens, ffn_dim) gate (then h), up */
-    float *rope;              /* (max_tokens, head_dim / 2, 2) cos, sin per token and pair */
-    float *scores;            /* (n_threads, kvf__attn_scratch_floats) attention scratch */
+    uint32_t max_ctx;    /* positions a sequence may reach: the scratch is sized for it */
+    uint32_t n_chunks;   /* chunks per parallel phase: 4 per thread, 1 without workers;
+                          * the matrix products and a decode step's attention take one per
+                          * thread (kvf_fwd_run) */
+    float *x;            /* (max_tokens, dim) the residual stream */
+    float *xb;           /* (max_tokens, max(dim, q_dim)) normed input, or attention out */
+    float *o;            /* (max_tokens, dim) output of Wo and Wdown before the residual add */
+    struct kvf_act16 xq; /* the current matmul input quantized for Q8_0 weights: (max_tokens,
+                          * max(dim, q_dim, ffn_dim) rounded up to 32) int16, a scale each,
+                          * and a sum per 32 */
+    float *q;            /* (max_tokens, q_dim) */
+    float *k, *v;        /* (max_tokens, kv_dim) */
+    float *hg, *hu;      /* (max_tokens, ffn_dim) gate (then h), up */
+    float *rope;         /* (max_tokens, head_dim / 2, 2) cos, sin per token and pair */
+    float *scores;       /* (n_threads, kvf__attn_scratch_floats) attention scratch */
     size_t scores_per_thread;
-    float *attn_part;         /* kvf__attn_part_floats: attention partials shared by threads */
-    float *wrow;              /* (n_threads, max(dim, q_dim, ffn_dim)) one dequantized row */
-    float *outx;              /* (max_seqs, dim) normed final rows of logit tokens */
-    float *out;               /* (max_seqs, n_vocab) logits before they are copied out */
-    uint32_t *tok_seq;        /* [max_tokens] which sequence a token belongs to */
-    uint32_t *tok_pos;        /* [max_tokens] its position */
-    int32_t *tok_id;          /* [max_tokens] its id */
-    uint32_t *out_tok;        /* [max_seqs] which token's row gives each sequence's logits */
-    uint32_t *out_seq;        /* [max_seqs] and which sequence it is */
+    float *attn_part;  /* kvf__attn_part_floats: attention partials shared by threads */
+    float *wrow;       /* (n_threads, max(dim, q_dim, ffn_dim)) one dequantized row */
+    float *outx;       /* (max_seqs, dim) normed final rows of logit tokens */
+    float *out;        /* (max_seqs, n_vocab) logits before they are copied out */
+    uint32_t *tok_seq; /* [max_tokens] which sequence a token belongs to */
+    uint32_t *tok_pos; /* [max_tokens] its position */
+    int32_t *tok_id;   /* [max_tokens] its id */
+    uint32_t *out_tok; /* [max_seqs] which token's row gives each sequence's logits */
+    uint32_t *out_seq; /* [max_seqs] and which sequence it is */
     /* The batch between kvf_fwd_prepare and kvf_fwd_commit. */
     bool prepared, computed;
     struct kvf_fwd_seq *seqs;
     uint32_t n_seqs, nt, n_out, n_ok;
-    uint8_t *pool_base;       /* the pool's data region (fixed for the pool's life) */
+    uint8_t *pool_base; /* the pool's data region (fixed for the pool's life) */
     size_t page_bytes;
     struct kvf_pool_geometry geo;
 };
@@ -82,19 +82,19 @@ struct kvf_fwd {
 struct job {
     struct kvf_fwd *f;
     const struct kvf_layer *L;
-    uint32_t nt;               /* tokens in the batch */
+    uint32_t nt; /* tokens in the batch */
     const struct kvf_fwd_seq *seqs;
-    const uint8_t *pool_base;  /* page p's data is at pool_base + p * page_bytes */
+    const uint8_t *pool_base; /* page p's data is at pool_base + p * page_bytes */
     size_t page_bytes;
     const struct kvf_pool_geometry *geo;
     uint32_t layer;
-    uint32_t n_out;            /* logit rows */
-    struct kvf_attn_batch attn;/* this layer's attention (attention.h) */
+    uint32_t n_out;             /* logit rows */
+    struct kvf_attn_batch attn; /* this layer's attention (attention.h) */
     /* The per-row phase (norm_quant): rows [0, nt) of src (stride ld) are RMS-normed with
      * norm_w when norm_w is set — into dst, or with dst NULL into a scratch row that only the
      * quantization reads — then quantized into f->xq (16 bits) when quant is set. */
     const float *src;
-    float *resid;              /* with add: src's rows, x, get add's rows added first */
+    float *resid; /* with add: src's rows, x, get add's rows added first */
     const float *add;
     float *dst;
     const float *norm_w;
@@ -129,7 +129,8 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
 static size_t layout(kvf_fwd_t *f, uint8_t *base, uint32_t nth, size_t T, size_t S)
 {
     const struct kvf_model_hparams *hp = &f->m->hp;
-    size_t q_dim = (size_t)hp->n_heads * hp->head_dim, kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t q_dim = (size_t)hp->n_heads * hp->head_dim,
+           kv_dim = (size_t)hp->n_kv_heads * hp->head_dim;
     size_t widest = max3(hp->dim, q_dim, hp->ffn_dim), off = 0;
     f->xq.ld = (widest + KVF_QK - 1) / KVF_QK * KVF_QK;
     f->scores_per_thread = kvf__attn_scratch_floats(f->max_ctx, hp->n_heads, hp->head_dim);
@@ -146,8 +147,10 @@ static size_t layout(kvf_fwd_t *f, uint8_t *base, uint32_t nth, size_t T, size_t
     f->hu = carve(base, &off, T * hp->ffn_dim * sizeof(float));
     f->rope = carve(base, &off, T * hp->head_dim * sizeof(float));
     f->scores = carve(base, &off, (size_t)nth * f->scores_per_thread * sizeof(float));
-    f->attn_part = carve(base, &off, kvf__attn_part_floats(f->max_ctx, hp->n_heads, hp->head_dim,
-                                                           (uint32_t)T, f->n_chunks) * sizeof(float));
+    f->attn_part = carve(
+        base, &off,
+        kvf__attn_part_floats(f->max_ctx, hp->n_heads, hp->head_dim, (uint32_t)T, f->n_chunks) *
+            sizeof(float));
     f->wrow = carve(base, &off, (size_t)nth * widest * sizeof(float));
     f->outx = carve(base, &off, S * hp->dim * sizeof(float));
     f->out = carve(base, &off, S * hp->n_vocab * sizeof(float));
@@ -174,7 +177,8 @@ int kvf_fwd_create(const kvf_model_t *m, const struct kvf_fwd_config *cfg, kvf_f
     f->m = m;
     f->max_tokens = cfg->max_tokens;
     f->max_seqs = cfg->max_seqs;
-    f->max_ctx = cfg->max_context && cfg->max_context < m->hp.n_ctx ? cfg->max_context : m->hp.n_ctx;
+    f->max_ctx =
+        cfg->max_context && cfg->max_context < m->hp.n_ctx ? cfg->max_context : m->hp.n_ctx;
     f->n_chunks = nth > 1 ? 4 * nth : 1;
     /* Every scratch buffer in one arena from the allocation seam: one allocation to fail, and
      * nothing allocated after create (a step allocates nothing). */
@@ -231,8 +235,7 @@ static int check_seq(const kvf_model_t *m, uint32_t max_ctx, const kvf_pool_t *p
         /* Compute threads address page p as base + p × stride (pool.h's layout); a page that is
          * not where that says is refused rather than misread. */
         const uint8_t *data = kvf_pool_page_data(pool, s->pages[i].page);
-        if (!data || data != base + (size_t)s->pages[i].page * stride)
-            return KVF_E_MODEL_PAGE;
+        if (!data || data != base + (size_t)s->pages[i].page * stride) return KVF_E_MODEL_PAGE;
 #if !defined(KVF_NO_SAFETY_CHECKS)
         /* The reader checks (owner, tag, verified fill), compiled out only in `make
          * bench-overhead`'s comparison binary; the layout check above stays, compute needs it. */
@@ -261,13 +264,15 @@ static int check_seq(const kvf_model_t *m, uint32_t max_ctx, const kvf_pool_t *p
 static float *thread_row(const struct kvf_fwd *f, uint32_t thread)
 {
     const struct kvf_model_hparams *hp = &f->m->hp;
-    return f->wrow + (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
+    return f->wrow +
+           (size_t)thread * max3(hp->dim, (size_t)hp->n_heads * hp->head_dim, hp->ffn_dim);
 }
 
 /* x[c] += o[c] for c < n, in order (the residual add: one rounding per element). */
 static void add_row(float *restrict x, const float *restrict o, uint32_t n)
 {
-    for (uint32_t c = 0; c < n; c++) x[c] += o[c];
+    for (uint32_t c = 0; c < n; c++)
+        x[c] += o[c];
 }
 
 static void norm_quant_rows(struct job *j, uint32_t lo, uint32_t hi, uint32_t thread)
@@ -328,8 +333,10 @@ static void rows_pass(struct job *j, const float *add, const float *src, float *
     j->cols = cols;
     j->norm_w = norm_w;
     j->quant = quant;
-    if (j->nt >= PAR_ROWS_MIN) kvf__tpool_run(j->f->tp, job_norm_quant, j, j->f->n_chunks);
-    else norm_quant_rows(j, 0, j->nt, 0);
+    if (j->nt >= PAR_ROWS_MIN)
+        kvf__tpool_run(j->f->tp, job_norm_quant, j, j->f->n_chunks);
+    else
+        norm_quant_rows(j, 0, j->nt, 0);
 }
 
 /* RMSNorm (when norm_w; into dst, or when no product reads the normed floats, dst NULL, only
@@ -358,7 +365,8 @@ static void resid_norm_quant(struct job *j, const float *add, float *dst, const 
 static void add_bias(const float *b, float *y, uint32_t ld, uint32_t nt, uint32_t lo, uint32_t hi)
 {
     if (!b) return;
-    for (uint32_t t = 0; t < nt; t++) add_row(y + (size_t)t * ld + lo, b + lo, hi - lo);
+    for (uint32_t t = 0; t < nt; t++)
+        add_row(y + (size_t)t * ld + lo, b + lo, hi - lo);
 }
 
 static void job_qkv(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
@@ -458,8 +466,8 @@ static void job_logits(void *ctx, uint32_t i, uint32_t n, uint32_t thread)
     float *scratch = thread_row(f, thread);
     uint32_t lo, hi;
     kvf__split_rows(hp->n_vocab, i, n, &lo, &hi);
-    kvf__matmul(&f->m->output, f->outx, hp->dim, &f->xq, j->n_out, f->out, hp->n_vocab,
-                lo, hi, scratch);
+    kvf__matmul(&f->m->output, f->outx, hp->dim, &f->xq, j->n_out, f->out, hp->n_vocab, lo, hi,
+                scratch);
     /* Each chunk copies its own rows out while they are in cache: copied on the calling thread
      * after the phase, a batch-16 decode step's 3 MB of logits took 2-3% of the step. */
     for (uint32_t o = 0; o < j->n_out; o++)
@@ -514,7 +522,8 @@ static void rope_apply(float *x, const float *cs, uint32_t n_heads, uint32_t hd,
 static void head_norm(float *x, const float *w, uint32_t n_heads, uint32_t hd, float eps)
 {
     if (!w) return;
-    for (uint32_t h = 0; h < n_heads; h++) kvf__rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
+    for (uint32_t h = 0; h < n_heads; h++)
+        kvf__rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, eps);
 }
 
 /* Each token of [lo, hi): its embedding row into x, and its RoPE angles (double sin and cos,
@@ -580,7 +589,8 @@ int kvf_fwd_prepare(kvf_fwd_t *f, const kvf_pool_t *pool, struct kvf_fwd_seq *se
         return -EINVAL;
     if (n_seqs > f->max_seqs) return -EINVAL;
     uint64_t total = 0;
-    for (uint32_t s = 0; s < n_seqs; s++) total += seqs[s].n_tokens;
+    for (uint32_t s = 0; s < n_seqs; s++)
+        total += seqs[s].n_tokens;
     if (total > f->max_tokens) return -EINVAL;
 
     /* Checks first; a sequence that fails is out before anything is read or written. */
@@ -629,15 +639,22 @@ int kvf_fwd_compute(kvf_fwd_t *f)
     if (nt == 0) return 0;
 
     struct job j = {
-        .f = f, .nt = nt, .seqs = seqs, .pool_base = f->pool_base,
-        .page_bytes = f->page_bytes, .geo = geo, .n_out = n_out,
+        .f = f,
+        .nt = nt,
+        .seqs = seqs,
+        .pool_base = f->pool_base,
+        .page_bytes = f->page_bytes,
+        .geo = geo,
+        .n_out = n_out,
     };
     uint32_t dim = hp->dim, hd = hp->head_dim, pt = geo->page_tokens, eb = geo->elem_bytes;
     size_t q_dim = (size_t)hp->n_heads * hd, kv_dim = (size_t)hp->n_kv_heads * hd;
     uint8_t *base = f->pool_base;
 
-    if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_embed, &j, f->n_chunks);
-    else embed_rows(&j, 0, nt);
+    if (nt >= PAR_ROWS_MIN)
+        kvf__tpool_run(f->tp, job_embed, &j, f->n_chunks);
+    else
+        embed_rows(&j, 0, nt);
     /* A decode step's attention (one token per sequence, enough of them for whole-token items)
      * runs as one chunk per thread: each thread's items then follow one another in a known
      * order, so each can queue the next one's K/V while it computes (attention.h). Other
@@ -649,32 +666,49 @@ int kvf_fwd_compute(kvf_fwd_t *f)
      * 6-19% faster (alternated run by run, docs/MODEL_ENGINE.md). The price: a thread the OS
      * deschedules holds up the phase, where four chunks let the other take over. */
     uint32_t mm_chunks = kvf__tpool_size(f->tp);
-    uint32_t attn_chunks = nt == n_ok && nt >= 2u * f->n_chunks ? kvf__tpool_size(f->tp)
-                                                                : f->n_chunks;
+    uint32_t attn_chunks =
+        nt == n_ok && nt >= 2u * f->n_chunks ? kvf__tpool_size(f->tp) : f->n_chunks;
 
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const struct kvf_layer *L = &m->layers[l];
         j.L = L;
         j.layer = l;
-        float *xb_qkv = reads_floats(&L->wq) || reads_floats(&L->wk) || reads_floats(&L->wv)
-                            ? f->xb : NULL;
+        float *xb_qkv =
+            reads_floats(&L->wq) || reads_floats(&L->wk) || reads_floats(&L->wv) ? f->xb : NULL;
         bool q_qkv = reads_act16(&L->wq) || reads_act16(&L->wk) || reads_act16(&L->wv);
         /* x += the previous layer's down output, then the attention norm. */
-        if (l == 0) norm_quant(&j, f->x, xb_qkv, dim, dim, L->attn_norm, q_qkv);
-        else resid_norm_quant(&j, f->o, xb_qkv, L->attn_norm, q_qkv);
+        if (l == 0)
+            norm_quant(&j, f->x, xb_qkv, dim, dim, L->attn_norm, q_qkv);
+        else
+            resid_norm_quant(&j, f->o, xb_qkv, L->attn_norm, q_qkv);
         size_t k_off = kvf_geo_kv_offset(geo, l, 0), v_off = kvf_geo_kv_offset(geo, l, 1);
         j.attn = (struct kvf_attn_batch){
-            .nt = nt, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
-            .q = f->q, .out = f->xb, .tok_seq = f->tok_seq, .tok_pos = f->tok_pos, .seqs = seqs,
-            .pool_base = base, .page_bytes = j.page_bytes, .page_tokens = pt, .k_off = k_off,
-            .v_off = v_off, .elem_bytes = eb, .scratch = f->scores,
-            .scratch_floats = f->scores_per_thread, .part = f->attn_part,
+            .nt = nt,
+            .n_heads = hp->n_heads,
+            .n_kv_heads = hp->n_kv_heads,
+            .head_dim = hd,
+            .q = f->q,
+            .out = f->xb,
+            .tok_seq = f->tok_seq,
+            .tok_pos = f->tok_pos,
+            .seqs = seqs,
+            .pool_base = base,
+            .page_bytes = j.page_bytes,
+            .page_tokens = pt,
+            .k_off = k_off,
+            .v_off = v_off,
+            .elem_bytes = eb,
+            .scratch = f->scores,
+            .scratch_floats = f->scores_per_thread,
+            .part = f->attn_part,
             .outq = reads_act16(&L->wo) ? &f->xq : NULL,
             .first_asked = mm_chunks == attn_chunks,
         };
         kvf__tpool_run(f->tp, job_qkv, &j, mm_chunks);
-        if (nt >= PAR_ROWS_MIN) kvf__tpool_run(f->tp, job_rope, &j, f->n_chunks);
-        else rope_rows(&j, 0, nt);
+        if (nt >= PAR_ROWS_MIN)
+            kvf__tpool_run(f->tp, job_rope, &j, f->n_chunks);
+        else
+            rope_rows(&j, 0, nt);
         for (uint32_t t = 0; t < nt; t++) {
             /* K/V into this token's own slot: (slot, kv_head, dim) inside the layer's block. */
             const struct kvf_fwd_seq *s = &seqs[f->tok_seq[t]];
@@ -691,9 +725,9 @@ int kvf_fwd_compute(kvf_fwd_t *f)
         norm_quant(&j, f->xb, NULL, q_dim, (uint32_t)q_dim, NULL,
                    reads_act16(&L->wo) && !kvf__attn_quantizes(&j.attn, attn_chunks));
         kvf__tpool_run(f->tp, job_wo, &j, mm_chunks);
-        resid_norm_quant(&j, f->o, reads_floats(&L->w_gate) || reads_floats(&L->w_up) ? f->xb : NULL,
-                         L->ffn_norm,
-                         reads_act16(&L->w_gate) || reads_act16(&L->w_up));
+        resid_norm_quant(&j, f->o,
+                         reads_floats(&L->w_gate) || reads_floats(&L->w_up) ? f->xb : NULL,
+                         L->ffn_norm, reads_act16(&L->w_gate) || reads_act16(&L->w_up));
         kvf__tpool_run(f->tp, job_gate_up, &j, mm_chunks);
         norm_quant(&j, f->hg, NULL, hp->ffn_dim, hp->ffn_dim, NULL, reads_act16(&L->w_down));
         kvf__tpool_run(f->tp, job_down, &j, mm_chunks);

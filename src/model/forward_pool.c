@@ -34,7 +34,7 @@
  * worker is awake for the next phase rather than woken through the kernel (tens of
  * microseconds) after the caller has done most of the work alone. A PAUSE is only a few cycles
  * on some cores, so the bound is in time, read every SPIN_CHECK iterations. */
-#define SPIN_NS 300000ull
+#define SPIN_NS    300000ull
 #define SPIN_CHECK 128
 
 static uint64_t mono_ns(void)
@@ -104,7 +104,8 @@ static void *worker_main(void *arg)
             if (now - t0 < SPIN_NS) continue;
             pthread_mutex_lock(&p->mu);
             atomic_fetch_add(&p->sleepers, 1);
-            while (atomic_load(&p->gen) == seen) pthread_cond_wait(&p->cv_job, &p->mu);
+            while (atomic_load(&p->gen) == seen)
+                pthread_cond_wait(&p->cv_job, &p->mu);
             atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
@@ -157,7 +158,8 @@ void kvf__tpool_destroy(struct kvf_tpool *p)
     atomic_fetch_add(&p->gen, 1);
     pthread_cond_broadcast(&p->cv_job);
     pthread_mutex_unlock(&p->mu);
-    for (uint32_t i = 1; i < p->n; i++) pthread_join(p->w[i].th, NULL);
+    for (uint32_t i = 1; i < p->n; i++)
+        pthread_join(p->w[i].th, NULL);
     pthread_cond_destroy(&p->cv_job);
     pthread_mutex_destroy(&p->mu);
     const struct kvf_alloc_ops *a = p->alloc;
@@ -174,11 +176,13 @@ void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx, uint32_t n_
 {
     if (n_chunks == 0) return;
     if (p->n == 1 || n_chunks == 1 || n_chunks > TICKET_MASK) {
-        for (uint32_t c = 0; c < n_chunks; c++) fn(ctx, c, n_chunks, 0);
+        for (uint32_t c = 0; c < n_chunks; c++)
+            fn(ctx, c, n_chunks, 0);
         return;
     }
-    uint64_t job = ((atomic_load_explicit(&p->ticket, memory_order_relaxed) >> (2 * TICKET_BITS)) + 1) &
-                   0xFFFFFFu;
+    uint64_t job =
+        ((atomic_load_explicit(&p->ticket, memory_order_relaxed) >> (2 * TICKET_BITS)) + 1) &
+        0xFFFFFFu;
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);

@@ -25,7 +25,8 @@ typedef void (*kvf_tpool_fn)(void *ctx, uint32_t chunk, uint32_t n_chunks, uint3
  * left running). */
 struct kvf_alloc_ops;
 /* The pool's memory comes from alloc (NULL = kvf_default_alloc). */
-int kvf__tpool_create(uint32_t n_threads, const struct kvf_alloc_ops *alloc, struct kvf_tpool **out);
+int kvf__tpool_create(uint32_t n_threads, const struct kvf_alloc_ops *alloc,
+                      struct kvf_tpool **out);
 void kvf__tpool_destroy(struct kvf_tpool *p);
 void kvf__tpool_run(struct kvf_tpool *p, kvf_tpool_fn fn, void *ctx, uint32_t n_chunks);
 uint32_t kvf__tpool_size(const struct kvf_tpool *p);

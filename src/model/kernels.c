@@ -67,12 +67,12 @@ void kvf__matmul_warm(const struct kvf_weight *W, uint32_t r0, uint32_t r1, uint
     size_t group_bytes = kvf__packed_bytes(W->type, KVF_Q8G_ROWS, W->cols);
     if (group_bytes == 0) return;
     const char *p = (const char *)W->packed + (size_t)g0 * group_bytes;
-    for (size_t off = 0; off < groups * group_bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+    for (size_t off = 0; off < groups * group_bytes; off += 64)
+        __builtin_prefetch(p + off, 0, 2);
 }
 
-void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
-                 const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
-                 uint32_t r1, float *scratch)
+void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx, const struct kvf_act16 *xq,
+                 uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1, float *scratch)
 {
     if (r0 >= r1 || nt == 0) return;
     switch (W->type) {
@@ -81,8 +81,8 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
             kvf__kern->f32g_rows(W->packed, W->cols, x, ldx, nt, y, ldy, r0, r1);
             return;
         }
-        kvf__kern->f32_rows(W->data, W->row_bytes / sizeof(float), x, ldx, nt, W->cols, y, ldy,
-                            r0, r1);
+        kvf__kern->f32_rows(W->data, W->row_bytes / sizeof(float), x, ldx, nt, W->cols, y, ldy, r0,
+                            r1);
         return;
     case KVF_GGML_Q8_0:
     case KVF_GGML_Q5_0: /* packed as Q8_0 (kvf__q5_0_q8g_pack) */
@@ -95,20 +95,20 @@ void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
         goto rows;
     case KVF_GGML_Q5_1:
         if (!W->packed) goto rows;
-        kvf__kern->q8m_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y,
-                            ldy, r0, r1);
+        kvf__kern->q8m_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
+                            r0, r1);
         return;
     case KVF_GGML_Q4_0:
     case KVF_GGML_Q4_1:
     case KVF_GGML_Q4_K:
         if (!W->packed) goto rows;
-        kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
-                           r0, r1);
+        kvf__kern->q4_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy, r0,
+                           r1);
         return;
     case KVF_GGML_Q5_K:
         if (!W->packed) goto rows;
-        kvf__kern->q5_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy,
-                           r0, r1);
+        kvf__kern->q5_rows(W->packed, W->cols / KVF_QK, xq->q, xq->d, xq->s, xq->ld, nt, y, ldy, r0,
+                           r1);
         return;
     case KVF_GGML_Q6_K:
         if (!W->packed) goto rows;
@@ -132,16 +132,24 @@ size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols)
 {
     size_t groups = kvf__q8g_blocks(rows, cols / KVF_QK);
     switch (type) {
-    case KVF_GGML_F32: return kvf__f32g_floats(rows, cols) * sizeof(float);
-    case KVF_GGML_Q8_0: return groups * sizeof(struct kvf_q8g);
-    case KVF_GGML_Q5_0: return groups * sizeof(struct kvf_q8g); /* kvf__q5_0_q8g_pack */
-    case KVF_GGML_Q5_1: return groups * sizeof(struct kvf_q8mg);
+    case KVF_GGML_F32:
+        return kvf__f32g_floats(rows, cols) * sizeof(float);
+    case KVF_GGML_Q8_0:
+        return groups * sizeof(struct kvf_q8g);
+    case KVF_GGML_Q5_0:
+        return groups * sizeof(struct kvf_q8g); /* kvf__q5_0_q8g_pack */
+    case KVF_GGML_Q5_1:
+        return groups * sizeof(struct kvf_q8mg);
     case KVF_GGML_Q4_0:
     case KVF_GGML_Q4_1:
-    case KVF_GGML_Q4_K: return groups * sizeof(struct kvf_q4g);
-    case KVF_GGML_Q5_K: return groups * sizeof(struct kvf_q5g);
-    case KVF_GGML_Q6_K: return groups * sizeof(struct kvf_q6g);
-    default: return 0;
+    case KVF_GGML_Q4_K:
+        return groups * sizeof(struct kvf_q4g);
+    case KVF_GGML_Q5_K:
+        return groups * sizeof(struct kvf_q5g);
+    case KVF_GGML_Q6_K:
+        return groups * sizeof(struct kvf_q6g);
+    default:
+        return 0;
     }
 }
 
@@ -155,14 +163,16 @@ static void affine_block(uint32_t type, const uint8_t *row, uint32_t blk, float 
         const struct kvf_block_q4_0 *x = (const struct kvf_block_q4_0 *)row + blk;
         *a = kvf_fp16_to_f32(x->d);
         *b = -8.0f * *a;
-        for (int j = 0; j < KVF_QK / 2; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+        for (int j = 0; j < KVF_QK / 2; j++)
+            q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
         return;
     }
     if (type == KVF_GGML_Q4_1) {
         const struct kvf_block_q4_1 *x = (const struct kvf_block_q4_1 *)row + blk;
         *a = kvf_fp16_to_f32(x->d);
         *b = kvf_fp16_to_f32(x->m);
-        for (int j = 0; j < KVF_QK / 2; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+        for (int j = 0; j < KVF_QK / 2; j++)
+            q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
         return;
     }
     if (type == KVF_GGML_Q5_0) {
@@ -235,14 +245,14 @@ static void affine_pack(uint32_t type, const void *src, size_t row_bytes, uint32
     }
 }
 
-void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
-                   uint32_t cols, struct kvf_q4g *dst)
+void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
+                   struct kvf_q4g *dst)
 {
     affine_pack(type, src, row_bytes, rows, cols, (uint8_t *)dst, sizeof(*dst), false);
 }
 
-void kvf__q5g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
-                   uint32_t cols, struct kvf_q5g *dst)
+void kvf__q5g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
+                   struct kvf_q5g *dst)
 {
     affine_pack(type, src, row_bytes, rows, cols, (uint8_t *)dst, sizeof(*dst), true);
 }
@@ -260,7 +270,8 @@ void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t co
         for (uint32_t b = 0; b < nb; b++) {
             const struct kvf_block_q6_k *x = row + b / 8;
             float d = kvf_fp16_to_f32(x->d);
-            for (int h = 0; h < 2; h++) g[b].a[h][lane] = d * (float)x->scales[(b % 8) * 2 + h];
+            for (int h = 0; h < 2; h++)
+                g[b].a[h][lane] = d * (float)x->scales[(b % 8) * 2 + h];
             for (int c = 0; c < KVF_QK; c++) {
                 /* Value i of the super-block: its low nibble and its two high bits (gguf.h). */
                 int i = (int)(b % 8) * KVF_QK + c, half = i / 128, rr = i % 128, quarter = rr / 32,
@@ -279,7 +290,8 @@ void kvf__f32g_pack(const float *src, size_t ws, uint32_t rows, uint32_t n, floa
     memset(dst, 0, kvf__f32g_floats(rows, n) * sizeof(float));
     for (uint32_t r = 0; r < rows; r++) {
         float *g = dst + (size_t)(r / KVF_F32G_ROWS) * KVF_F32G_ROWS * n + r % KVF_F32G_ROWS;
-        for (uint32_t c = 0; c < n; c++) g[(size_t)c * KVF_F32G_ROWS] = src[(size_t)r * ws + c];
+        for (uint32_t c = 0; c < n; c++)
+            g[(size_t)c * KVF_F32G_ROWS] = src[(size_t)r * ws + c];
     }
 }
 
@@ -330,8 +342,8 @@ void kvf__q5_1_q8mg_pack(const struct kvf_block_q5_1 *src, uint32_t rows, uint32
         uint32_t lane = r % KVF_Q8G_ROWS;
         for (uint32_t b = 0; b < nb; b++) {
             const struct kvf_block_q5_1 *x = &src[(size_t)r * nb + b];
-            uint32_t h = (uint32_t)x->qh[0] | (uint32_t)x->qh[1] << 8 |
-                         (uint32_t)x->qh[2] << 16 | (uint32_t)x->qh[3] << 24;
+            uint32_t h = (uint32_t)x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 |
+                         (uint32_t)x->qh[3] << 24;
             g[b].d[lane] = x->d;
             g[b].m[lane] = x->m;
             for (uint32_t c = 0; c < KVF_QK; c++) {
@@ -356,9 +368,12 @@ void kvf__rmsnorm_scalar(float *out, const float *x, const float *w, uint32_t n,
     double s[8] = {0};
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += (double)x[i + k] * x[i + k];
-    for (; i < n; i++) s[i % 8] += (double)x[i] * x[i];
+        for (int k = 0; k < 8; k++)
+            s[k] += (double)x[i + k] * x[i + k];
+    for (; i < n; i++)
+        s[i % 8] += (double)x[i] * x[i];
     double ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
     float scale = (float)(1.0 / sqrt(ss / n + eps));
-    for (i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+    for (i = 0; i < n; i++)
+        out[i] = x[i] * scale * w[i];
 }

@@ -36,9 +36,9 @@ struct kvf_attn_pf;
 struct kvf_act16 {
     int16_t *q; /* (rows, ld) the quantized values */
     float *d;   /* [rows] the scale of each row */
-    float *s;   /* (rows, ld / 32) each 32-value block's Σ q: an exact integer (|Σ| ≤ 2^20), which
-                 * the 4- and 5-bit products multiply by a row's offset (kernels below) */
-    size_t ld;  /* int16 per row in q (a multiple of 32) */
+    float *s; /* (rows, ld / 32) each 32-value block's Σ q: an exact integer (|Σ| ≤ 2^20), which
+               * the 4- and 5-bit products multiply by a row's offset (kernels below) */
+    size_t ld; /* int16 per row in q (a multiple of 32) */
 };
 
 /*
@@ -54,7 +54,7 @@ struct kvf_act16 {
  */
 #define KVF_Q8G_ROWS 16
 struct kvf_q8g {
-    uint16_t d[KVF_Q8G_ROWS];          /* each row's fp16 block scale */
+    uint16_t d[KVF_Q8G_ROWS];         /* each row's fp16 block scale */
     int8_t qs[KVF_Q8G_ROWS * KVF_QK]; /* qs[32 p + 2 r + k] = row r, column 2p + k */
 };
 
@@ -87,8 +87,8 @@ void kvf__q5_0_q8g_pack(const struct kvf_block_q5_0 *src, uint32_t rows, uint32_
  * llama.cpp's Q5_K_M puts in every matrix whose rows are not whole super-blocks).
  */
 struct kvf_q8mg {
-    uint16_t d[KVF_Q8G_ROWS];          /* each row's fp16 block scale */
-    uint16_t m[KVF_Q8G_ROWS];          /* each row's fp16 block minimum */
+    uint16_t d[KVF_Q8G_ROWS];         /* each row's fp16 block scale */
+    uint16_t m[KVF_Q8G_ROWS];         /* each row's fp16 block minimum */
     int8_t qs[KVF_Q8G_ROWS * KVF_QK]; /* qs[32 p + 2 r + k] = row r, column 2p + k: q, 0..31 */
 };
 
@@ -101,10 +101,10 @@ void kvf__q5_1_q8mg_pack(const struct kvf_block_q5_1 *src, uint32_t rows, uint32
  * (kvf__q4g_pack) into groups of 16 rows like Q8_0's, each 32-column block of a group one struct
  * kvf_q4g: every value of row r there is a[r] · q + b[r], q the unsigned 4-bit quant (Q4_0:
  * a = d, b = −8d; Q4_1: a = d, b = m; Q4_K: a = d · sc, b = −(dmin · m); all exact in float).
- * The quants go by column pairs as Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds row r's column 2p + k in its
- * low nibble and column 16 + 2p + k in its high one, so one 32-byte load widened to int16 and
- * masked is "pair p of all 16 rows", and shifted right by 4, pair p + 8. 384 bytes per 512
- * weights: 6 bits a weight, against Q8_0's 8.5.
+ * The quants go by column pairs as Q8_0's do, two to a byte: byte qs[32 p + 2 r + k] (p < 8) holds
+ * row r's column 2p + k in its low nibble and column 16 + 2p + k in its high one, so one 32-byte
+ * load widened to int16 and masked is "pair p of all 16 rows", and shifted right by 4, pair p + 8.
+ * 384 bytes per 512 weights: 6 bits a weight, against Q8_0's 8.5.
  *
  * 5-bit weights (Q5_K: as Q4_K; Q5_0 too, a = d, b = −16d, though the model packs Q5_0 as
  * Q8_0, kvf__q5_0_q8g_pack) likewise (struct kvf_q5g): the low four
@@ -118,16 +118,16 @@ void kvf__q5_1_q8mg_pack(const struct kvf_block_q5_1 *src, uint32_t rows, uint32
  * per 512 weights.
  */
 struct kvf_q4g {
-    float a[KVF_Q8G_ROWS];           /* each row's scale */
-    float b[KVF_Q8G_ROWS];           /* each row's offset */
+    float a[KVF_Q8G_ROWS]; /* each row's scale */
+    float b[KVF_Q8G_ROWS]; /* each row's offset */
     uint8_t qs[KVF_Q8G_ROWS * KVF_QK / 2];
 };
 
 struct kvf_q5g {
-    float a[KVF_Q8G_ROWS];           /* each row's scale */
-    float b[KVF_Q8G_ROWS];           /* each row's offset */
+    float a[KVF_Q8G_ROWS];                 /* each row's scale */
+    float b[KVF_Q8G_ROWS];                 /* each row's offset */
     uint8_t qs[KVF_Q8G_ROWS * KVF_QK / 2]; /* the low 4 bits, as kvf_q4g's */
-    uint32_t qh[KVF_Q8G_ROWS];       /* the fifth bits, as above */
+    uint32_t qh[KVF_Q8G_ROWS];             /* the fifth bits, as above */
 };
 
 struct kvf_q6g {
@@ -148,11 +148,11 @@ static inline int kvf__packed_act16(uint32_t type)
 size_t kvf__packed_bytes(uint32_t type, uint32_t rows, uint32_t cols);
 
 /* Repacks a Q4_0, Q4_1 or Q4_K weight (rows of row_bytes at src) into dst (kvf__packed_bytes). */
-void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
-                   uint32_t cols, struct kvf_q4g *dst);
+void kvf__q4g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
+                   struct kvf_q4g *dst);
 /* Repacks a Q5_0 or Q5_K weight into dst. */
-void kvf__q5g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows,
-                   uint32_t cols, struct kvf_q5g *dst);
+void kvf__q5g_pack(uint32_t type, const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
+                   struct kvf_q5g *dst);
 /* Repacks a Q6_K weight into dst. */
 void kvf__q6g_pack(const void *src, size_t row_bytes, uint32_t rows, uint32_t cols,
                    struct kvf_q6g *dst);
@@ -199,12 +199,12 @@ struct kvf_kern {
     const char *name;
     /* W: rows of n floats at stride ws floats; x: nt rows of n floats at stride ldx (the rows
      * of F16, BF16 and Q4_0 weights, dequantized one at a time). */
-    void (*f32_rows)(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
-                     uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    void (*f32_rows)(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt, uint32_t n,
+                     float *y, size_t ldy, uint32_t r0, uint32_t r1);
     /* W: packed F32 (kvf__f32g_pack) rows of n floats; x: nt rows of n floats at stride ldx.
      * r0 and r1 may fall inside a group: only rows [r0, r1) are written. */
-    void (*f32g_rows)(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
-                      float *y, size_t ldy, uint32_t r0, uint32_t r1);
+    void (*f32g_rows)(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt, float *y,
+                      size_t ldy, uint32_t r0, uint32_t r1);
     /* W: packed (struct kvf_q8g) rows of nb blocks; x: nt activation rows of nb × 32 int16 at
      * stride ldx int16 (struct kvf_act16), with one scale per row in xd. r0 and r1 may fall
      * inside a group: only rows [r0, r1) are written. */
@@ -249,8 +249,8 @@ struct kvf_kern {
      * segment skipped: token u's partials at part + u · tok_stride, its scores at
      * scores + u · (h1 - h0) · KVF_ATTN_SCORE_STRIDE. */
     void (*attn_segs)(const struct kvf_attn_batch *b, uint32_t t0, uint32_t nb, uint32_t h0,
-                      uint32_t h1, uint32_t seg, float *part, size_t part_stride,
-                      size_t tok_stride, float *scores);
+                      uint32_t h1, uint32_t seg, float *part, size_t part_stride, size_t tok_stride,
+                      float *scores);
     /* out = x / rms(x) · w over n elements, the operations of kvf__rmsnorm_scalar (kernels.c)
      * in every variant, so the same bits (tested). */
     void (*rmsnorm)(float *out, const float *x, const float *w, uint32_t n, float eps);
@@ -277,9 +277,8 @@ extern const struct kvf_kern *const kvf__kern_vnni;
  * quantized to 16 bits. scratch holds W->cols floats (used for types that are dequantized row
  * by row). Work: (r1 - r0) × nt × cols multiply-adds; W streamed once.
  */
-void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx,
-                 const struct kvf_act16 *xq, uint32_t nt, float *y, size_t ldy, uint32_t r0,
-                 uint32_t r1, float *scratch);
+void kvf__matmul(const struct kvf_weight *W, const float *x, size_t ldx, const struct kvf_act16 *xq,
+                 uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1, float *scratch);
 
 /* Asks for the first `groups` packed row groups of W's rows [r0, r1) into cache (nothing for
  * a weight without a packed form): the start of a matrix product the thread will run next,

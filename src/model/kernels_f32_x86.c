@@ -37,23 +37,26 @@ AVX2 INLINE void f32_tile(const float *w, size_t ws, const float *x, size_t ldx,
 {
     __m256 acc[8][3];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 xv[3];
-        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_loadu_ps(x + t * ldx + i);
         for (int r = 0; r < R; r++) {
-            if (pf && (i & 8) == 0)
-                _mm_prefetch((const char *)(w + r * ws + pf + i), _MM_HINT_T1);
+            if (pf && (i & 8) == 0) _mm_prefetch((const char *)(w + r * ws + pf + i), _MM_HINT_T1);
             __m256 wv = _mm256_loadu_ps(w + r * ws + i);
-            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
             float s = hsum8(acc[r][t]);
             const float *wr = w + r * ws, *xt = x + t * ldx;
-            for (uint32_t k = i; k < n; k++) s += wr[k] * xt[k];
+            for (uint32_t k = i; k < n; k++)
+                s += wr[k] * xt[k];
             y[t * ldy + r] = s;
         }
 }
@@ -84,9 +87,8 @@ AVX2 static void f32_8x1(const float *w, size_t ws, const float *x, uint32_t n, 
 /* Rows [r0, r1) against a block of nt tokens: strips of 4 rows, each against all the tokens, 3
  * at a time, so a strip is read from memory once and then served from L1 (see the VNNI
  * variant below, built the same way). */
-AVX2 static void f32_rows_block(const float *w, size_t ws, const float *x, size_t ldx,
-                                uint32_t nt, uint32_t n, float *y, size_t ldy, uint32_t r0,
-                                uint32_t r1)
+AVX2 static void f32_rows_block(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
+                                uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     uint32_t r = r0;
     for (; r + 4 <= r1; r += 4) {
@@ -94,22 +96,27 @@ AVX2 static void f32_rows_block(const float *w, size_t ws, const float *x, size_
         uint32_t t = 0;
         for (; t + 3 <= nt; t += 3, pf = 0)
             f32_4x3(w + r * ws, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, pf);
-        for (; t < nt; t++) f32_4x1(w + r * ws, ws, x + t * ldx, n, y + t * ldy + r);
+        for (; t < nt; t++)
+            f32_4x1(w + r * ws, ws, x + t * ldx, n, y + t * ldy + r);
     }
     for (; r < r1; r++) {
         uint32_t t = 0;
-        for (; t + 3 <= nt; t += 3) f32_1x3(w + r * ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
-        for (; t < nt; t++) f32_1x1(w + r * ws, x + t * ldx, n, y + t * ldy + r);
+        for (; t + 3 <= nt; t += 3)
+            f32_1x3(w + r * ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy);
+        for (; t < nt; t++)
+            f32_1x1(w + r * ws, x + t * ldx, n, y + t * ldy + r);
     }
 }
 
 AVX2 void kvf__f32_rows_avx2(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
-                          uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+                             uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     uint32_t r = r0;
     if (nt == 1) {
-        for (; r + 8 <= r1; r += 8) f32_8x1(w + r * ws, ws, x, n, y + r);
-        for (; r < r1; r++) f32_1x1(w + r * ws, x, n, y + r);
+        for (; r + 8 <= r1; r += 8)
+            f32_8x1(w + r * ws, ws, x, n, y + r);
+        for (; r < r1; r++)
+            f32_1x1(w + r * ws, x, n, y + r);
         return;
     }
     uint32_t tb = f32_token_block(nt, n, 3);
@@ -128,23 +135,26 @@ VNNI INLINE void f32v_tile(const float *w, size_t ws, const float *x, size_t ldx
 {
     __m256 acc[8][6];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm256_setzero_ps();
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 xv[6];
-        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + i);
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_loadu_ps(x + t * ldx + i);
         for (int r = 0; r < R; r++) {
-            if (pf && (i & 8) == 0)
-                _mm_prefetch((const char *)(w + r * ws + pf + i), _MM_HINT_T1);
+            if (pf && (i & 8) == 0) _mm_prefetch((const char *)(w + r * ws + pf + i), _MM_HINT_T1);
             __m256 wv = _mm256_loadu_ps(w + r * ws + i);
-            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) {
             float s = hsum8(acc[r][t]);
             const float *wr = w + r * ws, *xt = x + t * ldx;
-            for (uint32_t k = i; k < n; k++) s += wr[k] * xt[k];
+            for (uint32_t k = i; k < n; k++)
+                s += wr[k] * xt[k];
             y[t * ldy + r] = s;
         }
 }
@@ -199,7 +209,8 @@ VNNI INLINE void hsum8_x8(__m512 a, __m512 b, __m512 c, __m512 d, const float *w
     _mm256_storeu_ps(sum, s);
     for (int r = 0; r < 8; r++) {
         const float *wr = w + r * ws;
-        for (uint32_t k = i; k < n; k++) sum[r] += wr[k] * x[k];
+        for (uint32_t k = i; k < n; k++)
+            sum[r] += wr[k] * x[k];
         y[r] = sum[r];
     }
 }
@@ -209,7 +220,8 @@ VNNI INLINE void f32z_tile(const float *w, size_t ws, const float *x, size_t ldx
 {
     __m512 acc[4][6];
     for (int p = 0; p < RP; p++)
-        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[p][t] = _mm512_setzero_ps();
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m512 wv[4];
@@ -222,12 +234,14 @@ VNNI INLINE void f32z_tile(const float *w, size_t ws, const float *x, size_t ldx
         }
         for (int t = 0; t < T; t++) {
             __m512 xv = bcast8(x + t * ldx + i);
-            for (int p = 0; p < RP; p++) acc[p][t] = _mm512_fmadd_ps(wv[p], xv, acc[p][t]);
+            for (int p = 0; p < RP; p++)
+                acc[p][t] = _mm512_fmadd_ps(wv[p], xv, acc[p][t]);
         }
     }
     if (RP == 4) {
-        for (int t = 0; t < T; t++) hsum8_x8(acc[0][t], acc[1][t], acc[2][t], acc[3][t], w, ws,
-                                             x + t * ldx, i, n, y + t * ldy);
+        for (int t = 0; t < T; t++)
+            hsum8_x8(acc[0][t], acc[1][t], acc[2][t], acc[3][t], w, ws, x + t * ldx, i, n,
+                     y + t * ldy);
         return;
     }
     for (int p = 0; p < RP; p++)
@@ -239,7 +253,8 @@ VNNI INLINE void f32z_tile(const float *w, size_t ws, const float *x, size_t ldx
             for (int h = 0; h < 2; h++) {
                 float s = hsum8(half[h]);
                 const float *wr = w + (2 * p + h) * ws, *xt = x + t * ldx;
-                for (uint32_t k = i; k < n; k++) s += wr[k] * xt[k];
+                for (uint32_t k = i; k < n; k++)
+                    s += wr[k] * xt[k];
                 y[t * ldy + 2 * p + h] = s;
             }
         }
@@ -248,41 +263,54 @@ VNNI INLINE void f32z_tile(const float *w, size_t ws, const float *x, size_t ldx
 /* One strip of rows (tile(..., shape, T, pf) covers `rows` rows) against tokens [0, nt): the
  * strip's weights are read from memory once, by the first tile, and stay in L1 for the tiles
  * after it. Only that first tile prefetches, F32_PF_STRIPS strips ahead. */
-#define F32V_STRIP(tile, shape, rows)                                                            \
-    do {                                                                                         \
-        const float *ws_ = w + r * ws;                                                           \
-        uint32_t t = 0;                                                                          \
-        if (nt >= F32V_T) {                                                                      \
-            size_t pf_ = (size_t)F32_PF_STRIPS * (rows) * ws;                                    \
-            tile(ws_, ws, x, ldx, n, y + r, ldy, shape, F32V_T, pf_);                            \
-            for (t = F32V_T; t + F32V_T <= nt; t += F32V_T)                                      \
-                tile(ws_, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, shape, F32V_T, 0);      \
-        }                                                                                        \
-        const float *xt_ = x + t * ldx;                                                          \
-        float *yt_ = y + t * ldy + r;                                                            \
-        switch (nt - t) {                                                                        \
-        case 5: tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 5, 0); break;                        \
-        case 4: tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 4, 0); break;                        \
-        case 3: tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 3, 0); break;                        \
-        case 2: tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 2, 0); break;                        \
-        case 1: tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 1, 0); break;                        \
-        default: break;                                                                          \
-        }                                                                                        \
+#define F32V_STRIP(tile, shape, rows)                                                              \
+    do {                                                                                           \
+        const float *ws_ = w + r * ws;                                                             \
+        uint32_t t = 0;                                                                            \
+        if (nt >= F32V_T) {                                                                        \
+            size_t pf_ = (size_t)F32_PF_STRIPS * (rows)*ws;                                        \
+            tile(ws_, ws, x, ldx, n, y + r, ldy, shape, F32V_T, pf_);                              \
+            for (t = F32V_T; t + F32V_T <= nt; t += F32V_T)                                        \
+                tile(ws_, ws, x + t * ldx, ldx, n, y + t * ldy + r, ldy, shape, F32V_T, 0);        \
+        }                                                                                          \
+        const float *xt_ = x + t * ldx;                                                            \
+        float *yt_ = y + t * ldy + r;                                                              \
+        switch (nt - t) {                                                                          \
+        case 5:                                                                                    \
+            tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 5, 0);                                     \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 4, 0);                                     \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 3, 0);                                     \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 2, 0);                                     \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            tile(ws_, ws, xt_, ldx, n, yt_, ldy, shape, 1, 0);                                     \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
     } while (0)
 
 /* Rows [r0, r1) against a block of nt tokens: strips of 8 rows (4 row pairs), then 4, then 1. */
-VNNI static void f32v_rows_block(const float *w, size_t ws, const float *x, size_t ldx,
-                                 uint32_t nt, uint32_t n, float *y, size_t ldy, uint32_t r0,
-                                 uint32_t r1)
+VNNI static void f32v_rows_block(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
+                                 uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     uint32_t r = r0;
-    for (; r + 8 <= r1; r += 8) F32V_STRIP(f32z_tile, 4, 8);
-    for (; r + 4 <= r1; r += 4) F32V_STRIP(f32v_tile, 4, 4);
-    for (; r < r1; r++) F32V_STRIP(f32v_tile, 1, 1);
+    for (; r + 8 <= r1; r += 8)
+        F32V_STRIP(f32z_tile, 4, 8);
+    for (; r + 4 <= r1; r += 4)
+        F32V_STRIP(f32v_tile, 4, 4);
+    for (; r < r1; r++)
+        F32V_STRIP(f32v_tile, 1, 1);
 }
 
 VNNI void kvf__f32_rows_vnni(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
-                           uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+                             uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     uint32_t r = r0;
     if (nt == 1) {
@@ -290,8 +318,10 @@ VNNI void kvf__f32_rows_vnni(const float *w, size_t ws, const float *x, size_t l
         size_t pf_rows = (r1 - r0) / 3;
         if (pf_rows > (size_t)PF_TILES * 8) pf_rows = (size_t)PF_TILES * 8;
         size_t pf = (pf_rows > 8 ? pf_rows : 8) * ws;
-        for (; r + 8 <= r1; r += 8) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 8, 1, pf);
-        for (; r < r1; r++) f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 1, 1, pf);
+        for (; r + 8 <= r1; r += 8)
+            f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 8, 1, pf);
+        for (; r < r1; r++)
+            f32v_tile(w + r * ws, ws, x, 0, n, y + r, 0, 1, 1, pf);
         return;
     }
     uint32_t tb = f32_token_block(nt, n, F32V_T);

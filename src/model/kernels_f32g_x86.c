@@ -57,10 +57,12 @@ AVX2 INLINE void f32g_tile(const float *w, uint32_t n, const float *x, size_t ld
 {
     __m256 acc[4][6][2];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     for (uint32_t c = 0; c < n; c++) {
         __m256 xv[6];
-        for (int t = 0; t < T; t++) xv[t] = _mm256_broadcast_ss(x + t * ldx + c);
+        for (int t = 0; t < T; t++)
+            xv[t] = _mm256_broadcast_ss(x + t * ldx + c);
         for (int r = 0; r < R; r++) {
             const float *wc = w + ((size_t)r * n + c) * KVF_F32G_ROWS;
             if (pf) _mm_prefetch((const char *)(wc + pf), _MM_HINT_T1);
@@ -88,7 +90,8 @@ AVX2 void kvf__f32g_rows_avx2(const float *w, uint32_t n, const float *x, size_t
     uint32_t m[4];
     if (nt == 1) {
         for (; g + 3 <= g1; g += 3) {
-            for (int r = 0; r < 3; r++) m[r] = f32g_mask(g + r, r0, r1);
+            for (int r = 0; r < 3; r++)
+                m[r] = f32g_mask(g + r, r0, r1);
             f32g_tile(w + g * gs, n, x, 0, y + g * KVF_F32G_ROWS, 0, 3, 1, F32G_PF_AHEAD, m);
         }
         for (; g < g1; g++) {
@@ -108,12 +111,23 @@ AVX2 void kvf__f32g_rows_avx2(const float *w, uint32_t n, const float *x, size_t
         const float *xt = x + t * ldx;
         float *yt = yg + t * ldy;
         switch (nt - t) {
-        case 5: f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 5, pf, m); break;
-        case 4: f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 4, pf, m); break;
-        case 3: f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 3, pf, m); break;
-        case 2: f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 2, pf, m); break;
-        case 1: f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 1, pf, m); break;
-        default: break;
+        case 5:
+            f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 5, pf, m);
+            break;
+        case 4:
+            f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 4, pf, m);
+            break;
+        case 3:
+            f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 3, pf, m);
+            break;
+        case 2:
+            f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 2, pf, m);
+            break;
+        case 1:
+            f32g_tile(wg, n, xt, ldx, yt, ldy, 1, 1, pf, m);
+            break;
+        default:
+            break;
         }
     }
 }
@@ -127,7 +141,8 @@ VNNI INLINE void f32gz_tile(const float *w, uint32_t n, const float *x, size_t l
 {
     __m512 acc[8][8];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
     for (uint32_t c = 0; c < n; c++) {
         __m512 wv[8];
         for (int r = 0; r < R; r++) {
@@ -137,7 +152,8 @@ VNNI INLINE void f32gz_tile(const float *w, uint32_t n, const float *x, size_t l
         }
         for (int t = 0; t < T; t++) {
             __m512 xv = _mm512_set1_ps(x[t * ldx + c]);
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+            for (int r = 0; r < R; r++)
+                acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
         }
     }
     for (int t = 0; t < T; t++)
@@ -146,26 +162,41 @@ VNNI INLINE void f32gz_tile(const float *w, uint32_t n, const float *x, size_t l
 }
 
 /* Groups [g, g + R) against every token: 8 at a time, then the rest in one tile. */
-#define F32GZ_TOKENS(R)                                                                          \
-    do {                                                                                         \
-        const float *wg = w + g * gs;                                                            \
-        float *yg = y + g * KVF_F32G_ROWS;                                                       \
-        size_t pf = (R) * gs;                                                                    \
-        uint32_t t = 0;                                                                          \
-        for (; t + 8 <= nt; t += 8, pf = 0)                                                      \
-            f32gz_tile(wg, n, x + t * ldx, ldx, yg + t * ldy, ldy, R, 8, pf, m);                 \
-        const float *xt = x + t * ldx;                                                           \
-        float *yt = yg + t * ldy;                                                                \
-        switch (nt - t) {                                                                        \
-        case 7: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 7, pf, m); break;                         \
-        case 6: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 6, pf, m); break;                         \
-        case 5: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 5, pf, m); break;                         \
-        case 4: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 4, pf, m); break;                         \
-        case 3: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 3, pf, m); break;                         \
-        case 2: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 2, pf, m); break;                         \
-        case 1: f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 1, pf, m); break;                         \
-        default: break;                                                                          \
-        }                                                                                        \
+#define F32GZ_TOKENS(R)                                                                            \
+    do {                                                                                           \
+        const float *wg = w + g * gs;                                                              \
+        float *yg = y + g * KVF_F32G_ROWS;                                                         \
+        size_t pf = (R)*gs;                                                                        \
+        uint32_t t = 0;                                                                            \
+        for (; t + 8 <= nt; t += 8, pf = 0)                                                        \
+            f32gz_tile(wg, n, x + t * ldx, ldx, yg + t * ldy, ldy, R, 8, pf, m);                   \
+        const float *xt = x + t * ldx;                                                             \
+        float *yt = yg + t * ldy;                                                                  \
+        switch (nt - t) {                                                                          \
+        case 7:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 7, pf, m);                                      \
+            break;                                                                                 \
+        case 6:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 6, pf, m);                                      \
+            break;                                                                                 \
+        case 5:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 5, pf, m);                                      \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 4, pf, m);                                      \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 3, pf, m);                                      \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 2, pf, m);                                      \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            f32gz_tile(wg, n, xt, ldx, yt, ldy, R, 1, pf, m);                                      \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
     } while (0)
 
 VNNI void kvf__f32g_rows_vnni(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
@@ -176,11 +207,13 @@ VNNI void kvf__f32g_rows_vnni(const float *w, uint32_t n, const float *x, size_t
     uint32_t m[8];
     if (nt == 1) {
         for (; g + 8 <= g1; g += 8) {
-            for (int r = 0; r < 8; r++) m[r] = f32g_mask(g + r, r0, r1);
+            for (int r = 0; r < 8; r++)
+                m[r] = f32g_mask(g + r, r0, r1);
             f32gz_tile(w + g * gs, n, x, 0, y + g * KVF_F32G_ROWS, 0, 8, 1, F32G_PF_AHEAD, m);
         }
         for (; g + 2 <= g1; g += 2) {
-            for (int r = 0; r < 2; r++) m[r] = f32g_mask(g + r, r0, r1);
+            for (int r = 0; r < 2; r++)
+                m[r] = f32g_mask(g + r, r0, r1);
             f32gz_tile(w + g * gs, n, x, 0, y + g * KVF_F32G_ROWS, 0, 2, 1, F32G_PF_AHEAD, m);
         }
         if (g < g1) {
@@ -190,7 +223,8 @@ VNNI void kvf__f32g_rows_vnni(const float *w, uint32_t n, const float *x, size_t
         return;
     }
     for (; g + 3 <= g1; g += 3) {
-        for (int r = 0; r < 3; r++) m[r] = f32g_mask(g + r, r0, r1);
+        for (int r = 0; r < 3; r++)
+            m[r] = f32g_mask(g + r, r0, r1);
         F32GZ_TOKENS(3);
     }
     for (; g < g1; g++) {
@@ -216,14 +250,16 @@ AVX2 void kvf__rmsnorm_avx2(float *out, const float *x, const float *w, uint32_t
     double s[8];
     _mm256_storeu_pd(s, s0);
     _mm256_storeu_pd(s + 4, s1);
-    for (; i < n; i++) s[i % 8] += (double)x[i] * x[i];
+    for (; i < n; i++)
+        s[i % 8] += (double)x[i] * x[i];
     double ss = ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
     float scale = (float)(1.0 / sqrt(ss / n + eps));
     __m256 sc = _mm256_set1_ps(scale);
     for (i = 0; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), sc),
                                                 _mm256_loadu_ps(w + i)));
-    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+    for (; i < n; i++)
+        out[i] = x[i] * scale * w[i];
 }
 
 #endif

@@ -87,20 +87,22 @@ AVX2 INLINE __m256i fifth_y(uint32_t bits, __m256i lane_bit, __m256i k16)
  * each pair of 8 rows one 16-byte load widened (the pair's 16 int16 lanes) and vpmaddwd
  * against the token's pair. */
 AVX2 INLINE void q45y_tile(const void *w, const size_t BB, const int FIVE, uint32_t nb,
-                           const int16_t *x, const float *xd, const float *xs, size_t ldx,
-                           float *y, size_t ldy, const int T, uint32_t mask)
+                           const int16_t *x, const float *xd, const float *xs, size_t ldx, float *y,
+                           size_t ldy, const int T, uint32_t mask)
 {
     const __m256i m15 = _mm256_set1_epi16(15), k16 = _mm256_set1_epi16(16);
     const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
                                                4096, 8192, 16384, (short)0x8000);
     const size_t lds = ldx / KVF_QK;
     __m256 acc[YT][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         const struct kvf_q5g *blk = Q45_BLOCK(w, BB, b);
         const int16_t *xb = x + (size_t)b * KVF_QK;
         __m256i s[YT][2];
-        for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+        for (int t = 0; t < T; t++)
+            s[t][0] = s[t][1] = _mm256_setzero_si256();
         for (int p = 0; p < 8; p++)
             for (int h = 0; h < 2; h++) {
                 __m256i v = _mm256_cvtepu8_epi16(
@@ -108,8 +110,8 @@ AVX2 INLINE void q45y_tile(const void *w, const size_t BB, const int FIVE, uint3
                 __m256i lo = _mm256_and_si256(v, m15), hi = _mm256_srli_epi16(v, 4);
                 if (FIVE) {
                     lo = _mm256_or_si256(lo, fifth_y(qh_word(blk, 2 * p) >> 16 * h, lane_bit, k16));
-                    hi = _mm256_or_si256(
-                        hi, fifth_y(qh_word(blk, 2 * p + 1) >> 16 * h, lane_bit, k16));
+                    hi = _mm256_or_si256(hi,
+                                         fifth_y(qh_word(blk, 2 * p + 1) >> 16 * h, lane_bit, k16));
                 }
                 for (int t = 0; t < T; t++) {
                     const int16_t *xt = xb + t * ldx;
@@ -139,15 +141,18 @@ AVX2 INLINE void q6y_tile(const struct kvf_q6g *w, uint32_t nb, const int16_t *x
                           size_t ldx, float *y, size_t ldy, const int T, uint32_t mask)
 {
     __m256 acc[3][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         const struct kvf_q6g *wb = w + b;
         const int16_t *xb = x + (size_t)b * KVF_QK;
         for (int half = 0; half < 2; half++) {
             __m256i s[3][2];
-            for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+            for (int t = 0; t < T; t++)
+                s[t][0] = s[t][1] = _mm256_setzero_si256();
             for (int p = 8 * half; p < 8 * half + 8; p++) {
-                __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p)));
+                __m256i lo =
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p)));
                 __m256i hi =
                     _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb->qs + 32 * p + 16)));
                 for (int t = 0; t < T; t++) {
@@ -169,9 +174,9 @@ AVX2 INLINE void q6y_tile(const struct kvf_q6g *w, uint32_t nb, const int16_t *x
     }
 }
 
-AVX2 void kvf__q4_rows_avx2(const struct kvf_q4g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
-                            size_t ldy, uint32_t r0, uint32_t r1)
+AVX2 void kvf__q4_rows_avx2(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
 {
     const size_t lds = ldx / KVF_QK;
     for (uint32_t g = r0 / KVF_Q8G_ROWS; g * KVF_Q8G_ROWS < r1; g++) {
@@ -179,17 +184,17 @@ AVX2 void kvf__q4_rows_avx2(const struct kvf_q4g *w, uint32_t nb, const int16_t 
         float *yg = y + (size_t)g * KVF_Q8G_ROWS;
         uint32_t mask = group_mask(g, r0, r1), t = 0;
         for (; t + YT <= nt; t += YT)
-            q45y_tile(wg, sizeof(*w), 0, nb, x + t * ldx, xd + t, xs + t * lds, ldx,
-                      yg + t * ldy, ldy, YT, mask);
+            q45y_tile(wg, sizeof(*w), 0, nb, x + t * ldx, xd + t, xs + t * lds, ldx, yg + t * ldy,
+                      ldy, YT, mask);
         if (t < nt)
-            q45y_tile(wg, sizeof(*w), 0, nb, x + t * ldx, xd + t, xs + t * lds, ldx,
-                      yg + t * ldy, ldy, 1, mask);
+            q45y_tile(wg, sizeof(*w), 0, nb, x + t * ldx, xd + t, xs + t * lds, ldx, yg + t * ldy,
+                      ldy, 1, mask);
     }
 }
 
-AVX2 void kvf__q5_rows_avx2(const struct kvf_q5g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
-                            size_t ldy, uint32_t r0, uint32_t r1)
+AVX2 void kvf__q5_rows_avx2(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
 {
     const size_t lds = ldx / KVF_QK;
     for (uint32_t g = r0 / KVF_Q8G_ROWS; g * KVF_Q8G_ROWS < r1; g++) {
@@ -197,17 +202,16 @@ AVX2 void kvf__q5_rows_avx2(const struct kvf_q5g *w, uint32_t nb, const int16_t 
         float *yg = y + (size_t)g * KVF_Q8G_ROWS;
         uint32_t mask = group_mask(g, r0, r1), t = 0;
         for (; t + YT <= nt; t += YT)
-            q45y_tile(wg, sizeof(*w), 1, nb, x + t * ldx, xd + t, xs + t * lds, ldx,
-                      yg + t * ldy, ldy, YT, mask);
+            q45y_tile(wg, sizeof(*w), 1, nb, x + t * ldx, xd + t, xs + t * lds, ldx, yg + t * ldy,
+                      ldy, YT, mask);
         if (t < nt)
-            q45y_tile(wg, sizeof(*w), 1, nb, x + t * ldx, xd + t, xs + t * lds, ldx,
-                      yg + t * ldy, ldy, 1, mask);
+            q45y_tile(wg, sizeof(*w), 1, nb, x + t * ldx, xd + t, xs + t * lds, ldx, yg + t * ldy,
+                      ldy, 1, mask);
     }
 }
 
-AVX2 void kvf__q6_rows_avx2(const struct kvf_q6g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                            uint32_t r0, uint32_t r1)
+AVX2 void kvf__q6_rows_avx2(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     for (uint32_t g = r0 / KVF_Q8G_ROWS; g * KVF_Q8G_ROWS < r1; g++) {
         const struct kvf_q6g *wg = w + (size_t)g * nb;
@@ -226,38 +230,43 @@ AVX2 void kvf__q6_rows_avx2(const struct kvf_q6g *w, uint32_t nb, const int16_t 
  * fifth bits). S = 2 sums each pair p and p + 8 apart. pf: blocks ahead to prefetch each group's
  * data into L2 (0: none). */
 VNNI INLINE void q45z_tile(const void *w, const size_t BB, const int FIVE, uint32_t nb,
-                           const int16_t *x, const float *xd, const float *xs, size_t ldx,
-                           float *y, size_t ldy, const int R, const int T, const int S, size_t pf,
+                           const int16_t *x, const float *xd, const float *xs, size_t ldx, float *y,
+                           size_t ldy, const int R, const int T, const int S, size_t pf,
                            const uint32_t *mask)
 {
     const __m512i m15 = _mm512_set1_epi16(15), k16 = _mm512_set1_epi16(16);
     const size_t gb = (size_t)nb * BB;
     __m512 acc[4][8];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
     const size_t lds = ldx / KVF_QK;
     for (uint32_t b = 0; b < nb; b++) {
         __m512i s[2][4][8];
         for (int h = 0; h < S; h++)
             for (int r = 0; r < R; r++)
-                for (int t = 0; t < T; t++) s[h][r][t] = _mm512_setzero_si512();
+                for (int t = 0; t < T; t++)
+                    s[h][r][t] = _mm512_setzero_si512();
         const int16_t *xb = x + (size_t)b * KVF_QK;
         const size_t ldb = T == 1 ? 0 : ldx;
-        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) {
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)
+        {
             __m512i v[4], u[4];
             for (int r = 0; r < R; r++) {
                 const struct kvf_q5g *blk = Q45_BLOCK((const uint8_t *)w + r * gb, BB, b);
                 if (pf && p < (int)(BB / 64))
                     _mm_prefetch((const char *)blk + pf * BB + 64 * p, _MM_HINT_T1);
-                v[r] = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk->qs + 32 * p)));
+                v[r] =
+                    _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk->qs + 32 * p)));
                 u[r] = _mm512_and_si512(v[r], m15);
                 if (FIVE)
-                    u[r] = _mm512_mask_add_epi16(u[r], _cvtu32_mask32(qh_word(blk, 2 * p)), u[r],
-                                                 k16);
+                    u[r] =
+                        _mm512_mask_add_epi16(u[r], _cvtu32_mask32(qh_word(blk, 2 * p)), u[r], k16);
             }
             for (int t = 0; t < T; t++) {
                 __m512i xv = _mm512_set1_epi32(act_pair(xb + t * ldb + 2 * p));
-                for (int r = 0; r < R; r++) s[0][r][t] = _mm512_dpwssd_epi32(s[0][r][t], u[r], xv);
+                for (int r = 0; r < R; r++)
+                    s[0][r][t] = _mm512_dpwssd_epi32(s[0][r][t], u[r], xv);
             }
             for (int r = 0; r < R; r++) {
                 const struct kvf_q5g *blk = Q45_BLOCK((const uint8_t *)w + r * gb, BB, b);
@@ -298,7 +307,8 @@ VNNI INLINE void q6z_tile(const struct kvf_q6g *w, uint32_t nb, const int16_t *x
 {
     __m512 acc[4][8];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         const int16_t *xb = x + (size_t)b * KVF_QK;
         const size_t ldb = T == 1 ? 0 : ldx;
@@ -306,8 +316,10 @@ VNNI INLINE void q6z_tile(const struct kvf_q6g *w, uint32_t nb, const int16_t *x
             __m512i s[2][4][8];
             for (int h = 0; h < S; h++)
                 for (int r = 0; r < R; r++)
-                    for (int t = 0; t < T; t++) s[h][r][t] = _mm512_setzero_si512();
-            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
+                    for (int t = 0; t < T; t++)
+                        s[h][r][t] = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++)
+            {
                 const int p = 8 * half + i;
                 __m512i wv[4];
                 for (int r = 0; r < R; r++) {
@@ -366,88 +378,100 @@ static inline uint32_t token_chunk(uint32_t nb)
  * at a time (KQZ_TOKENS).
  * TILE(g, t, R, T, S, pf) runs the tile of groups g.. and tokens t.. with the masks in m.
  */
-#define KQZ_ROWS(TILE)                                                                           \
-    do {                                                                                         \
-        uint32_t g = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;             \
-        uint32_t m[4];                                                                           \
-        if (nt == 1) {                                                                           \
-            for (; g + 4 <= g1; g += 4) {                                                        \
-                for (int r = 0; r < 4; r++) m[r] = group_mask(g + r, r0, r1);                    \
-                TILE(g, 0, 4, 1, 2, 4 * (size_t)nb);                                             \
-            }                                                                                    \
-            for (; g < g1; g++) {                                                                \
-                m[0] = group_mask(g, r0, r1);                                                    \
-                TILE(g, 0, 1, 1, 2, nb);                                                         \
-            }                                                                                    \
-            break;                                                                               \
-        }                                                                                        \
-        const uint32_t gblk = row_block_groups(nb, sizeof(*w)), tc = token_chunk(nb);            \
-        for (uint32_t gb = g; gb < g1; gb += gblk) {                                             \
-            uint32_t ge = g1 - gb < gblk ? g1 : gb + gblk;                                       \
-            for (uint32_t t0 = 0; t0 < nt; t0 += tc) {                                           \
-                uint32_t te = nt - t0 < tc ? nt : t0 + tc;                                       \
-                for (g = gb; g + 2 <= ge; g += 2) {                                              \
-                    m[0] = group_mask(g, r0, r1);                                                \
-                    m[1] = group_mask(g + 1, r0, r1);                                            \
-                    KQZ_TOKENS(TILE, 2, t0, te);                                                 \
-                }                                                                                \
-                for (; g < ge; g++) {                                                            \
-                    m[0] = group_mask(g, r0, r1);                                                \
-                    KQZ_TOKENS(TILE, 1, t0, te);                                                 \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
+#define KQZ_ROWS(TILE)                                                                             \
+    do {                                                                                           \
+        uint32_t g = r0 / KVF_Q8G_ROWS, g1 = (r1 + KVF_Q8G_ROWS - 1) / KVF_Q8G_ROWS;               \
+        uint32_t m[4];                                                                             \
+        if (nt == 1) {                                                                             \
+            for (; g + 4 <= g1; g += 4) {                                                          \
+                for (int r = 0; r < 4; r++)                                                        \
+                    m[r] = group_mask(g + r, r0, r1);                                              \
+                TILE(g, 0, 4, 1, 2, 4 * (size_t)nb);                                               \
+            }                                                                                      \
+            for (; g < g1; g++) {                                                                  \
+                m[0] = group_mask(g, r0, r1);                                                      \
+                TILE(g, 0, 1, 1, 2, nb);                                                           \
+            }                                                                                      \
+            break;                                                                                 \
+        }                                                                                          \
+        const uint32_t gblk = row_block_groups(nb, sizeof(*w)), tc = token_chunk(nb);              \
+        for (uint32_t gb = g; gb < g1; gb += gblk) {                                               \
+            uint32_t ge = g1 - gb < gblk ? g1 : gb + gblk;                                         \
+            for (uint32_t t0 = 0; t0 < nt; t0 += tc) {                                             \
+                uint32_t te = nt - t0 < tc ? nt : t0 + tc;                                         \
+                for (g = gb; g + 2 <= ge; g += 2) {                                                \
+                    m[0] = group_mask(g, r0, r1);                                                  \
+                    m[1] = group_mask(g + 1, r0, r1);                                              \
+                    KQZ_TOKENS(TILE, 2, t0, te);                                                   \
+                }                                                                                  \
+                for (; g < ge; g++) {                                                              \
+                    m[0] = group_mask(g, r0, r1);                                                  \
+                    KQZ_TOKENS(TILE, 1, t0, te);                                                   \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
 /* Groups g.. (R of them) against tokens [t0, te): ZT at a time, then the rest in one tile. The
  * first tile prefetches the next R groups; the others find these in cache. */
-#define KQZ_TOKENS(TILE, R, t0, te)                                                              \
-    do {                                                                                         \
-        size_t pf = (R) * (size_t)nb;                                                            \
-        uint32_t t = t0;                                                                         \
-        if (te - t >= ZT) {                                                                      \
-            TILE(g, t, R, ZT, 1, pf);                                                            \
-            t += ZT;                                                                             \
-            pf = 0;                                                                              \
-        }                                                                                        \
-        for (; t + ZT <= te; t += ZT) TILE(g, t, R, ZT, 1, 0);                                   \
-        switch (te - t) {                                                                        \
-        case 5: TILE(g, t, R, 5, 1, pf); break;                                                  \
-        case 4: TILE(g, t, R, 4, 1, pf); break;                                                  \
-        case 3: TILE(g, t, R, 3, 2, pf); break;                                                  \
-        case 2: TILE(g, t, R, 2, 2, pf); break;                                                  \
-        case 1: TILE(g, t, R, 1, 2, pf); break;                                                  \
-        default: break;                                                                          \
-        }                                                                                        \
+#define KQZ_TOKENS(TILE, R, t0, te)                                                                \
+    do {                                                                                           \
+        size_t pf = (R) * (size_t)nb;                                                              \
+        uint32_t t = t0;                                                                           \
+        if (te - t >= ZT) {                                                                        \
+            TILE(g, t, R, ZT, 1, pf);                                                              \
+            t += ZT;                                                                               \
+            pf = 0;                                                                                \
+        }                                                                                          \
+        for (; t + ZT <= te; t += ZT)                                                              \
+            TILE(g, t, R, ZT, 1, 0);                                                               \
+        switch (te - t) {                                                                          \
+        case 5:                                                                                    \
+            TILE(g, t, R, 5, 1, pf);                                                               \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            TILE(g, t, R, 4, 1, pf);                                                               \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            TILE(g, t, R, 3, 2, pf);                                                               \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            TILE(g, t, R, 2, 2, pf);                                                               \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            TILE(g, t, R, 1, 2, pf);                                                               \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
     } while (0)
 
-#define Q45Z_TILE(FIVE, g, t, R, T, S, pf)                                                       \
-    q45z_tile(w + (size_t)(g) * nb, sizeof(*w), FIVE, nb, x + (t) * ldx, xd + (t),               \
-              xs + (t) * (ldx / KVF_QK), ldx, y + (size_t)(g) * KVF_Q8G_ROWS + (t) * ldy, ldy, R, \
-              T, S, pf, m)
+#define Q45Z_TILE(FIVE, g, t, R, T, S, pf)                                                         \
+    q45z_tile(w + (size_t)(g)*nb, sizeof(*w), FIVE, nb, x + (t)*ldx, xd + (t),                     \
+              xs + (t) * (ldx / KVF_QK), ldx, y + (size_t)(g)*KVF_Q8G_ROWS + (t)*ldy, ldy, R, T,   \
+              S, pf, m)
 #define Q4Z_TILE(...) Q45Z_TILE(0, __VA_ARGS__)
 #define Q5Z_TILE(...) Q45Z_TILE(1, __VA_ARGS__)
-#define Q6Z_TILE(g, t, R, T, S, pf)                                                              \
-    q6z_tile(w + (size_t)(g) * nb, nb, x + (t) * ldx, xd + (t), ldx,                             \
-             y + (size_t)(g) * KVF_Q8G_ROWS + (t) * ldy, ldy, R, T, S, pf, m)
+#define Q6Z_TILE(g, t, R, T, S, pf)                                                                \
+    q6z_tile(w + (size_t)(g)*nb, nb, x + (t)*ldx, xd + (t), ldx,                                   \
+             y + (size_t)(g)*KVF_Q8G_ROWS + (t)*ldy, ldy, R, T, S, pf, m)
 
-VNNI void kvf__q4_rows_vnni(const struct kvf_q4g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
-                            size_t ldy, uint32_t r0, uint32_t r1)
+VNNI void kvf__q4_rows_vnni(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
 {
     KQZ_ROWS(Q4Z_TILE);
 }
 
-VNNI void kvf__q5_rows_vnni(const struct kvf_q5g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
-                            size_t ldy, uint32_t r0, uint32_t r1)
+VNNI void kvf__q5_rows_vnni(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
+                            uint32_t r0, uint32_t r1)
 {
     KQZ_ROWS(Q5Z_TILE);
 }
 
-VNNI void kvf__q6_rows_vnni(const struct kvf_q6g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                            uint32_t r0, uint32_t r1)
+VNNI void kvf__q6_rows_vnni(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     KQZ_ROWS(Q6Z_TILE);
 }

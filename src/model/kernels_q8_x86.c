@@ -49,7 +49,7 @@ static inline uint32_t group_mask(uint32_t g, uint32_t r0, uint32_t r1)
  * struct kvf_q8mg (Q5_1: a minimum per row after the scales, the weights after it). The two
  * begin with the same 16 scales. */
 #define Q8_BLOCK(w, BB, b) ((const uint8_t *)(w) + (size_t)(b) * (BB))
-#define Q8_QS(MIN) ((MIN) ? offsetof(struct kvf_q8mg, qs) : offsetof(struct kvf_q8g, qs))
+#define Q8_QS(MIN)         ((MIN) ? offsetof(struct kvf_q8mg, qs) : offsetof(struct kvf_q8g, qs))
 _Static_assert(offsetof(struct kvf_q8g, d) == 0 && offsetof(struct kvf_q8mg, d) == 0,
                "both packed Q8 layouts begin with the scales");
 
@@ -58,17 +58,19 @@ _Static_assert(offsetof(struct kvf_q8g, d) == 0 && offsetof(struct kvf_q8mg, d) 
  * MIN, each block ends with a second fma, the token's block sum (xs, stride ldx / 32) times the
  * rows' minima. */
 AVX2 INLINE void q8g_tile(const void *w, const size_t BB, const int MIN, uint32_t nb,
-                          const int16_t *x, const float *xd, const float *xs, size_t ldx,
-                          float *y, size_t ldy, const int T, uint32_t mask)
+                          const int16_t *x, const float *xd, const float *xs, size_t ldx, float *y,
+                          size_t ldy, const int T, uint32_t mask)
 {
     const size_t lds = ldx / KVF_QK;
     __m256 acc[3][2];
-    for (int t = 0; t < T; t++) acc[t][0] = acc[t][1] = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++)
+        acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         const uint8_t *wb = Q8_BLOCK(w, BB, b);
         const int8_t *qs = (const int8_t *)(wb + Q8_QS(MIN));
         __m256i s[3][2];
-        for (int t = 0; t < T; t++) s[t][0] = s[t][1] = _mm256_setzero_si256();
+        for (int t = 0; t < T; t++)
+            s[t][0] = s[t][1] = _mm256_setzero_si256();
         for (int p = 0; p < KVF_QK / 2; p++) {
             __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * p)));
             __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qs + 32 * p + 16)));
@@ -101,7 +103,8 @@ AVX2 INLINE void q8g_tile(const void *w, const size_t BB, const int MIN, uint32_
         _mm256_storeu_ps(v, _mm256_mul_ps(acc[t][0], xdv));
         _mm256_storeu_ps(v + 8, _mm256_mul_ps(acc[t][1], xdv));
         float *yt = y + t * ldy;
-        if (mask == 0xffffu) memcpy(yt, v, sizeof(v));
+        if (mask == 0xffffu)
+            memcpy(yt, v, sizeof(v));
         else
             for (int r = 0; r < KVF_Q8G_ROWS; r++)
                 if (mask >> r & 1) yt[r] = v[r];
@@ -119,7 +122,7 @@ AVX2 INLINE void q8g_rows(const void *w, const size_t BB, const int MIN, uint32_
         float *yg = y + (size_t)g * KVF_Q8G_ROWS;
         uint32_t mask = group_mask(g, r0, r1), t = 0;
         /* Each tile's block sums from its first token on (Q8_0: xs is NULL and never read). */
-#define XS_AT(t) (MIN ? xs + (t) * lds : xs)
+#define XS_AT(t) (MIN ? xs + (t)*lds : xs)
         for (; t + 3 <= nt; t += 3)
             q8g_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, XS_AT(t), ldx, yg + t * ldy, ldy, 3,
                      mask);
@@ -132,9 +135,8 @@ AVX2 INLINE void q8g_rows(const void *w, const size_t BB, const int MIN, uint32_
     }
 }
 
-AVX2 void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                            uint32_t r0, uint32_t r1)
+AVX2 void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     q8g_rows(w, sizeof(*w), 0, nb, x, xd, NULL, ldx, nt, y, ldy, r0, r1);
 }
@@ -155,7 +157,8 @@ AVX2 void kvf__f16_row_avx2(const float *x, uint16_t *h, uint32_t n)
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(h + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) h[i] = kvf_f32_to_fp16(x[i]);
+    for (; i < n; i++)
+        h[i] = kvf_f32_to_fp16(x[i]);
 }
 
 /*
@@ -219,24 +222,27 @@ AVX2 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, float *s, ui
  * worth (R groups further on), the next tile's weights, fetched while this one computes.
  */
 VNNI INLINE void q8z_tile(const void *w, const size_t BB, const int MIN, uint32_t nb,
-                          const int16_t *x, const float *xd, const float *xs, size_t ldx,
-                          float *y, size_t ldy, const int R, const int T, const int S, size_t pf,
+                          const int16_t *x, const float *xd, const float *xs, size_t ldx, float *y,
+                          size_t ldy, const int R, const int T, const int S, size_t pf,
                           const uint32_t *mask)
 {
     const size_t lds = ldx / KVF_QK;
     __m512 acc[4][6];
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < T; t++)
+            acc[r][t] = _mm512_setzero_ps();
     for (uint32_t b = 0; b < nb; b++) {
         __m512i s[2][4][6];
         for (int h = 0; h < S; h++)
             for (int r = 0; r < R; r++)
-                for (int t = 0; t < T; t++) s[h][r][t] = _mm512_setzero_si512();
+                for (int t = 0; t < T; t++)
+                    s[h][r][t] = _mm512_setzero_si512();
         const int16_t *xb = x + (size_t)b * KVF_QK;
         /* Unrolled, every accumulator stays in its register across the block: left as a loop,
          * the compiler copied all of them in and out of spare registers on every pair (two
          * moves per vpdpwssd; the 2 × 6 tile ran at 66% of vpdpwssd throughput, now 89%). */
-        _Pragma("GCC unroll 16") for (int p = 0; p < KVF_QK / 2; p += S) {
+        _Pragma("GCC unroll 16") for (int p = 0; p < KVF_QK / 2; p += S)
+        {
             for (int h = 0; h < S; h++) {
                 __m512i wv[4];
                 for (int r = 0; r < R; r++) {
@@ -281,31 +287,42 @@ VNNI INLINE void q8z_tile(const void *w, const size_t BB, const int MIN, uint32_
 /* Groups [g, g + R) against every token: 6 at a time, then the rest in one tile. Only the
  * first tile prefetches (the next R groups); the others find the groups in L1, and are called
  * with a literal 0 so that their code holds no prefetch and no test for one. */
-#define Q8Z_TOKENS(R)                                                                            \
-    do {                                                                                         \
-        const uint8_t *wg = Q8_BLOCK(w, BB, (size_t)g * nb);                                     \
-        float *yg = y + (size_t)g * KVF_Q8G_ROWS;                                                \
-        size_t pf = (size_t)(R) * nb;                                                            \
-        uint32_t t = 0;                                                                          \
-        if (nt >= 6) {                                                                           \
-            q8z_tile(wg, BB, MIN, nb, x, xd, xs, ldx, yg, ldy, R, 6, 1, pf, m);                  \
-            t = 6;                                                                               \
-            pf = 0;                                                                              \
-        }                                                                                        \
-        for (; t + 6 <= nt; t += 6)                                                              \
-            q8z_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, MIN ? xs + t * lds : xs, ldx,        \
-                     yg + t * ldy, ldy, R, 6, 1, 0, m);                                          \
-        const int16_t *xt = x + t * ldx;                                                         \
-        const float *st = MIN ? xs + t * lds : xs; /* Q8_0: NULL, never read */              \
-        float *yt = yg + t * ldy;                                                                \
-        switch (nt - t) {                                                                        \
-        case 5: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 5, 1, pf, m); break;  \
-        case 4: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 4, 1, pf, m); break;  \
-        case 3: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 3, 2, pf, m); break;  \
-        case 2: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 2, 2, pf, m); break;  \
-        case 1: q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 1, 2, pf, m); break;  \
-        default: break;                                                                          \
-        }                                                                                        \
+#define Q8Z_TOKENS(R)                                                                              \
+    do {                                                                                           \
+        const uint8_t *wg = Q8_BLOCK(w, BB, (size_t)g * nb);                                       \
+        float *yg = y + (size_t)g * KVF_Q8G_ROWS;                                                  \
+        size_t pf = (size_t)(R)*nb;                                                                \
+        uint32_t t = 0;                                                                            \
+        if (nt >= 6) {                                                                             \
+            q8z_tile(wg, BB, MIN, nb, x, xd, xs, ldx, yg, ldy, R, 6, 1, pf, m);                    \
+            t = 6;                                                                                 \
+            pf = 0;                                                                                \
+        }                                                                                          \
+        for (; t + 6 <= nt; t += 6)                                                                \
+            q8z_tile(wg, BB, MIN, nb, x + t * ldx, xd + t, MIN ? xs + t * lds : xs, ldx,           \
+                     yg + t * ldy, ldy, R, 6, 1, 0, m);                                            \
+        const int16_t *xt = x + t * ldx;                                                           \
+        const float *st = MIN ? xs + t * lds : xs; /* Q8_0: NULL, never read */                    \
+        float *yt = yg + t * ldy;                                                                  \
+        switch (nt - t) {                                                                          \
+        case 5:                                                                                    \
+            q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 5, 1, pf, m);               \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 4, 1, pf, m);               \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 3, 2, pf, m);               \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 2, 2, pf, m);               \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            q8z_tile(wg, BB, MIN, nb, xt, xd + t, st, ldx, yt, ldy, R, 1, 2, pf, m);               \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
     } while (0)
 
 /* Rows [r0, r1) of a packed Q8 weight (BB, MIN: as q8g_tile) against every token. */
@@ -318,7 +335,8 @@ VNNI INLINE void q8z_rows(const void *w, const size_t BB, const int MIN, uint32_
     uint32_t m[4];
     if (nt == 1) {
         for (; g + 4 <= g1; g += 4) {
-            for (int r = 0; r < 4; r++) m[r] = group_mask(g + r, r0, r1);
+            for (int r = 0; r < 4; r++)
+                m[r] = group_mask(g + r, r0, r1);
             q8z_tile(Q8_BLOCK(w, BB, (size_t)g * nb), BB, MIN, nb, x, xd, xs, 0,
                      y + (size_t)g * KVF_Q8G_ROWS, 0, 4, 1, 2, 4 * (size_t)nb, m);
         }
@@ -340,9 +358,8 @@ VNNI INLINE void q8z_rows(const void *w, const size_t BB, const int MIN, uint32_
     }
 }
 
-VNNI void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x,
-                            const float *xd, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                            uint32_t r0, uint32_t r1)
+VNNI void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
+                            size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     q8z_rows(w, sizeof(*w), 0, nb, x, xd, NULL, ldx, nt, y, ldy, r0, r1);
 }

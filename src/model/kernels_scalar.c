@@ -13,27 +13,30 @@
 static float dot_f32(const float *w, const float *x, uint32_t n)
 {
     float s = 0.0f;
-    for (uint32_t i = 0; i < n; i++) s += w[i] * x[i];
+    for (uint32_t i = 0; i < n; i++)
+        s += w[i] * x[i];
     return s;
 }
 
-static void f32_rows(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt,
-                     uint32_t n, float *y, size_t ldy, uint32_t r0, uint32_t r1)
+static void f32_rows(const float *w, size_t ws, const float *x, size_t ldx, uint32_t nt, uint32_t n,
+                     float *y, size_t ldy, uint32_t r0, uint32_t r1)
 {
     for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t t = 0; t < nt; t++) y[t * ldy + r] = dot_f32(w + r * ws, x + t * ldx, n);
+        for (uint32_t t = 0; t < nt; t++)
+            y[t * ldy + r] = dot_f32(w + r * ws, x + t * ldx, n);
 }
 
 /* The packed F32 recipe of kernels.h: one fused multiply-add chain per pair, in column order. */
-static void f32g_rows(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt,
-                      float *y, size_t ldy, uint32_t r0, uint32_t r1)
+static void f32g_rows(const float *w, uint32_t n, const float *x, size_t ldx, uint32_t nt, float *y,
+                      size_t ldy, uint32_t r0, uint32_t r1)
 {
     for (uint32_t r = r0; r < r1; r++) {
         const float *g = w + (size_t)(r / KVF_F32G_ROWS) * KVF_F32G_ROWS * n + r % KVF_F32G_ROWS;
         for (uint32_t t = 0; t < nt; t++) {
             const float *xt = x + t * ldx;
             float acc = 0.0f;
-            for (uint32_t c = 0; c < n; c++) acc = fmaf(g[(size_t)c * KVF_F32G_ROWS], xt[c], acc);
+            for (uint32_t c = 0; c < n; c++)
+                acc = fmaf(g[(size_t)c * KVF_F32G_ROWS], xt[c], acc);
             y[t * ldy + r] = acc;
         }
     }
@@ -86,15 +89,15 @@ static void q8m_rows(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, co
     for (uint32_t r = r0; r < r1; r++) {
         const struct kvf_q8mg *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb;
         for (uint32_t t = 0; t < nt; t++)
-            y[t * ldy + r] = dot_q8m(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t],
-                                     xs + t * (ldx / KVF_QK), nb);
+            y[t * ldy + r] =
+                dot_q8m(g, r % KVF_Q8G_ROWS, x + t * ldx, xd[t], xs + t * (ldx / KVF_QK), nb);
     }
 }
 
 /* The Q4 recipe of kernels.h for row r (lane r of its group) and one token; five: the quants
  * have their fifth bits in the words at qh (struct kvf_q5g), block b at w + b · block_bytes. */
-static float dot_q45(const uint8_t *w, size_t block_bytes, bool five, uint32_t r,
-                     const int16_t *x, float xd, const float *xs, uint32_t nb)
+static float dot_q45(const uint8_t *w, size_t block_bytes, bool five, uint32_t r, const int16_t *x,
+                     float xd, const float *xs, uint32_t nb)
 {
     float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
@@ -117,9 +120,9 @@ static float dot_q45(const uint8_t *w, size_t block_bytes, bool five, uint32_t r
     return acc * xd;
 }
 
-static void q45_rows(const uint8_t *w, size_t block_bytes, bool five, uint32_t nb,
-                     const int16_t *x, const float *xd, const float *xs, size_t ldx, uint32_t nt,
-                     float *y, size_t ldy, uint32_t r0, uint32_t r1)
+static void q45_rows(const uint8_t *w, size_t block_bytes, bool five, uint32_t nb, const int16_t *x,
+                     const float *xd, const float *xs, size_t ldx, uint32_t nt, float *y,
+                     size_t ldy, uint32_t r0, uint32_t r1)
 {
     for (uint32_t r = r0; r < r1; r++) {
         const uint8_t *g = w + (size_t)(r / KVF_Q8G_ROWS) * nb * block_bytes;
@@ -150,8 +153,8 @@ static float dot_q6(const struct kvf_q6g *g, uint32_t r, const int16_t *x, float
     for (uint32_t b = 0; b < nb; b++, x += KVF_QK) {
         int32_t s[2] = {0, 0};
         for (uint32_t p = 0; p < KVF_QK / 2; p++)
-            s[p / 8] += g[b].qs[32 * p + 2 * r] * x[2 * p] +
-                        g[b].qs[32 * p + 2 * r + 1] * x[2 * p + 1];
+            s[p / 8] +=
+                g[b].qs[32 * p + 2 * r] * x[2 * p] + g[b].qs[32 * p + 2 * r + 1] * x[2 * p + 1];
         acc = fmaf((float)s[0], g[b].a[0][r], acc);
         acc = fmaf((float)s[1], g[b].a[1][r], acc);
     }
@@ -170,7 +173,8 @@ static void q6_rows(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, cons
 
 static void f16_row(const float *x, uint16_t *h, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) h[i] = kvf_f32_to_fp16(x[i]);
+    for (uint32_t i = 0; i < n; i++)
+        h[i] = kvf_f32_to_fp16(x[i]);
 }
 
 /* The reference activation quantizer (struct kvf_act16 in kernels.h); the vector ones match
@@ -199,16 +203,26 @@ static void quant_a16(const float *x, int16_t *q, float *d, float *s, uint32_t n
     }
     for (uint32_t b = 0; b < n / KVF_QK; b++) {
         int32_t sum = 0;
-        for (uint32_t i = 0; i < KVF_QK; i++) sum += q[KVF_QK * b + i];
+        for (uint32_t i = 0; i < KVF_QK; i++)
+            sum += q[KVF_QK * b + i];
         s[b] = (float)sum;
     }
 }
 
 const struct kvf_kern kvf__kern_scalar = {
-    .name = "scalar", .f32_rows = f32_rows, .f32g_rows = f32g_rows, .q8_rows = q8_rows,
-    .q4_rows = q4_rows, .q5_rows = q5_rows, .q6_rows = q6_rows, .q8m_rows = q8m_rows,
+    .name = "scalar",
+    .f32_rows = f32_rows,
+    .f32g_rows = f32g_rows,
+    .q8_rows = q8_rows,
+    .q4_rows = q4_rows,
+    .q5_rows = q5_rows,
+    .q6_rows = q6_rows,
+    .q8m_rows = q8m_rows,
     .f16_row = f16_row,
-    .quant_a16 = quant_a16, .attn_seg = kvf__attn_seg_scalar,
-    .attn_tok = kvf__attn_tok_scalar, .attn_segs = kvf__attn_segs_scalar,
-    .rmsnorm = kvf__rmsnorm_scalar, .swiglu = kvf__swiglu_scalar,
+    .quant_a16 = quant_a16,
+    .attn_seg = kvf__attn_seg_scalar,
+    .attn_tok = kvf__attn_tok_scalar,
+    .attn_segs = kvf__attn_segs_scalar,
+    .rmsnorm = kvf__rmsnorm_scalar,
+    .swiglu = kvf__swiglu_scalar,
 };

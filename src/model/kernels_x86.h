@@ -13,8 +13,8 @@
 #define KVF_HAVE_X86_KERNELS 1
 #include <immintrin.h>
 
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define AVX2   __attribute__((target("avx2,fma,f16c")))
+#define VNNI   __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
 #define INLINE static inline __attribute__((always_inline))
 
 /* How many tiles ahead a tile (of either x86 variant) prefetches its rows, into L2 (hint T1);
@@ -64,29 +64,29 @@ void kvf__q8_rows_avx2(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, c
 void kvf__q8_rows_vnni(const struct kvf_q8g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 void kvf__q8m_rows_avx2(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, const float *xd,
-                        const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                        uint32_t r0, uint32_t r1);
+                        const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                        uint32_t r1);
 void kvf__q8m_rows_vnni(const struct kvf_q8mg *w, uint32_t nb, const int16_t *x, const float *xd,
-                        const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                        uint32_t r0, uint32_t r1);
+                        const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                        uint32_t r1);
 void kvf__f16_row_avx2(const float *x, uint16_t *h, uint32_t n);
 void kvf__quant_a16_avx2(const float *x, int16_t *q, float *d, float *s, uint32_t n);
 
 /* kernels_kq_x86.c */
 void kvf__q4_rows_avx2(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
-                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                       uint32_t r0, uint32_t r1);
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                       uint32_t r1);
 void kvf__q5_rows_avx2(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
-                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                       uint32_t r0, uint32_t r1);
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                       uint32_t r1);
 void kvf__q6_rows_avx2(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 void kvf__q4_rows_vnni(const struct kvf_q4g *w, uint32_t nb, const int16_t *x, const float *xd,
-                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                       uint32_t r0, uint32_t r1);
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                       uint32_t r1);
 void kvf__q5_rows_vnni(const struct kvf_q5g *w, uint32_t nb, const int16_t *x, const float *xd,
-                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy,
-                       uint32_t r0, uint32_t r1);
+                       const float *xs, size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0,
+                       uint32_t r1);
 void kvf__q6_rows_vnni(const struct kvf_q6g *w, uint32_t nb, const int16_t *x, const float *xd,
                        size_t ldx, uint32_t nt, float *y, size_t ldy, uint32_t r0, uint32_t r1);
 

@@ -46,9 +46,8 @@ static int get_weight(const kvf_gguf_t *g, const char *name, uint32_t rows, uint
     }
     uint64_t t_rows = t->ne[1] * t->ne[2] * t->ne[3];
     if (t->ne[0] != cols || t_rows != rows)
-        return fail(err, err_len, KVF_E_MODEL_SHAPE,
-                    "tensor %s is [%llu, %llu], expected [%u, %u]", name,
-                    (unsigned long long)t->ne[0], (unsigned long long)t_rows, cols, rows);
+        return fail(err, err_len, KVF_E_MODEL_SHAPE, "tensor %s is [%llu, %llu], expected [%u, %u]",
+                    name, (unsigned long long)t->ne[0], (unsigned long long)t_rows, cols, rows);
     uint64_t row_bytes = 0;
     if (!kvf_ggml_type_supported(t->type) || kvf_quant_row_bytes(t->type, cols, &row_bytes) < 0)
         return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED, "tensor %s has type %s", name,
@@ -65,8 +64,8 @@ static int get_weight(const kvf_gguf_t *g, const char *name, uint32_t rows, uint
 }
 
 /* A norm weight or a bias: an F32 vector of n. */
-static int get_norm(const kvf_gguf_t *g, const char *name, uint32_t n, const float **out,
-                    char *err, size_t err_len)
+static int get_norm(const kvf_gguf_t *g, const char *name, uint32_t n, const float **out, char *err,
+                    size_t err_len)
 {
     struct kvf_weight w = {0};
     int rc = get_weight(g, name, 1, n, false, &w, err, err_len);
@@ -212,7 +211,8 @@ static struct kvf_weight **matmul_weights(kvf_model_t *m, size_t *n)
 
 /* Gives every F32, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matmul weight its packed copy
  * (kernels.h), all in one allocation (on huge pages where the kernel gives them: decode streams
- * all of it every step). The file's own bytes stay mapped for the token embedding, looked up row by row. */
+ * all of it every step). The file's own bytes stay mapped for the token embedding, looked up row by
+ * row. */
 static int pack_weights(kvf_model_t *m)
 {
     size_t n, bytes = 0;
@@ -255,7 +255,8 @@ static int pack_weights(kvf_model_t *m)
                 kvf__q6g_pack(w->data, w->row_bytes, w->rows, w->cols, (struct kvf_q6g *)at);
                 break;
             case KVF_GGML_F32:
-                kvf__f32g_pack(w->data, w->row_bytes / sizeof(float), w->rows, w->cols, (float *)at);
+                kvf__f32g_pack(w->data, w->row_bytes / sizeof(float), w->rows, w->cols,
+                               (float *)at);
                 break;
             default:
                 continue;
@@ -281,7 +282,7 @@ static bool tensor_read(const struct kvf_model_hparams *hp, const char *name)
         const char *suffix;
         int needs; /* 0: always; 1: Q/K/V biases (qwen2); 2: Q/K head norms (qwen3) */
     } blk[] = {
-        {"attn_norm.weight", 0},   {"attn_q.weight", 0},     {"attn_k.weight", 0},
+        {"attn_norm.weight", 0},   {"attn_q.weight", 0},      {"attn_k.weight", 0},
         {"attn_v.weight", 0},      {"attn_output.weight", 0}, {"ffn_norm.weight", 0},
         {"ffn_gate.weight", 0},    {"ffn_up.weight", 0},      {"ffn_down.weight", 0},
         {"attn_q.bias", 1},        {"attn_k.bias", 1},        {"attn_v.bias", 1},
@@ -308,7 +309,8 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
         const char *name = kvf_gguf_tensor_at(g, i)->name;
         if (!tensor_read(&hp, name))
             return fail(err, err_len, KVF_E_MODEL_UNSUPPORTED,
-                        "tensor %.64s is not one kvfence reads for this architecture and depth", name);
+                        "tensor %.64s is not one kvfence reads for this architecture and depth",
+                        name);
     }
     kvf_model_t *m = calloc(1, sizeof(*m));
     struct kvf_layer *layers = calloc(hp.n_layers, sizeof(*layers));
@@ -322,8 +324,8 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
     if ((rc = get_weight(g, "token_embd.weight", hp.n_vocab, hp.dim, false, &m->tok_embd, err,
                          err_len)) < 0 ||
         (rc = get_norm(g, "output_norm.weight", hp.dim, &m->out_norm, err, err_len)) < 0 ||
-        (rc = get_weight(g, "output.weight", hp.n_vocab, hp.dim, true, &m->output, err,
-                         err_len)) < 0)
+        (rc = get_weight(g, "output.weight", hp.n_vocab, hp.dim, true, &m->output, err, err_len)) <
+            0)
         goto free_m;
     if (!m->output.data) m->output = m->tok_embd; /* tied output projection */
     /* Llama 3.1 and 3.2 files carry their long-context RoPE as per-pair factors, computed at
@@ -331,7 +333,8 @@ int kvf_model_load(const kvf_gguf_t *g, kvf_model_t **out, char *err, size_t err
     const struct kvf_gguf_tensor *rf = kvf_gguf_find_tensor(g, "rope_freqs.weight");
     if (rf) {
         if (rf->type != KVF_GGML_F32 || rf->ne[0] != hp.head_dim / 2 ||
-            rf->ne[1] * rf->ne[2] * rf->ne[3] != 1 || rf->n_bytes != hp.head_dim / 2 * sizeof(float)) {
+            rf->ne[1] * rf->ne[2] * rf->ne[3] != 1 ||
+            rf->n_bytes != hp.head_dim / 2 * sizeof(float)) {
             rc = fail(err, err_len, KVF_E_MODEL_SHAPE,
                       "rope_freqs.weight must be F32 [%u] (head_dim / 2), is %s [%llu, %llu]",
                       hp.head_dim / 2, kvf_ggml_type_name(rf->type), (unsigned long long)rf->ne[0],
@@ -416,7 +419,7 @@ static bool has_quantized(const kvf_model_t *m)
     if (is_quantized(m->output.type)) return true;
     for (uint32_t l = 0; l < m->hp.n_layers; l++) {
         const struct kvf_layer *L = &m->layers[l];
-        const struct kvf_weight *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo,
+        const struct kvf_weight *w[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                          &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++)
             if (is_quantized(w[i]->type)) return true;

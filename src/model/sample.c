@@ -54,13 +54,17 @@ static int cand_cmp(const void *a, const void *b)
 static int32_t argmax(const float *l, uint32_t n)
 {
     float m[ARGMAX_LANES];
-    for (int k = 0; k < ARGMAX_LANES; k++) m[k] = l[0];
+    for (int k = 0; k < ARGMAX_LANES; k++)
+        m[k] = l[0];
     uint32_t i = 0;
     for (; i + ARGMAX_LANES <= n; i += ARGMAX_LANES)
-        for (int k = 0; k < ARGMAX_LANES; k++) m[k] = l[i + k] > m[k] ? l[i + k] : m[k];
+        for (int k = 0; k < ARGMAX_LANES; k++)
+            m[k] = l[i + k] > m[k] ? l[i + k] : m[k];
     float mx = l[0];
-    for (int k = 0; k < ARGMAX_LANES; k++) mx = m[k] > mx ? m[k] : mx;
-    for (; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int k = 0; k < ARGMAX_LANES; k++)
+        mx = m[k] > mx ? m[k] : mx;
+    for (; i < n; i++)
+        mx = l[i] > mx ? l[i] : mx;
     for (i = 0; i < n; i++)
         if (l[i] == mx) return (int32_t)i;
     return 0;
@@ -75,7 +79,8 @@ int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_pa
                uint64_t step)
 {
     if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX) return -EINVAL;
-    if (p->temperature == 0.0f || p->top_k == 1) return kvf_sample_with(logits, n_vocab, p, step, NULL);
+    if (p->temperature == 0.0f || p->top_k == 1)
+        return kvf_sample_with(logits, n_vocab, p, step, NULL);
     void *scratch = malloc(kvf_sample_scratch_bytes(n_vocab));
     if (!scratch) return -ENOMEM;
     int tok = kvf_sample_with(logits, n_vocab, p, step, scratch);
@@ -141,7 +146,8 @@ static double log_sum_exp(const float *logits, uint32_t n_vocab)
 {
     float mx = logits[argmax(logits, n_vocab)];
     double sum = 0.0;
-    for (uint32_t i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    for (uint32_t i = 0; i < n_vocab; i++)
+        sum += exp((double)logits[i] - mx);
     return mx + log(sum);
 }
 
@@ -171,6 +177,7 @@ int kvf_sample_top_logprobs(const float *logits, uint32_t n_vocab, uint32_t top_
         }
         ids[at] = (int32_t)i;
     }
-    for (uint32_t k = 0; k < top_n; k++) logprobs[k] = (float)((double)logits[ids[k]] - lse);
+    for (uint32_t k = 0; k < top_n; k++)
+        logprobs[k] = (float)((double)logits[ids[k]] - lse);
     return (int)top_n;
 }

@@ -24,11 +24,13 @@ static void put_u16(uint8_t *p, uint16_t v)
 }
 static void put_u32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static void put_u64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
 static uint16_t get_u16(const uint8_t *p)
 {
@@ -37,13 +39,15 @@ static uint16_t get_u16(const uint8_t *p)
 static uint32_t get_u32(const uint8_t *p)
 {
     uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
     return v;
 }
 static uint64_t get_u64(const uint8_t *p)
 {
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
     return v;
 }
 
@@ -95,30 +99,41 @@ static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
 
 /* Fixed body bytes per type, before any array. */
 enum {
-    HELLO_BODY = 8 + 5 * 4 + 4 + 4 + 2 + 1 + 1, /* fp, geometry, max_context, max_pages, peer, role, pad */
-    SAMPLING_BYTES = 4 + 4 + 4 + 4 + 8,         /* temperature, top_p, top_k, n_logprobs, seed */
-    NEW_BODY = 4 * 4 + SAMPLING_BYTES,          /* tenant, prompt_len, max_tokens, n_tokens, sampling */
-    GRANT_BODY = 4 * 4 + SAMPLING_BYTES,        /* tenant, expected, n_pages, n_tokens, sampling */
+    HELLO_BODY =
+        8 + 5 * 4 + 4 + 4 + 2 + 1 + 1,   /* fp, geometry, max_context, max_pages, peer, role, pad */
+    SAMPLING_BYTES = 4 + 4 + 4 + 4 + 8,  /* temperature, top_p, top_k, n_logprobs, seed */
+    NEW_BODY = 4 * 4 + SAMPLING_BYTES,   /* tenant, prompt_len, max_tokens, n_tokens, sampling */
+    GRANT_BODY = 4 * 4 + SAMPLING_BYTES, /* tenant, expected, n_pages, n_tokens, sampling */
     FIRST_LP_BYTES = 4 + 4 + 8 * KVF_PROTO_MAX_LOGPROBS, /* logprob, n_top, (id, logprob) × 20 */
-    DONE_BODY = 3 * 4 + FIRST_LP_BYTES,         /* tokens_written, first_token, n_pages, logprobs */
+    DONE_BODY = 3 * 4 + FIRST_LP_BYTES, /* tokens_written, first_token, n_pages, logprobs */
     REASON_BODY = 4,
-    PROGRESS_BODY = 2 * 4,                      /* tokens_done, pages_posted */
-    PAGE_REF_BYTES = 12,                        /* page u32, tag u64 */
+    PROGRESS_BODY = 2 * 4, /* tokens_done, pages_posted */
+    PAGE_REF_BYTES = 12,   /* page u32, tag u64 */
 };
 
 const char *kvf_msg_type_name(int type)
 {
     switch (type) {
-    case KVF_MSG_HELLO: return "KVF_MSG_HELLO";
-    case KVF_MSG_NEW: return "KVF_MSG_NEW";
-    case KVF_MSG_GRANT: return "KVF_MSG_GRANT";
-    case KVF_MSG_DONE: return "KVF_MSG_DONE";
-    case KVF_MSG_CANCEL: return "KVF_MSG_CANCEL";
-    case KVF_MSG_CANCEL_ACK: return "KVF_MSG_CANCEL_ACK";
-    case KVF_MSG_REJECT: return "KVF_MSG_REJECT";
-    case KVF_MSG_FAIL: return "KVF_MSG_FAIL";
-    case KVF_MSG_PROGRESS: return "KVF_MSG_PROGRESS";
-    default: return "?";
+    case KVF_MSG_HELLO:
+        return "KVF_MSG_HELLO";
+    case KVF_MSG_NEW:
+        return "KVF_MSG_NEW";
+    case KVF_MSG_GRANT:
+        return "KVF_MSG_GRANT";
+    case KVF_MSG_DONE:
+        return "KVF_MSG_DONE";
+    case KVF_MSG_CANCEL:
+        return "KVF_MSG_CANCEL";
+    case KVF_MSG_CANCEL_ACK:
+        return "KVF_MSG_CANCEL_ACK";
+    case KVF_MSG_REJECT:
+        return "KVF_MSG_REJECT";
+    case KVF_MSG_FAIL:
+        return "KVF_MSG_FAIL";
+    case KVF_MSG_PROGRESS:
+        return "KVF_MSG_PROGRESS";
+    default:
+        return "?";
     }
 }
 
@@ -127,7 +142,8 @@ const char *kvf_msg_type_name(int type)
 static long body_size(const struct kvf_msg *m)
 {
     switch (m->type) {
-    case KVF_MSG_HELLO: return HELLO_BODY;
+    case KVF_MSG_HELLO:
+        return HELLO_BODY;
     case KVF_MSG_NEW:
         if (m->u.nreq.n_tokens > KVF_PROTO_MAX_TOKENS) return KVF_E_PROTO_BOUNDS;
         if (m->u.nreq.n_tokens && !m->u.nreq.tokens) return KVF_E_PROTO_BOUNDS;
@@ -135,7 +151,8 @@ static long body_size(const struct kvf_msg *m)
     case KVF_MSG_GRANT:
         if (m->u.grant.n_pages > KVF_PROTO_MAX_PAGES || m->u.grant.n_tokens > KVF_PROTO_MAX_TOKENS)
             return KVF_E_PROTO_BOUNDS;
-        if ((m->u.grant.n_pages && !m->u.grant.pages) || (m->u.grant.n_tokens && !m->u.grant.tokens))
+        if ((m->u.grant.n_pages && !m->u.grant.pages) ||
+            (m->u.grant.n_tokens && !m->u.grant.tokens))
             return KVF_E_PROTO_BOUNDS;
         return GRANT_BODY + (long)PAGE_REF_BYTES * m->u.grant.n_pages + 4L * m->u.grant.n_tokens;
     case KVF_MSG_DONE:
@@ -145,9 +162,12 @@ static long body_size(const struct kvf_msg *m)
     case KVF_MSG_CANCEL:
     case KVF_MSG_CANCEL_ACK:
     case KVF_MSG_REJECT:
-    case KVF_MSG_FAIL: return REASON_BODY;
-    case KVF_MSG_PROGRESS: return PROGRESS_BODY;
-    default: return KVF_E_PROTO_TYPE;
+    case KVF_MSG_FAIL:
+        return REASON_BODY;
+    case KVF_MSG_PROGRESS:
+        return PROGRESS_BODY;
+    default:
+        return KVF_E_PROTO_TYPE;
     }
 }
 
@@ -199,7 +219,8 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         put_u32(p + 12, n->n_tokens);
         put_sampling(p + 16, &n->sampling);
         p += NEW_BODY;
-        for (uint32_t i = 0; i < n->n_tokens; i++, p += 4) put_u32(p, n->tokens[i]);
+        for (uint32_t i = 0; i < n->n_tokens; i++, p += 4)
+            put_u32(p, n->tokens[i]);
         break;
     }
     case KVF_MSG_GRANT: {
@@ -214,7 +235,8 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
             put_u32(p, g->pages[i].page);
             put_u64(p + 4, g->pages[i].tag);
         }
-        for (uint32_t i = 0; i < g->n_tokens; i++, p += 4) put_u32(p, g->tokens[i]);
+        for (uint32_t i = 0; i < g->n_tokens; i++, p += 4)
+            put_u32(p, g->tokens[i]);
         break;
     }
     case KVF_MSG_DONE: {
@@ -230,7 +252,8 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
             put_f32(p + 24 + 8 * i, on ? d->top_logprobs[i] : 0.0f);
         }
         p += DONE_BODY;
-        for (uint32_t i = 0; i < d->n_pages; i++, p += 8) put_u64(p, d->checksums[i]);
+        for (uint32_t i = 0; i < d->n_pages; i++, p += 8)
+            put_u64(p, d->checksums[i]);
         break;
     }
     case KVF_MSG_PROGRESS:
@@ -316,7 +339,8 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         rc = check_array(have, NEW_BODY, n->n_tokens, 4, KVF_PROTO_MAX_TOKENS, s->tokens_cap);
         if (rc < 0) return rc;
         p += NEW_BODY;
-        for (uint32_t i = 0; i < n->n_tokens; i++, p += 4) s->tokens[i] = get_u32(p);
+        for (uint32_t i = 0; i < n->n_tokens; i++, p += 4)
+            s->tokens[i] = get_u32(p);
         n->tokens = n->n_tokens ? s->tokens : NULL;
         break;
     }
@@ -338,7 +362,8 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
             s->pages[i].page = get_u32(p);
             s->pages[i].tag = get_u64(p + 4);
         }
-        for (uint32_t i = 0; i < g->n_tokens; i++, p += 4) s->tokens[i] = get_u32(p);
+        for (uint32_t i = 0; i < g->n_tokens; i++, p += 4)
+            s->tokens[i] = get_u32(p);
         g->pages = g->n_pages ? s->pages : NULL;
         g->tokens = g->n_tokens ? s->tokens : NULL;
         break;
@@ -362,7 +387,8 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         rc = check_array(have, DONE_BODY, d->n_pages, 8, KVF_PROTO_MAX_PAGES, s->checksums_cap);
         if (rc < 0) return rc;
         p += DONE_BODY;
-        for (uint32_t i = 0; i < d->n_pages; i++, p += 8) s->checksums[i] = get_u64(p);
+        for (uint32_t i = 0; i < d->n_pages; i++, p += 8)
+            s->checksums[i] = get_u64(p);
         d->checksums = d->n_pages ? s->checksums : NULL;
         break;
     }

@@ -11,10 +11,9 @@
  *     │                RUNNING ◀──────────────────────────┘  │  │ grants end, pages freed
  *     │                   │ finish: pages released           │  └──────────────▶ FAILED ──▶ NONE
  *     │                   ▼                                  │                     ▲
- *     └──────────────── DONE                                 │ cancel, timeout,    │ proof (ACK, late
- *                                                            │ bad DONE, peer down │ DONE, FAIL) or
- *                                                            ▼                     │ fence of the epoch
- *                                                         DRAINING ────────────────┘
+ *     └──────────────── DONE                                 │ cancel, timeout,    │ proof (ACK,
+ * late │ bad DONE, peer down │ DONE, FAIL) or ▼                     │ fence of the epoch DRAINING
+ * ────────────────┘
  *
  * Transition table:
  *   kvf_decode_submit        NONE → GRANTED (or refused: FAIL_REQ, nothing reserved)
@@ -70,17 +69,17 @@ struct dreq {
     struct kvf_page_ref *pages; /* [seq_pages]: the prompt's pages, then the output's as it grows */
     bool *granted;              /* [seq_pages]: this page's grant is still outstanding */
     uint32_t n_granted;
-    uint32_t reserved;          /* pages still promised for the output */
-    uint64_t deadline_ms;       /* GRANTED: the no-progress deadline (renewed by PROGRESS) */
-    uint32_t progress_tokens;   /* GRANTED: the counts of the last PROGRESS, which never fall */
+    uint32_t reserved;        /* pages still promised for the output */
+    uint64_t deadline_ms;     /* GRANTED: the no-progress deadline (renewed by PROGRESS) */
+    uint32_t progress_tokens; /* GRANTED: the counts of the last PROGRESS, which never fall */
     uint32_t progress_pages;
-    uint64_t drain_since_ms;    /* DRAINING: when the request stopped succeeding */
+    uint64_t drain_since_ms; /* DRAINING: when the request stopped succeeding */
 };
 
 struct dpeer {
     bool up;
-    uint32_t epoch;            /* the epoch it connected at */
-    uint32_t fence_asked;      /* epoch + 1 of the last FENCE_PEER emitted; 0 = none */
+    uint32_t epoch;       /* the epoch it connected at */
+    uint32_t fence_asked; /* epoch + 1 of the last FENCE_PEER emitted; 0 = none */
 };
 
 struct kvf_decode {
@@ -89,7 +88,7 @@ struct kvf_decode {
     uint32_t page_tokens;
     uint32_t seq_pages; /* page-table room per request: max_context in pages, at least a grant */
     size_t data_bytes, trailer_off;
-    struct dreq *reqs;  /* [max_reqs] */
+    struct dreq *reqs;   /* [max_reqs] */
     struct dpeer *peers; /* [max_peers] */
     uint64_t next_nonce;
     struct kvf_decode_stats st;
@@ -210,7 +209,8 @@ static int room(const kvf_decode_t *d, const struct kvf_actions *acts)
     return kvf__actions_room(acts, kvf_decode_max_actions(d));
 }
 
-static struct kvf_action *push(struct kvf_actions *acts, enum kvf_action_kind kind, kvf_req_id_t req)
+static struct kvf_action *push(struct kvf_actions *acts, enum kvf_action_kind kind,
+                               kvf_req_id_t req)
 {
     return kvf__actions_push(acts, kind, req);
 }
@@ -386,7 +386,8 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
         if (!ALWAYS(rc == 0)) {
             /* Cannot happen: the pages were just allocated and the peer's epoch is current.
              * Undo what was done so the failure changes nothing. */
-            for (uint32_t j = 0; j < i; j++) kvf_pool_grant_end(d->cfg.pool, r->pages[j], writer, 0);
+            for (uint32_t j = 0; j < i; j++)
+                kvf_pool_grant_end(d->cfg.pool, r->pages[j], writer, 0);
             for (uint32_t j = 0; j < n_prompt; j++)
                 kvf_pool_release(d->cfg.pool, r->pages[j], KVF_HOLDER_SEQ, now_ms);
             kvf_pool_unreserve(d->cfg.pool, n_total - n_prompt);
@@ -570,7 +571,8 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
     case KVF_MSG_FAIL:
         if (r->state == KVF_DREQ_GRANTED) {
             /* Proof: REJECT is sent only when nothing was posted, FAIL only after a drain. */
-            tell_client(acts, r, m->type == KVF_MSG_REJECT ? KVF_E_PROTO_REJECTED : KVF_E_PROTO_FAILED);
+            tell_client(acts, r,
+                        m->type == KVF_MSG_REJECT ? KVF_E_PROTO_REJECTED : KVF_E_PROTO_FAILED);
             prove(d, r);
             release_pages(d, r, now_ms);
             r->state = KVF_DREQ_FAILED;
@@ -608,7 +610,8 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
         if (r->state == KVF_DREQ_DRAINING) return 0; /* sent before the writer saw the CANCEL */
         break;
     }
-    default: break;
+    default:
+        break;
     }
     d->st.stale++;
     return KVF_E_PROTO_STALE;
@@ -623,14 +626,17 @@ int kvf_decode_cancel(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req, int re
     if (!r) return KVF_E_PROTO_UNKNOWN_REQ;
     if (reason >= 0) reason = KVF_E_PROTO_CANCELLED;
     switch (r->state) {
-    case KVF_DREQ_GRANTED: start_draining(d, r, now_ms, reason, true, acts); return 0;
+    case KVF_DREQ_GRANTED:
+        start_draining(d, r, now_ms, reason, true, acts);
+        return 0;
     case KVF_DREQ_RUNNING:
         tell_client(acts, r, reason);
         release_pages(d, r, now_ms);
         r->state = KVF_DREQ_FAILED;
         end_slot(d, r, false);
         return 0;
-    default: return 0; /* DRAINING: the client was told already; the pages wait for proof. */
+    default:
+        return 0; /* DRAINING: the client was told already; the pages wait for proof. */
     }
 }
 
@@ -712,7 +718,8 @@ int kvf_decode_tick(kvf_decode_t *d, uint64_t now_ms, struct kvf_actions *acts)
     struct kvf_peer_epoch fence[16];
     int n = kvf_pool_tick(d->cfg.pool, now_ms, fence, KVF_ARRAY_LEN(fence));
     if (n < 0) return n;
-    for (int i = 0; i < n && i < (int)KVF_ARRAY_LEN(fence); i++) ask_fence(d, fence[i], acts);
+    for (int i = 0; i < n && i < (int)KVF_ARRAY_LEN(fence); i++)
+        ask_fence(d, fence[i], acts);
     return 0;
 }
 
@@ -790,8 +797,8 @@ bool kvf_decode_check(const kvf_decode_t *d, char *why, size_t why_len)
                 FAIL_CHECK("request slot %u: page %u unknown", i, r->pages[j].page);
             if (pi.tag != r->pages[j].tag)
                 FAIL_CHECK("request slot %u: page %u was reassigned under it", i, r->pages[j].page);
-            bool ours = pi.granted && pi.grant.peer == r->writer.peer &&
-                        pi.grant.epoch == r->writer.epoch;
+            bool ours =
+                pi.granted && pi.grant.peer == r->writer.peer && pi.grant.epoch == r->writer.epoch;
             n_granted += r->granted[j];
             switch (r->state) {
             case KVF_DREQ_GRANTED:
@@ -805,11 +812,13 @@ bool kvf_decode_check(const kvf_decode_t *d, char *why, size_t why_len)
                                kvf_page_state_name(pi.state));
                 break;
             case KVF_DREQ_DRAINING:
-                if (r->granted[j] && ((pi.state != KVF_PAGE_HELD && pi.state != KVF_PAGE_QUARANTINED) || !ours))
+                if (r->granted[j] &&
+                    ((pi.state != KVF_PAGE_HELD && pi.state != KVF_PAGE_QUARANTINED) || !ours))
                     FAIL_CHECK("DRAINING request: page %u is %s", r->pages[j].page,
                                kvf_page_state_name(pi.state));
                 break;
-            default: FAIL_CHECK("request slot %u in passing state %d", i, (int)r->state);
+            default:
+                FAIL_CHECK("request slot %u in passing state %d", i, (int)r->state);
             }
         }
         if (n_granted != r->n_granted) FAIL_CHECK("request slot %u: grant count off", i);

@@ -40,19 +40,19 @@ struct preq {
     enum kvf_preq_state state;
     kvf_req_id_t req;
     uint64_t nonce;
-    uint64_t age;              /* order of creation, for evicting the oldest CLEARED record */
+    uint64_t age; /* order of creation, for evicting the oldest CLEARED record */
     uint32_t tenant, expected;
     uint32_t n_pages;
     struct kvf_page_ref *pages; /* [max_grant_pages] */
     uint64_t *checksums;        /* [max_grant_pages] */
     uint32_t computed, posted;
-    uint32_t progress_tokens;  /* the tokens_done of the last PROGRESS sent */
+    uint32_t progress_tokens; /* the tokens_done of the last PROGRESS sent */
     uint32_t first_token;
-    bool flush_out;            /* a FLUSH is outstanding */
-    bool acked;                /* the CANCEL of this (req, nonce) was answered */
-    unsigned owed;             /* OWE_ACK | OWE_FAIL: what to send once drained */
+    bool flush_out; /* a FLUSH is outstanding */
+    bool acked;     /* the CANCEL of this (req, nonce) was answered */
+    unsigned owed;  /* OWE_ACK | OWE_FAIL: what to send once drained */
     int fail_err;
-    bool placeholder;          /* mutant placeholder_after_reject only */
+    bool placeholder; /* mutant placeholder_after_reject only */
 };
 
 struct kvf_prefill {
@@ -67,21 +67,23 @@ struct kvf_prefill {
 
 const char *kvf_preq_state_name(enum kvf_preq_state s)
 {
-    static const char *const names[] = {"KVF_PREQ_NONE",    "KVF_PREQ_COMPUTING", "KVF_PREQ_WRITING",
-                                        "KVF_PREQ_FLUSHING", "KVF_PREQ_DRAINING", "KVF_PREQ_DONE",
-                                        "KVF_PREQ_CLEARED"};
+    static const char *const names[] = {
+        "KVF_PREQ_NONE",     "KVF_PREQ_COMPUTING", "KVF_PREQ_WRITING", "KVF_PREQ_FLUSHING",
+        "KVF_PREQ_DRAINING", "KVF_PREQ_DONE",      "KVF_PREQ_CLEARED"};
     return (unsigned)s < KVF_ARRAY_LEN(names) ? names[s] : "?";
 }
 
 static size_t arrays_bytes(const struct kvf_prefill_config *c)
 {
-    return (size_t)c->max_reqs * c->max_grant_pages * (sizeof(struct kvf_page_ref) + sizeof(uint64_t));
+    return (size_t)c->max_reqs * c->max_grant_pages *
+           (sizeof(struct kvf_page_ref) + sizeof(uint64_t));
 }
 
 int kvf_prefill_create(const struct kvf_prefill_config *cfg, kvf_prefill_t **out)
 {
     if (!cfg || cfg->max_reqs == 0 || cfg->max_grant_pages == 0 ||
-        cfg->max_grant_pages > KVF_PROTO_MAX_PAGES || cfg->page_tokens == 0 || cfg->max_context == 0)
+        cfg->max_grant_pages > KVF_PROTO_MAX_PAGES || cfg->page_tokens == 0 ||
+        cfg->max_context == 0)
         return -EINVAL;
     const struct kvf_alloc_ops *a = cfg->alloc ? cfg->alloc : &kvf_default_alloc;
     kvf_prefill_t *p = a->alloc(a->ctx, sizeof(*p), 16);
@@ -96,7 +98,8 @@ int kvf_prefill_create(const struct kvf_prefill_config *cfg, kvf_prefill_t **out
     memset(p->reqs, 0, cfg->max_reqs * sizeof(struct preq));
     memset(arr, 0, arrays_bytes(cfg));
     uint64_t *sums = (uint64_t *)arr;
-    struct kvf_page_ref *refs = (struct kvf_page_ref *)(sums + (size_t)cfg->max_reqs * cfg->max_grant_pages);
+    struct kvf_page_ref *refs =
+        (struct kvf_page_ref *)(sums + (size_t)cfg->max_reqs * cfg->max_grant_pages);
     for (uint32_t i = 0; i < cfg->max_reqs; i++) {
         p->reqs[i].checksums = sums + (size_t)i * cfg->max_grant_pages;
         p->reqs[i].pages = refs + (size_t)i * cfg->max_grant_pages;
@@ -186,7 +189,8 @@ static int room(const kvf_prefill_t *p, const struct kvf_actions *acts)
     return kvf__actions_room(acts, kvf_prefill_max_actions(p));
 }
 
-static struct kvf_action *push(struct kvf_actions *acts, enum kvf_action_kind kind, kvf_req_id_t req)
+static struct kvf_action *push(struct kvf_actions *acts, enum kvf_action_kind kind,
+                               kvf_req_id_t req)
 {
     return kvf__actions_push(acts, kind, req);
 }
@@ -220,7 +224,8 @@ static void flush(struct kvf_actions *acts, struct preq *e)
 }
 
 /* Stop posting; answer `what` once every posted write completed remotely (at once if none). */
-static void drain(kvf_prefill_t *p, struct preq *e, unsigned what, int err, struct kvf_actions *acts)
+static void drain(kvf_prefill_t *p, struct preq *e, unsigned what, int err,
+                  struct kvf_actions *acts)
 {
     if (e->state == KVF_PREQ_COMPUTING || e->state == KVF_PREQ_WRITING) abort_compute(acts, e);
     e->owed |= what;
@@ -337,7 +342,8 @@ static int on_cancel(kvf_prefill_t *p, const struct kvf_msg *m, struct kvf_actio
         e->acked = true;
         e->state = KVF_PREQ_CLEARED;
         return 0;
-    default: break;
+    default:
+        break;
     }
     p->st.stale++;
     return KVF_E_PROTO_STALE;
@@ -357,9 +363,13 @@ int kvf_prefill_on_msg(kvf_prefill_t *p, uint64_t now_ms, const struct kvf_msg *
         return KVF_E_PROTO_STALE;
     }
     switch (m->type) {
-    case KVF_MSG_GRANT: return on_grant(p, m, acts);
-    case KVF_MSG_CANCEL: return on_cancel(p, m, acts);
-    default: p->st.stale++; return KVF_E_PROTO_TYPE;
+    case KVF_MSG_GRANT:
+        return on_grant(p, m, acts);
+    case KVF_MSG_CANCEL:
+        return on_cancel(p, m, acts);
+    default:
+        p->st.stale++;
+        return KVF_E_PROTO_TYPE;
     }
 }
 
@@ -427,7 +437,8 @@ int kvf_prefill_progress(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, ui
      * writer's local completions of them are progress. A cancelled, failed or cleared one owes
      * nothing but its proof. */
     if (!p->connected || !e ||
-        (e->state != KVF_PREQ_COMPUTING && e->state != KVF_PREQ_WRITING && e->state != KVF_PREQ_FLUSHING))
+        (e->state != KVF_PREQ_COMPUTING && e->state != KVF_PREQ_WRITING &&
+         e->state != KVF_PREQ_FLUSHING))
         return KVF_E_PROTO_STALE;
     if (tokens_done > e->expected) tokens_done = e->expected;
     if (tokens_done < e->progress_tokens) tokens_done = e->progress_tokens; /* counts never fall */
@@ -461,8 +472,11 @@ int kvf_prefill_compute_failed(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t r
         }
         drain(p, e, OWE_FAIL, err, acts); /* nothing posted: a REJECT, now */
         return 0;
-    case KVF_PREQ_WRITING: drain(p, e, OWE_FAIL, err, acts); return 0;
-    default: return KVF_E_PROTO_STALE;
+    case KVF_PREQ_WRITING:
+        drain(p, e, OWE_FAIL, err, acts);
+        return 0;
+    default:
+        return KVF_E_PROTO_STALE;
     }
 }
 
@@ -531,8 +545,11 @@ int kvf_prefill_clear(kvf_prefill_t *p, uint64_t now_ms, kvf_req_id_t req, uint6
         }
         drain(p, e, OWE_FAIL, KVF_E_PROTO_CANCELLED, acts);
         return 0;
-    case KVF_PREQ_DONE: e->state = KVF_PREQ_CLEARED; return 0;
-    default: return 0;
+    case KVF_PREQ_DONE:
+        e->state = KVF_PREQ_CLEARED;
+        return 0;
+    default:
+        return 0;
     }
 }
 
@@ -547,7 +564,8 @@ bool kvf_prefill_check(const kvf_prefill_t *p, char *why, size_t why_len)
         const struct preq *e = &p->reqs[i];
         if (e->state == KVF_PREQ_NONE || e->state == KVF_PREQ_CLEARED) continue;
         if (e->posted > e->computed || e->computed > e->n_pages)
-            FAIL_CHECK("entry %u: posted %u computed %u pages %u", i, e->posted, e->computed, e->n_pages);
+            FAIL_CHECK("entry %u: posted %u computed %u pages %u", i, e->posted, e->computed,
+                       e->n_pages);
         if (e->state == KVF_PREQ_COMPUTING && e->posted != 0)
             FAIL_CHECK("entry %u: COMPUTING with writes posted", i);
         if (e->state == KVF_PREQ_FLUSHING && (!e->flush_out || e->computed != e->n_pages))

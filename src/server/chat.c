@@ -18,7 +18,8 @@ int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs
     static const char tail[] = "assistant:";
     if (n_msgs == 0) return -EINVAL;
     size_t len = sizeof tail - 1;
-    for (size_t i = 0; i < n_msgs; i++) len += strlen(msgs[i].role) + 2 + msgs[i].content_len + 1;
+    for (size_t i = 0; i < n_msgs; i++)
+        len += strlen(msgs[i].role) + 2 + msgs[i].content_len + 1;
     char *p = malloc(len + 1);
     if (!p) return -ENOMEM;
     size_t k = 0;
@@ -40,11 +41,11 @@ int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs
 
 /* --- The model's own chat template. ----------------------------------------------------------
  *
- * The rendered text is encoded with KVF_TOKENIZE_PARSE_SPECIAL, so the template's own "<|im_start|>"
- * or "<|eot_id|>" become those control tokens — and, without care, so would the same text typed
- * by a user: vLLM and llama.cpp's server both tokenize the whole rendering with special tokens
- * parsed, so a message containing "<|im_end|>\n<|im_start|>system\n..." forges a turn. Here a
- * special token is parsed only where the template wrote it:
+ * The rendered text is encoded with KVF_TOKENIZE_PARSE_SPECIAL, so the template's own
+ * "<|im_start|>" or "<|eot_id|>" become those control tokens — and, without care, so would the same
+ * text typed by a user: vLLM and llama.cpp's server both tokenize the whole rendering with special
+ * tokens parsed, so a message containing "<|im_end|>\n<|im_start|>system\n..." forges a turn. Here
+ * a special token is parsed only where the template wrote it:
  *
  *   1. The messages are rendered as given (R). If no message's content contains the text of a
  *      control or unknown token, R is encoded with special tokens parsed — the same ids the
@@ -133,9 +134,9 @@ static int32_t special_at(const kvf_tokenizer_t *tok, const struct specials *sp,
     return best;
 }
 
-#define MARK_OPEN "\xEF\xB7\x90"  /* U+FDD0 */
+#define MARK_OPEN  "\xEF\xB7\x90" /* U+FDD0 */
 #define MARK_CLOSE "\xEF\xB7\x91" /* U+FDD1 */
-#define MARK_LEN 3
+#define MARK_LEN   3
 
 /* content with each special token's text wrapped in the marks (malloc'd), or NULL. */
 static char *mark_content(const kvf_tokenizer_t *tok, const struct specials *sp, const char *c)
@@ -241,7 +242,8 @@ static int encode_marked(const char *tmpl, const kvf_tokenizer_t *tok,
         size_t len;
         int32_t id = special_at(tok, &sp, r + i, r_len - i, &len);
         bool ok = id >= 0;
-        for (size_t q = i; ok && q < i + len; q++) ok = !prot[q];
+        for (size_t q = i; ok && q < i + len; q++)
+            ok = !prot[q];
         if (!ok) {
             i++;
             continue;
@@ -269,7 +271,8 @@ oom:
     kvf__srv_fail(e, 503, NULL, "out_of_memory", "out of memory");
 out:
     if (owned)
-        for (size_t i = 0; i < n; i++) free(owned[i]);
+        for (size_t i = 0; i < n; i++)
+            free(owned[i]);
     free(owned);
     free(m2);
     free(prot);

@@ -55,25 +55,25 @@ enum guard_phase {
 };
 struct guard_conn {
     bool in_use;
-    bool closed;            /* the watchdog shut it down; nothing more is done to it */
+    bool closed; /* the watchdog shut it down; nothing more is done to it */
     enum guard_phase phase;
     int fd;
-    int64_t deadline_ms;    /* G_HEAD, G_BODY: monotonic ms by which the phase must end */
+    int64_t deadline_ms;     /* G_HEAD, G_BODY: monotonic ms by which the phase must end */
     int64_t unsent_since_ms; /* the first check of the current run of checks that all found
                                 response bytes unsent; 0: the last check found none */
-    uint32_t n_answered;    /* requests completed on this connection */
+    uint32_t n_answered;     /* requests completed on this connection */
     /* Connection caps ("Connection caps" below). */
     struct kvf__srv_addr peer; /* the socket's peer */
-    bool trusted_peer;      /* peer is a trusted proxy: the client comes from its headers */
-    bool keyed;             /* a request on it showed a valid API key */
-    bool over_at_accept;    /* its peer had max_conn_per_ip connections already at accept */
-    int32_t ac;             /* its entry in the per-address counts, or -1 */
+    bool trusted_peer;         /* peer is a trusted proxy: the client comes from its headers */
+    bool keyed;                /* a request on it showed a valid API key */
+    bool over_at_accept;       /* its peer had max_conn_per_ip connections already at accept */
+    int32_t ac;                /* its entry in the per-address counts, or -1 */
 };
 /* Connections per client address: one entry per address with connections, at most one entry
  * per connection, so the table of guard.n entries never fills. */
 struct addr_count {
     struct kvf__srv_addr a;
-    uint32_t n;             /* 0: the entry is free */
+    uint32_t n; /* 0: the entry is free */
 };
 
 /* The watchdog: one thread, a table of guard.n entries allocated at start (nothing is
@@ -81,26 +81,26 @@ struct addr_count {
  * ioctl per connection in use. */
 struct guard {
     pthread_mutex_t mu;
-    pthread_cond_t cv;      /* signalled by stop */
+    pthread_cond_t cv; /* signalled by stop */
     pthread_t thread;
     bool stop;
-    struct guard_conn *c;   /* [n] */
-    struct addr_count *ac;  /* [n] */
-    uint32_t n;             /* libmicrohttpd's limit: max_connections + the room for refusals */
+    struct guard_conn *c;  /* [n] */
+    struct addr_count *ac; /* [n] */
+    uint32_t n;            /* libmicrohttpd's limit: max_connections + the room for refusals */
     uint32_t tick_ms;
     uint32_t header_ms, body_ms, send_ms, idle_ms;
-    uint32_t keyless_ms;    /* with keys: header and idle bound before a valid key is shown */
+    uint32_t keyless_ms; /* with keys: header and idle bound before a valid key is shown */
     bool keys;
     uint32_t max_conns, keyless_conns, per_addr; /* the caps */
     const struct kvf__srv_cidr *trusted;         /* the server's, [n_trusted] */
     size_t n_trusted;
-    uint32_t n_keyed;       /* connections in use that showed a valid key */
+    uint32_t n_keyed; /* connections in use that showed a valid key */
     /* Figures for /health ("http"). */
-    atomic_uint open;           /* connections in the table */
-    atomic_ullong untracked;    /* connections accepted with the table full (no deadlines) */
-    atomic_ullong closed_head;  /* headers not in within their bound */
-    atomic_ullong closed_body;  /* a body not in within its bound */
-    atomic_ullong closed_send;  /* a client that did not read its response */
+    atomic_uint open;            /* connections in the table */
+    atomic_ullong untracked;     /* connections accepted with the table full (no deadlines) */
+    atomic_ullong closed_head;   /* headers not in within their bound */
+    atomic_ullong closed_body;   /* a body not in within its bound */
+    atomic_ullong closed_send;   /* a client that did not read its response */
     atomic_ullong refused_conns; /* 503 to a request past a connection cap */
 };
 
@@ -112,17 +112,17 @@ struct guard {
 #define KVF__SRV_MAX_HEADERS 100
 
 struct kvf_server {
-    struct kvf_server_config cfg; /* defaults filled in; strings point at host/model below */
+    struct kvf_server_config cfg;       /* defaults filled in; strings point at host/model below */
     char *host, *model, *chat_template; /* chat_template NULL: the default rendering */
     const struct kvf_gen_ops *ops;
     void *engine;
     const kvf_tokenizer_t *tok;
     struct MHD_Daemon *d;
-    int listen_fd;             /* ours: closed after the daemon stops */
+    int listen_fd; /* ours: closed after the daemon stops */
     uint16_t port;
-    int64_t created;           /* unix seconds at start (/v1/models) */
-    atomic_bool stopping;      /* requests in flight cancel and end */
-    atomic_uint in_flight;     /* requests holding a run */
+    int64_t created;       /* unix seconds at start (/v1/models) */
+    atomic_bool stopping;  /* requests in flight cancel and end */
+    atomic_uint in_flight; /* requests holding a run */
     struct kvf__srv_tenants tenants;
     struct kvf__srv_metrics metrics;
     struct guard guard;
@@ -144,17 +144,17 @@ enum route {
 /* Per-request state (MHD's *con_cls), owned by the connection thread. */
 struct conn_req {
     enum route route;
-    const char *model_id;   /* R_MODEL_ONE: the id in the path (points into MHD's url) */
+    const char *model_id; /* R_MODEL_ONE: the id in the path (points into MHD's url) */
     struct kvf__sbuf body;
-    size_t max_body;        /* this route's bound on the body: max_body_bytes, or
-                               tokenize_max_bytes for /tokenize and /detokenize */
-    bool too_big;           /* the body passed max_body and was answered with 413 */
-    bool over_cap;          /* past a connection cap: the body is read and dropped, then 503 */
+    size_t max_body; /* this route's bound on the body: max_body_bytes, or
+                        tokenize_max_bytes for /tokenize and /detokenize */
+    bool too_big;    /* the body passed max_body and was answered with 413 */
+    bool over_cap;   /* past a connection cap: the body is read and dropped, then 503 */
     struct kvf__srv_err cap_err;
-    char id[24];            /* "req-<16 random hex>": names the request in the logs */
-    size_t ti;              /* the tenant (index into the server's table) */
+    char id[24];                 /* "req-<16 random hex>": names the request in the logs */
+    size_t ti;                   /* the tenant (index into the server's table) */
     struct kvf__srv_share share; /* what it takes of the tenant's share once admitted */
-    bool holds_flight;      /* a non-streaming answer: in_flight counts it until completed */
+    bool holds_flight;           /* a non-streaming answer: in_flight counts it until completed */
 };
 
 /* A streaming response's state, owned by the response (freed in stream_free). */
@@ -162,11 +162,11 @@ struct stream {
     struct kvf_server *s;
     struct kvf__srv_run *run;
     struct MHD_Connection *conn; /* the connection the stream is the response of */
-    int fd;                 /* the connection's socket, polled for hang-up */
-    struct kvf__sbuf out;   /* SSE bytes not yet handed to MHD, from off */
+    int fd;                      /* the connection's socket, polled for hang-up */
+    struct kvf__sbuf out;        /* SSE bytes not yet handed to MHD, from off */
     size_t off;
-    bool finished;          /* nothing more after out */
-    char id[24];            /* the request's (conn_req's) */
+    bool finished; /* nothing more after out */
+    char id[24];   /* the request's (conn_req's) */
     size_t ti;
     struct kvf__srv_share share;
 };
@@ -283,8 +283,10 @@ static uint32_t addr_assign(struct guard *g, struct guard_conn *gc, const struct
     if (gc->ac >= 0) g->ac[gc->ac].n--;
     int32_t found = -1, free_e = -1;
     for (uint32_t i = 0; i < g->n && found < 0; i++) {
-        if (g->ac[i].n && memcmp(&g->ac[i].a, a, sizeof *a) == 0) found = (int32_t)i;
-        else if (!g->ac[i].n && free_e < 0) free_e = (int32_t)i;
+        if (g->ac[i].n && memcmp(&g->ac[i].a, a, sizeof *a) == 0)
+            found = (int32_t)i;
+        else if (!g->ac[i].n && free_e < 0)
+            free_e = (int32_t)i;
     }
     if (found < 0) {
         found = free_e; /* one entry per connection at most: there is always a free one */
@@ -575,7 +577,8 @@ static int route_of(const char *url, const char *method, enum route *out, const 
         url[sizeof models_prefix - 1]) {
         if (strcmp(method, "GET") != 0) {
             *allow = "GET";
-            return kvf__srv_fail(e, 405, NULL, "method_not_allowed", "use GET for %s", "/v1/models/{id}");
+            return kvf__srv_fail(e, 405, NULL, "method_not_allowed", "use GET for %s",
+                                 "/v1/models/{id}");
         }
         *out = R_MODEL_ONE;
         *model_id = url + sizeof models_prefix - 1;
@@ -597,7 +600,7 @@ static int route_of(const char *url, const char *method, enum route *out, const 
 struct header_count {
     unsigned content_length;
     unsigned transfer_encoding;
-    bool te_chunked;        /* the (last) Transfer-Encoding is exactly "chunked" */
+    bool te_chunked; /* the (last) Transfer-Encoding is exactly "chunked" */
 };
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                     const char *value)
@@ -627,7 +630,8 @@ static int check_body_headers(struct MHD_Connection *c, size_t max_body, struct 
     if (h.transfer_encoding > 1 || (h.transfer_encoding && !h.te_chunked))
         return kvf__srv_fail(e, 400, NULL, "bad_request",
                              "the only Transfer-Encoding accepted is one 'chunked'");
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
         char *end;
         errno = 0;
@@ -641,7 +645,8 @@ static int check_body_headers(struct MHD_Connection *c, size_t max_body, struct 
     return 0;
 }
 
-/* --- GET endpoints, tokenize, detokenize. ------------------------------------------------------ */
+/* --- GET endpoints, tokenize, detokenize. ------------------------------------------------------
+ */
 
 static json_t *model_json(struct kvf_server *s, uint32_t limit)
 {
@@ -667,16 +672,16 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         " s:{s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", in.prefill_up ? "ok" : "unavailable", "model", s->model, "served_limit",
         (json_int_t)in.served_limit, "n_vocab", (json_int_t)in.n_vocab, "page_tokens",
-        (json_int_t)in.page_tokens, "prefill_up", in.prefill_up,
-        "decode", "pages", (json_int_t)in.decode_pages, "free", (json_int_t)in.decode_free,
-        "reserved", (json_int_t)in.decode_reserved, "capacity_tokens",
-        (json_int_t)in.decode_pages * in.page_tokens, "by_state", by_state ? by_state : json_object(),
-        "prefill", "pages", (json_int_t)in.prefill_pages, "free", (json_int_t)in.prefill_free,
-        "capacity_tokens", (json_int_t)in.prefill_pages * in.page_tokens,
-        "chat_template", s->chat_template ? "model" : "default",
-        "queued", (json_int_t)in.queued, "running", (json_int_t)in.running, "in_flight",
-        (json_int_t)atomic_load(&s->in_flight),
-        "counters", "fences", (json_int_t)in.fences, "verify_failed", (json_int_t)in.verify_failed,
+        (json_int_t)in.page_tokens, "prefill_up", in.prefill_up, "decode", "pages",
+        (json_int_t)in.decode_pages, "free", (json_int_t)in.decode_free, "reserved",
+        (json_int_t)in.decode_reserved, "capacity_tokens",
+        (json_int_t)in.decode_pages * in.page_tokens, "by_state",
+        by_state ? by_state : json_object(), "prefill", "pages", (json_int_t)in.prefill_pages,
+        "free", (json_int_t)in.prefill_free, "capacity_tokens",
+        (json_int_t)in.prefill_pages * in.page_tokens, "chat_template",
+        s->chat_template ? "model" : "default", "queued", (json_int_t)in.queued, "running",
+        (json_int_t)in.running, "in_flight", (json_int_t)atomic_load(&s->in_flight), "counters",
+        "fences", (json_int_t)in.fences, "verify_failed", (json_int_t)in.verify_failed,
         "stale_msgs", (json_int_t)in.stale_msgs, "rejected_before_handoff",
         (json_int_t)in.rejected_before_handoff, "quarantines", (json_int_t)in.quarantines,
         "foreign_tails", (json_int_t)in.foreign_tails, "bad_frames", (json_int_t)in.bad_frames,
@@ -689,8 +694,9 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)atomic_load(&s->guard.refused_conns));
     if (j && !in.prefill_up)
         json_object_set_new(j, "reason",
-                            json_string(in.decodes && !in.decodes_up ? "no decode worker is reachable"
-                                        : "no prefill worker is reachable"));
+                            json_string(in.decodes && !in.decodes_up
+                                            ? "no decode worker is reachable"
+                                            : "no prefill worker is reachable"));
     if (j && s->ops->workers) {
         /* Split roles: every worker the router was given, and whether it can reach it. */
         struct kvf_worker_status *ws = calloc(64, sizeof(*ws));
@@ -741,7 +747,8 @@ static enum MHD_Result do_metrics(struct kvf_server *s, struct MHD_Connection *c
         kvf__sbuf_free(&b);
         return MHD_NO;
     }
-    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8");
     enum MHD_Result ok = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     return ok;
@@ -768,8 +775,9 @@ static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, st
         }
         return send_json(c, 200, model_json(s, in.served_limit));
     }
-    return send_json(c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data",
-                                       model_json(s, in.served_limit)));
+    return send_json(
+        c, 200,
+        json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(s, in.served_limit)));
 }
 
 /* {"tokens":[...],"count":n,"max_model_len":limit}, written straight into one buffer (a JSON
@@ -886,9 +894,9 @@ static enum MHD_Result do_detokenize(struct kvf_server *s, struct MHD_Connection
     size_t k = kvf_detok_finish(&d, buf, sizeof buf);
     kvf__sbuf_put(&text, buf, k);
     json_decref(root);
-    json_t *out = text.oom ? NULL
-                           : json_pack("{s:o}", "prompt",
-                                       kvf__srv_json_text(text.p ? text.p : "", text.n));
+    json_t *out =
+        text.oom ? NULL
+                 : json_pack("{s:o}", "prompt", kvf__srv_json_text(text.p ? text.p : "", text.n));
     kvf__sbuf_free(&text);
     return send_json(c, 200, out);
 fail:
@@ -923,7 +931,8 @@ static void request_end(struct kvf_server *s, const char *id, size_t ti, struct 
     }
     int64_t end = kvf__srv_now_us();
     uint64_t gen = 0;
-    for (uint32_t i = 0; i < run->n; i++) gen += run->ch[i].n_tokens;
+    for (uint32_t i = 0; i < run->n; i++)
+        gen += run->ch[i].n_tokens;
     atomic_fetch_add(&t->prompt_tokens, run->req.n_prompt);
     atomic_fetch_add(&t->generated_tokens, gen);
     if (o == KVF__SRV_OK) kvf__srv_metrics_observe(&s->metrics, run, end);
@@ -931,8 +940,10 @@ static void request_end(struct kvf_server *s, const char *id, size_t ti, struct 
     kvf__srv_log(&s->cfg,
                  "event=%s id=%s tenant=%s completion_id=%s outcome=%s status=%d n=%u "
                  "prompt_tokens=%u completion_tokens=%llu ttft_ms=%lld duration_ms=%lld code=%s",
-                 o == KVF__SRV_OK ? "finished" : o == KVF__SRV_CANCELLED ? "cancelled" : "error", id,
-                 t->name, run->id, kvf__srv_outcome_name[o], status, run->n, run->req.n_prompt,
+                 o == KVF__SRV_OK          ? "finished"
+                 : o == KVF__SRV_CANCELLED ? "cancelled"
+                                           : "error",
+                 id, t->name, run->id, kvf__srv_outcome_name[o], status, run->n, run->req.n_prompt,
                  (unsigned long long)gen, ttft, (long long)(end - run->t_start_us) / 1000,
                  code ? code : "-");
 }
@@ -1117,8 +1128,9 @@ static int share_possible(struct kvf_server *s, const struct kvf__srv_share *w, 
                              "whole pages) and a tenant may reserve at most %llu at once "
                              "(--tenant-max-kv-tokens%s); ask for fewer tokens or choices",
                              (unsigned long long)w->kv_tokens, (unsigned long long)kv_cap,
-                             s->tenants.max_kv_tokens ? "" : ", by default the pool shared among "
-                                                            "the tenants");
+                             s->tenants.max_kv_tokens ? ""
+                                                      : ", by default the pool shared among "
+                                                        "the tenants");
     return 0;
 }
 
@@ -1205,8 +1217,8 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     uint64_t kv_cap = kvf__srv_tenant_kv_cap(&s->tenants, &in);
     q->share.seqs = req.n;
     q->share.kv_tokens =
-        (uint64_t)req.n * kvf__srv_round_tokens((uint64_t)req.n_prompt + req.max_tokens,
-                                                in.page_tokens);
+        (uint64_t)req.n *
+        kvf__srv_round_tokens((uint64_t)req.n_prompt + req.max_tokens, in.page_tokens);
     if (share_possible(s, &q->share, kv_cap, "max_tokens", &e) < 0) {
         kvf__srv_req_free(&req);
         return refuse(s, c, q, &e);
@@ -1228,8 +1240,8 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         return refuse(s, c, q, &e);
     }
     struct kvf__srv_run *run;
-    int rc = kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model,
-                                s->tenants.t[q->ti].id, &run);
+    int rc =
+        kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model, s->tenants.t[q->ti].id, &run);
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
         kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
@@ -1258,9 +1270,11 @@ static uint32_t authorize(struct kvf_server *s, struct MHD_Connection *c)
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return 0;
     h += 7;
-    while (*h == ' ' || *h == '\t') h++;
+    while (*h == ' ' || *h == '\t')
+        h++;
     size_t n = strlen(h);
-    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t')) n--;
+    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t'))
+        n--;
     if (!n) return 0;
     return kvf_server_keys_lookup(s->cfg.keys, h, n);
 }
@@ -1334,9 +1348,8 @@ static int conn_caps(struct kvf_server *s, struct MHD_Connection *c, struct guar
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     struct kvf_server *s = cls;
     struct conn_req *q = *con_cls;
@@ -1361,7 +1374,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         q->route = route;
         q->model_id = model_id;
         q->max_body = route == R_TOKENIZE || route == R_DETOKENIZE ? s->cfg.tokenize_max_bytes
-                                                                    : s->cfg.max_body_bytes;
+                                                                   : s->cfg.max_body_bytes;
         *con_cls = q;
         uint64_t rid;
         if (kvf__srv_random(&rid, sizeof rid) < 0) {
@@ -1392,8 +1405,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 q->ti = 0;
                 kvf__srv_fail(&e, 401, NULL, "invalid_api_key",
                               "a valid API key is needed: send 'Authorization: Bearer KEY'");
-                kvf__srv_log(&s->cfg, "event=unauthorized id=%s path=%s", q->id,
-                             route_path(route));
+                kvf__srv_log(&s->cfg, "event=unauthorized id=%s path=%s", q->id, route_path(route));
                 atomic_fetch_add(&s->tenants.t[0].outcomes[KVF__SRV_UNAUTHORIZED], 1);
                 return send_error(s, c, &e, NULL);
             }
@@ -1434,7 +1446,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     guard_enter(&s->guard, guard_of(c), G_WORK, 0); /* body in */
-    if (q->too_big) return MHD_YES; /* answered when the body passed the bound */
+    if (q->too_big) return MHD_YES;                 /* answered when the body passed the bound */
     if (q->over_cap) return send_error_ex(s, c, &q->cap_err, NULL, true);
     if (q->body.oom) return send_body(c, 503, NULL);
     switch (q->route) {
@@ -1600,17 +1612,15 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->port = bound_port(s->listen_fd);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
     if (v6) flags |= MHD_USE_IPv6;
-    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
-                            MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+    s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET,
+                            s->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVF__SRV_CONN_MEMORY,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s,
                             /* Past the caps libmicrohttpd leaves connections in the
                              * backlog; the caps themselves answer 503 ("Connection caps"). */
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->guard.n,
-                            MHD_OPTION_EXTERNAL_LOGGER, discard_log, s,
-                            MHD_OPTION_END);
+                            MHD_OPTION_EXTERNAL_LOGGER, discard_log, s, MHD_OPTION_END);
     if (!s->d) {
         snprintf(err, err_len, "server: libmicrohttpd did not start on %s:%u", s->host, s->port);
         rc = KVF_E_SERVER;

@@ -37,8 +37,7 @@ const char *const kvf__srv_outcome_name[KVF__SRV_N_OUTCOMES] = {
     "ok", "error", "cancelled", "invalid", "rate_limited", "unauthorized",
 };
 
-static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                 1,     2.5,  5,     10,   30,  60};
+static const double ttft_le[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
 static const double tpot_le[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1};
 static const double e2e_le[] = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300};
 
@@ -76,7 +75,8 @@ void kvf__srv_metrics_destroy(struct kvf__srv_metrics *m)
 static void hist_add(struct kvf__srv_hist *h, double v)
 {
     uint32_t i = 0;
-    while (i < h->n && v > h->le[i]) i++;
+    while (i < h->n && v > h->le[i])
+        i++;
     h->counts[i]++;
     h->count++;
     h->sum += v;
@@ -86,7 +86,8 @@ void kvf__srv_metrics_observe(struct kvf__srv_metrics *m, const struct kvf__srv_
                               int64_t end_us)
 {
     uint64_t tokens = 0;
-    for (uint32_t i = 0; i < r->n; i++) tokens += r->ch[i].n_tokens;
+    for (uint32_t i = 0; i < r->n; i++)
+        tokens += r->ch[i].n_tokens;
     pthread_mutex_lock(&m->mu);
     hist_add(&m->e2e, (double)(end_us - r->t_start_us) / 1e6);
     if (r->t_first_us) {
@@ -161,7 +162,8 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
         put(o, "kvfence_generation_tokens_total{tenant=\"%s\"} %llu\n", T->t[t].name,
             atomic_load(&T->t[t].generated_tokens));
     struct kvf__srv_tenant_load *ld = calloc(T->n, sizeof *ld);
-    for (size_t t = 1; ld && t < T->n; t++) kvf__srv_tenant_load(T, t, &ld[t]);
+    for (size_t t = 1; ld && t < T->n; t++)
+        kvf__srv_tenant_load(T, t, &ld[t]);
     head(o, "tenant_requests", "gauge",
          "A tenant's requests submitted (running) and waiting in the server for its share.");
     for (size_t t = 1; ld && t < T->n; t++) {
@@ -190,8 +192,8 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
              "Mean time between tokens after the first, per request.", &snap.tpot);
     hist_put(o, "e2e_request_latency_seconds", "Submit to the end, per request.", &snap.e2e);
 
-    scalar(o, "engine_queued_requests", "gauge", "Requests waiting in the engine for a decode slot.",
-           in->queued);
+    scalar(o, "engine_queued_requests", "gauge",
+           "Requests waiting in the engine for a decode slot.", in->queued);
     scalar(o, "engine_running_requests", "gauge", "Requests admitted by the decode worker.",
            in->running);
     scalar(o, "server_in_flight_requests", "gauge", "Requests holding a generation in the server.",
@@ -204,11 +206,14 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
     put(o, "kvfence_pool_pages{pool=\"decode\"} %u\nkvfence_pool_pages{pool=\"prefill\"} %u\n",
         in->decode_pages, in->prefill_pages);
     head(o, "pool_free_pages", "gauge", "Free pages of each pool.");
-    put(o, "kvfence_pool_free_pages{pool=\"decode\"} %u\nkvfence_pool_free_pages{pool=\"prefill\"} %u\n",
+    put(o,
+        "kvfence_pool_free_pages{pool=\"decode\"} %u\nkvfence_pool_free_pages{pool=\"prefill\"} "
+        "%u\n",
         in->decode_free, in->prefill_free);
     head(o, "pool_capacity_tokens", "gauge", "Token slots of each pool.");
-    put(o, "kvfence_pool_capacity_tokens{pool=\"decode\"} %llu\n"
-           "kvfence_pool_capacity_tokens{pool=\"prefill\"} %llu\n",
+    put(o,
+        "kvfence_pool_capacity_tokens{pool=\"decode\"} %llu\n"
+        "kvfence_pool_capacity_tokens{pool=\"prefill\"} %llu\n",
         (unsigned long long)in->decode_pages * in->page_tokens,
         (unsigned long long)in->prefill_pages * in->page_tokens);
     head(o, "reserved_pages", "gauge", "Pages reserved for admitted requests' growth.");
@@ -233,12 +238,12 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
     scalar(o, "rejected_before_handoff_total", "counter",
            "Requests refused before any page was handed off.",
            (unsigned long long)in->rejected_before_handoff);
-    scalar(o, "quarantines_total", "counter", "Pages that went QUARANTINED (freed only by a fence).",
+    scalar(o, "quarantines_total", "counter",
+           "Pages that went QUARANTINED (freed only by a fence).",
            (unsigned long long)in->quarantines);
-    scalar(o, "holds_total", "counter", "Pages that went HELD.",
-           (unsigned long long)in->holds);
-    scalar(o, "handoffs_committed_total", "counter", "Requests whose handoff was verified and committed.",
-           (unsigned long long)in->committed);
+    scalar(o, "holds_total", "counter", "Pages that went HELD.", (unsigned long long)in->holds);
+    scalar(o, "handoffs_committed_total", "counter",
+           "Requests whose handoff was verified and committed.", (unsigned long long)in->committed);
     scalar(o, "handoffs_failed_total", "counter", "Requests that failed in the decode protocol.",
            (unsigned long long)in->failed);
     scalar(o, "hash_slices_total", "counter", "Slices of long prompts' pages hashed between turns.",
@@ -268,7 +273,8 @@ void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t 
         if (!ws[i].up || strcmp(ws[i].role, "decode") != 0) continue;
         for (int s = 0; s < KVF_PAGE__NSTATES; s++)
             put(o, "kvfence_worker_pages{worker=\"%s:%u\",state=\"%s\"} %u\n", ws[i].host,
-                ws[i].port, kvf_page_state_name((enum kvf_page_state)s), ws[i].info.decode_by_state[s]);
+                ws[i].port, kvf_page_state_name((enum kvf_page_state)s),
+                ws[i].info.decode_by_state[s]);
     }
     static const struct {
         const char *name, *type, *help;

@@ -79,8 +79,8 @@ static int get_real_field(json_t *o, enum kvf_field f, double *out, struct kvf__
         return kvf__srv_fail(e, 400, l->name, "invalid_type", "'%s' must be a number", l->name);
     *out = json_number_value(v);
     if (!kvf_field_real_ok(f, *out, false))
-        return kvf__srv_fail(e, 400, l->name, "invalid_value", "'%s' must be in %c%g, %g]",
-                             l->name, l->lo_open ? '(' : '[', l->lo, l->hi);
+        return kvf__srv_fail(e, 400, l->name, "invalid_value", "'%s' must be in %c%g, %g]", l->name,
+                             l->lo_open ? '(' : '[', l->lo, l->hi);
     return 1;
 }
 
@@ -120,7 +120,8 @@ static int parse_token_ids(json_t *arr, const char *param, const struct kvf__srv
                            int32_t **out, uint32_t *n_out, struct kvf__srv_err *e)
 {
     size_t n = json_array_size(arr);
-    if (n == 0) return kvf__srv_fail(e, 400, param, "invalid_value", "'%s' must not be empty", param);
+    if (n == 0)
+        return kvf__srv_fail(e, 400, param, "invalid_value", "'%s' must not be empty", param);
     if (n > UINT32_MAX / 2)
         return kvf__srv_fail(e, 400, param, "invalid_value", "'%s' is too long", param);
     int32_t *ids = malloc(n * sizeof *ids);
@@ -168,7 +169,8 @@ static int message_content(json_t *c, size_t i, const char **text, size_t *len, 
         return 0;
     }
     if (!c || json_is_null(c))
-        return kvf__srv_fail(e, 400, "messages", "invalid_value", "messages[%zu] has no content", i);
+        return kvf__srv_fail(e, 400, "messages", "invalid_value", "messages[%zu] has no content",
+                             i);
     if (!json_is_array(c))
         return kvf__srv_fail(e, 400, "messages", "invalid_type",
                              "messages[%zu].content must be a string or an array of text parts", i);
@@ -241,7 +243,8 @@ static int render_messages(json_t *root, const struct kvf__srv_limits *lim,
             goto free_all;
     }
     if (lim->chat_template) {
-        for (size_t i = 0; i < n; i++) tm[i] = (struct kvf_chat_msg){m[i].role, m[i].content};
+        for (size_t i = 0; i < n; i++)
+            tm[i] = (struct kvf_chat_msg){m[i].role, m[i].content};
         rc = kvf__srv_chat_template_encode(lim->chat_template, tok, tm, n, ids, n_ids, e);
         goto free_all;
     }
@@ -252,7 +255,8 @@ static int render_messages(json_t *root, const struct kvf__srv_limits *lim,
     rc = 0;
 free_all:
     if (owned)
-        for (size_t i = 0; i < n; i++) free(owned[i]);
+        for (size_t i = 0; i < n; i++)
+            free(owned[i]);
     free(owned);
     free(tm);
     free(m);
@@ -277,15 +281,16 @@ static int parse_prompt(enum kvf__srv_kind kind, json_t *root, const struct kvf_
                         struct kvf__srv_err *e)
 {
     uint32_t cap = lim->served_limit; /* more tokens than this is refused anyway */
-    if (kind == KVF__SRV_CHAT) return kvf__srv_chat_tokens(root, lim, tok, cap, &r->prompt, n_total, e);
+    if (kind == KVF__SRV_CHAT)
+        return kvf__srv_chat_tokens(root, lim, tok, cap, &r->prompt, n_total, e);
     json_t *p = json_object_get(root, "prompt");
     if (!p || json_is_null(p))
         return kvf__srv_fail(e, 400, "prompt", "missing", "'prompt' is required");
     if (json_is_string(p)) {
         if (json_string_length(p) == 0)
             return kvf__srv_fail(e, 400, "prompt", "invalid_value", "'prompt' is empty");
-        return tokenize(tok, json_string_value(p), json_string_length(p), "prompt", cap,
-                        &r->prompt, n_total, e);
+        return tokenize(tok, json_string_value(p), json_string_length(p), "prompt", cap, &r->prompt,
+                        n_total, e);
     }
     if (json_is_array(p)) {
         if (parse_token_ids(p, "prompt", lim, &r->prompt, n_total, e) < 0) return -1;
@@ -309,7 +314,8 @@ static int parse_stop(json_t *root, struct kvf__srv_req *r, struct kvf__srv_err 
             return kvf__srv_fail(e, 400, "stop", "invalid_value",
                                  "'stop' has %zu strings; at most %d are allowed", n,
                                  KVF_SERVER_MAX_STOP);
-        for (size_t i = 0; i < n; i++) arr_items[i] = json_array_get(s, i);
+        for (size_t i = 0; i < n; i++)
+            arr_items[i] = json_array_get(s, i);
         items = arr_items;
     }
     for (size_t i = 0; i < n; i++) {
@@ -318,7 +324,8 @@ static int parse_stop(json_t *root, struct kvf__srv_req *r, struct kvf__srv_err 
                                  "'stop' must be a string or an array of strings");
         size_t len = json_string_length(items[i]);
         if (len == 0)
-            return kvf__srv_fail(e, 400, "stop", "invalid_value", "'stop' strings must not be empty");
+            return kvf__srv_fail(e, 400, "stop", "invalid_value",
+                                 "'stop' strings must not be empty");
         if (len > KVF_SERVER_MAX_STOP_BYTES)
             return kvf__srv_fail(e, 400, "stop", "invalid_value",
                                  "'stop' strings must be at most %d bytes (one has %zu)",
@@ -387,8 +394,7 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
         }
     } else {
         if (get_bool(root, "logprobs", &r->logprobs, e) < 0) return -1;
-        if ((have = get_int_field(root, "top_logprobs", KVF_FIELD_LOGPROBS, &x, e)) < 0)
-            return -1;
+        if ((have = get_int_field(root, "top_logprobs", KVF_FIELD_LOGPROBS, &x, e)) < 0) return -1;
         if (have) {
             if (!r->logprobs && x > 0)
                 return kvf__srv_fail(e, 400, "top_logprobs", "invalid_value",
@@ -400,8 +406,9 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
 }
 
 /* max_tokens (chat: max_completion_tokens first), against the served limit. */
-static int parse_max_tokens(enum kvf__srv_kind kind, json_t *root, const struct kvf__srv_limits *lim,
-                            struct kvf__srv_req *r, uint32_t n_total, struct kvf__srv_err *e)
+static int parse_max_tokens(enum kvf__srv_kind kind, json_t *root,
+                            const struct kvf__srv_limits *lim, struct kvf__srv_req *r,
+                            uint32_t n_total, struct kvf__srv_err *e)
 {
     const char *key = "max_tokens";
     if (kind == KVF__SRV_CHAT) {
@@ -459,6 +466,7 @@ fail:
 void kvf__srv_req_free(struct kvf__srv_req *r)
 {
     free(r->prompt);
-    for (uint32_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    for (uint32_t i = 0; i < r->n_stop; i++)
+        free(r->stop[i]);
     memset(r, 0, sizeof *r);
 }

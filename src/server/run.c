@@ -48,7 +48,8 @@ static size_t token_name(const struct kvf__srv_run *r, int32_t id, char *out, si
 static json_t *bytes_array(const char *b, size_t n)
 {
     json_t *a = json_array();
-    for (size_t i = 0; a && i < n; i++) json_array_append_new(a, json_integer((unsigned char)b[i]));
+    for (size_t i = 0; a && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)b[i]));
     return a;
 }
 
@@ -62,7 +63,8 @@ static json_t *new_lp(enum kvf__srv_kind kind)
 static size_t lp_count(const struct kvf__srv_run *r, const struct kvf__srv_choice *c)
 {
     if (!c->lp) return 0;
-    return json_array_size(json_object_get(c->lp, r->req.kind == KVF__SRV_CHAT ? "content" : "tokens"));
+    return json_array_size(
+        json_object_get(c->lp, r->req.kind == KVF__SRV_CHAT ? "content" : "tokens"));
 }
 
 static void add_logprob(struct kvf__srv_run *r, struct kvf__srv_choice *c,
@@ -77,10 +79,9 @@ static void add_logprob(struct kvf__srv_run *r, struct kvf__srv_choice *c,
         for (uint32_t k = 0; top && k < n_top; k++) {
             char tb[KVF_DETOK_MAX_OUT + 4];
             size_t tn = token_name(r, ev->top_ids[k], tb, sizeof tb);
-            json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token",
-                                                 kvf__srv_json_text(tb, tn), "logprob",
-                                                 (double)ev->top_logprobs[k], "bytes",
-                                                 bytes_array(tb, tn)));
+            json_array_append_new(
+                top, json_pack("{s:o, s:f, s:o}", "token", kvf__srv_json_text(tb, tn), "logprob",
+                               (double)ev->top_logprobs[k], "bytes", bytes_array(tb, tn)));
         }
         json_array_append_new(json_object_get(c->lp, "content"),
                               json_pack("{s:o, s:f, s:o, s:o}", "token", kvf__srv_json_text(b, n),
@@ -224,7 +225,8 @@ int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_to
         rc = ops->submit(engine, &p, &r->ch[i].g);
         if (rc < 0) {
             r->ch[i].g = NULL;
-            for (uint32_t k = 0; k < i; k++) release_handle(r, &r->ch[k], true);
+            for (uint32_t k = 0; k < i; k++)
+                release_handle(r, &r->ch[k], true);
             free(r);
             return rc;
         }
@@ -286,7 +288,8 @@ int kvf__srv_run_step(struct kvf__srv_run *r, int timeout_ms)
 void kvf__srv_run_cancel(struct kvf__srv_run *r)
 {
     r->cancelled = true;
-    for (uint32_t i = 0; i < r->n; i++) release_handle(r, &r->ch[i], true);
+    for (uint32_t i = 0; i < r->n; i++)
+        release_handle(r, &r->ch[i], true);
 }
 
 void kvf__srv_run_free(struct kvf__srv_run *r)
@@ -311,7 +314,8 @@ void kvf__srv_run_error(const struct kvf__srv_run *r, struct kvf__srv_err *e)
 static json_t *usage(const struct kvf__srv_run *r)
 {
     uint64_t gen = 0;
-    for (uint32_t i = 0; i < r->n; i++) gen += r->ch[i].n_tokens;
+    for (uint32_t i = 0; i < r->n; i++)
+        gen += r->ch[i].n_tokens;
     return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)r->req.n_prompt,
                      "completion_tokens", (json_int_t)gen, "total_tokens",
                      (json_int_t)(r->req.n_prompt + gen));
@@ -400,8 +404,10 @@ bool kvf__srv_run_sse(struct kvf__srv_run *r, struct kvf__sbuf *out)
         json_t *ch;
         if (chat) {
             json_t *delta = json_object();
-            if (delta && !c->role_sent) json_object_set_new(delta, "role", json_string("assistant"));
-            if (delta && (c->text.n || !c->role_sent)) json_object_set_new(delta, "content", text_of(c));
+            if (delta && !c->role_sent)
+                json_object_set_new(delta, "role", json_string("assistant"));
+            if (delta && (c->text.n || !c->role_sent))
+                json_object_set_new(delta, "content", text_of(c));
             ch = json_pack("{s:i, s:o, s:o, s:s?}", "index", (int)i, "delta", delta, "logprobs",
                            r->req.logprobs && lp_count(r, c) ? json_incref(c->lp) : json_null(),
                            "finish_reason", fin ? c->finish : NULL);

@@ -43,17 +43,17 @@ void kvf__sbuf_free(struct kvf__sbuf *b);
 #define KVF__SRV_RETRY_DEFAULT 0    /* Retry-After: the server's retry_after_s on a 429 or 503 */
 #define KVF__SRV_RETRY_NONE    (-1) /* no Retry-After: a retry cannot help */
 struct kvf__srv_err {
-    int status;          /* HTTP status */
-    int retry_after_s;   /* Retry-After in seconds (> 0), or KVF__SRV_RETRY_DEFAULT or _NONE */
-    const char *type;    /* "invalid_request_error", "server_error", ... (static) */
-    const char *param;   /* the offending field, or NULL (static) */
-    const char *code;    /* a short machine code, or NULL (static) */
-    char message[400];   /* never contains prompt text or tokens (BAD_INPUTS row 8) */
+    int status;        /* HTTP status */
+    int retry_after_s; /* Retry-After in seconds (> 0), or KVF__SRV_RETRY_DEFAULT or _NONE */
+    const char *type;  /* "invalid_request_error", "server_error", ... (static) */
+    const char *param; /* the offending field, or NULL (static) */
+    const char *code;  /* a short machine code, or NULL (static) */
+    char message[400]; /* never contains prompt text or tokens (BAD_INPUTS row 8) */
 };
 /* Fills e (printf-style message) and returns -1, so a parser can `return srv_fail(...)`. */
 __attribute__((format(printf, 5, 6))) int kvf__srv_fail(struct kvf__srv_err *e, int status,
-                                                       const char *param, const char *code,
-                                                       const char *fmt, ...);
+                                                        const char *param, const char *code,
+                                                        const char *fmt, ...);
 /* {"error":{"message","type","param","code"}} as a new JSON object (NULL on no memory). */
 json_t *kvf__srv_err_json(const struct kvf__srv_err *e);
 
@@ -74,8 +74,8 @@ enum kvf__srv_kind {
 
 /* What the parser checks against (read from ops->info and the config per request). */
 struct kvf__srv_limits {
-    uint32_t n_vocab;        /* token ids must be below it */
-    uint32_t served_limit;   /* prompt + max_tokens */
+    uint32_t n_vocab;      /* token ids must be below it */
+    uint32_t served_limit; /* prompt + max_tokens */
     uint32_t max_n;
     uint32_t default_max_tokens;
     const char *chat_template; /* the model's chat template, or NULL: the default rendering */
@@ -83,20 +83,20 @@ struct kvf__srv_limits {
 
 struct kvf__srv_req {
     enum kvf__srv_kind kind;
-    int32_t *prompt;         /* [n_prompt], owned */
+    int32_t *prompt; /* [n_prompt], owned */
     uint32_t n_prompt;
-    uint32_t max_tokens;     /* ≥ 1; n_prompt + max_tokens ≤ served_limit */
+    uint32_t max_tokens; /* ≥ 1; n_prompt + max_tokens ≤ served_limit */
     struct kvf_sample_params sample;
-    bool seed_given;         /* else run.c picks one */
-    uint32_t n;              /* choices, 1..max_n */
+    bool seed_given; /* else run.c picks one */
+    uint32_t n;      /* choices, 1..max_n */
     bool stream, include_usage;
     char *stop[KVF_SERVER_MAX_STOP]; /* owned, non-empty, valid UTF-8 */
     size_t stop_len[KVF_SERVER_MAX_STOP];
     uint32_t n_stop;
-    bool logprobs;           /* the sampled token's logprob per token */
-    uint32_t top_logprobs;   /* 0..20 alternatives per token */
-    bool tokens_as_ids;      /* return_tokens_as_token_ids (vLLM): logprobs name each token
-                                "token_id:<id>" instead of its text */
+    bool logprobs;         /* the sampled token's logprob per token */
+    uint32_t top_logprobs; /* 0..20 alternatives per token */
+    bool tokens_as_ids;    /* return_tokens_as_token_ids (vLLM): logprobs name each token
+                              "token_id:<id>" instead of its text */
     bool ignore_eos;
 };
 
@@ -128,35 +128,35 @@ json_t *kvf__srv_parse_object(const char *body, size_t len, struct kvf__srv_err 
 
 /* --- One request's generations. ------------------------------------------------------------ */
 struct kvf__srv_choice {
-    kvf_gen_t *g;             /* NULL once released */
-    bool done;                /* finished: finish_reason set, or failed with err */
-    const char *finish;       /* "stop" / "length" once done without error */
-    int err;                  /* the END's error when the engine failed the choice */
-    uint32_t n_tokens;        /* tokens received (usage) */
-    uint64_t text_bytes;      /* bytes of text released so far (completions' text_offset) */
+    kvf_gen_t *g;        /* NULL once released */
+    bool done;           /* finished: finish_reason set, or failed with err */
+    const char *finish;  /* "stop" / "length" once done without error */
+    int err;             /* the END's error when the engine failed the choice */
+    uint32_t n_tokens;   /* tokens received (usage) */
+    uint64_t text_bytes; /* bytes of text released so far (completions' text_offset) */
     struct kvf_detok detok;
     char hold[KVF_SERVER_MAX_STOP_BYTES + KVF_DETOK_MAX_OUT + 8]; /* text that may begin a stop
                                                                      string: not released yet */
     size_t n_hold;
-    struct kvf__sbuf text;    /* released text not yet sent (streaming) / all of it */
-    json_t *lp;               /* logprobs of tokens not yet sent (format per kind), or NULL */
-    bool role_sent;           /* chat streaming: the first delta carried the role */
-    bool finish_sent;         /* streaming: the chunk with finish_reason went out */
+    struct kvf__sbuf text; /* released text not yet sent (streaming) / all of it */
+    json_t *lp;            /* logprobs of tokens not yet sent (format per kind), or NULL */
+    bool role_sent;        /* chat streaming: the first delta carried the role */
+    bool finish_sent;      /* streaming: the chunk with finish_reason went out */
 };
 
 struct kvf__srv_run {
     const struct kvf_gen_ops *ops;
     void *engine;
     const kvf_tokenizer_t *tok;
-    struct kvf__srv_req req;  /* owned (moved in by kvf__srv_run_start) */
-    char id[48];              /* "cmpl-..." / "chatcmpl-..." */
-    int64_t created;          /* unix seconds */
-    const char *model;        /* borrowed from the server */
-    int failed;               /* the first choice error (negative), or 0 */
-    bool cancelled;           /* kvf__srv_run_cancel was called */
-    bool sse_done;            /* the stream's last event went out */
-    int64_t t_start_us;       /* monotonic µs at submit */
-    int64_t t_first_us;       /* monotonic µs at the first token of any choice; 0 before */
+    struct kvf__srv_req req; /* owned (moved in by kvf__srv_run_start) */
+    char id[48];             /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;         /* unix seconds */
+    const char *model;       /* borrowed from the server */
+    int failed;              /* the first choice error (negative), or 0 */
+    bool cancelled;          /* kvf__srv_run_cancel was called */
+    bool sse_done;           /* the stream's last event went out */
+    int64_t t_start_us;      /* monotonic µs at submit */
+    int64_t t_first_us;      /* monotonic µs at the first token of any choice; 0 before */
     uint32_t n;
     struct kvf__srv_choice ch[]; /* [n] */
 };
@@ -225,41 +225,41 @@ void kvf__srv_engine_error(int err, struct kvf__srv_err *e);
 
 /* --- Tenants (tenant.c). ------------------------------------------------------------------ */
 enum kvf__srv_outcome {
-    KVF__SRV_OK = 0,        /* answered in full */
-    KVF__SRV_ERROR,         /* the engine failed it, or the server could not (5xx) */
-    KVF__SRV_CANCELLED,     /* the client went away, or the server stopped */
-    KVF__SRV_INVALID,       /* refused as malformed or beyond the limits (4xx but 401/429) */
-    KVF__SRV_RATE_LIMITED,  /* 429: the tenant's share, the server's or the engine's queue */
-    KVF__SRV_UNAUTHORIZED,  /* 401 */
+    KVF__SRV_OK = 0,       /* answered in full */
+    KVF__SRV_ERROR,        /* the engine failed it, or the server could not (5xx) */
+    KVF__SRV_CANCELLED,    /* the client went away, or the server stopped */
+    KVF__SRV_INVALID,      /* refused as malformed or beyond the limits (4xx but 401/429) */
+    KVF__SRV_RATE_LIMITED, /* 429: the tenant's share, the server's or the engine's queue */
+    KVF__SRV_UNAUTHORIZED, /* 401 */
     KVF__SRV_N_OUTCOMES
 };
 extern const char *const kvf__srv_outcome_name[KVF__SRV_N_OUTCOMES];
 
 struct kvf__srv_tenant {
     char name[KVF_SERVER_MAX_TENANT_NAME + 1]; /* "_none" for [0]: requests without a tenant */
-    uint32_t id;              /* kvf_gen_params.tenant */
+    uint32_t id;                               /* kvf_gen_params.tenant */
     /* Under the table's mu. Accounting: seqs and kv_tokens are the sums of the shares of the
      * `running` requests admitted (0, 0 when running is 0). */
     uint32_t running, waiting; /* requests admitted, and waiting for the share */
-    uint32_t seqs;            /* sequences of the running requests */
-    uint64_t kv_tokens;       /* KV tokens they reserve */
+    uint32_t seqs;             /* sequences of the running requests */
+    uint64_t kv_tokens;        /* KV tokens they reserve */
     atomic_ullong outcomes[KVF__SRV_N_OUTCOMES];
     atomic_ullong prompt_tokens, generated_tokens;
 };
 struct kvf__srv_tenants {
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* some share was freed */
+    pthread_cond_t cv;         /* some share was freed */
     struct kvf__srv_tenant *t; /* [n]: [0] "_none", then the key file's tenants (or "default") */
     size_t n;
-    uint32_t max_running;     /* sequences of one tenant at once; 0: no bound */
-    uint32_t max_queued;      /* requests of one tenant waiting; UINT32_MAX without max_running */
-    uint64_t max_kv_tokens;   /* configured KV share; 0: kvf__srv_tenant_kv_cap's default */
+    uint32_t max_running;   /* sequences of one tenant at once; 0: no bound */
+    uint32_t max_queued;    /* requests of one tenant waiting; UINT32_MAX without max_running */
+    uint64_t max_kv_tokens; /* configured KV share; 0: kvf__srv_tenant_kv_cap's default */
     uint32_t wait_ms;
 };
 /* What one request takes of its tenant's share. */
 struct kvf__srv_share {
-    uint32_t seqs;            /* sequences: its choices (1 for /tokenize, /detokenize) */
-    uint64_t kv_tokens;       /* KV it reserves: seqs × (prompt + max_tokens) in whole pages */
+    uint32_t seqs;      /* sequences: its choices (1 for /tokenize, /detokenize) */
+    uint64_t kv_tokens; /* KV it reserves: seqs × (prompt + max_tokens) in whole pages */
 };
 struct kvf__srv_tenant_load {
     uint32_t running, waiting, seqs;
@@ -320,14 +320,14 @@ void kvf__srv_forwarded_client(const struct kvf__srv_cidr *list, size_t n, const
 /* --- Metrics (metrics.c). -------------------------------------------------------------------- */
 #define KVF__SRV_HIST_MAX 16
 struct kvf__srv_hist {
-    const double *le;         /* [n] upper bounds, seconds, increasing (static) */
+    const double *le; /* [n] upper bounds, seconds, increasing (static) */
     uint32_t n;
     uint64_t counts[KVF__SRV_HIST_MAX]; /* not cumulative; [n] is +Inf */
     uint64_t count;
     double sum;
 };
 struct kvf__srv_metrics {
-    pthread_mutex_t mu;       /* guards the histograms */
+    pthread_mutex_t mu; /* guards the histograms */
     struct kvf__srv_hist ttft, tpot, e2e;
     atomic_ullong errors[KVF__SRV_N_REASONS]; /* generation requests failed, by reason */
 };
@@ -353,7 +353,7 @@ void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t 
  * caller's values must be safe to print as they are: ids, tenant names, numbers, static codes —
  * never request text. */
 __attribute__((format(printf, 2, 3))) void kvf__srv_log(const struct kvf_server_config *cfg,
-                                                       const char *fmt, ...);
+                                                        const char *fmt, ...);
 
 int64_t kvf__srv_now_us(void);
 

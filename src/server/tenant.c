@@ -94,11 +94,13 @@ int kvf_server_keys_parse(const char *text, size_t len, kvf_server_keys_t **out,
         const char *f[3];
         size_t fl[3], nf = 0;
         for (size_t i = 0; i < ll;) {
-            while (i < ll && (l[i] == ' ' || l[i] == '\t')) i++;
+            while (i < ll && (l[i] == ' ' || l[i] == '\t'))
+                i++;
             if (i == ll) break;
             if (nf == 3) break;
             f[nf] = l + i;
-            while (i < ll && l[i] != ' ' && l[i] != '\t') i++;
+            while (i < ll && l[i] != ' ' && l[i] != '\t')
+                i++;
             fl[nf] = (size_t)(l + i - f[nf]);
             nf++;
         }
@@ -119,7 +121,8 @@ int kvf_server_keys_parse(const char *text, size_t len, kvf_server_keys_t **out,
                 goto invalid;
             }
         bool name_ok = fl[1] <= KVF_SERVER_MAX_TENANT_NAME && f[1][0] != '_';
-        for (size_t i = 0; name_ok && i < fl[1]; i++) name_ok = tenant_char(f[1][i]);
+        for (size_t i = 0; name_ok && i < fl[1]; i++)
+            name_ok = tenant_char(f[1][i]);
         if (!name_ok) {
             snprintf(err, err_len,
                      "line %zu: a tenant name is 1 to %d of A-Z a-z 0-9 _ . - and does not "
@@ -175,7 +178,8 @@ int kvf_server_keys_load(const char *path, kvf_server_keys_t **out, char *err, s
     struct kvf__sbuf b = {0};
     char buf[4096];
     size_t k;
-    while ((k = fread(buf, 1, sizeof buf, f)) > 0 && b.n < (64u << 20)) kvf__sbuf_put(&b, buf, k);
+    while ((k = fread(buf, 1, sizeof buf, f)) > 0 && b.n < (64u << 20))
+        kvf__sbuf_put(&b, buf, k);
     explicit_bzero(buf, sizeof buf);
     bool bad = ferror(f) || b.n >= (64u << 20);
     fclose(f);
@@ -224,7 +228,8 @@ uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, siz
     for (size_t i = 0; i < k->n; i++) {
         const struct key_entry *e = &k->k[i];
         uint32_t d = e->len ^ clen; /* both ≤ 257: d < 512 */
-        for (size_t b = 0; b < KVF_SERVER_MAX_KEY_BYTES; b++) d |= (uint32_t)(e->key[b] ^ cand[b]);
+        for (size_t b = 0; b < KVF_SERVER_MAX_KEY_BYTES; b++)
+            d |= (uint32_t)(e->key[b] ^ cand[b]);
         uint32_t eq = (d - 1) >> 31; /* 1 iff d == 0 (d < 2^31) */
         found |= (0u - eq) & e->tenant;
     }
@@ -232,7 +237,8 @@ uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, siz
     return found;
 }
 
-/* --- The tenant table. ------------------------------------------------------------------------- */
+/* --- The tenant table. -------------------------------------------------------------------------
+ */
 
 int kvf__srv_tenants_init(struct kvf__srv_tenants *T, const kvf_server_keys_t *keys,
                           uint32_t default_id, uint32_t max_running, uint32_t max_queued,

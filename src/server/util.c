@@ -65,8 +65,8 @@ int kvf__srv_fail(struct kvf__srv_err *e, int status, const char *param, const c
 
 json_t *kvf__srv_err_json(const struct kvf__srv_err *e)
 {
-    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type",
-                     e->type, "param", e->param, "code", e->code);
+    return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", e->message, "type", e->type,
+                     "param", e->param, "code", e->code);
 }
 
 /*

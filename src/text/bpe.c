@@ -81,7 +81,8 @@ static int read_pre(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_t e
     size_t n;
     int rc = kvf_gguf_get_str(g, "tokenizer.ggml.pre", &s, &n);
     if (rc < 0)
-        return kvf__gguf_fail(err, err_len, rc == KVF_E_MODEL_MISSING ? KVF_E_MODEL_UNSUPPORTED : rc,
+        return kvf__gguf_fail(err, err_len,
+                              rc == KVF_E_MODEL_MISSING ? KVF_E_MODEL_UNSUPPORTED : rc,
                               "tokenizer.ggml.pre: %s (byte-level BPE needs one of llama-bpe, "
                               "qwen2, smollm, gpt-2)",
                               kvf_strerror(rc));
@@ -135,8 +136,9 @@ static int read_merges(kvf_tokenizer_t *t, const kvf_gguf_t *g, char *err, size_
             return kvf__gguf_fail(err, err_len, KVF_E_MODEL_FORMAT,
                                   "merge %llu '%.*s': %s is not a token", (unsigned long long)r,
                                   len > 64 ? 64 : (int)len, s,
-                                  left < 0 ? "its left side" : right < 0 ? "its right side"
-                                                                         : "the merged piece");
+                                  left < 0    ? "its left side"
+                                  : right < 0 ? "its right side"
+                                              : "the merged piece");
         uint64_t key = merge_key(left, right);
         for (size_t i = merge_slot(key, t->merges_cap);; i = (i + 1) & (t->merges_cap - 1)) {
             struct kvf__merge *m = &t->merges[i];
@@ -174,7 +176,7 @@ struct sym {
 
 struct pair {
     uint32_t rank;
-    int32_t left, right;      /* symbol indexes; left is also the position */
+    int32_t left, right;       /* symbol indexes; left is also the position */
     int32_t left_id, right_id; /* the sides' tokens when queued */
 };
 
@@ -228,8 +230,8 @@ static int encode_piece(void *ctx, const char *piece, size_t len)
     }
     struct sym *sy = e->sy;
     for (size_t i = 0; i < len; i++)
-        sy[i] = (struct sym){(int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1,
-                             t->byte_char_tok[p[i]]};
+        sy[i] =
+            (struct sym){(int32_t)i - 1, i + 1 < len ? (int32_t)i + 1 : -1, t->byte_char_tok[p[i]]};
     kvf_heap_clear(&e->h);
     for (size_t i = 0; i + 1 < len; i++)
         try_pair(t, sy, &e->h, (int32_t)i, (int32_t)i + 1);
@@ -260,7 +262,12 @@ int kvf__bpe_encode(const kvf_tokenizer_t *t, const char *text, size_t len, int3
         if (norm) text = norm, len = norm_len;
     }
     /* A piece is at most the whole segment; the heap holds at most 3 pairs per symbol. */
-    struct enc e = {t, out, max_out, count, malloc((len + 1) * sizeof *e.sy), {0},
+    struct enc e = {t,
+                    out,
+                    max_out,
+                    count,
+                    malloc((len + 1) * sizeof *e.sy),
+                    {0},
                     malloc(KVF_TOKENIZER_MAX_PIECE)};
     kvf_heap_init(&e.h, malloc((3 * len + 1) * sizeof(struct pair)), 3 * len + 1,
                   sizeof(struct pair), before);

@@ -302,27 +302,58 @@ static void to_json(struct ctx *c, struct sb *b, struct val v)
 /* ---- the tree ---- */
 
 enum nk {
-    N_TEXT, N_OUT, N_IF, N_FOR, N_SET,
-    E_LIT, E_VAR, E_ATTR, E_INDEX, E_SLICE, E_CALL, E_FILTER, E_TEST, E_BIN, E_NOT, E_NEG,
-    E_LIST, E_COND,
+    N_TEXT,
+    N_OUT,
+    N_IF,
+    N_FOR,
+    N_SET,
+    E_LIT,
+    E_VAR,
+    E_ATTR,
+    E_INDEX,
+    E_SLICE,
+    E_CALL,
+    E_FILTER,
+    E_TEST,
+    E_BIN,
+    E_NOT,
+    E_NEG,
+    E_LIST,
+    E_COND,
 };
 
-enum op { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MOD, OP_CAT, OP_EQ, OP_NE, OP_LT, OP_GT, OP_LE,
-          OP_GE, OP_IN, OP_NOTIN, OP_AND, OP_OR };
+enum op {
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_MOD,
+    OP_CAT,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_GT,
+    OP_LE,
+    OP_GE,
+    OP_IN,
+    OP_NOTIN,
+    OP_AND,
+    OP_OR
+};
 
 struct node {
     enum nk k;
-    int op;               /* E_BIN: enum op; E_TEST: negated */
-    const char *name;     /* variable, attribute, filter, test, method; N_SET/N_FOR target */
+    int op;           /* E_BIN: enum op; E_TEST: negated */
+    const char *name; /* variable, attribute, filter, test, method; N_SET/N_FOR target */
     size_t name_n;
-    const char *attr;     /* N_SET of ns.attr: the attribute */
+    const char *attr; /* N_SET of ns.attr: the attribute */
     size_t attr_n;
-    struct val lit;       /* E_LIT, N_TEXT */
+    struct val lit;         /* E_LIT, N_TEXT */
     struct node *a, *b, *c; /* operands; N_IF: cond/then/else; N_FOR: iter/body/else */
-    struct node **args;   /* E_CALL, E_FILTER, E_LIST */
-    struct val *kw;       /* E_CALL: keyword names (V_STR), or V_UNDEF for positional */
+    struct node **args;     /* E_CALL, E_FILTER, E_LIST */
+    struct val *kw;         /* E_CALL: keyword names (V_STR), or V_UNDEF for positional */
     size_t n_args;
-    struct node *next;    /* the next statement */
+    struct node *next; /* the next statement */
 };
 
 /* ---- lexing inside tags ---- */
@@ -399,14 +430,31 @@ static void lex(struct parser *p)
             if (s[e] == '\\') {
                 if (++e >= p->n) die(c, -EINVAL, "unterminated string literal");
                 switch (s[e]) {
-                case 'n': out = '\n'; break;
-                case 't': out = '\t'; break;
-                case 'r': out = '\r'; break;
-                case 'b': out = '\b'; break;
-                case 'f': out = '\f'; break;
-                case 'v': out = '\v'; break;
-                case '\\': case '\'': case '"': out = s[e]; break;
-                default: die(c, -EINVAL, "escape '\\%c' in a string literal is not supported", s[e]);
+                case 'n':
+                    out = '\n';
+                    break;
+                case 't':
+                    out = '\t';
+                    break;
+                case 'r':
+                    out = '\r';
+                    break;
+                case 'b':
+                    out = '\b';
+                    break;
+                case 'f':
+                    out = '\f';
+                    break;
+                case 'v':
+                    out = '\v';
+                    break;
+                case '\\':
+                case '\'':
+                case '"':
+                    out = s[e];
+                    break;
+                default:
+                    die(c, -EINVAL, "escape '\\%c' in a string literal is not supported", s[e]);
                 }
             }
             sb_put(c, &b, &out, 1);
@@ -414,9 +462,9 @@ static void lex(struct parser *p)
         t = (struct tok){.k = T_STR, .s = b.p ? b.p : "", .n = b.n};
         p->pos = e + 1;
     } else {
-        static const char *const OPS[] = {"==", "!=", "<=", ">=", "//", "**", "+", "-", "*", "/",
-                                          "%", "~", "<", ">", "(", ")", "[", "]", "{", "}",
-                                          ",", ".", ":", "|", "="};
+        static const char *const OPS[] = {"==", "!=", "<=", ">=", "//", "**", "+", "-", "*",
+                                          "/",  "%",  "~",  "<",  ">",  "(",  ")", "[", "]",
+                                          "{",  "}",  ",",  ".",  ":",  "|",  "="};
         for (size_t i = 0; i < sizeof OPS / sizeof OPS[0]; i++) {
             size_t k = strlen(OPS[i]);
             if (rest >= k && memcmp(s + at, OPS[i], k) == 0) {
@@ -529,7 +577,9 @@ static struct node *parse_primary(struct parser *p)
         parse_args(p, n, "]", false);
     } else {
         die(p->c, -EINVAL, "unexpected %s in an expression",
-            p->t.k == T_OP ? "operator" : p->t.k == T_END ? "end" : "tag end");
+            p->t.k == T_OP    ? "operator"
+            : p->t.k == T_END ? "end"
+                              : "tag end");
     }
     return n;
 }
@@ -660,12 +710,12 @@ static struct node *parse_cmp(struct parser *p)
 {
     struct node *n = parse_add(p);
     for (;;) {
-        int op = is_op(p, "==")   ? OP_EQ
-                 : is_op(p, "!=") ? OP_NE
-                 : is_op(p, "<=") ? OP_LE
-                 : is_op(p, ">=") ? OP_GE
-                 : is_op(p, "<")  ? OP_LT
-                 : is_op(p, ">")  ? OP_GT
+        int op = is_op(p, "==")     ? OP_EQ
+                 : is_op(p, "!=")   ? OP_NE
+                 : is_op(p, "<=")   ? OP_LE
+                 : is_op(p, ">=")   ? OP_GE
+                 : is_op(p, "<")    ? OP_LT
+                 : is_op(p, ">")    ? OP_GT
                  : is_name(p, "in") ? OP_IN
                                     : -1;
         if (op < 0 && is_name(p, "not")) {
@@ -760,8 +810,7 @@ static void strip_before(struct node **head, struct node **last)
 
 static void end_tag(struct parser *p, enum tk want)
 {
-    if (p->t.k != want)
-        die(p->c, -EINVAL, "expected '%s'", want == T_CLOSE_STMT ? "%}" : "}}");
+    if (p->t.k != want) die(p->c, -EINVAL, "expected '%s'", want == T_CLOSE_STMT ? "%}" : "}}");
     p->skip_ws = p->t.strip;
 }
 
@@ -848,7 +897,8 @@ static struct node *parse_body(struct parser *p, const char *const *stops, size_
     const char *s = p->src;
     for (;;) {
         size_t a = p->pos, e = a;
-        while (e < p->n && !(s[e] == '{' && e + 1 < p->n && (s[e + 1] == '{' || s[e + 1] == '%' || s[e + 1] == '#')))
+        while (e < p->n && !(s[e] == '{' && e + 1 < p->n &&
+                             (s[e + 1] == '{' || s[e + 1] == '%' || s[e + 1] == '#')))
             e++;
         struct node **before = tail;
         add_text(p, &tail, a, e);
@@ -967,15 +1017,15 @@ static struct val case_map(struct ev *e, struct val s, bool upper)
     char *p = alloc(e->c, s.n + 1);
     for (size_t i = 0; i < s.n; i++) {
         char ch = s.s[i];
-        p[i] = upper && ch >= 'a' && ch <= 'z' ? (char)(ch - 32)
+        p[i] = upper && ch >= 'a' && ch <= 'z'    ? (char)(ch - 32)
                : !upper && ch >= 'A' && ch <= 'Z' ? (char)(ch + 32)
-                                                   : ch;
+                                                  : ch;
     }
     return v_str(p, s.n);
 }
 
-static struct val call_method(struct ev *e, struct val self, const struct node *m,
-                              struct val *args, size_t n_args)
+static struct val call_method(struct ev *e, struct val self, const struct node *m, struct val *args,
+                              size_t n_args)
 {
     const char *name = m->name;
     size_t nn = m->name_n;
@@ -990,8 +1040,10 @@ static struct val call_method(struct ev *e, struct val self, const struct node *
         }
         if (IS("strip") || IS("lstrip") || IS("rstrip")) {
             if (n_args > 1) die(e->c, -EINVAL, "%.*s takes at most one argument", (int)nn, name);
-            struct val chars = n_args && args[0].t != V_NONE ? need_str(e, args[0], "strip") : (struct val){0};
-            return strip(self, n_args && args[0].t != V_NONE ? &chars : NULL, !IS("rstrip"), !IS("lstrip"));
+            struct val chars =
+                n_args && args[0].t != V_NONE ? need_str(e, args[0], "strip") : (struct val){0};
+            return strip(self, n_args && args[0].t != V_NONE ? &chars : NULL, !IS("rstrip"),
+                         !IS("lstrip"));
         }
         if (IS("upper") || IS("lower")) return case_map(e, self, IS("upper"));
         if (IS("split")) {
@@ -1000,8 +1052,10 @@ static struct val call_method(struct ev *e, struct val self, const struct node *
             if (sep.n == 0) die(e->c, -EINVAL, "split with an empty separator");
             size_t count = 1;
             for (size_t i = 0; i + sep.n <= self.n;)
-                if (memcmp(self.s + i, sep.s, sep.n) == 0) count++, i += sep.n;
-                else i++;
+                if (memcmp(self.s + i, sep.s, sep.n) == 0)
+                    count++, i += sep.n;
+                else
+                    i++;
             struct val l = new_list(e, count);
             size_t k = 0, from = 0;
             for (size_t i = 0; i + sep.n <= self.n;) {
@@ -1182,15 +1236,21 @@ static struct val binary(struct ev *e, const struct node *n)
         if (a.t != V_INT || b.t != V_INT)
             die(c, -EINVAL, "arithmetic on a %s and a %s", VT_NAMES[a.t], VT_NAMES[b.t]);
         if ((n->op == OP_DIV || n->op == OP_MOD) && b.i == 0) die(c, -EINVAL, "division by zero");
-        if (n->op == OP_DIV && a.i % b.i != 0) die(c, -EINVAL, "division with a fraction is not supported");
+        if (n->op == OP_DIV && a.i % b.i != 0)
+            die(c, -EINVAL, "division with a fraction is not supported");
         if (a.i > INT32_MAX || a.i < INT32_MIN || b.i > INT32_MAX || b.i < INT32_MIN)
             die(c, -EINVAL, "integer out of range");
         switch (n->op) {
-        case OP_ADD: return v_int(a.i + b.i);
-        case OP_SUB: return v_int(a.i - b.i);
-        case OP_MUL: return v_int(a.i * b.i);
-        case OP_DIV: return v_int(a.i / b.i);
-        default: return v_int(((a.i % b.i) + b.i) % b.i); /* Python's sign rule */
+        case OP_ADD:
+            return v_int(a.i + b.i);
+        case OP_SUB:
+            return v_int(a.i - b.i);
+        case OP_MUL:
+            return v_int(a.i * b.i);
+        case OP_DIV:
+            return v_int(a.i / b.i);
+        default:
+            return v_int(((a.i % b.i) + b.i) % b.i); /* Python's sign rule */
         }
     case OP_EQ:
         return v_bool(equal(a, b));
@@ -1210,7 +1270,10 @@ static struct val binary(struct ev *e, const struct node *n)
         } else {
             die(c, -EINVAL, "comparing a %s with a %s", VT_NAMES[a.t], VT_NAMES[b.t]);
         }
-        return v_bool(n->op == OP_LT ? cmp < 0 : n->op == OP_GT ? cmp > 0 : n->op == OP_LE ? cmp <= 0 : cmp >= 0);
+        return v_bool(n->op == OP_LT   ? cmp < 0
+                      : n->op == OP_GT ? cmp > 0
+                      : n->op == OP_LE ? cmp <= 0
+                                       : cmp >= 0);
     }
     case OP_IN:
         return v_bool(contains(e, b, a));
@@ -1289,7 +1352,8 @@ static struct val call(struct ev *e, const struct node *n)
         if (IS("namespace")) {
             struct dict *d = alloc(e->c, sizeof *d);
             for (size_t i = 0; i < n->n_args; i++) {
-                if (n->kw[i].t != V_STR) die(e->c, -EINVAL, "namespace() takes keyword arguments only");
+                if (n->kw[i].t != V_STR)
+                    die(e->c, -EINVAL, "namespace() takes keyword arguments only");
                 dict_set(e->c, d, n->kw[i].s, n->kw[i].n, args[i]);
             }
             return (struct val){.t = V_DICT, .d = d};
@@ -1304,7 +1368,8 @@ static struct val call(struct ev *e, const struct node *n)
     }
     if (f->k == E_ATTR) {
         for (size_t i = 0; i < n->n_args; i++)
-            if (n->kw[i].t == V_STR) die(e->c, -EINVAL, "keyword arguments to methods are not supported");
+            if (n->kw[i].t == V_STR)
+                die(e->c, -EINVAL, "keyword arguments to methods are not supported");
         return call_method(e, eval(e, f->a), f, args, n->n_args);
     }
     die(e->c, -EINVAL, "call of something that is not a function");
@@ -1370,7 +1435,9 @@ static struct val eval(struct ev *e, const struct node *n)
         break;
     }
     case E_COND:
-        r = truthy(eval(e, n->a)) ? eval(e, n->b) : n->c ? eval(e, n->c) : (struct val){.t = V_UNDEF};
+        r = truthy(eval(e, n->a)) ? eval(e, n->b)
+            : n->c                ? eval(e, n->c)
+                                  : (struct val){.t = V_UNDEF};
         break;
     default:
         die(c, -EINVAL, "bad expression");
@@ -1433,7 +1500,8 @@ static void run_for(struct ev *e, const struct node *n)
         dict_set(c, loop, "last", 4, v_bool(i + 1 == len));
         dict_set(c, loop, "length", 6, v_int((int64_t)len));
         dict_set(c, loop, "previtem", 8, i ? items.l->v[i - 1] : (struct val){.t = V_UNDEF});
-        dict_set(c, loop, "nextitem", 8, i + 1 < len ? items.l->v[i + 1] : (struct val){.t = V_UNDEF});
+        dict_set(c, loop, "nextitem", 8,
+                 i + 1 < len ? items.l->v[i + 1] : (struct val){.t = V_UNDEF});
         dict_set(c, &sc.vars, "loop", 4, loopv);
         dict_set(c, &sc.vars, n->name, n->name_n, items.l->v[i]);
         exec(e, n->b);
@@ -1545,7 +1613,8 @@ int kvf_template_render(const char *tmpl, const struct kvf_chat_msg *msgs, size_
         list.l->n = n;
         for (size_t i = 0; i < n; i++) {
             struct dict *d = alloc(c, sizeof *d);
-            if (!msgs[i].role || !msgs[i].content) die(c, -EINVAL, "message %zu lacks a role or content", i);
+            if (!msgs[i].role || !msgs[i].content)
+                die(c, -EINVAL, "message %zu lacks a role or content", i);
             dict_set(c, d, "role", 4, v_str(msgs[i].role, strlen(msgs[i].role)));
             dict_set(c, d, "content", 7, v_str(msgs[i].content, strlen(msgs[i].content)));
             list.l->v[i] = (struct val){.t = V_DICT, .d = d};

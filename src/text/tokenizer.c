@@ -242,7 +242,7 @@ static int index_added(kvf_tokenizer_t *t, char *err, size_t err_len)
 
 /* Control tokens that end a turn or a text in the model families' chat formats. */
 static const char *const EOG_PIECES[] = {
-    "<|eot_id|>", "<|eom_id|>",      "<|im_end|>", "<|end|>",   "<end_of_turn>",
+    "<|eot_id|>",    "<|eom_id|>",      "<|im_end|>", "<|end|>", "<end_of_turn>",
     "<|endoftext|>", "<|end_of_text|>", "<EOT>",      "</s>",
 };
 
@@ -540,8 +540,8 @@ static int encode_segment(const kvf_tokenizer_t *t, const char *text, size_t len
                                    : spm_encode(t, text, len, out, max_out, count);
 }
 
-int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t len,
-                            unsigned flags, int32_t *out, size_t max_out)
+int kvf_tokenizer_encode_ex(const kvf_tokenizer_t *t, const char *text, size_t len, unsigned flags,
+                            int32_t *out, size_t max_out)
 {
     if (!t || (!text && len) || (!out && max_out)) return -EINVAL;
     if (len > (size_t)INT32_MAX) return -EOVERFLOW;

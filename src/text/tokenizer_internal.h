@@ -18,7 +18,7 @@ enum kvf__tok_kind {
 /* Byte-level BPE pre-tokenizers (tokenizer.ggml.pre), each a split regex implemented by hand in
  * bpe_pre.c. */
 enum kvf__bpe_pre {
-    KVF__PRE_GPT2,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+    KVF__PRE_GPT2, /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
     KVF__PRE_SMOLLM, /* every \p{N} alone, then GPT2 on what lies between */
     KVF__PRE_LLAMA3, /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
                         ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
@@ -52,8 +52,8 @@ struct kvf_tokenizer {
      * UNKNOWN and USER_DEFINED tokens (SPM: CONTROL and UNKNOWN only, USER_DEFINED pieces merge
      * like normal ones). Found leftmost-longest: at each position that can start one (first
      * byte in added_first), each distinct length from the longest down is looked up. */
-    uint32_t *added;        /* piece → id + 1 (0 empty) */
-    size_t added_cap;       /* a power of two, at least twice the entries; 0 when none */
+    uint32_t *added;         /* piece → id + 1 (0 empty) */
+    size_t added_cap;        /* a power of two, at least twice the entries; 0 when none */
     uint8_t added_first[32]; /* bitmap of the first bytes of added pieces */
     uint16_t *added_lens;    /* distinct lengths of added pieces, longest first */
     size_t n_added_lens;

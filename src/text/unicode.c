@@ -12,10 +12,10 @@
 #include "unicode.h"
 
 /* Hangul syllable arithmetic (Unicode 3.12). */
-#define H_SBASE 0xAC00u
-#define H_LBASE 0x1100u
-#define H_VBASE 0x1161u
-#define H_TBASE 0x11A7u
+#define H_SBASE  0xAC00u
+#define H_LBASE  0x1100u
+#define H_VBASE  0x1161u
+#define H_TBASE  0x11A7u
 #define H_LCOUNT 19u
 #define H_VCOUNT 21u
 #define H_TCOUNT 28u

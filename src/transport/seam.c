@@ -107,8 +107,8 @@ int kvf_conn_send(kvf_conn_t *c, const void *buf, size_t len)
     return cops(c)->send(c, buf, len);
 }
 
-int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off, kvf_xport_done_fn done,
-                 void *arg)
+int kvf_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off,
+                 kvf_xport_done_fn done, void *arg)
 {
     return cops(c)->put(c, src, len, remote_off, done, arg);
 }

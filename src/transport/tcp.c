@@ -147,8 +147,8 @@ struct kvf_conn {
 
 struct kvf_xport {
     struct kvf_xport_head head; /* the seam's: ops */
-    int ep;  /* epoll: the listener and every socket */
-    int lfd; /* the listener, or -1 */
+    int ep;                     /* epoll: the listener and every socket */
+    int lfd;                    /* the listener, or -1 */
     uint16_t port;
     uint8_t key[32];
     char cipher; /* CIPHER_AES or CIPHER_CHACHA: what this process offers */
@@ -809,8 +809,9 @@ static int resolve(const char *host, uint16_t port, struct sockaddr_storage *ss,
     return 0;
 }
 
-static int tcp_create(void *ctx, const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
-                      kvf_xport_t **out, char *err, size_t err_len)
+static int tcp_create(void *ctx, const struct kvf_xport_config *cfg,
+                      const struct kvf_xport_events *ev, kvf_xport_t **out, char *err,
+                      size_t err_len)
 {
     (void)ctx;
     if (!cfg || !ev || !out) return -EINVAL;
@@ -995,7 +996,7 @@ static int tcp_next_ms(const kvf_xport_t *x)
 }
 
 static int tcp_connect(kvf_xport_t *x, const char *host, uint16_t port, kvf_conn_t **out, char *err,
-                      size_t err_len)
+                       size_t err_len)
 {
     struct sockaddr_storage ss;
     socklen_t sl;
@@ -1090,7 +1091,7 @@ static int tcp_conn_send(kvf_conn_t *c, const void *buf, size_t len)
 }
 
 static int tcp_conn_put(kvf_conn_t *c, const void *src, size_t len, uint64_t remote_off,
-                 kvf_xport_done_fn done, void *arg)
+                        kvf_xport_done_fn done, void *arg)
 {
     if (c->failed || c->closing) return -ENOTCONN;
     if (c->remote_bytes == 0) return -EAGAIN;

@@ -38,8 +38,14 @@ static inline uint32_t solo_run(const kvf_model_t *m, uint32_t pt, uint32_t ctx,
     uint32_t pos = 0;
     if (stopped) *stopped = false;
     for (uint32_t step = 0; step < p->max_tokens; step++) {
-        struct kvf_fwd_seq s = {own.req, step == 0 ? p->prompt : &cur, step == 0 ? p->n_prompt : 1,
-                                pos, pages, n_pages, logits, 0};
+        struct kvf_fwd_seq s = {own.req,
+                                step == 0 ? p->prompt : &cur,
+                                step == 0 ? p->n_prompt : 1,
+                                pos,
+                                pages,
+                                n_pages,
+                                logits,
+                                0};
         ASSERT_EQ_INT(kvf_fwd_run(f, pool, &s, 1), 1);
         ASSERT_OK(s.status);
         pos += s.n_tokens;
@@ -51,7 +57,8 @@ static inline uint32_t solo_run(const kvf_model_t *m, uint32_t pt, uint32_t ctx,
         }
         out[n++] = cur;
         bool stop = false;
-        for (uint32_t k = 0; k < p->n_stop_ids; k++) stop |= p->stop_ids[k] == cur;
+        for (uint32_t k = 0; k < p->n_stop_ids; k++)
+            stop |= p->stop_ids[k] == cur;
         if (stop) {
             if (stopped) *stopped = true;
             break;

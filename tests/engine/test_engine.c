@@ -13,7 +13,7 @@
 #include "kvfence/model.h"
 #include "kvfence/pool.h"
 
-#define PT 16u
+#define PT  16u
 #define CTX 512u
 
 struct rig {
@@ -32,19 +32,28 @@ static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
     snprintf(r->dir, sizeof(r->dir), "/tmp/kvf_engine_XXXXXX");
     ASSERT_NOT_NULL(mkdtemp(r->dir));
     snprintf(r->path, sizeof(r->path), "%s/m.gguf", r->dir);
-    if (kvf_mkmodel_write(r->path, kvf_mkmodel_shape_by_name(shape), KVF_GGML_F32, 7, err, sizeof(err)) < 0)
+    if (kvf_mkmodel_write(r->path, kvf_mkmodel_shape_by_name(shape), KVF_GGML_F32, 7, err,
+                          sizeof(err)) < 0)
         KVF_FAIL("mkmodel: %s", err);
     if (kvf_gguf_open(r->path, &r->g, err, sizeof(err)) < 0) KVF_FAIL("open: %s", err);
     if (kvf_model_load(r->g, &r->m, err, sizeof(err)) < 0) KVF_FAIL("load: %s", err);
     r->n_vocab = kvf_model_hparams(r->m)->n_vocab;
     pthread_mutex_init(&r->compute, NULL);
-    struct kvf_worker_config c = {.model = r->m, .model_fp = 42, .page_tokens = PT, .n_pages = 128,
-                                  .n_threads = 1, .max_context = CTX, .listen_host = "127.0.0.1",
-                                  .compute_lock = &r->compute,
+    struct kvf_worker_config c = {
+        .model = r->m,
+        .model_fp = 42,
+        .page_tokens = PT,
+        .n_pages = 128,
+        .n_threads = 1,
+        .max_context = CTX,
+        .listen_host = "127.0.0.1",
+        .compute_lock = &r->compute,
 #if defined(KVF_TEST_BUILD)
-                                  .poison_free = true,
+        .poison_free = true,
 #endif
-                                  .grant_timeout_ms = 5000, .hold_timeout_ms = 2000};
+        .grant_timeout_ms = 5000,
+        .hold_timeout_ms = 2000
+    };
     if (kvf_pworker_start(&c, &r->pw, err, sizeof(err)) < 0) KVF_FAIL("prefill: %s", err);
     c.n_pages = decode_pages;
     c.prefill_host = "127.0.0.1";
@@ -146,15 +155,20 @@ static void test_one_request_equals_solo(void)
     rig_start(&r, "tiny", 128);
     int32_t prompt[37];
     make_prompt(prompt, 37, 1, r.n_vocab);
-    struct kvf_gen_params p = {.tenant = 1, .prompt = prompt, .n_prompt = 37, .max_tokens = 40,
-                               .sample = {0.0f, 0, 1.0f, 1}, .n_logprobs = 3};
+    struct kvf_gen_params p = {.tenant = 1,
+                               .prompt = prompt,
+                               .n_prompt = 37,
+                               .max_tokens = 40,
+                               .sample = {0.0f, 0, 1.0f, 1},
+                               .n_logprobs = 3};
     kvf_gen_t *g;
     ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p, &g));
     struct out got, want;
     collect(&r, g, &got);
     solo(&r, &p, &want);
     expect_same(&got, &want);
-    for (uint32_t i = 0; i < want.n; i++) ASSERT_MEMEQ(got.top[i], want.top[i], sizeof(got.top[i]));
+    for (uint32_t i = 0; i < want.n; i++)
+        ASSERT_MEMEQ(got.top[i], want.top[i], sizeof(got.top[i]));
     ASSERT_FALSE(got.stopped);
     struct kvf_engine_info in;
     kvf_dworker_gen_ops.info(r.dw, &in);
@@ -173,7 +187,9 @@ static void test_sixteen_concurrent_equal_solo(void)
     for (int i = 0; i < N; i++) {
         uint32_t n = 5 + 5 * (uint32_t)i;
         make_prompt(prompts[i], n, 100 + (uint32_t)i, r.n_vocab);
-        p[i] = (struct kvf_gen_params){.tenant = 1 + (uint32_t)i % 3, .prompt = prompts[i], .n_prompt = n,
+        p[i] = (struct kvf_gen_params){.tenant = 1 + (uint32_t)i % 3,
+                                       .prompt = prompts[i],
+                                       .n_prompt = n,
                                        .max_tokens = 10 + 3 * (uint32_t)i,
                                        .sample = {i % 2 ? 0.8f : 0.0f, i % 4 == 1 ? 20u : 0u,
                                                   i % 4 == 3 ? 0.9f : 1.0f, 1000u + (uint64_t)i}};
@@ -194,7 +210,10 @@ static void test_cancel_and_limits(void)
     rig_start(&r, "tiny", 128);
     int32_t prompt[20];
     make_prompt(prompt, 20, 5, r.n_vocab);
-    struct kvf_gen_params p = {.tenant = 2, .prompt = prompt, .n_prompt = 20, .max_tokens = 400,
+    struct kvf_gen_params p = {.tenant = 2,
+                               .prompt = prompt,
+                               .n_prompt = 20,
+                               .max_tokens = 400,
                                .sample = {0.0f, 0, 1.0f, 1}};
     kvf_gen_t *g;
     /* prompt + max_tokens one over the limit: refused before anything moves. */

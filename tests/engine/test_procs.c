@@ -38,7 +38,7 @@
 #include "kvfence/pool.h"
 #include "kvfence/transport.h"
 
-#define PT 16u
+#define PT  16u
 #define CTX 256u
 
 static const char *kvfence_bin;
@@ -52,7 +52,8 @@ static void make_key(void)
     uint8_t raw[32];
     char hex[65];
     ASSERT_OK(kvf_fabric_random(raw, sizeof raw));
-    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
     snprintf(key_path, sizeof key_path, "/tmp/kvf_procs_key.%d", (int)getpid());
     int fd = open(key_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ASSERT_TRUE(fd >= 0);
@@ -123,7 +124,8 @@ static pid_t start_prefill(struct rig *r, const char *faults)
                    key_path, (char *)NULL);
         else
             execl(kvfence_bin, "kvfence", "prefill", "--model", r->path, "--listen", listen,
-                  "--context-length", ctx, "--threads", "1", "--cluster-key", key_path, (char *)NULL);
+                  "--context-length", ctx, "--threads", "1", "--cluster-key", key_path,
+                  (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -175,8 +177,8 @@ static uint64_t rig_admit_ms = 20000;
 
 /* decode_key NULL: the prefill's key, and the decode worker must come up; else that key, and the
  * caller checks what becomes of it. */
-static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char *faults, uint32_t decode_pages,
-                            uint64_t grant_ms, uint64_t hold_ms)
+static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char *faults,
+                            uint32_t decode_pages, uint64_t grant_ms, uint64_t hold_ms)
 {
     char err[256] = "";
     memset(r, 0, sizeof(*r));
@@ -184,7 +186,8 @@ static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char
     snprintf(r->dir, sizeof(r->dir), "/tmp/kvf_procs_XXXXXX");
     ASSERT_NOT_NULL(mkdtemp(r->dir));
     snprintf(r->path, sizeof(r->path), "%s/m.gguf", r->dir);
-    if (kvf_mkmodel_write(r->path, kvf_mkmodel_shape_by_name("tiny"), KVF_GGML_F32, 3, err, sizeof(err)) < 0)
+    if (kvf_mkmodel_write(r->path, kvf_mkmodel_shape_by_name("tiny"), KVF_GGML_F32, 3, err,
+                          sizeof(err)) < 0)
         KVF_FAIL("mkmodel: %s", err);
     if (kvf_gguf_open(r->path, &r->g, err, sizeof(err)) < 0) KVF_FAIL("open: %s", err);
     if (kvf_model_load(r->g, &r->m, err, sizeof(err)) < 0) KVF_FAIL("load: %s", err);
@@ -198,16 +201,25 @@ static void rig_start_keyed(struct rig *r, const uint8_t *decode_key, const char
     close(fd);
     r->port = free_port();
     r->child = start_prefill(r, faults);
-    struct kvf_worker_config c = {.model = r->m, .model_fp = r->fp, .page_tokens = PT,
-                                  .n_pages = decode_pages, .n_threads = 1, .max_context = CTX,
-                                  .prefill_host = prefill_host(), .prefill_port = r->port,
-                                  .max_batch = 16, .grant_timeout_ms = grant_ms,
-                                  .hold_timeout_ms = hold_ms, .admit_timeout_ms = rig_admit_ms,
+    struct kvf_worker_config c = {
+        .model = r->m,
+        .model_fp = r->fp,
+        .page_tokens = PT,
+        .n_pages = decode_pages,
+        .n_threads = 1,
+        .max_context = CTX,
+        .prefill_host = prefill_host(),
+        .prefill_port = r->port,
+        .max_batch = 16,
+        .grant_timeout_ms = grant_ms,
+        .hold_timeout_ms = hold_ms,
+        .admit_timeout_ms = rig_admit_ms,
 #if defined(KVF_TEST_BUILD)
-                                  .poison_free = true,
+        .poison_free = true,
 #endif
-                                  .keepalive_ms = 100,
-                                  .fabric_key = decode_key ? decode_key : cluster_key};
+        .keepalive_ms = 100,
+        .fabric_key = decode_key ? decode_key : cluster_key
+    };
     if (kvf_dworker_start(&c, &r->dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     if (decode_key) return; /* the caller checks what becomes of it */
     if (!wait_up(r, 10000)) KVF_FAIL("the decode worker never connected to the prefill process");
@@ -267,7 +279,9 @@ static void make_req(struct req *q, uint32_t seed, uint32_t n_vocab)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         q->prompt[i] = (int32_t)(3 + x % (n_vocab - 3));
     }
-    q->p = (struct kvf_gen_params){.tenant = 1 + seed % 4, .prompt = q->prompt, .n_prompt = n,
+    q->p = (struct kvf_gen_params){.tenant = 1 + seed % 4,
+                                   .prompt = q->prompt,
+                                   .n_prompt = n,
                                    .max_tokens = 1 + (uint32_t)(x >> 20) % 8,
                                    .sample = {0.0f, 0, 1.0f, seed}};
 }
@@ -343,8 +357,9 @@ static void test_soak_thousand_handoffs(void)
     }
     struct kvf_engine_info in;
     info(&r, &in);
-    printf("# %u handoffs: %u completed, %u cancelled; committed %llu, verify failures %llu\n", done,
-           ok, cancelled, (unsigned long long)in.committed, (unsigned long long)in.verify_failed);
+    printf("# %u handoffs: %u completed, %u cancelled; committed %llu, verify failures %llu\n",
+           done, ok, cancelled, (unsigned long long)in.committed,
+           (unsigned long long)in.verify_failed);
     ASSERT_EQ_U64(in.verify_failed, 0);
     /* The prefill process poisons freed pages (KVF_POISON): a tail sent unzeroed would carry an
      * earlier request's poison into a decode page. */
@@ -547,10 +562,18 @@ static void test_wrong_key_refused(void)
     ASSERT_EQ_INT(kill(r.child, 0), 0); /* the prefill process is still up */
     kvf_dworker_stop(r.dw, 0);
     /* The right key, against the same process. */
-    struct kvf_worker_config c = {.model = r.m, .model_fp = r.fp, .page_tokens = PT, .n_pages = 24,
-                                  .n_threads = 1, .max_context = CTX, .prefill_host = prefill_host(),
-                                  .prefill_port = r.port, .max_batch = 16, .admit_timeout_ms = 20000,
-                                  .keepalive_ms = 100, .fabric_key = cluster_key};
+    struct kvf_worker_config c = {.model = r.m,
+                                  .model_fp = r.fp,
+                                  .page_tokens = PT,
+                                  .n_pages = 24,
+                                  .n_threads = 1,
+                                  .max_context = CTX,
+                                  .prefill_host = prefill_host(),
+                                  .prefill_port = r.port,
+                                  .max_batch = 16,
+                                  .admit_timeout_ms = 20000,
+                                  .keepalive_ms = 100,
+                                  .fabric_key = cluster_key};
     char err[256] = "";
     if (kvf_dworker_start(&c, &r.dw, err, sizeof(err)) < 0) KVF_FAIL("decode: %s", err);
     ASSERT_TRUE(wait_up(&r, 10000));

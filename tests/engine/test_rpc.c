@@ -19,7 +19,8 @@ static struct kvf_rpc_status sroom;
 static void only_whole(size_t n)
 {
     struct kvf_rpc_msg m;
-    for (size_t k = 0; k < n; k++) ASSERT_EQ_INT(kvf_rpc_decode(buf, k, &m, room, 64, &hroom, &sroom), -EBADMSG);
+    for (size_t k = 0; k < n; k++)
+        ASSERT_EQ_INT(kvf_rpc_decode(buf, k, &m, room, 64, &hroom, &sroom), -EBADMSG);
     buf[n] = 0;
     ASSERT_EQ_INT(kvf_rpc_decode(buf, n + 1, &m, room, 64, &hroom, &sroom), -EBADMSG);
     ASSERT_EQ_INT(kvf_rpc_decode(buf, n, &m, room, 64, &hroom, &sroom), 0);
@@ -28,15 +29,22 @@ static void only_whole(size_t n)
 static void test_submit_round_trip(void)
 {
     int32_t prompt[5] = {1, 2, 3, 40000, 7};
-    struct kvf_gen_params p = {.tenant = 9, .prompt = prompt, .n_prompt = 5, .max_tokens = 33,
-                               .sample = {0.7f, 40, 0.9f, 12345}, .n_logprobs = 3,
-                               .want_logprob = true, .stop_ids = {2, 5}, .n_stop_ids = 2};
+    struct kvf_gen_params p = {.tenant = 9,
+                               .prompt = prompt,
+                               .n_prompt = 5,
+                               .max_tokens = 33,
+                               .sample = {0.7f, 40, 0.9f, 12345},
+                               .n_logprobs = 3,
+                               .want_logprob = true,
+                               .stop_ids = {2, 5},
+                               .n_stop_ids = 2};
     long n = kvf_rpc_put_submit(buf, sizeof buf, 77, &p);
     ASSERT_TRUE(n > 0 && (size_t)n <= kvf_rpc_submit_bytes(5));
     struct kvf_rpc_msg m;
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, NULL, NULL), 0);
     ASSERT_EQ_INT(m.type, KVF_RPC_SUBMIT);
-    ASSERT_TRUE(m.rid == 77 && m.params.tenant == 9 && m.params.n_prompt == 5 && m.params.max_tokens == 33);
+    ASSERT_TRUE(m.rid == 77 && m.params.tenant == 9 && m.params.n_prompt == 5 &&
+                m.params.max_tokens == 33);
     ASSERT_TRUE(memcmp(m.params.prompt, prompt, sizeof prompt) == 0);
     ASSERT_TRUE(m.params.sample.temperature == 0.7f && m.params.sample.top_k == 40 &&
                 m.params.sample.top_p == 0.9f && m.params.sample.seed == 12345);
@@ -55,12 +63,17 @@ static void test_submit_round_trip(void)
 
 static void test_events_round_trip(void)
 {
-    struct kvf_gen_event ev = {.kind = KVF_GEN_TOKEN, .token = 4242, .logprob = -1.25f, .n_top = 2,
-                               .top_ids = {4242, 7}, .top_logprobs = {-1.25f, -2.5f}};
+    struct kvf_gen_event ev = {.kind = KVF_GEN_TOKEN,
+                               .token = 4242,
+                               .logprob = -1.25f,
+                               .n_top = 2,
+                               .top_ids = {4242, 7},
+                               .top_logprobs = {-1.25f, -2.5f}};
     long n = kvf_rpc_put_event(buf, sizeof buf, 5, &ev);
     struct kvf_rpc_msg m;
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, NULL, NULL), 0);
-    ASSERT_TRUE(m.type == KVF_RPC_TOKEN && m.rid == 5 && m.ev.token == 4242 && m.ev.logprob == -1.25f);
+    ASSERT_TRUE(m.type == KVF_RPC_TOKEN && m.rid == 5 && m.ev.token == 4242 &&
+                m.ev.logprob == -1.25f);
     ASSERT_TRUE(m.ev.n_top == 2 && m.ev.top_ids[1] == 7 && m.ev.top_logprobs[1] == -2.5f);
     only_whole((size_t)n);
     /* More top logprobs than the API's bound: refused. */
@@ -81,8 +94,8 @@ static void test_events_round_trip(void)
 
 static void test_hello_and_status_round_trip(void)
 {
-    struct kvf_rpc_hello h = {.model_fp = 0x1122334455667788ull, .max_context = 2048, .page_tokens = 16,
-                              .n_prefills = 2};
+    struct kvf_rpc_hello h = {
+        .model_fp = 0x1122334455667788ull, .max_context = 2048, .page_tokens = 16, .n_prefills = 2};
     strcpy(h.prefills[0].host, "10.0.0.1");
     h.prefills[0].port = 7001;
     strcpy(h.prefills[1].host, "prefill-2.example");
@@ -90,8 +103,10 @@ static void test_hello_and_status_round_trip(void)
     long n = kvf_rpc_put_hello(buf, sizeof buf, KVF_RPC_HELLO_R, &h);
     struct kvf_rpc_msg m;
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, &hroom, &sroom), 0);
-    ASSERT_TRUE(m.hello->model_fp == h.model_fp && m.hello->max_context == 2048 && m.hello->n_prefills == 2);
-    ASSERT_TRUE(strcmp(m.hello->prefills[1].host, "prefill-2.example") == 0 && m.hello->prefills[1].port == 7002);
+    ASSERT_TRUE(m.hello->model_fp == h.model_fp && m.hello->max_context == 2048 &&
+                m.hello->n_prefills == 2);
+    ASSERT_TRUE(strcmp(m.hello->prefills[1].host, "prefill-2.example") == 0 &&
+                m.hello->prefills[1].port == 7002);
     only_whole((size_t)n);
     /* A host with a NUL inside is refused. */
     size_t at = 2 + 8 + 4 + 4 + 2 + 2 + 3;
@@ -100,11 +115,16 @@ static void test_hello_and_status_round_trip(void)
     /* No room given for a HELLO: refused. */
     n = kvf_rpc_put_hello(buf, sizeof buf, KVF_RPC_HELLO_R, &h);
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, NULL, &sroom), -EBADMSG);
-    struct kvf_rpc_hello d = {.model_fp = 1, .max_context = 2, .page_tokens = 16, .n_vocab = 512,
-                              .status = -5, .why = "context limit 2 there, 4 here"};
+    struct kvf_rpc_hello d = {.model_fp = 1,
+                              .max_context = 2,
+                              .page_tokens = 16,
+                              .n_vocab = 512,
+                              .status = -5,
+                              .why = "context limit 2 there, 4 here"};
     n = kvf_rpc_put_hello(buf, sizeof buf, KVF_RPC_HELLO_D, &d);
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, &hroom, &sroom), 0);
-    ASSERT_TRUE(m.hello->status == -5 && strcmp(m.hello->why, d.why) == 0 && m.hello->n_vocab == 512);
+    ASSERT_TRUE(m.hello->status == -5 && strcmp(m.hello->why, d.why) == 0 &&
+                m.hello->n_vocab == 512);
     only_whole((size_t)n);
     /* An "ok" with a reason is not a frame the writer makes: refused (found by fuzz_rpc). */
     d.status = 0;
@@ -134,14 +154,18 @@ static void test_hello_and_status_round_trip(void)
     ASSERT_TRUE(m.status->info.decode_pages == 100 && m.status->info.decode_free == 60 &&
                 m.status->info.decode_by_state[3] == 4 && m.status->info.fences == 3 &&
                 m.status->info.bad_frames == 9 && m.status->info.prefill_up);
-    ASSERT_TRUE(m.status->n_prefills == 1 && m.status->prefills[0].port == 9 && m.status->prefills[0].granted == 41);
+    ASSERT_TRUE(m.status->n_prefills == 1 && m.status->prefills[0].port == 9 &&
+                m.status->prefills[0].granted == 41);
     only_whole((size_t)n);
 }
 
 static void test_bounds_on_write(void)
 {
     int32_t prompt[3] = {1, 2, 3};
-    struct kvf_gen_params p = {.prompt = prompt, .n_prompt = 3, .max_tokens = 1, .sample = {0, 0, 1, 0},
+    struct kvf_gen_params p = {.prompt = prompt,
+                               .n_prompt = 3,
+                               .max_tokens = 1,
+                               .sample = {0, 0, 1, 0},
                                .n_stop_ids = KVF_GEN_MAX_STOP_IDS + 1};
     ASSERT_EQ_INT(kvf_rpc_put_submit(buf, sizeof buf, 1, &p), -EINVAL);
     p.n_stop_ids = 0;

@@ -29,13 +29,16 @@ struct machines {
 static int machines_init(struct machines *M)
 {
     memset(M, 0, sizeof(*M));
-    struct kvf_pool_config pc = {.geo = {1, 1, 2, 4, 4}, .n_pages = 8, .max_peers = 2,
-                                 .hold_timeout_ms = 100, .tag_seed = 1};
+    struct kvf_pool_config pc = {.geo = {1, 1, 2, 4, 4},
+                                 .n_pages = 8,
+                                 .max_peers = 2,
+                                 .hold_timeout_ms = 100,
+                                 .tag_seed = 1};
     if (kvf_pool_create(&pc, &M->pool) < 0) return -1;
-    struct kvf_decode_config dc = {.pool = M->pool, .max_reqs = 2, .max_context = 16,
-                                   .max_grant_pages = 4, .max_peers = 2};
-    struct kvf_prefill_config fc = {.max_reqs = 4, .max_grant_pages = 4, .max_context = 16,
-                                    .page_tokens = 4};
+    struct kvf_decode_config dc = {
+        .pool = M->pool, .max_reqs = 2, .max_context = 16, .max_grant_pages = 4, .max_peers = 2};
+    struct kvf_prefill_config fc = {
+        .max_reqs = 4, .max_grant_pages = 4, .max_context = 16, .page_tokens = 4};
     if (kvf_decode_create(&dc, &M->dec) < 0 || kvf_prefill_create(&fc, &M->pre) < 0) return -1;
     M->acts = (struct kvf_actions){M->buf, 0, 32};
     struct kvf_msg_new n = {.tenant = 1, .prompt_len = 6, .max_tokens = 2};

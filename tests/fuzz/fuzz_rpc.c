@@ -18,12 +18,17 @@ static long encode(const struct kvf_rpc_msg *m, uint8_t *buf, size_t cap)
 {
     switch (m->type) {
     case KVF_RPC_HELLO_R:
-    case KVF_RPC_HELLO_D: return kvf_rpc_put_hello(buf, cap, m->type, m->hello);
-    case KVF_RPC_SUBMIT: return kvf_rpc_put_submit(buf, cap, m->rid, &m->params);
-    case KVF_RPC_CANCEL: return kvf_rpc_put_cancel(buf, cap, m->rid);
+    case KVF_RPC_HELLO_D:
+        return kvf_rpc_put_hello(buf, cap, m->type, m->hello);
+    case KVF_RPC_SUBMIT:
+        return kvf_rpc_put_submit(buf, cap, m->rid, &m->params);
+    case KVF_RPC_CANCEL:
+        return kvf_rpc_put_cancel(buf, cap, m->rid);
     case KVF_RPC_TOKEN:
-    case KVF_RPC_END: return kvf_rpc_put_event(buf, cap, m->rid, &m->ev);
-    case KVF_RPC_STATUS: return kvf_rpc_put_status(buf, cap, m->status);
+    case KVF_RPC_END:
+        return kvf_rpc_put_event(buf, cap, m->rid, &m->ev);
+    case KVF_RPC_STATUS:
+        return kvf_rpc_put_status(buf, cap, m->status);
     }
     return -1;
 }

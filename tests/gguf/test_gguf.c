@@ -1101,7 +1101,8 @@ static void test_fuzz_seeds(void)
                                        "a",
                                        "b",
                                        "ab",
-                                       ("\xe2\x96\x81" "ab"), /* one token */
+                                       ("\xe2\x96\x81"
+                                        "ab"), /* one token */
                                        "\xc3\xa9"};
     static const float scores[] = {0, 0, 0, 0, -3, -5, -5, -2, -1, -4};
     static const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1, 1, 1};

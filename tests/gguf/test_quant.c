@@ -197,8 +197,10 @@ static void ref_q4_k(const uint8_t *blk, float *y)
         const float d1 = d * sc, m1 = min * m;
         ref_scale_min(is + 1, scales, &sc, &m);
         const float d2 = d * sc, m2 = min * m;
-        for (int l = 0; l < 32; ++l) *y++ = d1 * (q[l] & 0xF) - m1;
-        for (int l = 0; l < 32; ++l) *y++ = d2 * (q[l] >> 4) - m2;
+        for (int l = 0; l < 32; ++l)
+            *y++ = d1 * (q[l] & 0xF) - m1;
+        for (int l = 0; l < 32; ++l)
+            *y++ = d2 * (q[l] >> 4) - m2;
         q += 32;
         is += 2;
     }
@@ -216,8 +218,10 @@ static void ref_q5_k(const uint8_t *blk, float *y)
         const float d1 = d * sc, m1 = min * m;
         ref_scale_min(is + 1, scales, &sc, &m);
         const float d2 = d * sc, m2 = min * m;
-        for (int l = 0; l < 32; ++l) *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-        for (int l = 0; l < 32; ++l) *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+        for (int l = 0; l < 32; ++l)
+            *y++ = d1 * ((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; ++l)
+            *y++ = d2 * ((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
         ql += 32;
         is += 2;
         u1 <<= 2;
@@ -266,13 +270,15 @@ static void test_kquant_reference(void)
         uint32_t type;
         size_t bytes;
         void (*ref)(const uint8_t *, float *);
-    } kinds[] = {{KVF_GGML_Q4_K, 144, ref_q4_k}, {KVF_GGML_Q5_K, 176, ref_q5_k},
+    } kinds[] = {{KVF_GGML_Q4_K, 144, ref_q4_k},
+                 {KVF_GGML_Q5_K, 176, ref_q5_k},
                  {KVF_GGML_Q6_K, 210, ref_q6_k}};
     uint8_t blk[2 * 210];
     float want[512], got[512];
     for (size_t k = 0; k < KVF_ARRAY_LEN(kinds); k++)
         for (int iter = 0; iter < 2000; iter++) {
-            for (size_t i = 0; i < sizeof blk; i++) blk[i] = (uint8_t)kvf_rng_next(&r);
+            for (size_t i = 0; i < sizeof blk; i++)
+                blk[i] = (uint8_t)kvf_rng_next(&r);
             for (int b = 0; b < 2; b++) {
                 uint8_t *p = blk + b * kinds[k].bytes;
                 uint16_t h0 = rand_half(&r), h1 = rand_half(&r);
@@ -383,8 +389,7 @@ static void test_kquant_round_trip(void)
                 }
                 double bound;
                 if (t < 2) {
-                    double levels = t == 0 ? 15 : 31, d = range_max / levels / 63,
-                           dmin = amax / 63;
+                    double levels = t == 0 ? 15 : 31, d = range_max / levels / 63, dmin = amax / 63;
                     bound = 0.5 * (range_max / levels + d) + dmin + 1e-6 * amax;
                 } else {
                     double d = amax / 32 / 128;
@@ -406,9 +411,10 @@ static void test_kquant_round_trip(void)
 
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_kquant_reference),    KVF_CASE(test_kquant_layouts),
-    KVF_CASE(test_kquant_round_trip),
-    KVF_CASE(test_fp16_exhaustive),     KVF_CASE(test_fp16_nearest),  KVF_CASE(test_bf16),
-    KVF_CASE(test_row_bytes_and_names), KVF_CASE(test_block_layouts), KVF_CASE(test_quantize_error),
+    KVF_CASE(test_kquant_round_trip),   KVF_CASE(test_fp16_exhaustive),
+    KVF_CASE(test_fp16_nearest),        KVF_CASE(test_bf16),
+    KVF_CASE(test_row_bytes_and_names), KVF_CASE(test_block_layouts),
+    KVF_CASE(test_quantize_error),
 };
 
 int main(int argc, char **argv)

@@ -89,8 +89,8 @@ static inline void patch_file(const char *path, const char *from, const char *to
  * (IEEE halves). */
 static uint32_t tpool_kv_bytes = 4;
 
-static inline kvf_pool_t *tpool_create(const kvf_model_t *m, uint32_t page_tokens,
-                                       uint32_t n_pages, bool poison)
+static inline kvf_pool_t *tpool_create(const kvf_model_t *m, uint32_t page_tokens, uint32_t n_pages,
+                                       bool poison)
 {
     struct kvf_pool_config cfg;
     memset(&cfg, 0, sizeof(cfg));
@@ -128,7 +128,8 @@ static inline void tseq_alloc(kvf_pool_t *pool, struct tseq *s, uint32_t n, uint
     size_t bytes = kvf_geo_data_bytes(kvf_pool_geometry(pool));
     for (uint32_t i = 0; i < n; i++) {
         float *d = kvf_pool_page_data(pool, s->pages[i].page);
-        for (size_t k = 0; k < bytes / 4; k++) d[k] = NAN;
+        for (size_t k = 0; k < bytes / 4; k++)
+            d[k] = NAN;
     }
 }
 
@@ -184,7 +185,8 @@ static inline void ref_matmul(const struct kvf_weight *W, const double *x, uint3
         for (uint32_t t = 0; t < n; t++) {
             double s = 0.0;
             const double *xt = x + (size_t)t * W->cols;
-            for (uint32_t i = 0; i < W->cols; i++) s += (double)row[i] * xt[i];
+            for (uint32_t i = 0; i < W->cols; i++)
+                s += (double)row[i] * xt[i];
             y[(size_t)t * W->rows + r] = s;
         }
     }
@@ -194,9 +196,11 @@ static inline void ref_matmul(const struct kvf_weight *W, const double *x, uint3
 static inline void ref_rmsnorm(double *out, const double *x, const float *w, uint32_t n, double eps)
 {
     double ss = 0.0;
-    for (uint32_t i = 0; i < n; i++) ss += x[i] * x[i];
+    for (uint32_t i = 0; i < n; i++)
+        ss += x[i] * x[i];
     double sc = 1.0 / sqrt(ss / n + eps);
-    for (uint32_t i = 0; i < n; i++) out[i] = x[i] * sc * w[i];
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = x[i] * sc * w[i];
 }
 
 /* RoPE on each head: pair i is elements (2i, 2i+1) (llama), or (i, i + hd/2) with halves
@@ -210,7 +214,8 @@ static inline void ref_rope(double *v, uint32_t pos, uint32_t n_heads, const kvf
     bool halves = hp->rope_halves;
     for (uint32_t h = 0; h < n_heads; h++)
         for (uint32_t i = 0; i < hd / 2; i++) {
-            double ang = pos * (double)hp->rope_pos_scale * pow((double)hp->rope_base, -2.0 * i / hd);
+            double ang =
+                pos * (double)hp->rope_pos_scale * pow((double)hp->rope_base, -2.0 * i / hd);
             if (m->rope_factors) ang /= m->rope_factors[i];
             double c = cos(ang), s = sin(ang);
             double *p0 = v + (size_t)h * hd + (halves ? i : 2 * i);
@@ -226,14 +231,16 @@ static inline void ref_bias(double *y, const float *b, uint32_t n, uint32_t widt
 {
     if (!b) return;
     for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < width; i++) y[(size_t)t * width + i] += b[i];
+        for (uint32_t i = 0; i < width; i++)
+            y[(size_t)t * width + i] += b[i];
 }
 
 static inline void ref_head_norm(double *y, const float *w, uint32_t n_heads, uint32_t hd,
                                  double eps)
 {
     if (!w) return;
-    for (uint32_t h = 0; h < n_heads; h++) ref_rmsnorm(y + (size_t)h * hd, y + (size_t)h * hd, w, hd, eps);
+    for (uint32_t h = 0; h < n_heads; h++)
+        ref_rmsnorm(y + (size_t)h * hd, y + (size_t)h * hd, w, hd, eps);
 }
 
 /* Logits of every position of toks[0..n) into out (n × n_vocab). */
@@ -243,19 +250,22 @@ static inline void ref_forward(const kvf_model_t *m, const int32_t *toks, uint32
     uint32_t D = hp->dim, hd = hp->head_dim, H = hp->n_heads, KV = hp->n_kv_heads, F = hp->ffn_dim;
     uint32_t QD = H * hd, KD = KV * hd;
     double *x = calloc((size_t)n * D, 8), *xb = calloc((size_t)n * D, 8);
-    double *q = calloc((size_t)n * QD, 8), *k = calloc((size_t)n * KD, 8), *v = calloc((size_t)n * KD, 8);
+    double *q = calloc((size_t)n * QD, 8), *k = calloc((size_t)n * KD, 8),
+           *v = calloc((size_t)n * KD, 8);
     double *att = calloc((size_t)n * QD, 8), *o = calloc((size_t)n * D, 8), *sc = calloc(n, 8);
     double *g = calloc((size_t)n * F, 8), *u = calloc((size_t)n * F, 8);
     float *row = malloc(D * sizeof(float));
     for (uint32_t t = 0; t < n; t++) {
-        ASSERT_OK(kvf_dequant_row(m->tok_embd.type,
-                                  (const uint8_t *)m->tok_embd.data + (size_t)toks[t] * m->tok_embd.row_bytes,
-                                  row, D));
-        for (uint32_t i = 0; i < D; i++) x[(size_t)t * D + i] = row[i];
+        ASSERT_OK(kvf_dequant_row(
+            m->tok_embd.type,
+            (const uint8_t *)m->tok_embd.data + (size_t)toks[t] * m->tok_embd.row_bytes, row, D));
+        for (uint32_t i = 0; i < D; i++)
+            x[(size_t)t * D + i] = row[i];
     }
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const struct kvf_layer *L = &m->layers[l];
-        for (uint32_t t = 0; t < n; t++) ref_rmsnorm(xb + (size_t)t * D, x + (size_t)t * D, L->attn_norm, D, hp->rms_eps);
+        for (uint32_t t = 0; t < n; t++)
+            ref_rmsnorm(xb + (size_t)t * D, x + (size_t)t * D, L->attn_norm, D, hp->rms_eps);
         ref_matmul(&L->wq, xb, n, q);
         ref_matmul(&L->wk, xb, n, k);
         ref_matmul(&L->wv, xb, n, v);
@@ -274,36 +284,54 @@ static inline void ref_forward(const kvf_model_t *m, const int32_t *toks, uint32
                 double mx = -INFINITY, sum = 0.0;
                 for (uint32_t p = 0; p <= t; p++) {
                     double d = 0.0;
-                    for (uint32_t e = 0; e < hd; e++) d += q[(size_t)t * QD + h * hd + e] * k[(size_t)p * KD + kh * hd + e];
+                    for (uint32_t e = 0; e < hd; e++)
+                        d += q[(size_t)t * QD + h * hd + e] * k[(size_t)p * KD + kh * hd + e];
                     sc[p] = d / sqrt((double)hd);
                     if (sc[p] > mx) mx = sc[p];
                 }
-                for (uint32_t p = 0; p <= t; p++) sum += (sc[p] = exp(sc[p] - mx));
+                for (uint32_t p = 0; p <= t; p++)
+                    sum += (sc[p] = exp(sc[p] - mx));
                 for (uint32_t e = 0; e < hd; e++) {
                     double a = 0.0;
-                    for (uint32_t p = 0; p <= t; p++) a += sc[p] / sum * v[(size_t)p * KD + kh * hd + e];
+                    for (uint32_t p = 0; p <= t; p++)
+                        a += sc[p] / sum * v[(size_t)p * KD + kh * hd + e];
                     att[(size_t)t * QD + h * hd + e] = a;
                 }
             }
         ref_matmul(&L->wo, att, n, o);
-        for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
-        for (uint32_t t = 0; t < n; t++) ref_rmsnorm(xb + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, hp->rms_eps);
+        for (size_t i = 0; i < (size_t)n * D; i++)
+            x[i] += o[i];
+        for (uint32_t t = 0; t < n; t++)
+            ref_rmsnorm(xb + (size_t)t * D, x + (size_t)t * D, L->ffn_norm, D, hp->rms_eps);
         ref_matmul(&L->w_gate, xb, n, g);
         ref_matmul(&L->w_up, xb, n, u);
-        for (size_t i = 0; i < (size_t)n * F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        for (size_t i = 0; i < (size_t)n * F; i++)
+            g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
         ref_matmul(&L->w_down, g, n, o);
-        for (size_t i = 0; i < (size_t)n * D; i++) x[i] += o[i];
+        for (size_t i = 0; i < (size_t)n * D; i++)
+            x[i] += o[i];
     }
-    for (uint32_t t = 0; t < n; t++) ref_rmsnorm(xb + (size_t)t * D, x + (size_t)t * D, m->out_norm, D, hp->rms_eps);
+    for (uint32_t t = 0; t < n; t++)
+        ref_rmsnorm(xb + (size_t)t * D, x + (size_t)t * D, m->out_norm, D, hp->rms_eps);
     ref_matmul(&m->output, xb, n, out);
-    free(x); free(xb); free(q); free(k); free(v); free(att); free(o); free(sc); free(g); free(u);
+    free(x);
+    free(xb);
+    free(q);
+    free(k);
+    free(v);
+    free(att);
+    free(o);
+    free(sc);
+    free(g);
+    free(u);
     free(row);
 }
 
 /* n seeded token ids in [3, n_vocab) (past <unk>, <s>, </s>). */
 static inline void rand_tokens(struct kvf_rng *r, int32_t *t, uint32_t n, uint32_t n_vocab)
 {
-    for (uint32_t i = 0; i < n; i++) t[i] = 3 + (int32_t)(kvf_rng_next(r) % (n_vocab - 3));
+    for (uint32_t i = 0; i < n; i++)
+        t[i] = 3 + (int32_t)(kvf_rng_next(r) % (n_vocab - 3));
 }
 
 #endif

@@ -59,8 +59,8 @@ static void test_exp_accuracy(void)
     double worst = 0.0, worst_x = 0.0;
     /* A dense sweep of [-87.3, 88.7] (normal results), then random points in it. */
     for (uint32_t i = 0; i <= 4000000; i++) {
-        float x = i < 2000000 ? -87.3f + 176.0f * (float)i / 2000000.0f
-                              : rand_float(&r, -87.3f, 88.7f);
+        float x =
+            i < 2000000 ? -87.3f + 176.0f * (float)i / 2000000.0f : rand_float(&r, -87.3f, 88.7f);
         double u = ulps(kvf__expf(x), exp((double)x));
         if (u > worst) worst = u, worst_x = x;
     }
@@ -84,17 +84,23 @@ static void test_exp_accuracy(void)
 /* Inputs that reach every branch of the exp: ordinary values, both zeros, huge, infinite, NaN. */
 static void fill_extremes(struct kvf_rng *r, float *x, uint32_t n)
 {
-    static const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 88.7f, -88.7f, 89.0f, -89.0f,
-                                    200.0f, -200.0f, 1e30f, -1e30f, 87.33f, -87.33f, 104.0f,
-                                    -104.0f, 110.0f, -110.0f, 0.5f, -0.5f};
+    static const float special[] = {0.0f,   -0.0f,   1e-30f,  -1e-30f, 88.7f,  -88.7f, 89.0f,
+                                    -89.0f, 200.0f,  -200.0f, 1e30f,   -1e30f, 87.33f, -87.33f,
+                                    104.0f, -104.0f, 110.0f,  -110.0f, 0.5f,   -0.5f};
     for (uint32_t i = 0; i < n; i++) {
         uint32_t k = kvf_rng_below(r, 30);
-        if (k < (uint32_t)(sizeof(special) / sizeof(special[0]))) x[i] = special[k];
-        else if (k == 20) x[i] = INFINITY;
-        else if (k == 21) x[i] = -INFINITY;
-        else if (k == 22) x[i] = NAN;
-        else if (k == 23) x[i] = -NAN;
-        else x[i] = rand_float(r, -120.0f, 120.0f);
+        if (k < (uint32_t)(sizeof(special) / sizeof(special[0])))
+            x[i] = special[k];
+        else if (k == 20)
+            x[i] = INFINITY;
+        else if (k == 21)
+            x[i] = -INFINITY;
+        else if (k == 22)
+            x[i] = NAN;
+        else if (k == 23)
+            x[i] = -NAN;
+        else
+            x[i] = rand_float(r, -120.0f, 120.0f);
     }
 }
 
@@ -110,9 +116,11 @@ static void test_exp_vector_matches(void)
     enum { N = 4099 };
     static float x[N], y[N];
     for (int round = 0; round < 50; round++) {
-        if (round % 2) fill_extremes(&r, x, N);
+        if (round % 2)
+            fill_extremes(&r, x, N);
         else
-            for (uint32_t i = 0; i < N; i++) x[i] = rand_float(&r, -100.0f, 95.0f);
+            for (uint32_t i = 0; i < N; i++)
+                x[i] = rand_float(&r, -100.0f, 95.0f);
         kvf__exp_avx2(y, x, N);
         for (uint32_t i = 0; i < N; i++)
             if (!same(y[i], kvf__expf(x[i])))
@@ -132,11 +140,15 @@ static void test_swiglu_ranges(void)
     if (have_avx2()) fns[1] = kvf__swiglu_avx2;
     if (have_vnni()) fns[2] = kvf__swiglu_vnni;
     for (int round = 0; round < 40; round++) {
-        if (round % 2) fill_extremes(&r, g, N);
+        if (round % 2)
+            fill_extremes(&r, g, N);
         else
-            for (uint32_t i = 0; i < N; i++) g[i] = rand_float(&r, -20.0f, 20.0f);
-        for (uint32_t i = 0; i < N; i++) u[i] = rand_float(&r, -3.0f, 3.0f);
-        for (uint32_t i = 0; i < N; i++) want[i] = kvf__swiglu1(g[i], u[i]);
+            for (uint32_t i = 0; i < N; i++)
+                g[i] = rand_float(&r, -20.0f, 20.0f);
+        for (uint32_t i = 0; i < N; i++)
+            u[i] = rand_float(&r, -3.0f, 3.0f);
+        for (uint32_t i = 0; i < N; i++)
+            want[i] = kvf__swiglu1(g[i], u[i]);
         for (uint32_t i = 0; i < N; i++) {
             if (!isfinite(g[i])) continue;
             double gd = g[i], ref = gd / (1.0 + exp(-gd)) * u[i];
@@ -152,7 +164,8 @@ static void test_swiglu_ranges(void)
                 for (uint32_t i = lo; i < hi; i++)
                     if (!same(got[i], want[i]))
                         KVF_FAIL("swiglu variant %d, range from %u: element %u (g %.9g) gives "
-                                 "%.9g, want %.9g", f, lo, i, g[i], got[i], want[i]);
+                                 "%.9g, want %.9g",
+                                 f, lo, i, g[i], got[i], want[i]);
             }
         }
     }
@@ -178,12 +191,15 @@ static void attn_ref(const struct kvf_attn_batch *b, const struct kvf_fwd_seq *s
         for (uint32_t p = 0; p <= pos; p++) {
             kvf__attn_rows(b, s, b->k_off, h / group, p, 1, rows);
             double d = 0.0;
-            for (uint32_t e = 0; e < hd; e++) d += (double)q[h * hd + e] * kvf__kv_elem(rows[0], e, eb);
+            for (uint32_t e = 0; e < hd; e++)
+                d += (double)q[h * hd + e] * kvf__kv_elem(rows[0], e, eb);
             sc[p] = d / sqrt((double)hd);
             if (sc[p] > mx) mx = sc[p];
         }
-        for (uint32_t p = 0; p <= pos; p++) sum += sc[p] = exp(sc[p] - mx);
-        for (uint32_t e = 0; e < hd; e++) out[h * hd + e] = 0.0;
+        for (uint32_t p = 0; p <= pos; p++)
+            sum += sc[p] = exp(sc[p] - mx);
+        for (uint32_t e = 0; e < hd; e++)
+            out[h * hd + e] = 0.0;
         for (uint32_t p = 0; p <= pos; p++) {
             kvf__attn_rows(b, s, b->v_off, h / group, p, 1, rows);
             for (uint32_t e = 0; e < hd; e++)
@@ -234,8 +250,10 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
                 /* Spread scores, so that softmax has both peaked and flat rows. */
                 for (size_t e = 0; e < row; e++) {
                     float v = rand_float(&r, -1.5f, 1.5f);
-                    if (eb == 2) ((uint16_t *)d)[e] = kvf_f32_to_fp16(v);
-                    else ((float *)d)[e] = v;
+                    if (eb == 2)
+                        ((uint16_t *)d)[e] = kvf_f32_to_fp16(v);
+                    else
+                        ((float *)d)[e] = v;
                 }
             }
 
@@ -244,8 +262,21 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
     enum { NT = 24 };
     uint32_t tok_pos[NT], tok_seq[NT] = {0};
     for (uint32_t t = 0; t < NT; t++) {
-        uint32_t want[] = {0, 1, pt - 1, pt, pt + 1, 2 * pt - 1, 2 * pt, sh->n_pos - 1, 7, 8, 9,
-                           KVF_ATTN_SEG - 1, KVF_ATTN_SEG, KVF_ATTN_SEG + 1, 2 * KVF_ATTN_SEG};
+        uint32_t want[] = {0,
+                           1,
+                           pt - 1,
+                           pt,
+                           pt + 1,
+                           2 * pt - 1,
+                           2 * pt,
+                           sh->n_pos - 1,
+                           7,
+                           8,
+                           9,
+                           KVF_ATTN_SEG - 1,
+                           KVF_ATTN_SEG,
+                           KVF_ATTN_SEG + 1,
+                           2 * KVF_ATTN_SEG};
         tok_pos[t] = t < 15 ? want[t] : kvf_rng_below(&r, sh->n_pos);
         /* Tokens 16-19, one work item of KVF_ATTN_BLOCK prefill tokens: consecutive positions
          * across the first segment boundary, so the item's later tokens have a segment its
@@ -255,7 +286,8 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
     }
     size_t q_dim = (size_t)n_heads * hd;
     float *q = malloc(NT * q_dim * sizeof(float));
-    for (size_t i = 0; i < NT * q_dim; i++) q[i] = rand_float(&r, -1.5f, 1.5f);
+    for (size_t i = 0; i < NT * q_dim; i++)
+        q[i] = rand_float(&r, -1.5f, 1.5f);
     size_t sf = kvf__attn_scratch_floats(sh->n_pos, n_heads, hd);
     float *scratch = malloc(3 * sf * sizeof(float));
     float *part = malloc(kvf__attn_part_floats(sh->n_pos, n_heads, hd, NT, 64) * sizeof(float));
@@ -265,12 +297,23 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
     kvf__kern = kern;
     for (int layer = 0; layer < 2; layer++) {
         struct kvf_attn_batch b = {
-            .nt = NT, .n_heads = n_heads, .n_kv_heads = sh->n_kv, .head_dim = hd, .q = q,
-            .tok_seq = tok_seq, .tok_pos = tok_pos, .seqs = &seq, .pool_base = base,
-            .page_bytes = page_bytes, .page_tokens = pt,
+            .nt = NT,
+            .n_heads = n_heads,
+            .n_kv_heads = sh->n_kv,
+            .head_dim = hd,
+            .q = q,
+            .tok_seq = tok_seq,
+            .tok_pos = tok_pos,
+            .seqs = &seq,
+            .pool_base = base,
+            .page_bytes = page_bytes,
+            .page_tokens = pt,
             .k_off = kvf_geo_kv_offset(&cfg.geo, layer, 0),
-            .v_off = kvf_geo_kv_offset(&cfg.geo, layer, 1), .elem_bytes = eb, .scratch = scratch,
-            .scratch_floats = sf, .part = part,
+            .v_off = kvf_geo_kv_offset(&cfg.geo, layer, 1),
+            .elem_bytes = eb,
+            .scratch = scratch,
+            .scratch_floats = sf,
+            .part = part,
         };
         /* Five ways to cut the same work: the whole batch as one chunk and in 7 chunks on
          * "threads" 0-2 (whole tokens per item), in 16 chunks ((token, K/V group) items), each
@@ -278,11 +321,13 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
          * finish). */
         for (int way = 0; way < 5; way++) {
             outs[way] = malloc(NT * q_dim * sizeof(float));
-            for (size_t i = 0; i < NT * q_dim; i++) outs[way][i] = NAN;
+            for (size_t i = 0; i < NT * q_dim; i++)
+                outs[way][i] = NAN;
             b.out = outs[way];
             if (way == 0) kvf__attn_chunk(&b, 0, 1, 0);
             if (way == 1)
-                for (uint32_t c = 0; c < 7; c++) kvf__attn_chunk(&b, c, 7, c % 3);
+                for (uint32_t c = 0; c < 7; c++)
+                    kvf__attn_chunk(&b, c, 7, c % 3);
             if (way == 2)
                 for (uint32_t t = 0; t < NT; t++) {
                     struct kvf_attn_batch one = b;
@@ -290,15 +335,18 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
                     one.q = q + t * q_dim;
                     one.out = outs[way] + t * q_dim;
                     one.tok_pos = tok_pos + t;
-                    for (uint32_t c = 0; c < 8; c++) kvf__attn_chunk(&one, c, 8, (c + t) % 3);
+                    for (uint32_t c = 0; c < 8; c++)
+                        kvf__attn_chunk(&one, c, 8, (c + t) % 3);
                     kvf__attn_finish(&one, 8);
                 }
             if (way == 3) {
-                for (uint32_t c = 0; c < 64; c++) kvf__attn_chunk(&b, c, 64, c % 3);
+                for (uint32_t c = 0; c < 64; c++)
+                    kvf__attn_chunk(&b, c, 64, c % 3);
                 kvf__attn_finish(&b, 64);
             }
             if (way == 4) {
-                for (uint32_t c = 0; c < 16; c++) kvf__attn_chunk(&b, c, 16, c % 3);
+                for (uint32_t c = 0; c < 16; c++)
+                    kvf__attn_chunk(&b, c, 16, c % 3);
                 kvf__attn_finish(&b, 16);
             }
         }
@@ -307,10 +355,12 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
         /* A decode token's kernel, every K/V group at once (attn_tok), against one group at a
          * time (attn_seg): the same partial for every head and segment, bit for bit. */
         size_t ps = kvf__attn_part_size(hd);
-        float *pa = malloc(n_heads * ps * sizeof(float)), *pb = malloc(n_heads * ps * sizeof(float));
+        float *pa = malloc(n_heads * ps * sizeof(float)),
+              *pb = malloc(n_heads * ps * sizeof(float));
         for (uint32_t t = 0; t < NT; t++)
             for (uint32_t seg = 0; seg <= tok_pos[t] / KVF_ATTN_SEG; seg++) {
-                for (size_t i = 0; i < n_heads * ps; i++) pa[i] = pb[i] = NAN;
+                for (size_t i = 0; i < n_heads * ps; i++)
+                    pa[i] = pb[i] = NAN;
                 for (uint32_t h = 0; h < n_heads; h += sh->group)
                     kern->attn_seg(&b, t, h, h + sh->group, seg, pa + h * ps, ps, scratch, NULL);
                 kern->attn_tok(&b, t, seg, pb, ps, scratch, NULL);
@@ -323,10 +373,11 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
             attn_ref(&b, &seq, tok_pos[t], q + t * q_dim, ref);
             double mr, e = rel_err(outs[0] + t * q_dim, ref, q_dim, &mr);
             if (!(e <= 2e-6))
-                KVF_FAIL("%s, K/V of %u bytes: token at pos %u: relative error %g", kern->name,
-                         eb, tok_pos[t], e);
+                KVF_FAIL("%s, K/V of %u bytes: token at pos %u: relative error %g", kern->name, eb,
+                         tok_pos[t], e);
         }
-        for (int way = 0; way < 5; way++) free(outs[way]);
+        for (int way = 0; way < 5; way++)
+            free(outs[way]);
     }
     kvf__kern = saved;
     free(ref);
@@ -342,12 +393,12 @@ static void check_attention(const struct ashape *sh, const struct kvf_kern *kern
 static void test_attention_reference(void)
 {
     static const struct ashape shapes[] = {
-        {2, 2, 16, 5, 40},    /* the tiny test model's heads, small pages, one segment */
-        {3, 3, 64, 16, 450},  /* smol135m's heads, four segments */
-        {6, 1, 48, 16, 300},  /* s15m's: no GQA */
-        {1, 4, 24, 7, 200},   /* head_dim 3 vectors, one K/V head */
-        {2, 2, 12, 3, 260},   /* head_dim not a multiple of 8: the scalar path everywhere */
-        {1, 2, 136, 9, 140},  /* head_dim 17 vectors: two column blocks in the V sum */
+        {2, 2, 16, 5, 40},   /* the tiny test model's heads, small pages, one segment */
+        {3, 3, 64, 16, 450}, /* smol135m's heads, four segments */
+        {6, 1, 48, 16, 300}, /* s15m's: no GQA */
+        {1, 4, 24, 7, 200},  /* head_dim 3 vectors, one K/V head */
+        {2, 2, 12, 3, 260},  /* head_dim not a multiple of 8: the scalar path everywhere */
+        {1, 2, 136, 9, 140}, /* head_dim 17 vectors: two column blocks in the V sum */
     };
     const struct kvf_kern *vars[3] = {&kvf__kern_scalar, have_avx2() ? kvf__kern_avx2 : NULL,
                                       have_vnni() ? kvf__kern_vnni : NULL};
@@ -407,7 +458,8 @@ static void test_long_context_invariance(void)
     kvf_rng_seed(&r, kvf_test_seed());
     static int32_t toks[2][LONG_N];
     for (int k = 0; k < 2; k++)
-        for (uint32_t i = 0; i < LONG_N; i++) toks[k][i] = (int32_t)kvf_rng_below(&r, V);
+        for (uint32_t i = 0; i < LONG_N; i++)
+            toks[k][i] = (int32_t)kvf_rng_below(&r, V);
     float *split = malloc((size_t)LONG_N * V * sizeof(float));
     float *whole = malloc((size_t)LONG_N * V * sizeof(float));
     run_steps(tm.m, toks[0], 2, split);
@@ -449,8 +501,10 @@ static void test_long_context_invariance(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_exp_accuracy),  KVF_CASE(test_exp_vector_matches),
-    KVF_CASE(test_swiglu_ranges), KVF_CASE(test_attention_reference),
+    KVF_CASE(test_exp_accuracy),
+    KVF_CASE(test_exp_vector_matches),
+    KVF_CASE(test_swiglu_ranges),
+    KVF_CASE(test_attention_reference),
     KVF_CASE(test_long_context_invariance),
 };
 

@@ -40,12 +40,14 @@ static void check_reference(const char *shape, uint32_t type, uint32_t n_prefill
         double e = rel_err(logits, ref + (size_t)(at - 1) * hp->n_vocab, hp->n_vocab, &em);
         if (e > worst) worst = e;
         if (em > worst_max) worst_max = em;
-        if (!(e <= tol)) KVF_FAIL("%s %s position %u: relative error %.3g > %.3g", shape,
-                                 kvf_model_type_name(tm.m), at - 1, e, tol);
+        if (!(e <= tol))
+            KVF_FAIL("%s %s position %u: relative error %.3g > %.3g", shape,
+                     kvf_model_type_name(tm.m), at - 1, e, tol);
     }
     printf("# %s %s (%s kernels): worst relative error %.3g (norm-wise; tolerance %.0e), "
-           "%.3g element-wise, over %u positions\n", shape, kvf_model_type_name(tm.m),
-           kvf_kernels_name(), worst, tol, worst_max, n - n_prefill + 1);
+           "%.3g element-wise, over %u positions\n",
+           shape, kvf_model_type_name(tm.m), kvf_kernels_name(), worst, tol, worst_max,
+           n - n_prefill + 1);
     tseq_release(pool, &s);
     char why[128];
     ASSERT_TRUE(kvf_pool_check(pool, why, sizeof(why)));
@@ -237,7 +239,7 @@ static void test_arch_refused(void)
 
 /* --- Batch invariance. --------------------------------------------------------------------- */
 
-#define INV_SEQS 9
+#define INV_SEQS    9
 #define INV_MAX_LEN 40
 
 struct inv_seq {
@@ -296,9 +298,8 @@ static void test_geometry_kv_type(void)
 /* Runs n_seqs sequences together in rounds; in each round every unfinished sequence sends a
  * chunk of 1..max_chunk tokens (drawn), and the logits of each chunk's last token must equal,
  * bit for bit, what that position gave alone. */
-static void run_batched(const kvf_model_t *m, struct inv_seq *qs, uint32_t n_seqs,
-                        uint32_t threads, uint32_t page_tokens, uint32_t max_chunk,
-                        struct kvf_rng *r)
+static void run_batched(const kvf_model_t *m, struct inv_seq *qs, uint32_t n_seqs, uint32_t threads,
+                        uint32_t page_tokens, uint32_t max_chunk, struct kvf_rng *r)
 {
     uint32_t V = kvf_model_hparams(m)->n_vocab;
     uint32_t per = (INV_MAX_LEN + page_tokens - 1) / page_tokens;
@@ -308,7 +309,8 @@ static void run_batched(const kvf_model_t *m, struct inv_seq *qs, uint32_t n_seq
     float *logits = malloc((size_t)n_seqs * V * sizeof(float));
     struct kvf_fwd_seq fs[INV_SEQS];
     uint32_t idx[INV_SEQS];
-    for (uint32_t i = 0; i < n_seqs; i++) tseq_alloc(pool, &s[i], per, 100 + i);
+    for (uint32_t i = 0; i < n_seqs; i++)
+        tseq_alloc(pool, &s[i], per, 100 + i);
     for (;;) {
         uint32_t k = 0;
         for (uint32_t i = 0; i < n_seqs; i++) {
@@ -327,10 +329,12 @@ static void run_batched(const kvf_model_t *m, struct inv_seq *qs, uint32_t n_seq
             const float *want = qs[i].alone + (size_t)(s[i].pos - 1) * V;
             if (memcmp(logits + (size_t)j * V, want, V * sizeof(float)) != 0)
                 KVF_FAIL("seq %u position %u differs from alone (batch %u, threads %u, page %u, "
-                         "chunk ≤ %u)", i, s[i].pos - 1, n_seqs, threads, page_tokens, max_chunk);
+                         "chunk ≤ %u)",
+                         i, s[i].pos - 1, n_seqs, threads, page_tokens, max_chunk);
         }
     }
-    for (uint32_t i = 0; i < n_seqs; i++) tseq_release(pool, &s[i]);
+    for (uint32_t i = 0; i < n_seqs; i++)
+        tseq_release(pool, &s[i]);
     char why[128];
     ASSERT_TRUE(kvf_pool_check(pool, why, sizeof(why)));
     free(logits);
@@ -363,12 +367,14 @@ static void check_invariance_shape(const char *shape, uint32_t type)
     for (size_t b = 0; b < KVF_ARRAY_LEN(batches); b++)
         for (size_t t = 0; t < KVF_ARRAY_LEN(threads); t++)
             for (size_t c = 0; c < KVF_ARRAY_LEN(chunks); c++) {
-                run_batched(tm.m, qs, batches[b], threads[t], pages[(b + t + c) % 2], chunks[c], &r);
+                run_batched(tm.m, qs, batches[b], threads[t], pages[(b + t + c) % 2], chunks[c],
+                            &r);
                 runs++;
             }
     printf("# %s %s: %u batched runs bit-identical to alone (%s kernels)\n", shape,
            kvf_model_type_name(tm.m), runs, kvf_kernels_name());
-    for (uint32_t i = 0; i < INV_SEQS; i++) free(qs[i].alone);
+    for (uint32_t i = 0; i < INV_SEQS; i++)
+        free(qs[i].alone);
     tmodel_close(&tm);
 }
 
@@ -422,16 +428,19 @@ static void check_refused(kvf_fwd_t *f, kvf_pool_t *pool, struct kvf_fwd_seq bad
     size_t pb = kvf_pool_page_bytes(pool);
     uint32_t np = kvf_pool_n_pages(pool);
     uint8_t *before = malloc(pb * np);
-    for (uint32_t p = 0; p < np; p++) memcpy(before + p * pb, kvf_pool_page_data(pool, p), pb);
+    for (uint32_t p = 0; p < np; p++)
+        memcpy(before + p * pb, kvf_pool_page_data(pool, p), pb);
     float *lb = malloc(V * sizeof(float)), *lo = malloc(V * sizeof(float));
-    for (uint32_t i = 0; i < V; i++) lb[i] = -12345.0f;
+    for (uint32_t i = 0; i < V; i++)
+        lb[i] = -12345.0f;
     bad.logits = lb;
     struct kvf_fwd_seq b[2] = {bad, tseq_step(other, other_tok, 1, lo)};
     ASSERT_EQ_INT(kvf_fwd_run(f, pool, b, 2), 1);
     ASSERT_ERR(b[0].status, KVF_E_MODEL_PAGE);
     ASSERT_EQ_INT(b[1].status, 0);
     other->pos++;
-    for (uint32_t i = 0; i < V; i++) ASSERT_TRUE(lb[i] == -12345.0f);
+    for (uint32_t i = 0; i < V; i++)
+        ASSERT_TRUE(lb[i] == -12345.0f);
     ASSERT_MEMEQ(lo, other_want, V * sizeof(float));
     /* Only the other sequence's page may have changed: every page of the refused one is as it
      * was. */
@@ -560,7 +569,8 @@ static void test_bad_batches(void)
     struct tseq b;
     tseq_alloc(pool, &b, 2, 2);
     int32_t t21[21] = {0};
-    for (int i = 0; i < 21; i++) t21[i] = 5 + i;
+    for (int i = 0; i < 21; i++)
+        t21[i] = 5 + i;
     s = tseq_step(&b, t21, 21, NULL);
     ASSERT_EQ_INT(kvf_fwd_run(f3, pool, &s, 1), 0);
     ASSERT_ERR(s.status, -EINVAL);
@@ -627,9 +637,11 @@ static void test_poisoned_free_pages(void)
     size_t data = kvf_geo_data_bytes(&cfg.geo);
     for (uint32_t i = 0; i < 3; i++) {
         uint32_t *w = kvf_pool_page_data(pool, s.pages[i].page);
-        if (poisoned) ASSERT_EQ_U64(w[0] & 0xFFF00000u, KVF_POOL_POISON_HI);
+        if (poisoned)
+            ASSERT_EQ_U64(w[0] & 0xFFF00000u, KVF_POOL_POISON_HI);
         else
-            for (size_t k = 0; k < data / 4; k++) w[k] = KVF_POOL_POISON_HI | 0x77;
+            for (size_t k = 0; k < data / 4; k++)
+                w[k] = KVF_POOL_POISON_HI | 0x77;
     }
     float *logits = malloc(V * sizeof(float));
     /* Prefill 30 (crossing into page 1), then decode the rest one by one. */
@@ -639,7 +651,8 @@ static void test_poisoned_free_pages(void)
         ASSERT_EQ_INT(kvf_fwd_run(f, pool, &fs, 1), 1);
         s.pos += len;
         at += len;
-        for (uint32_t i = 0; i < V; i++) ASSERT_FALSE(isnan(logits[i]));
+        for (uint32_t i = 0; i < V; i++)
+            ASSERT_FALSE(isnan(logits[i]));
         ASSERT_MEMEQ(logits, q.alone + (size_t)(at - 1) * V, V * sizeof(float));
     }
     /* The unfilled tail of the last page still holds the poison: it was never overwritten. */
@@ -676,8 +689,7 @@ static void test_variants_agree(void)
     bool have_avx2 = kvf__kern_avx2 && __builtin_cpu_supports("avx2") &&
                      __builtin_cpu_supports("fma") && test_cpu_f16c();
     bool have_vnni = have_avx2 && kvf__kern_vnni && __builtin_cpu_supports("avx512vl") &&
-                     __builtin_cpu_supports("avx512bw") &&
-                     __builtin_cpu_supports("avx512vnni");
+                     __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
     if (have_avx2) {
         kvf__kern = kvf__kern_avx2;
         run_alone(tm.m, &a);
@@ -686,7 +698,8 @@ static void test_variants_agree(void)
         ASSERT_MEMEQ(a.alone, b.alone, (size_t)a.n * V * sizeof(float));
     }
     kvf__kern = saved;
-    printf("# Q8_0 variants compared: avx2%s\n", have_vnni ? " = avx2+vnni" : " only (no VNNI here)");
+    printf("# Q8_0 variants compared: avx2%s\n",
+           have_vnni ? " = avx2+vnni" : " only (no VNNI here)");
     free(a.alone);
     free(b.alone);
     tmodel_close(&tm);
@@ -721,13 +734,15 @@ static void test_variants_agree_f32(void)
     }
     for (int way = 0; way < 2; way++) {
         kvf__kern = alone[way];
-        for (uint32_t i = 0; i < 3; i++) run_alone(tm.m, &qs[i]);
+        for (uint32_t i = 0; i < 3; i++)
+            run_alone(tm.m, &qs[i]);
         kvf__kern = batched[way];
         run_batched(tm.m, qs, 3, 2, 16, 13, &r);
     }
     kvf__kern = saved;
     printf("# F32 variants compared: avx2 = avx2+vnni, each batched against the other alone\n");
-    for (uint32_t i = 0; i < 3; i++) free(qs[i].alone);
+    for (uint32_t i = 0; i < 3; i++)
+        free(qs[i].alone);
     tmodel_close(&tm);
 }
 
@@ -766,7 +781,8 @@ static void test_quant_matches(void)
         kvf__kern_scalar.quant_a16(x, want, &want_d, want_s, n);
         for (uint32_t b = 0; b < n / 32; b++) {
             int32_t sum = 0;
-            for (uint32_t i = 0; i < 32; i++) sum += want[32 * b + i];
+            for (uint32_t i = 0; i < 32; i++)
+                sum += want[32 * b + i];
             if (want_s[b] != (float)sum)
                 KVF_FAIL("row %d: block %u's sum is %g, its values add to %d", rep, b,
                          (double)want_s[b], sum);
@@ -788,16 +804,17 @@ static void test_quant_matches(void)
     }
     ASSERT_TRUE(n_nan > 0 && n_zero > 0);
     printf("# activation quantizers compared with scalar: %s%s (%d rows with d = NaN, %d with "
-           "d = 0)\n", vars[0] ? "avx2" : "none here", vars[1] ? ", avx2+vnni" : "", n_nan, n_zero);
+           "d = 0)\n",
+           vars[0] ? "avx2" : "none here", vars[1] ? ", avx2+vnni" : "", n_nan, n_zero);
 }
 
 /* Countdown fault injection (SQLite-style): the Nth allocation fails, N = 1, 2, ... until
  * create succeeds. Each failure is -ENOMEM with every byte given back; the context that finally
  * comes out runs, and a step allocates nothing. */
 struct countdown {
-    int left;          /* allocations before the failing one; -1 = never fail */
+    int left; /* allocations before the failing one; -1 = never fail */
     long calls;
-    long long live;    /* bytes outstanding */
+    long long live; /* bytes outstanding */
 };
 static void *cd_alloc(void *ctx, size_t bytes, size_t align)
 {
@@ -852,19 +869,29 @@ static void test_create_fails_cleanly_at_every_allocation(void)
 
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_create_fails_cleanly_at_every_allocation),
-    KVF_CASE(test_reference_tiny_f32),  KVF_CASE(test_reference_tiny_q8_0),
-    KVF_CASE(test_reference_s15m_f32),  KVF_CASE(test_reference_s15m_q8_0),
-    KVF_CASE(test_invariance_f32),      KVF_CASE(test_invariance_q8_0),
-    KVF_CASE(test_reference_kv_f16),    KVF_CASE(test_invariance_kv_f16),
+    KVF_CASE(test_reference_tiny_f32),
+    KVF_CASE(test_reference_tiny_q8_0),
+    KVF_CASE(test_reference_s15m_f32),
+    KVF_CASE(test_reference_s15m_q8_0),
+    KVF_CASE(test_invariance_f32),
+    KVF_CASE(test_invariance_q8_0),
+    KVF_CASE(test_reference_kv_f16),
+    KVF_CASE(test_invariance_kv_f16),
     KVF_CASE(test_geometry_kv_type),
-    KVF_CASE(test_page_checks),         KVF_CASE(test_bad_batches),
-    KVF_CASE(test_poisoned_free_pages), KVF_CASE(test_variants_agree),
-    KVF_CASE(test_variants_agree_f32),  KVF_CASE(test_quant_matches),
-    KVF_CASE(test_reference_ktiny_q4_k_m), KVF_CASE(test_reference_q4_k_m_fallbacks),
+    KVF_CASE(test_page_checks),
+    KVF_CASE(test_bad_batches),
+    KVF_CASE(test_poisoned_free_pages),
+    KVF_CASE(test_variants_agree),
+    KVF_CASE(test_variants_agree_f32),
+    KVF_CASE(test_quant_matches),
+    KVF_CASE(test_reference_ktiny_q4_k_m),
+    KVF_CASE(test_reference_q4_k_m_fallbacks),
     KVF_CASE(test_reference_q5_k_m),
     KVF_CASE(test_reference_qwen2),
-    KVF_CASE(test_reference_qwen3),     KVF_CASE(test_arch_and_mix_loaded),
-    KVF_CASE(test_arch_refused),        KVF_CASE(test_invariance_qwen_kquant),
+    KVF_CASE(test_reference_qwen3),
+    KVF_CASE(test_arch_and_mix_loaded),
+    KVF_CASE(test_arch_refused),
+    KVF_CASE(test_invariance_qwen_kquant),
 };
 
 int main(int argc, char **argv)

@@ -14,7 +14,8 @@ static float ref_q8(const struct kvf_block_q8_0 *w, uint32_t nb, const int16_t *
     float acc = 0.0f;
     for (uint32_t b = 0; b < nb; b++) {
         int32_t s = 0;
-        for (uint32_t i = 0; i < KVF_QK; i++) s += w[b].qs[i] * x[b * KVF_QK + i];
+        for (uint32_t i = 0; i < KVF_QK; i++)
+            s += w[b].qs[i] * x[b * KVF_QK + i];
         acc = fmaf((float)s, kvf_fp16_to_f32(w[b].d), acc);
     }
     return acc * xd;
@@ -66,8 +67,8 @@ static bool rows_match(const char *what, const float *got, const float *want, ui
 
 /* Fills a weight: extreme = every weight ±127/-128 and every activation ±32767/-32768 (the
  * largest block sums, 32 · 128 · 32768 = 2^27), else uniform values. */
-static void fill(struct kvf_rng *r, struct kvf_block_q8_0 *w, size_t nblocks, int16_t *x,
-                 size_t nx, bool extreme)
+static void fill(struct kvf_rng *r, struct kvf_block_q8_0 *w, size_t nblocks, int16_t *x, size_t nx,
+                 bool extreme)
 {
     for (size_t i = 0; i < nblocks; i++) {
         w[i].d = kvf_f32_to_fp16(0.001f + (float)kvf_rng_below(r, 1000) * 1e-4f);
@@ -95,29 +96,33 @@ static void test_q8_variants_match_reference(void)
             uint32_t max_nt = 37;
             struct kvf_block_q8_0 *w = malloc((size_t)rows * nb * sizeof(*w));
             /* C11 asks aligned_alloc for a size that is a multiple of the alignment. */
-            size_t packed_bytes = (kvf__q8g_blocks(rows, nb) * sizeof(struct kvf_q8g) + 63) / 64 * 64;
+            size_t packed_bytes =
+                (kvf__q8g_blocks(rows, nb) * sizeof(struct kvf_q8g) + 63) / 64 * 64;
             struct kvf_q8g *packed = aligned_alloc(64, packed_bytes);
             int16_t *x = malloc((size_t)max_nt * cols * sizeof(int16_t));
             float *xd = malloc(max_nt * sizeof(float));
             float *want = malloc((size_t)max_nt * rows * sizeof(float));
             float *got = malloc((size_t)max_nt * rows * sizeof(float));
             fill(&r, w, (size_t)rows * nb, x, (size_t)max_nt * cols, extreme);
-            for (uint32_t t = 0; t < max_nt; t++) xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
+            for (uint32_t t = 0; t < max_nt; t++)
+                xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
             kvf__q8g_pack(w, rows, nb, packed);
             for (uint32_t t = 0; t < max_nt; t++)
                 for (uint32_t k = 0; k < rows; k++)
-                    want[t * rows + k] = ref_q8(w + (size_t)k * nb, nb, x + (size_t)t * cols, xd[t]);
+                    want[t * rows + k] =
+                        ref_q8(w + (size_t)k * nb, nb, x + (size_t)t * cols, xd[t]);
             for (size_t ni = 0; ni < sizeof(nts) / sizeof(nts[0]); ni++) {
                 uint32_t nt = nts[ni];
                 for (int which = 0; which < 2; which++) {
                     uint32_t r0, r1;
                     pick_range(&r, which, rows, &r0, &r1);
                     for (uint32_t v = 0; v < nv; v++) {
-                        for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
+                        for (size_t i = 0; i < (size_t)nt * rows; i++)
+                            got[i] = -7.0f;
                         vs[v]->q8_rows(packed, nb, x, xd, cols, nt, got, rows, r0, r1);
                         char what[64];
-                        snprintf(what, sizeof(what), "%s Q8_0, nb %u, extreme %d", vs[v]->name,
-                                 nb, extreme);
+                        snprintf(what, sizeof(what), "%s Q8_0, nb %u, extreme %d", vs[v]->name, nb,
+                                 extreme);
                         ASSERT_TRUE(rows_match(what, got, want, rows, nt, r0, r1));
                         cases++;
                     }
@@ -132,7 +137,8 @@ static void test_q8_variants_match_reference(void)
         }
     }
     printf("# Q8_0 kernels equal to the reference in %u cases (%u variants:", cases, nv);
-    for (uint32_t v = 0; v < nv; v++) printf(" %s", vs[v]->name);
+    for (uint32_t v = 0; v < nv; v++)
+        printf(" %s", vs[v]->name);
     printf(")\n");
 }
 
@@ -166,7 +172,8 @@ static void test_q8_pack_layout(void)
 static float ref_f32(const float *w, const float *x, uint32_t n)
 {
     float acc = 0.0f;
-    for (uint32_t c = 0; c < n; c++) acc = fmaf(w[c], x[c], acc);
+    for (uint32_t c = 0; c < n; c++)
+        acc = fmaf(w[c], x[c], acc);
     return acc;
 }
 
@@ -176,7 +183,8 @@ static void test_f32_variants_match_reference(void)
     kvf_rng_seed(&r, kvf_test_seed() ^ 0xf32);
     const struct kvf_kern *vs[3];
     uint32_t nv = variants(vs);
-    const uint32_t shapes[][2] = {{1, 1}, {15, 7}, {16, 64}, {17, 33}, {47, 100}, {100, 96}, {130, 9}};
+    const uint32_t shapes[][2] = {{1, 1},    {15, 7},   {16, 64}, {17, 33},
+                                  {47, 100}, {100, 96}, {130, 9}};
     const uint32_t nts[] = {1, 2, 3, 5, 6, 7, 8, 9, 13, 16, 37};
     uint32_t cases = 0, max_nt = 37;
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -186,8 +194,10 @@ static void test_f32_variants_match_reference(void)
         float *x = malloc((size_t)max_nt * n * sizeof(float));
         float *want = malloc((size_t)max_nt * rows * sizeof(float));
         float *got = malloc((size_t)max_nt * rows * sizeof(float));
-        for (size_t i = 0; i < (size_t)rows * n; i++) w[i] = rand_unit(&r);
-        for (size_t i = 0; i < (size_t)max_nt * n; i++) x[i] = rand_unit(&r);
+        for (size_t i = 0; i < (size_t)rows * n; i++)
+            w[i] = rand_unit(&r);
+        for (size_t i = 0; i < (size_t)max_nt * n; i++)
+            x[i] = rand_unit(&r);
         kvf__f32g_pack(w, n, rows, n, packed);
         for (uint32_t t = 0; t < max_nt; t++)
             for (uint32_t k = 0; k < rows; k++)
@@ -198,7 +208,8 @@ static void test_f32_variants_match_reference(void)
                 uint32_t r0, r1;
                 pick_range(&r, which, rows, &r0, &r1);
                 for (uint32_t v = 0; v < nv; v++) {
-                    for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
+                    for (size_t i = 0; i < (size_t)nt * rows; i++)
+                        got[i] = -7.0f;
                     vs[v]->f32g_rows(packed, n, x, n, nt, got, rows, r0, r1);
                     char what[64];
                     snprintf(what, sizeof(what), "%s F32, n %u", vs[v]->name, n);
@@ -237,13 +248,16 @@ static void test_f16_rows_match_scalar(void)
             uint32_t u;
             if (i < KVF_ARRAY_LEN(special)) u = special[i];
             /* Any bits at all, or exponents near the half range, with low bits at a tie. */
-            else if (i % 3 == 0) u = (uint32_t)kvf_rng_next(&r);
-            else u = ((uint32_t)kvf_rng_next(&r) & 0x80000000u) |
-                     ((100u + kvf_rng_below(&r, 50)) << 23) |
-                     ((uint32_t)kvf_rng_next(&r) & 0x7fe000u) | (i % 2 ? 0x1000u : 0x0fffu);
+            else if (i % 3 == 0)
+                u = (uint32_t)kvf_rng_next(&r);
+            else
+                u = ((uint32_t)kvf_rng_next(&r) & 0x80000000u) |
+                    ((100u + kvf_rng_below(&r, 50)) << 23) |
+                    ((uint32_t)kvf_rng_next(&r) & 0x7fe000u) | (i % 2 ? 0x1000u : 0x0fffu);
             memcpy(&x[i], &u, sizeof(u));
         }
-        for (uint32_t i = 0; i < N; i++) want[i] = kvf_f32_to_fp16(x[i]);
+        for (uint32_t i = 0; i < N; i++)
+            want[i] = kvf_f32_to_fp16(x[i]);
         for (uint32_t v = 0; v < nv; v++) {
             memset(got, 0xa5, sizeof(got));
             vs[v]->f16_row(x, got, N);
@@ -288,8 +302,8 @@ static void test_rmsnorm_matches_scalar(void)
                     if (memcmp(&got[i], &want[i], sizeof(float)) != 0 &&
                         !(isnan(got[i]) && isnan(want[i])))
                         KVF_FAIL("%s: rmsnorm of %u at magnitude %g: element %u is %a, expected "
-                                 "%a", vs[v]->name, n, (double)mag, i, (double)got[i],
-                                 (double)want[i]);
+                                 "%a",
+                                 vs[v]->name, n, (double)mag, i, (double)got[i], (double)want[i]);
             }
             rows++;
         }
@@ -302,8 +316,7 @@ static void test_rmsnorm_matches_scalar(void)
 /* Q5_0's fifth bits as one word, read byte by byte (little-endian, as the format says). */
 static uint32_t q5_0_word(const struct kvf_block_q5_0 *x)
 {
-    return x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 |
-           (uint32_t)x->qh[3] << 24;
+    return x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 | (uint32_t)x->qh[3] << 24;
 }
 
 /* Block b (32 values) of a row: each value's integer quant and the float(s) the recipe applies
@@ -315,12 +328,14 @@ static void kq_block(uint32_t type, const uint8_t *row, uint32_t b, int q[32], f
         const struct kvf_block_q4_0 *x = (const struct kvf_block_q4_0 *)row + b;
         a[0] = a[1] = kvf_fp16_to_f32(x->d);
         *off = -8.0f * a[0];
-        for (int j = 0; j < 16; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+        for (int j = 0; j < 16; j++)
+            q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
     } else if (type == KVF_GGML_Q4_1) {
         const struct kvf_block_q4_1 *x = (const struct kvf_block_q4_1 *)row + b;
         a[0] = a[1] = kvf_fp16_to_f32(x->d);
         *off = kvf_fp16_to_f32(x->m);
-        for (int j = 0; j < 16; j++) q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
+        for (int j = 0; j < 16; j++)
+            q[j] = x->qs[j] & 15, q[j + 16] = x->qs[j] >> 4;
     } else if (type == KVF_GGML_Q5_1) {
         const struct kvf_block_q5_1 *x = (const struct kvf_block_q5_1 *)row + b;
         uint32_t h = x->qh[0] | (uint32_t)x->qh[1] << 8 | (uint32_t)x->qh[2] << 16 |
@@ -405,7 +420,8 @@ static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_
                    uint32_t cols, uint32_t k, bool raw, float *wf)
 {
     if (raw) {
-        for (uint64_t i = 0; i < row_bytes; i++) dst[i] = (uint8_t)kvf_rng_below(r, 256);
+        for (uint64_t i = 0; i < row_bytes; i++)
+            dst[i] = (uint8_t)kvf_rng_below(r, 256);
         uint16_t h[2];
         for (int i = 0; i < 2; i++)
             h[i] = kvf_f32_to_fp16((0.001f + (float)kvf_rng_below(r, 1000) * 1e-5f) *
@@ -419,8 +435,10 @@ static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_
                     : type == KVF_GGML_Q5_K ? sizeof(struct kvf_block_q5_k)
                                             : sizeof(struct kvf_block_q6_k);
         for (uint8_t *blk = dst; blk < dst + row_bytes; blk += bb) {
-            if (type == KVF_GGML_Q6_K) memcpy(blk + bb - 2, &h[0], 2);
-            else memcpy(blk, &h[0], 2);
+            if (type == KVF_GGML_Q6_K)
+                memcpy(blk + bb - 2, &h[0], 2);
+            else
+                memcpy(blk, &h[0], 2);
             if (type == KVF_GGML_Q4_K || type == KVF_GGML_Q5_K || type == KVF_GGML_Q4_1 ||
                 type == KVF_GGML_Q5_1)
                 memcpy(blk + 2, &h[1], 2); /* dmin, or Q4_1's and Q5_1's m */
@@ -428,15 +446,30 @@ static void kq_row(struct kvf_rng *r, uint32_t type, uint8_t *dst, uint64_t row_
         return;
     }
     float shift = (k % 3) * 0.3f; /* rows with a non-zero minimum too */
-    for (uint32_t c = 0; c < cols; c++) wf[c] = shift + rand_unit(r);
+    for (uint32_t c = 0; c < cols; c++)
+        wf[c] = shift + rand_unit(r);
     switch (type) {
-    case KVF_GGML_Q4_0: kvf_quantize_row_q4_0(wf, (void *)dst, cols); break;
-    case KVF_GGML_Q5_0: kvf_quantize_row_q5_0(wf, (void *)dst, cols); break;
-    case KVF_GGML_Q4_1: kvf_quantize_row_q4_1(wf, (void *)dst, cols); break;
-    case KVF_GGML_Q5_1: kvf_quantize_row_q5_1(wf, (void *)dst, cols); break;
-    case KVF_GGML_Q4_K: kvf_quantize_row_q4_k(wf, (void *)dst, cols); break;
-    case KVF_GGML_Q5_K: kvf_quantize_row_q5_k(wf, (void *)dst, cols); break;
-    default: kvf_quantize_row_q6_k(wf, (void *)dst, cols); break;
+    case KVF_GGML_Q4_0:
+        kvf_quantize_row_q4_0(wf, (void *)dst, cols);
+        break;
+    case KVF_GGML_Q5_0:
+        kvf_quantize_row_q5_0(wf, (void *)dst, cols);
+        break;
+    case KVF_GGML_Q4_1:
+        kvf_quantize_row_q4_1(wf, (void *)dst, cols);
+        break;
+    case KVF_GGML_Q5_1:
+        kvf_quantize_row_q5_1(wf, (void *)dst, cols);
+        break;
+    case KVF_GGML_Q4_K:
+        kvf_quantize_row_q4_k(wf, (void *)dst, cols);
+        break;
+    case KVF_GGML_Q5_K:
+        kvf_quantize_row_q5_k(wf, (void *)dst, cols);
+        break;
+    default:
+        kvf_quantize_row_q6_k(wf, (void *)dst, cols);
+        break;
     }
 }
 
@@ -457,8 +490,8 @@ static void test_kq_variants_match_reference(void)
     const uint32_t types[] = {KVF_GGML_Q4_0, KVF_GGML_Q4_1, KVF_GGML_Q5_1, KVF_GGML_Q5_0,
                               KVF_GGML_Q4_K, KVF_GGML_Q5_K, KVF_GGML_Q6_K, KVF_GGML_Q5_0};
     /* rows, blocks of 32, raw bytes */
-    const uint32_t shapes[][3] = {{1, 8, 0}, {17, 8, 0}, {47, 16, 1}, {100, 8, 0}, {64, 24, 1},
-                                  {33, 8, 1}};
+    const uint32_t shapes[][3] = {{1, 8, 0},   {17, 8, 0},  {47, 16, 1},
+                                  {100, 8, 0}, {64, 24, 1}, {33, 8, 1}};
     const uint32_t nts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 19};
     enum { MAX_NT = 19 };
     uint32_t cases = 0;
@@ -469,34 +502,44 @@ static void test_kq_variants_match_reference(void)
             uint64_t row_bytes;
             ASSERT_OK(kvf_quant_row_bytes(type, cols, &row_bytes));
             uint8_t *w = malloc(rows * row_bytes);
-            float *wf = malloc((size_t)cols * sizeof(float)), *deq = malloc((size_t)cols * sizeof(float));
-            for (uint32_t k = 0; k < rows; k++) kq_row(&r, type, w + k * row_bytes, row_bytes, cols, k, raw, wf);
+            float *wf = malloc((size_t)cols * sizeof(float)),
+                  *deq = malloc((size_t)cols * sizeof(float));
+            for (uint32_t k = 0; k < rows; k++)
+                kq_row(&r, type, w + k * row_bytes, row_bytes, cols, k, raw, wf);
             /* kvf__packed_bytes gives Q5_0's size as the model packs it, as Q8_0. */
             size_t pb = type == KVF_GGML_Q5_0 && !as_q8
                             ? kvf__q8g_blocks(rows, nb) * sizeof(struct kvf_q5g)
                             : kvf__packed_bytes(type, rows, cols);
             pb = (pb + 63) / 64 * 64;
             void *packed = aligned_alloc(64, pb);
-            if (as_q8) kvf__q5_0_q8g_pack((const void *)w, rows, nb, packed);
-            else if (type == KVF_GGML_Q5_1) kvf__q5_1_q8mg_pack((const void *)w, rows, nb, packed);
-            else if (type == KVF_GGML_Q6_K) kvf__q6g_pack(w, row_bytes, rows, cols, packed);
+            if (as_q8)
+                kvf__q5_0_q8g_pack((const void *)w, rows, nb, packed);
+            else if (type == KVF_GGML_Q5_1)
+                kvf__q5_1_q8mg_pack((const void *)w, rows, nb, packed);
+            else if (type == KVF_GGML_Q6_K)
+                kvf__q6g_pack(w, row_bytes, rows, cols, packed);
             else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
                 kvf__q5g_pack(type, w, row_bytes, rows, cols, packed);
-            else kvf__q4g_pack(type, w, row_bytes, rows, cols, packed);
+            else
+                kvf__q4g_pack(type, w, row_bytes, rows, cols, packed);
             int16_t *x = malloc((size_t)MAX_NT * cols * sizeof(int16_t));
-            float *xd = malloc(MAX_NT * sizeof(float)), *xs = malloc((size_t)MAX_NT * nb * sizeof(float));
+            float *xd = malloc(MAX_NT * sizeof(float)),
+                  *xs = malloc((size_t)MAX_NT * nb * sizeof(float));
             float *want = malloc((size_t)MAX_NT * rows * sizeof(float));
             float *got = malloc((size_t)MAX_NT * rows * sizeof(float));
             for (size_t i = 0; i < (size_t)MAX_NT * cols; i++)
                 x[i] = (int16_t)((int)kvf_rng_below(&r, 65536) - 32768);
             /* One token at the extremes: the largest sums of products and of activations. */
-            for (uint32_t c = 0; c < cols; c++) x[(size_t)(MAX_NT - 1) * cols + c] = c % 5 ? -32768 : 32767;
+            for (uint32_t c = 0; c < cols; c++)
+                x[(size_t)(MAX_NT - 1) * cols + c] = c % 5 ? -32768 : 32767;
             for (size_t i = 0; i < (size_t)MAX_NT * nb; i++) {
                 int32_t sum = 0;
-                for (int k = 0; k < 32; k++) sum += x[32 * i + k];
+                for (int k = 0; k < 32; k++)
+                    sum += x[32 * i + k];
                 xs[i] = (float)sum;
             }
-            for (uint32_t t = 0; t < MAX_NT; t++) xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
+            for (uint32_t t = 0; t < MAX_NT; t++)
+                xd[t] = 1e-5f * (1 + (float)kvf_rng_below(&r, 100));
             for (uint32_t t = 0; t < MAX_NT; t++)
                 for (uint32_t k = 0; k < rows; k++) {
                     const int16_t *xt = x + (size_t)t * cols;
@@ -517,12 +560,12 @@ static void test_kq_variants_match_reference(void)
                     const float *xdt = xd + MAX_NT - nt, *xst = xs + (size_t)(MAX_NT - nt) * nb;
                     const float *wt = want + (size_t)(MAX_NT - nt) * rows;
                     for (uint32_t v = 0; v < nv; v++) {
-                        for (size_t i = 0; i < (size_t)nt * rows; i++) got[i] = -7.0f;
+                        for (size_t i = 0; i < (size_t)nt * rows; i++)
+                            got[i] = -7.0f;
                         if (as_q8)
                             vs[v]->q8_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
                         else if (type == KVF_GGML_Q5_1)
-                            vs[v]->q8m_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0,
-                                            r1);
+                            vs[v]->q8m_rows(packed, nb, xt, xdt, xst, cols, nt, got, rows, r0, r1);
                         else if (type == KVF_GGML_Q6_K)
                             vs[v]->q6_rows(packed, nb, xt, xdt, cols, nt, got, rows, r0, r1);
                         else if (type == KVF_GGML_Q5_0 || type == KVF_GGML_Q5_K)
@@ -542,7 +585,8 @@ static void test_kq_variants_match_reference(void)
         }
     printf("# Q4_0, Q4_1, Q5_1 (as kvf_q8mg), Q5_0 (as kvf_q5g and as Q8_0), Q4_K, Q5_K, Q6_K "
            "kernels equal to the "
-           "reference in %u cases (%u variants)\n", cases, nv);
+           "reference in %u cases (%u variants)\n",
+           cases, nv);
 }
 
 /* Q5_0 dequantization: a block built by hand from the format's definition (gguf.h), then
@@ -577,7 +621,8 @@ static void test_q5_0_layout(void)
     float y[NB * 32], x[NB * 32];
     for (int rep = 0; rep < 20; rep++) {
         uint8_t *raw = (uint8_t *)blocks;
-        for (size_t i = 0; i < sizeof(blocks); i++) raw[i] = (uint8_t)kvf_rng_below(&r, 256);
+        for (size_t i = 0; i < sizeof(blocks); i++)
+            raw[i] = (uint8_t)kvf_rng_below(&r, 256);
         for (int k = 0; k < NB; k++)
             if (blocks[k].d >> 10 == 31) blocks[k].d &= 0x83ff; /* no Inf or NaN scales */
         ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_0, blocks, y, NB * 32));
@@ -592,7 +637,8 @@ static void test_q5_0_layout(void)
                              (double)want);
             }
         }
-        for (int i = 0; i < NB * 32; i++) x[i] = rand_unit(&r) * (float)(1 + rep);
+        for (int i = 0; i < NB * 32; i++)
+            x[i] = rand_unit(&r) * (float)(1 + rep);
         kvf_quantize_row_q5_0(x, blocks, NB * 32);
         ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_0, blocks, y, NB * 32));
         /* Half a step inside the range; a whole one at its positive end, where the value
@@ -636,9 +682,9 @@ static void test_q4_1_q5_1_layout(void)
     memset(&b, 0, sizeof(b));
     b.d = kvf_f32_to_fp16(0.5f);
     b.m = kvf_f32_to_fp16(-3.0f);
-    b.qs[0] = 0x3f;  /* value 0: low nibble 15; value 16: high nibble 3 */
-    b.qh[0] = 0x01;  /* value 0 takes 16 */
-    b.qh[3] = 0x80;  /* value 31 takes 16 */
+    b.qs[0] = 0x3f; /* value 0: low nibble 15; value 16: high nibble 3 */
+    b.qh[0] = 0x01; /* value 0 takes 16 */
+    b.qh[3] = 0x80; /* value 31 takes 16 */
     float out[32];
     ASSERT_OK(kvf_dequant_row(KVF_GGML_Q5_1, &b, out, 32));
     ASSERT_TRUE(out[0] == 31 * 0.5f - 3.0f && out[16] == 3 * 0.5f - 3.0f);
@@ -663,7 +709,8 @@ static void test_q4_1_q5_1_layout(void)
         const bool five = rep % 2 == 0;
         const uint32_t type = five ? KVF_GGML_Q5_1 : KVF_GGML_Q4_1;
         const size_t bb = five ? sizeof(struct kvf_block_q5_1) : sizeof(struct kvf_block_q4_1);
-        for (size_t i = 0; i < NB * bb; i++) raw[i] = (uint8_t)kvf_rng_below(&r, 256);
+        for (size_t i = 0; i < NB * bb; i++)
+            raw[i] = (uint8_t)kvf_rng_below(&r, 256);
         for (int k = 0; k < NB; k++)
             for (int h = 0; h < 2; h++) { /* no Inf or NaN d or m */
                 uint16_t v;
@@ -678,9 +725,12 @@ static void test_q4_1_q5_1_layout(void)
                 KVF_FAIL("%s block %d differs from the reference", five ? "Q5_1" : "Q4_1", k);
         }
         /* The quantizer: within a step of the block's range, plus the halves' rounding. */
-        for (int i = 0; i < NB * 32; i++) x[i] = (rand_unit(&r) + 0.5f) * (float)(1 + rep);
-        if (five) kvf_quantize_row_q5_1(x, (void *)raw, NB * 32);
-        else kvf_quantize_row_q4_1(x, (void *)raw, NB * 32);
+        for (int i = 0; i < NB * 32; i++)
+            x[i] = (rand_unit(&r) + 0.5f) * (float)(1 + rep);
+        if (five)
+            kvf_quantize_row_q5_1(x, (void *)raw, NB * 32);
+        else
+            kvf_quantize_row_q4_1(x, (void *)raw, NB * 32);
         ASSERT_OK(kvf_dequant_row(type, raw, y, NB * 32));
         for (int k = 0; k < NB; k++) {
             float lo = x[32 * k], hi = x[32 * k];

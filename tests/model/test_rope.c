@@ -27,9 +27,12 @@ static void test_rope_loaded(void)
     uint32_t ones = 0, eights = 0, blends = 0;
     for (uint32_t i = 0; i < hp->head_dim / 2; i++) {
         if (i > 0) ASSERT_TRUE(f[i] >= f[i - 1]);
-        if (f[i] == 1.0f) ones++;
-        else if (f[i] == 8.0f) eights++;
-        else if (f[i] > 1.0f && f[i] < 8.0f) blends++;
+        if (f[i] == 1.0f)
+            ones++;
+        else if (f[i] == 8.0f)
+            eights++;
+        else if (f[i] > 1.0f && f[i] < 8.0f)
+            blends++;
     }
     printf("# rope-tiny: %u pairs, factors 1 ×%u, blended ×%u, 8 ×%u\n", hp->head_dim / 2, ones,
            blends, eights);
@@ -99,8 +102,8 @@ static void check_scaled(uint32_t type, double tol)
     double e_no_linear = worst_vs_reference(tm.m, toks, n_prefill, n, ref);
     tm.m->hp.rope_pos_scale = 0.5f;
     printf("# rope-tiny %s: worst relative error %.3g (tolerance %.0e); without the factors "
-           "%.3g, without the linear scaling %.3g\n", kvf_model_type_name(tm.m), e, tol,
-           e_no_factors, e_no_linear);
+           "%.3g, without the linear scaling %.3g\n",
+           kvf_model_type_name(tm.m), e, tol, e_no_factors, e_no_linear);
     ASSERT_TRUE(e <= tol);
     ASSERT_TRUE(e_no_factors > 10 * tol);
     ASSERT_TRUE(e_no_linear > 10 * tol);

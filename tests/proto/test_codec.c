@@ -49,8 +49,12 @@ static void test_roundtrip_every_type(void)
     struct kvf_msg out;
 
     struct kvf_msg h = header(KVF_MSG_HELLO);
-    h.u.hello = (struct kvf_msg_hello){.model_fp = 42, .geo = {2, 2, 8, 16, 4}, .max_context = 4096,
-                                       .max_grant_pages = 256, .peer = 3, .role = KVF_ROLE_PREFILL};
+    h.u.hello = (struct kvf_msg_hello){.model_fp = 42,
+                                       .geo = {2, 2, 8, 16, 4},
+                                       .max_context = 4096,
+                                       .max_grant_pages = 256,
+                                       .peer = 3,
+                                       .role = KVF_ROLE_PREFILL};
     roundtrip(&h, buf, sizeof(buf), &out);
     ASSERT_EQ_U64(out.u.hello.model_fp, 42);
     ASSERT_EQ_INT(out.u.hello.geo.page_tokens, 16);
@@ -59,16 +63,20 @@ static void test_roundtrip_every_type(void)
 
     uint32_t toks[5] = {1, 2, 3, 0xffffffffu, 5};
     struct kvf_msg n = header(KVF_MSG_NEW);
-    n.u.nreq = (struct kvf_msg_new){.tenant = 9, .prompt_len = 5, .max_tokens = 100, .n_tokens = 5,
-                                    .tokens = toks};
+    n.u.nreq = (struct kvf_msg_new){
+        .tenant = 9, .prompt_len = 5, .max_tokens = 100, .n_tokens = 5, .tokens = toks};
     roundtrip(&n, buf, sizeof(buf), &out);
     ASSERT_EQ_INT(out.u.nreq.n_tokens, 5);
     ASSERT_EQ_INT(out.u.nreq.tokens[3], 0xffffffffu);
 
     struct kvf_page_ref pages[3] = {{1, 100}, {7, 0xffffffffffffffffull}, {0xffffffffu, 1}};
     struct kvf_msg g = header(KVF_MSG_GRANT);
-    g.u.grant = (struct kvf_msg_grant){.tenant = 1, .expected_tokens = 40, .n_pages = 3,
-                                       .pages = pages, .n_tokens = 5, .tokens = toks};
+    g.u.grant = (struct kvf_msg_grant){.tenant = 1,
+                                       .expected_tokens = 40,
+                                       .n_pages = 3,
+                                       .pages = pages,
+                                       .n_tokens = 5,
+                                       .tokens = toks};
     roundtrip(&g, buf, sizeof(buf), &out);
     ASSERT_EQ_INT(out.u.grant.n_pages, 3);
     ASSERT_EQ_U64(out.u.grant.pages[1].tag, 0xffffffffffffffffull);
@@ -76,8 +84,8 @@ static void test_roundtrip_every_type(void)
 
     uint64_t sums[3] = {1, 2, 0x8000000000000000ull};
     struct kvf_msg d = header(KVF_MSG_DONE);
-    d.u.done = (struct kvf_msg_done){.tokens_written = 40, .first_token = 77, .n_pages = 3,
-                                     .checksums = sums};
+    d.u.done = (struct kvf_msg_done){
+        .tokens_written = 40, .first_token = 77, .n_pages = 3, .checksums = sums};
     roundtrip(&d, buf, sizeof(buf), &out);
     ASSERT_EQ_U64(out.u.done.checksums[2], 0x8000000000000000ull);
     ASSERT_EQ_INT(out.u.done.first_token, 77);
@@ -98,7 +106,8 @@ static void test_wire_layout(void)
     struct kvf_msg m = header(KVF_MSG_CANCEL);
     m.u.reason = -1;
     ASSERT_EQ_INT(kvf_msg_encode(&m, buf, sizeof(buf)), 44);
-    const uint8_t want[12] = {KVF_PROTO_VERSION, 0, KVF_MSG_CANCEL, 0, 44, 0, 0, 0, 0x88, 0x77, 0x66, 0x55};
+    const uint8_t want[12] = {
+        KVF_PROTO_VERSION, 0, KVF_MSG_CANCEL, 0, 44, 0, 0, 0, 0x88, 0x77, 0x66, 0x55};
     ASSERT_MEMEQ(buf, want, sizeof(want));
     uint32_t len = 0;
     ASSERT_OK(kvf_msg_frame_len(buf, 44, &len));
@@ -114,7 +123,8 @@ static void test_truncated_and_trailing(void)
     long n = kvf_msg_encode(&d, buf, sizeof(buf));
     struct kvf_msg out;
     /* Every strict prefix is refused. */
-    for (long k = 0; k < n; k++) ASSERT_ERR(kvf_msg_decode(buf, (size_t)k, &out, &scratch), KVF_E_PROTO_SHORT);
+    for (long k = 0; k < n; k++)
+        ASSERT_ERR(kvf_msg_decode(buf, (size_t)k, &out, &scratch), KVF_E_PROTO_SHORT);
     /* A declared length one longer than the body (trailing garbage inside the frame) is refused. */
     buf[n] = 0;
     buf[4]++;
@@ -164,7 +174,8 @@ static void test_counts_bounded(void)
 {
     uint8_t buf[2048];
     struct kvf_page_ref pages[CAP + 1];
-    for (uint32_t i = 0; i <= CAP; i++) pages[i] = (struct kvf_page_ref){i, i + 1};
+    for (uint32_t i = 0; i <= CAP; i++)
+        pages[i] = (struct kvf_page_ref){i, i + 1};
     struct kvf_msg g = header(KVF_MSG_GRANT);
     g.u.grant = (struct kvf_msg_grant){.expected_tokens = 1, .n_pages = CAP + 1, .pages = pages};
     long n = kvf_msg_encode(&g, buf, sizeof(buf));
@@ -194,14 +205,19 @@ static void test_encode_no_room_changes_nothing(void)
     memset(buf, 0xab, sizeof(buf));
     struct kvf_msg m = header(KVF_MSG_CANCEL);
     ASSERT_ERR(kvf_msg_encode(&m, buf, 43), -ENOSPC);
-    for (size_t i = 0; i < sizeof(buf); i++) ASSERT_EQ_INT(buf[i], 0xab);
+    for (size_t i = 0; i < sizeof(buf); i++)
+        ASSERT_EQ_INT(buf[i], 0xab);
 }
 
 /* H7: a connection forms only when fingerprint, geometry and context limit agree. */
 static void test_hello_check(void)
 {
-    struct kvf_msg_hello a = {.model_fp = 1, .geo = {2, 2, 8, 16, 4}, .max_context = 4096,
-                              .max_grant_pages = 256, .peer = 0, .role = KVF_ROLE_DECODE};
+    struct kvf_msg_hello a = {.model_fp = 1,
+                              .geo = {2, 2, 8, 16, 4},
+                              .max_context = 4096,
+                              .max_grant_pages = 256,
+                              .peer = 0,
+                              .role = KVF_ROLE_DECODE};
     struct kvf_msg_hello b = a;
     b.peer = 5;
     b.role = KVF_ROLE_PREFILL;
@@ -244,7 +260,8 @@ static void test_random_mutations(void)
         long n = kvf_msg_encode(&m, buf, sizeof(buf));
         ASSERT_OK(n);
         int flips = 1 + (int)kvf_rng_below(&rng, 3);
-        for (int f = 0; f < flips; f++) buf[kvf_rng_below(&rng, (uint32_t)n)] ^= (uint8_t)(1u << kvf_rng_below(&rng, 8));
+        for (int f = 0; f < flips; f++)
+            buf[kvf_rng_below(&rng, (uint32_t)n)] ^= (uint8_t)(1u << kvf_rng_below(&rng, 8));
         size_t len = (size_t)n - kvf_rng_below(&rng, 2);
         struct kvf_msg out;
         long k = kvf_msg_decode(buf, len, &out, &scratch);
@@ -256,10 +273,14 @@ static void test_random_mutations(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_roundtrip_every_type),   KVF_CASE(test_wire_layout),
-    KVF_CASE(test_truncated_and_trailing), KVF_CASE(test_refuses_bad_header),
-    KVF_CASE(test_counts_bounded),         KVF_CASE(test_encode_no_room_changes_nothing),
-    KVF_CASE(test_hello_check),            KVF_CASE(test_random_mutations),
+    KVF_CASE(test_roundtrip_every_type),
+    KVF_CASE(test_wire_layout),
+    KVF_CASE(test_truncated_and_trailing),
+    KVF_CASE(test_refuses_bad_header),
+    KVF_CASE(test_counts_bounded),
+    KVF_CASE(test_encode_no_room_changes_nothing),
+    KVF_CASE(test_hello_check),
+    KVF_CASE(test_random_mutations),
 };
 
 /* `test_codec --write-corpus DIR` writes the fuzz seed corpus (tests/fuzz/corpus/proto): one
@@ -280,7 +301,8 @@ static int write_corpus(const char *dir)
     struct kvf_page_ref pages[2] = {{3, 0x100}, {4, 0x101}};
     uint64_t sums[2] = {0xabcdef, 0x123456};
     struct kvf_msg m[8];
-    for (int i = 0; i < 8; i++) m[i] = header((enum kvf_msg_type)(i + 1));
+    for (int i = 0; i < 8; i++)
+        m[i] = header((enum kvf_msg_type)(i + 1));
     m[0].u.hello = (struct kvf_msg_hello){7, {1, 1, 2, 4, 4}, 64, 8, 1, KVF_ROLE_PREFILL};
     m[1].u.nreq = (struct kvf_msg_new){1, 3, 5, 3, toks, {0.5f, 0.9f, 40, 2, 7, true}};
     m[2].u.grant = (struct kvf_msg_grant){1, 7, 2, pages, 3, toks, {0.5f, 0.9f, 40, 2, 7, true}};

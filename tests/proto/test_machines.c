@@ -24,15 +24,26 @@ struct rig {
 static void rig_init(struct rig *r)
 {
     memset(r, 0, sizeof(*r));
-    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4}, .n_pages = N_PAGES, .max_peers = 2,
-                                 .hold_timeout_ms = HOLD_MS, .tag_seed = 100};
+    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4},
+                                 .n_pages = N_PAGES,
+                                 .max_peers = 2,
+                                 .hold_timeout_ms = HOLD_MS,
+                                 .tag_seed = 100};
     ASSERT_OK(kvf_pool_create(&pc, &r->pool));
     r->data_bytes = kvf_geo_data_bytes(&pc.geo);
     r->trailer_off = kvf_geo_trailer_offset(&pc.geo);
-    struct kvf_decode_config dc = {.pool = r->pool, .max_reqs = 4, .max_context = 32, .max_grant_pages = 8,
-                                   .max_peers = 2, .grant_timeout_ms = GRANT_MS, .hold_timeout_ms = HOLD_MS};
+    struct kvf_decode_config dc = {.pool = r->pool,
+                                   .max_reqs = 4,
+                                   .max_context = 32,
+                                   .max_grant_pages = 8,
+                                   .max_peers = 2,
+                                   .grant_timeout_ms = GRANT_MS,
+                                   .hold_timeout_ms = HOLD_MS};
     ASSERT_OK(kvf_decode_create(&dc, &r->d));
-    struct kvf_prefill_config fc = {.decode_peer = 0, .max_reqs = 8, .max_grant_pages = 8, .max_context = 32,
+    struct kvf_prefill_config fc = {.decode_peer = 0,
+                                    .max_reqs = 8,
+                                    .max_grant_pages = 8,
+                                    .max_context = 32,
                                     .page_tokens = PT};
     ASSERT_OK(kvf_prefill_create(&fc, &r->p));
     r->a = (struct kvf_actions){r->buf, 0, KVF_ARRAY_LEN(r->buf)};
@@ -108,7 +119,10 @@ static void land(struct rig *r, const struct kvf_action *pw, kvf_req_id_t id)
 {
     uint8_t *page = kvf_pool_page_data(r->pool, pw->dst.page);
     memcpy(page, r->src[pw->index], r->data_bytes);
-    struct kvf_page_trailer t = {.tag = pw->dst.tag, .req = id, .tenant = pw->tenant, .slots = pw->slots,
+    struct kvf_page_trailer t = {.tag = pw->dst.tag,
+                                 .req = id,
+                                 .tenant = pw->tenant,
+                                 .slots = pw->slots,
                                  .checksum = pw->checksum,
                                  .epoch_nonce = kvf_trailer_epoch_nonce(pw->epoch, pw->nonce)};
     memcpy(page + r->trailer_off, &t, sizeof(t));
@@ -154,8 +168,8 @@ static void expect_pages(struct rig *r, const struct kvf_msg *grant, enum kvf_pa
         struct kvf_page_info pi;
         ASSERT_OK(kvf_pool_page_info(r->pool, grant->u.grant.pages[i].page, &pi));
         if (pi.state != s)
-            KVF_FAIL("page %u is %s, expected %s", grant->u.grant.pages[i].page, kvf_page_state_name(pi.state),
-                     kvf_page_state_name(s));
+            KVF_FAIL("page %u is %s, expected %s", grant->u.grant.pages[i].page,
+                     kvf_page_state_name(pi.state), kvf_page_state_name(s));
     }
 }
 
@@ -192,7 +206,8 @@ static void test_success_commits_and_quiesces(void)
     expect_pages(&r, &g, KVF_PAGE_OWNED);
     /* The fill is the verified slots: slot 1 of the last page reads, slot 2 does not. */
     ASSERT_OK(kvf_pool_read_check(r.pool, g.u.grant.pages[2].page, g.u.grant.pages[2].tag, 1));
-    ASSERT_ERR(kvf_pool_read_check(r.pool, g.u.grant.pages[2].page, g.u.grant.pages[2].tag, 2), KVF_E_POOL_BAD_SLOT);
+    ASSERT_ERR(kvf_pool_read_check(r.pool, g.u.grant.pages[2].page, g.u.grant.pages[2].tag, 2),
+               KVF_E_POOL_BAD_SLOT);
     /* A duplicate DONE is ignored and counted. */
     r.a.n = 0;
     ASSERT_ERR(kvf_decode_on_msg(r.d, 2, PEER, &done, &r.a), KVF_E_PROTO_STALE);
@@ -230,7 +245,8 @@ static void test_reject_before_anything_moves(void)
 }
 
 /* Decode's commit check fails the request and keeps the pages HELD until the drain ACK. */
-static void run_refused_done(void (*spoil)(struct rig *, struct kvf_msg *, struct kvf_msg *), int want_err)
+static void run_refused_done(void (*spoil)(struct rig *, struct kvf_msg *, struct kvf_msg *),
+                             int want_err)
 {
     struct rig r;
     rig_init(&r);
@@ -380,7 +396,8 @@ static void test_done_with_engine_hashes(void)
         ASSERT_OK(kvf_decode_done_pages(r.d, PEER, &done, &pages, &n));
         ASSERT_EQ_INT(n, g.u.grant.n_pages);
         uint64_t h[8];
-        for (uint32_t i = 0; i < n; i++) h[i] = XXH3_64bits(kvf_pool_page_data(r.pool, pages[i].page), r.data_bytes);
+        for (uint32_t i = 0; i < n; i++)
+            h[i] = XXH3_64bits(kvf_pool_page_data(r.pool, pages[i].page), r.data_bytes);
         if (bad) h[1] ^= 1;
         r.a.n = 0;
         ASSERT_ERR(kvf_decode_on_done_hashed(r.d, 1, PEER, &done, NULL, &r.a), -EINVAL);
@@ -409,11 +426,12 @@ static void test_done_with_engine_hashes(void)
  * room for more peers than this machine) changes anything. */
 static void test_fence_of_unknown_peer_refused(void)
 {
-    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4}, .n_pages = N_PAGES, .max_peers = 4, .tag_seed = 1};
+    struct kvf_pool_config pc = {
+        .geo = {1, 1, 2, PT, 4}, .n_pages = N_PAGES, .max_peers = 4, .tag_seed = 1};
     kvf_pool_t *pool;
     ASSERT_OK(kvf_pool_create(&pc, &pool));
-    struct kvf_decode_config dc = {.pool = pool, .max_reqs = 2, .max_context = 32, .max_grant_pages = 8,
-                                   .max_peers = 1};
+    struct kvf_decode_config dc = {
+        .pool = pool, .max_reqs = 2, .max_context = 32, .max_grant_pages = 8, .max_peers = 1};
     kvf_decode_t *d;
     ASSERT_OK(kvf_decode_create(&dc, &d));
     struct kvf_action buf[16];
@@ -522,7 +540,8 @@ static void test_ack_for_cleared_and_unknown(void)
     ASSERT_EQ_U64(r.a.v[0].msg.nonce, 99);
     struct kvf_page_ref pg = {3, 3};
     struct kvf_msg late = {.type = KVF_MSG_GRANT, .req = R2, .nonce = 99, .epoch = 1};
-    late.u.grant = (struct kvf_msg_grant){.tenant = 1, .expected_tokens = 2, .n_pages = 1, .pages = &pg};
+    late.u.grant =
+        (struct kvf_msg_grant){.tenant = 1, .expected_tokens = 2, .n_pages = 1, .pages = &pg};
     r.a.n = 0;
     ASSERT_ERR(kvf_prefill_on_msg(r.p, 4, &late, &r.a), KVF_E_PROTO_STALE);
     ASSERT_EQ_INT(r.a.n, 0);
@@ -571,7 +590,8 @@ static void test_reject_only_without_writes(void)
     ASSERT_OK(kvf_prefill_page_ready(r.p, 3, R2, g.nonce, 0, 1, 0, &r.a));
     r.a.n = 0;
     ASSERT_OK(kvf_prefill_compute_failed(r.p, 4, R2, g.nonce, -ENOMEM, &r.a));
-    ASSERT_EQ_INT(count(&r, KVF_ACT_SEND, KVF_MSG_REJECT) + count(&r, KVF_ACT_SEND, KVF_MSG_FAIL), 0);
+    ASSERT_EQ_INT(count(&r, KVF_ACT_SEND, KVF_MSG_REJECT) + count(&r, KVF_ACT_SEND, KVF_MSG_FAIL),
+                  0);
     ASSERT_NOT_NULL(act(&r, KVF_ACT_FLUSH, 0));
     r.a.n = 0;
     ASSERT_OK(kvf_prefill_flushed(r.p, 5, R2, g.nonce, &r.a));
@@ -694,7 +714,11 @@ static void test_progress_renews_silence_fences(void)
     }
     /* 8 × (GRANT_MS − 1) ms in: far past one bound, still granted. Messages that do not renew: */
     struct kvf_msg bad[] = {
-        {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce + 1, .epoch = 1, .u.progress = {9, 0}},
+        {.type = KVF_MSG_PROGRESS,
+         .req = R1,
+         .nonce = g.nonce + 1,
+         .epoch = 1,
+         .u.progress = {9, 0}},
         {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 2, .u.progress = {9, 0}},
         {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {7, 0}},
         {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {11, 0}},
@@ -724,7 +748,8 @@ static void test_progress_renews_silence_fences(void)
     kvf_decode_stats(r.d, &ds);
     ASSERT_EQ_U64(ds.expired, 1);
     /* A PROGRESS after the expiry changes nothing: no renewal, no proof. */
-    struct kvf_msg late = {.type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {10, 0}};
+    struct kvf_msg late = {
+        .type = KVF_MSG_PROGRESS, .req = R1, .nonce = g.nonce, .epoch = 1, .u.progress = {10, 0}};
     r.a.n = 0;
     ASSERT_OK(kvf_decode_on_msg(r.d, now + GRANT_MS + 1, PEER, &late, &r.a));
     ASSERT_EQ_INT(r.a.n, 0);
@@ -734,7 +759,8 @@ static void test_progress_renews_silence_fences(void)
     ASSERT_NOT_NULL(f);
     ASSERT_EQ_INT(f->epoch, 1);
     expect_pages(&r, &g, KVF_PAGE_QUARANTINED);
-    ASSERT_OK(kvf_decode_peer_fenced(r.d, now + GRANT_MS + HOLD_MS + 1, (struct kvf_peer_epoch){PEER, 1}, &r.a));
+    ASSERT_OK(kvf_decode_peer_fenced(r.d, now + GRANT_MS + HOLD_MS + 1,
+                                     (struct kvf_peer_epoch){PEER, 1}, &r.a));
     expect_quiescent(&r);
     /* The prefill machine sends no PROGRESS for a request past its compute and writes. */
     r.a.n = 0;
@@ -815,7 +841,6 @@ static void test_no_room_changes_nothing(void)
     rig_free(&r);
 }
 
-
 /* H1: abort A at every step boundary of its handoff; B takes every page that is free; A's late
  * puts then land; B's canary must survive, and A's pages come back only after the drain ack. */
 static void test_abort_at_every_step_boundary(void)
@@ -840,7 +865,8 @@ static void test_abort_at_every_step_boundary(void)
                                                  XXH3_64bits(r.src[i], r.data_bytes), 7, &r.a));
                 posted[n_posted++] = *act(&r, KVF_ACT_POST_WRITE, 0);
             } else if (step == 5) {
-                for (uint32_t i = 0; i < n_posted; i++) land(&r, &posted[i], R1);
+                for (uint32_t i = 0; i < n_posted; i++)
+                    land(&r, &posted[i], R1);
                 n_posted = 0;
             } else {
                 ASSERT_OK(kvf_prefill_flushed(r.p, 0, R1, g.nonce, &r.a)); /* DONE sent, lost */
@@ -857,17 +883,20 @@ static void test_abort_at_every_step_boundary(void)
         struct kvf_owner ob = {.req = R2, .tenant = 6};
         ASSERT_OK(kvf_pool_alloc(r.pool, &ob, KVF_HOLDER_SEQ, n_free, false, b));
         for (uint32_t i = 0; i < n_free; i++) {
-            for (uint32_t j = 0; j < 3; j++) ASSERT_NE_INT(b[i].page, g.u.grant.pages[j].page);
+            for (uint32_t j = 0; j < 3; j++)
+                ASSERT_NE_INT(b[i].page, g.u.grant.pages[j].page);
             memset(kvf_pool_page_data(r.pool, b[i].page), 0xCB, kvf_pool_page_bytes(r.pool));
         }
         /* A's late puts land; then the cancel reaches prefill and drains. */
-        for (uint32_t i = 0; i < n_posted; i++) land(&r, &posted[i], R1);
+        for (uint32_t i = 0; i < n_posted; i++)
+            land(&r, &posted[i], R1);
         r.a.n = 0;
         if (prefill_has_it) {
             ASSERT_OK(kvf_prefill_on_msg(r.p, 11, &cancel, &r.a));
         } else {
             ASSERT_OK(kvf_prefill_on_msg(r.p, 11, &cancel, &r.a)); /* never seen: ack at once */
-            ASSERT_ERR(kvf_prefill_on_msg(r.p, 11, &g, &r.a), KVF_E_PROTO_STALE); /* GRANT after it */
+            ASSERT_ERR(kvf_prefill_on_msg(r.p, 11, &g, &r.a),
+                       KVF_E_PROTO_STALE); /* GRANT after it */
         }
         if (!act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL_ACK)) {
             /* Writes were posted: no ack until a flush (asked now, or already outstanding). */
@@ -884,7 +913,8 @@ static void test_abort_at_every_step_boundary(void)
         for (uint32_t i = 0; i < n_free; i++) {
             const uint8_t *d = kvf_pool_page_data(r.pool, b[i].page);
             for (size_t x = 0; x < kvf_pool_page_bytes(r.pool); x++)
-                if (d[x] != 0xCB) KVF_FAIL("abort at step %d: B's page %u changed at byte %zu", k, b[i].page, x);
+                if (d[x] != 0xCB)
+                    KVF_FAIL("abort at step %d: B's page %u changed at byte %zu", k, b[i].page, x);
             ASSERT_OK(kvf_pool_release(r.pool, b[i], KVF_HOLDER_SEQ, 14));
         }
         expect_quiescent(&r);

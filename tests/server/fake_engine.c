@@ -8,9 +8,9 @@
 
 struct kvf_gen {
     struct fake_engine *f;
-    uint32_t rec;            /* index into the records (capped) */
-    uint32_t pages;          /* of the pool (pool_pages), held until release */
-    int32_t *out;            /* the tokens it will emit, cycling */
+    uint32_t rec;   /* index into the records (capped) */
+    uint32_t pages; /* of the pool (pool_pages), held until release */
+    int32_t *out;   /* the tokens it will emit, cycling */
     uint32_t n_out;
     struct kvf_gen_params p; /* prompt: NULL */
     int64_t t0;

@@ -19,7 +19,7 @@
 #include "kvfence/gen.h"
 
 #define FAKE_MAX_RECORDS 64
-#define FAKE_MAX_SEEDS 4096
+#define FAKE_MAX_SEEDS   4096
 
 struct fake_engine {
     pthread_mutex_t mu;
@@ -28,23 +28,23 @@ struct fake_engine {
     uint32_t n_vocab, served_limit;
     int first_delay_ms, token_delay_ms;
     uint32_t slow_tenant; /* nonzero: first_delay_ms applies to this tenant's requests only */
-    uint32_t max_live;   /* submit answers -EAGAIN at this many live handles (0: no cap) */
-    int submit_err;      /* submit answers this (0: accept) */
-    uint32_t pool_pages; /* nonzero: a decode pool of this many 16-token pages; a submit holds
-                            ceil((n_prompt + max_tokens) / 16) of them until release, and one that
-                            finds too few free gets -EBUSY (503 pool_exhausted), as the real
-                            engine does after its admission wait; info reports it */
-    uint32_t pool_used;  /* pages held (records) */
-    int end_err;         /* END with this error after end_after tokens (0: never) */
+    uint32_t max_live;    /* submit answers -EAGAIN at this many live handles (0: no cap) */
+    int submit_err;       /* submit answers this (0: accept) */
+    uint32_t pool_pages;  /* nonzero: a decode pool of this many 16-token pages; a submit holds
+                             ceil((n_prompt + max_tokens) / 16) of them until release, and one that
+                             finds too few free gets -EBUSY (503 pool_exhausted), as the real
+                             engine does after its admission wait; info reports it */
+    uint32_t pool_used;   /* pages held (records) */
+    int end_err;          /* END with this error after end_after tokens (0: never) */
     uint32_t end_after;
     bool prefill_up;
     const int32_t *script; /* tokens to emit instead of the echo, cycling */
     uint32_t n_script;
     /* Records. */
     uint32_t live, submits, cancels, releases;
-    int64_t cancel_ms[FAKE_MAX_RECORDS];   /* monotonic time of each handle's first cancel */
+    int64_t cancel_ms[FAKE_MAX_RECORDS]; /* monotonic time of each handle's first cancel */
     struct kvf_gen_params params[FAKE_MAX_RECORDS]; /* each submit's params (prompt: NULL) */
-    uint64_t seeds[FAKE_MAX_SEEDS]; /* each submit's sample.seed, in submit order */
+    uint64_t seeds[FAKE_MAX_SEEDS];                 /* each submit's sample.seed, in submit order */
     int32_t last_prompt[4096];
     uint32_t n_last_prompt;
 };

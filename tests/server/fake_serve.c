@@ -22,10 +22,14 @@ int main(int argc, char **argv)
     s.f.token_delay_ms = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         uint32_t v = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        if (strcmp(argv[i], "--header-timeout-ms") == 0) s.cfg.header_timeout_ms = v;
-        else if (strcmp(argv[i], "--body-timeout-ms") == 0) s.cfg.body_timeout_ms = v;
-        else if (strcmp(argv[i], "--send-timeout-ms") == 0) s.cfg.send_timeout_ms = v;
-        else if (strcmp(argv[i], "--max-conn-per-ip") == 0) s.cfg.max_conn_per_ip = v;
+        if (strcmp(argv[i], "--header-timeout-ms") == 0)
+            s.cfg.header_timeout_ms = v;
+        else if (strcmp(argv[i], "--body-timeout-ms") == 0)
+            s.cfg.body_timeout_ms = v;
+        else if (strcmp(argv[i], "--send-timeout-ms") == 0)
+            s.cfg.send_timeout_ms = v;
+        else if (strcmp(argv[i], "--max-conn-per-ip") == 0)
+            s.cfg.max_conn_per_ip = v;
         else {
             fprintf(stderr, "fake_serve: unknown option %s\n", argv[i]);
             return 2;

@@ -90,7 +90,11 @@ static inline bool utf8_ok(const char *p, size_t n)
 {
     const unsigned char *s = (const unsigned char *)p;
     for (size_t i = 0; i < n;) {
-        unsigned c = s[i], len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        unsigned c = s[i], len = c < 0x80         ? 1
+                                 : (c >> 5) == 6  ? 2
+                                 : (c >> 4) == 14 ? 3
+                                 : (c >> 3) == 30 ? 4
+                                                  : 0;
         if (!len || i + len > n) return false;
         uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
         for (unsigned k = 1; k < len; k++) {
@@ -148,8 +152,8 @@ static inline void srv_stop(struct srv *s)
 /* --- The HTTP client. ------------------------------------------------------------------------ */
 struct http_resp {
     int status;
-    char head[16384];   /* status line and headers */
-    char *body;         /* de-chunked, NUL-terminated */
+    char head[16384]; /* status line and headers */
+    char *body;       /* de-chunked, NUL-terminated */
     size_t body_len;
 };
 

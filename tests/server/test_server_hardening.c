@@ -166,7 +166,7 @@ static int raw_status(uint16_t port, const char *req, size_t len)
 struct pusher {
     int fd;
     size_t total, sent;
-    const char *chunk;   /* sent again and again */
+    const char *chunk; /* sent again and again */
     size_t chunk_len;
 };
 
@@ -198,7 +198,8 @@ static void test_row19_body_limit(void)
     close(fd);
     ASSERT_EQ_INT(status_of(got), 413);
     ASSERT_TRUE(strstr(got, "\"body_too_large\"") != NULL);
-    printf("# 413 for Content-Length 1e9: %lld ms, no body sent\n", (long long)(fake_now_ms() - t0));
+    printf("# 413 for Content-Length 1e9: %lld ms, no body sent\n",
+           (long long)(fake_now_ms() - t0));
     ASSERT_TRUE(dt >= 0 && dt < 2000);
     /* A chunked body of 64 MiB (declaring no length): 413 once the bound is passed, while the
      * client is still sending; the server reads no more of it. */
@@ -210,8 +211,8 @@ static void test_row19_body_limit(void)
     int hl = snprintf(chunk, sizeof chunk, "1000\r\n");
     memset(chunk + hl, ' ', 4096);
     memcpy(chunk + hl + 4096, "\r\n", 2);
-    struct pusher p = {.fd = fd, .total = 64u << 20, .chunk = chunk,
-                       .chunk_len = (size_t)hl + 4096 + 2};
+    struct pusher p = {
+        .fd = fd, .total = 64u << 20, .chunk = chunk, .chunk_len = (size_t)hl + 4096 + 2};
     pthread_t th;
     ASSERT_EQ_INT(pthread_create(&th, NULL, push, &p), 0);
     dt = wait_closed(fd, got, sizeof got, 10000);
@@ -428,7 +429,8 @@ static char *read_reply(int fd, int timeout_ms, const char *what)
         struct pollfd p = {.fd = fd, .events = POLLIN};
         if (poll(&p, 1, (int)left) <= 0) continue;
         ssize_t k = recv(fd, buf + n, cap - 1 - n, 0);
-        if (k < 0 && errno == ECONNRESET) KVF_FAIL("%s: the connection was reset (%zu bytes in)", what, n);
+        if (k < 0 && errno == ECONNRESET)
+            KVF_FAIL("%s: the connection was reset (%zu bytes in)", what, n);
         if (k <= 0) break;
         n += (size_t)k;
         if (n + 1 >= cap) KVF_FAIL("%s: answer too long", what);
@@ -464,7 +466,8 @@ static void test_row20_per_ip_cap(void)
     s.cfg.max_conn_per_ip = 4;
     srv_start(&s);
     int fds[4];
-    for (int i = 0; i < 4; i++) fds[i] = http_connect(s.port);
+    for (int i = 0; i < 4; i++)
+        fds[i] = http_connect(s.port);
     usleep(100 * 1000);
     for (int k = 0; k < 2; k++) {
         int extra = http_connect(s.port);
@@ -475,7 +478,8 @@ static void test_row20_per_ip_cap(void)
         free(raw);
     }
     expect_served_from(&s, "127.0.0.2");
-    for (int i = 0; i < 4; i++) close(fds[i]);
+    for (int i = 0; i < 4; i++)
+        close(fds[i]);
     usleep(100 * 1000);
     json_t *h = health(s.port);
     ASSERT_EQ_INT(hget(h, "http", "refused_over_cap"), 2);
@@ -486,7 +490,8 @@ static void test_row20_per_ip_cap(void)
     srv_init(&s);
     srv_start(&s);
     int many[64];
-    for (int i = 0; i < 64; i++) many[i] = http_connect(s.port);
+    for (int i = 0; i < 64; i++)
+        many[i] = http_connect(s.port);
     usleep(200 * 1000);
     int extra = http_connect(s.port);
     send_str(extra, post_req);
@@ -495,7 +500,8 @@ static void test_row20_per_ip_cap(void)
     expect_cap_503(raw, "past the default cap");
     free(raw);
     expect_served_from(&s, "127.0.0.2");
-    for (int i = 0; i < 64; i++) close(many[i]);
+    for (int i = 0; i < 64; i++)
+        close(many[i]);
     usleep(100 * 1000);
     expect_serving(&s);
     srv_stop(&s);
@@ -522,7 +528,8 @@ static void test_row20_global_cap(void)
     close(extra);
     expect_cap_503(raw, "past max_connections");
     free(raw);
-    for (int i = 0; i < 8; i++) close(idle[i]);
+    for (int i = 0; i < 8; i++)
+        close(idle[i]);
     usleep(100 * 1000);
     expect_serving(&s);
     srv_stop(&s);
@@ -597,10 +604,11 @@ static void test_row20_keyless_post_answered_401(void)
     srv_start(&s);
     enum { BODY = 400 * 1024 };
     static char req[BODY + 512];
-    int h = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Authorization: Bearer not-a-key\r\nContent-Length: %d\r\n\r\n{\"prompt\":\"",
-                     BODY);
+    int h =
+        snprintf(req, sizeof req,
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 "Authorization: Bearer not-a-key\r\nContent-Length: %d\r\n\r\n{\"prompt\":\"",
+                 BODY);
     size_t n = (size_t)h;
     size_t fill = BODY - 12 - 3; /* {"prompt":" is 12 bytes, "} and the newline 3 */
     memset(req + n, 'a', fill);
@@ -706,7 +714,8 @@ static char *many_headers(int n, size_t *len)
     char *b = malloc(cap);
     ASSERT_NOT_NULL(b);
     size_t o = (size_t)snprintf(b, cap, "GET /health HTTP/1.1\r\nHost: x\r\n");
-    for (int i = 0; i < n; i++) o += (size_t)snprintf(b + o, cap - o, "X-%d: v\r\n", i);
+    for (int i = 0; i < n; i++)
+        o += (size_t)snprintf(b + o, cap - o, "X-%d: v\r\n", i);
     o += (size_t)snprintf(b + o, cap - o, "Connection: close\r\n\r\n");
     *len = o;
     return b;
@@ -799,7 +808,8 @@ static void test_row22_chunked(void)
         size_t cap = 200000, o = 0;
         char *b = malloc(cap);
         o += (size_t)snprintf(b, cap, "2\r\n{}\r\n0\r\n");
-        for (int i = 0; i < 5000; i++) o += (size_t)snprintf(b + o, cap - o, "T%d: v\r\n", i);
+        for (int i = 0; i < 5000; i++)
+            o += (size_t)snprintf(b + o, cap - o, "T%d: v\r\n", i);
         o += (size_t)snprintf(b + o, cap - o, "\r\n");
         ASSERT_EQ_INT(chunked_status(s.port, b, o), 431);
         free(b);
@@ -823,7 +833,8 @@ static void test_row22_chunked(void)
         const char *body = "{\"prompt\":\"hello world\",\"max_tokens\":2}";
         size_t cap = 64 + strlen(body) * 8, o = 0;
         char *b = malloc(cap);
-        for (const char *p = body; *p; p++) o += (size_t)snprintf(b + o, cap - o, "1\r\n%c\r\n", *p);
+        for (const char *p = body; *p; p++)
+            o += (size_t)snprintf(b + o, cap - o, "1\r\n%c\r\n", *p);
         o += (size_t)snprintf(b + o, cap - o, "0\r\n\r\n");
         ASSERT_EQ_INT(chunked_status(s.port, b, o), 200);
         free(b);
@@ -835,11 +846,14 @@ static void test_row22_chunked(void)
     size_t nc = 2000 * 1000, cap = nc * 6 + 16, o = 0;
     char *b = malloc(cap);
     ASSERT_NOT_NULL(b);
-    for (size_t i = 0; i < nc; i++) memcpy(b + o, "1\r\n \r\n", 6), o += 6;
+    for (size_t i = 0; i < nc; i++)
+        memcpy(b + o, "1\r\n \r\n", 6), o += 6;
     o += (size_t)snprintf(b + o, cap - o, "0\r\n\r\n");
-    for (int round = 0; round < 2; round++) ASSERT_EQ_INT(chunked_status(s.port, b, o), 413);
+    for (int round = 0; round < 2; round++)
+        ASSERT_EQ_INT(chunked_status(s.port, b, o), 413);
     long rss0 = rss_kib();
-    for (int round = 0; round < 4; round++) ASSERT_EQ_INT(chunked_status(s.port, b, o), 413);
+    for (int round = 0; round < 4; round++)
+        ASSERT_EQ_INT(chunked_status(s.port, b, o), 413);
     long grown = rss_kib() - rss0;
     free(b);
     printf("# 4 x 2,000,000 one-byte chunks: 413 each, resident memory grew %ld KiB\n", grown);
@@ -848,7 +862,8 @@ static void test_row22_chunked(void)
     srv_stop(&s);
 }
 
-/* --- Row 23: conflicting body headers. --------------------------------------------------------- */
+/* --- Row 23: conflicting body headers. ---------------------------------------------------------
+ */
 
 #define RAW(lit) raw_status(s.port, lit, sizeof lit - 1)
 
@@ -931,13 +946,18 @@ static void test_row25_routes(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_row19_body_limit),   KVF_CASE(test_row20_slow_headers),
-    KVF_CASE(test_row20_slow_body),    KVF_CASE(test_row20_slow_reader),
-    KVF_CASE(test_row20_per_ip_cap),   KVF_CASE(test_row20_global_cap),
+    KVF_CASE(test_row19_body_limit),
+    KVF_CASE(test_row20_slow_headers),
+    KVF_CASE(test_row20_slow_body),
+    KVF_CASE(test_row20_slow_reader),
+    KVF_CASE(test_row20_per_ip_cap),
+    KVF_CASE(test_row20_global_cap),
     KVF_CASE(test_row20_keyless_cannot_lock_out),
-    KVF_CASE(test_row20_keyless_post_answered_401), KVF_CASE(test_row20_trusted_proxy),
+    KVF_CASE(test_row20_keyless_post_answered_401),
+    KVF_CASE(test_row20_trusted_proxy),
     KVF_CASE(test_row21_headers),
-    KVF_CASE(test_row22_chunked),      KVF_CASE(test_row23_body_headers),
+    KVF_CASE(test_row22_chunked),
+    KVF_CASE(test_row23_body_headers),
     KVF_CASE(test_row25_routes),
 };
 

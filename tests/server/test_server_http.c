@@ -47,7 +47,8 @@ static json_t *choice(json_t *j, size_t i)
     return c;
 }
 
-/* --- Endpoints. -------------------------------------------------------------------------------- */
+/* --- Endpoints. --------------------------------------------------------------------------------
+ */
 
 static void test_health(void)
 {
@@ -86,8 +87,9 @@ static void test_models(void)
     ASSERT_EQ_INT(r.status, 200);
     json_t *j = json_loads(r.body, 0, NULL);
     ASSERT_STREQ(jstr(j, "object", NULL), "list");
-    ASSERT_STREQ(json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
-                 "test-model");
+    ASSERT_STREQ(
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id")),
+        "test-model");
     json_decref(j);
     http_resp_free(&r);
     http_do(s.port, "GET", "/v1/models/test-model", NULL, &r);
@@ -142,18 +144,21 @@ static void test_completion_token_ids(void)
     srv_start(&s);
     char body[256];
     /* "hi" as byte tokens, no BOS added. */
-    snprintf(body, sizeof body, "{\"prompt\":[%d,%d],\"max_tokens\":4}", byte_tok('h'), byte_tok('i'));
+    snprintf(body, sizeof body, "{\"prompt\":[%d,%d],\"max_tokens\":4}", byte_tok('h'),
+             byte_tok('i'));
     json_t *j = post_json(s.port, "/v1/completions", body, 200);
     ASSERT_STREQ(jstr(choice(j, 0), "text", NULL), "hihi");
     ASSERT_EQ_INT(s.f.n_last_prompt, 2);
     ASSERT_EQ_INT(s.f.last_prompt[0], byte_tok('h'));
     json_decref(j);
     /* EOS in the echo ends it as "stop"; with ignore_eos it runs to max_tokens. */
-    snprintf(body, sizeof body, "{\"prompt\":[%d,%d,2],\"max_tokens\":10}", byte_tok('a'), byte_tok('b'));
+    snprintf(body, sizeof body, "{\"prompt\":[%d,%d,2],\"max_tokens\":10}", byte_tok('a'),
+             byte_tok('b'));
     j = post_json(s.port, "/v1/completions", body, 200);
     ASSERT_STREQ(jstr(choice(j, 0), "text", NULL), "ab");
     ASSERT_STREQ(jstr(choice(j, 0), "finish_reason", NULL), "stop");
-    ASSERT_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
+    ASSERT_EQ_INT(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 3);
     json_decref(j);
     snprintf(body, sizeof body, "{\"prompt\":[%d,%d,2],\"max_tokens\":7,\"ignore_eos\":true}",
              byte_tok('a'), byte_tok('b'));
@@ -172,7 +177,10 @@ static char *stream_text(const char *body, bool chat, const char **finish, json_
     size_t n = json_array_size(ev);
     ASSERT_TRUE(n >= 2);
     ASSERT_STREQ(json_string_value(json_array_get(ev, n - 1)), "[DONE]");
-    struct { char *p; size_t n; } acc = {calloc(1, 1 << 16), 0};
+    struct {
+        char *p;
+        size_t n;
+    } acc = {calloc(1, 1 << 16), 0};
     *finish = NULL;
     if (usage) *usage = NULL;
     for (size_t i = 0; i + 1 < n; i++) {
@@ -253,8 +261,10 @@ static void test_chat(void)
     json_decref(j);
 
     struct http_resp r;
-    http_do(s.port, "POST", "/v1/chat/completions",
-            "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":6,\"stream\":true}", &r);
+    http_do(
+        s.port, "POST", "/v1/chat/completions",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":6,\"stream\":true}",
+        &r);
     ASSERT_EQ_INT(r.status, 200);
     json_t *ev = sse_events(r.body);
     json_t *first = json_loads(json_string_value(json_array_get(ev, 0)), 0, NULL);
@@ -283,7 +293,8 @@ static void test_tokenize_detokenize(void)
     int n = kvf_tokenizer_encode(s.tok, "hello world", 11, true, ids, 64);
     ASSERT_EQ_INT(json_integer_value(json_object_get(j, "count")), n);
     ASSERT_EQ_INT(json_array_size(toks), n);
-    for (int i = 0; i < n; i++) ASSERT_EQ_INT(json_integer_value(json_array_get(toks, (size_t)i)), ids[i]);
+    for (int i = 0; i < n; i++)
+        ASSERT_EQ_INT(json_integer_value(json_array_get(toks, (size_t)i)), ids[i]);
     char body[512];
     char *list = json_dumps(toks, JSON_COMPACT);
     snprintf(body, sizeof body, "{\"tokens\":%s}", list);
@@ -301,7 +312,8 @@ static void test_tokenize_detokenize(void)
     srv_stop(&s);
 }
 
-/* --- Stop strings, n, logprobs. ---------------------------------------------------------------- */
+/* --- Stop strings, n, logprobs. ----------------------------------------------------------------
+ */
 
 static void test_stop_strings(void)
 {
@@ -311,12 +323,13 @@ static void test_stop_strings(void)
     char body[512];
     /* Echo of byte tokens a b c d: "abcdabcd..."; "da" spans two tokens and a cycle. */
     snprintf(body, sizeof body,
-             "{\"prompt\":[%d,%d,%d,%d],\"max_tokens\":20,\"stop\":[\"zz\",\"da\"]}",
-             byte_tok('a'), byte_tok('b'), byte_tok('c'), byte_tok('d'));
+             "{\"prompt\":[%d,%d,%d,%d],\"max_tokens\":20,\"stop\":[\"zz\",\"da\"]}", byte_tok('a'),
+             byte_tok('b'), byte_tok('c'), byte_tok('d'));
     json_t *j = post_json(s.port, "/v1/completions", body, 200);
     ASSERT_STREQ(jstr(choice(j, 0), "text", NULL), "abc");
     ASSERT_STREQ(jstr(choice(j, 0), "finish_reason", NULL), "stop");
-    ASSERT_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 5);
+    ASSERT_EQ_INT(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 5);
     ASSERT_EQ_INT(fake_cancels(&s.f), 1); /* the stop string cancelled the generation */
     json_decref(j);
     /* A held-back prefix that never completes is released at the end. */
@@ -354,7 +367,8 @@ static void test_n_choices(void)
         ASSERT_EQ_U64(s.f.params[i].sample.seed, 100 + i);
     }
     ASSERT_EQ_INT(s.f.submits, 3);
-    ASSERT_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 6);
+    ASSERT_EQ_INT(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 6);
     json_decref(j);
     struct http_resp r;
     http_do(s.port, "POST", "/v1/chat/completions",
@@ -378,7 +392,8 @@ static void test_logprobs(void)
     json_t *lp = json_object_get(choice(j, 0), "logprobs");
     ASSERT_EQ_INT(json_array_size(json_object_get(lp, "tokens")), 3);
     ASSERT_EQ_INT(json_array_size(json_object_get(lp, "token_logprobs")), 3);
-    ASSERT_NEAR(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 1)), -2.0 / 16, 1e-6);
+    ASSERT_NEAR(json_real_value(json_array_get(json_object_get(lp, "token_logprobs"), 1)),
+                -2.0 / 16, 1e-6);
     ASSERT_EQ_INT(json_object_size(json_array_get(json_object_get(lp, "top_logprobs"), 0)), 2);
     ASSERT_EQ_INT(json_array_size(json_object_get(lp, "text_offset")), 3);
     ASSERT_EQ_INT(s.f.params[0].n_logprobs, 2);
@@ -430,7 +445,8 @@ static void test_stream_utf8(void)
     srv_stop(&s);
 }
 
-/* --- Errors (BAD_INPUTS rows 9–18): status, OpenAI shape, the field named. --------------------- */
+/* --- Errors (BAD_INPUTS rows 9–18): status, OpenAI shape, the field named. ---------------------
+ */
 
 struct bad_case {
     const char *path, *body;
@@ -444,7 +460,8 @@ static void expect_error(uint16_t port, const struct bad_case *c)
     struct http_resp r;
     http_do(port, "POST", c->path, c->body, &r);
     if (r.status != c->status)
-        KVF_FAIL("%s %.80s: status %d, wanted %d (%s)", c->path, c->body, r.status, c->status, r.body);
+        KVF_FAIL("%s %.80s: status %d, wanted %d (%s)", c->path, c->body, r.status, c->status,
+                 r.body);
     json_t *j = json_loads(r.body, 0, NULL);
     if (!j) KVF_FAIL("error body is not JSON: %s", r.body);
     json_t *e = json_object_get(j, "error");
@@ -469,12 +486,16 @@ static void test_bad_bodies(void)
     static char deep[400], deep_ignored[400];
     memset(deep, 0, sizeof deep);
     strcpy(deep, "{\"prompt\":\"a\",\"x\":");
-    for (int i = 0; i < 70; i++) strcat(deep, "[");
-    for (int i = 0; i < 70; i++) strcat(deep, "]");
+    for (int i = 0; i < 70; i++)
+        strcat(deep, "[");
+    for (int i = 0; i < 70; i++)
+        strcat(deep, "]");
     strcat(deep, "}");
     strcpy(deep_ignored, "{\"prompt\":\"a\",\"x\":");
-    for (int i = 0; i < 63; i++) strcat(deep_ignored, "[");
-    for (int i = 0; i < 63; i++) strcat(deep_ignored, "]");
+    for (int i = 0; i < 63; i++)
+        strcat(deep_ignored, "[");
+    for (int i = 0; i < 63; i++)
+        strcat(deep_ignored, "]");
     strcat(deep_ignored, ",\"max_tokens\":1}");
     const char *C = "/v1/completions", *H = "/v1/chat/completions";
     const struct bad_case cases[] = {
@@ -504,8 +525,12 @@ static void test_bad_bodies(void)
         {C, "{\"prompt\":\"a\",\"logprobs\":21}", 400, "logprobs", NULL},
         {C, "{\"prompt\":\"a\",\"logprobs\":-1}", 400, "logprobs", NULL},
         {C, "{\"prompt\":\"a\",\"logprobs\":true}", 400, "logprobs", NULL},
-        {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"top_logprobs\":21}", 400, "top_logprobs", NULL},
-        {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}", 400, "top_logprobs", NULL},
+        {H,
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"top_logprobs\":"
+         "21}",
+         400, "top_logprobs", NULL},
+        {H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}", 400,
+         "top_logprobs", NULL},
         /* row 12: empty prompt, messages */
         {C, "{\"prompt\":\"\"}", 400, "prompt", NULL},
         {C, "{\"prompt\":[]}", 400, "prompt", NULL},
@@ -534,12 +559,13 @@ static void test_bad_bodies(void)
         {C, deep, 400, NULL, "nested deeper than 64"},
         /* row 16: UTF-8 */
         {C, "{\"prompt\":\"\xff\"}", 400, NULL, "UTF-8"},
-        {C, "{\"prompt\":\"\xc0\xaf\"}", 400, NULL, "UTF-8"},          /* overlong '/' */
-        {C, "{\"prompt\":\"\xed\xa0\x80\"}", 400, NULL, "UTF-8"},      /* encoded surrogate */
-        {C, "{\"prompt\":\"\\ud800x\"}", 400, NULL, NULL},              /* lone escaped surrogate */
+        {C, "{\"prompt\":\"\xc0\xaf\"}", 400, NULL, "UTF-8"},     /* overlong '/' */
+        {C, "{\"prompt\":\"\xed\xa0\x80\"}", 400, NULL, "UTF-8"}, /* encoded surrogate */
+        {C, "{\"prompt\":\"\\ud800x\"}", 400, NULL, NULL},        /* lone escaped surrogate */
         /* row 18: wrong types */
         {C, "{\"prompt\":\"a\",\"stream\":\"yes\"}", 400, "stream", NULL},
-        {C, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", 400, "stream_options", NULL},
+        {C, "{\"prompt\":\"a\",\"stream_options\":{\"include_usage\":1}}", 400, "stream_options",
+         NULL},
         {C, "{\"prompt\":\"a\",\"ignore_eos\":1}", 400, "ignore_eos", NULL},
         {C, "{\"prompt\":7}", 400, "prompt", NULL},
         {C, "[1,2]", 400, NULL, NULL},
@@ -547,7 +573,8 @@ static void test_bad_bodies(void)
         {C, "not json", 400, NULL, NULL},
         {C, "", 400, NULL, NULL},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect_error(s.port, &cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_error(s.port, &cases[i]);
     /* Row 8: no part of the body comes back in an error. */
     struct http_resp r;
     http_do(s.port, "POST", C, "{\"prompt\":\"a\", secret words}", &r);
@@ -569,8 +596,8 @@ static void test_bad_bodies(void)
     srv_stop(&s);
 }
 
-/* --- HTTP rows 19, 21, 23, 25. ----------------------------------------------------------------- */
-
+/* --- HTTP rows 19, 21, 23, 25. -----------------------------------------------------------------
+ */
 
 /* --- One table of limits: what the API accepts, the codec carries. ---------------------------- */
 
@@ -583,7 +610,8 @@ static void check_roundtrip(struct srv *s, const char *what)
     uint32_t k = s->f.submits - 1 < FAKE_MAX_RECORDS ? s->f.submits - 1 : FAKE_MAX_RECORDS - 1;
     struct kvf_gen_params p = s->f.params[k];
     uint32_t tokens[4096];
-    for (uint32_t i = 0; i < s->f.n_last_prompt; i++) tokens[i] = (uint32_t)s->f.last_prompt[i];
+    for (uint32_t i = 0; i < s->f.n_last_prompt; i++)
+        tokens[i] = (uint32_t)s->f.last_prompt[i];
     pthread_mutex_unlock(&s->f.mu);
     struct kvf_msg m, d;
     memset(&m, 0, sizeof m);
@@ -593,9 +621,9 @@ static void check_roundtrip(struct srv *s, const char *what)
     m.u.nreq.max_tokens = p.max_tokens;
     m.u.nreq.n_tokens = p.n_prompt;
     m.u.nreq.tokens = tokens;
-    m.u.nreq.sampling = (struct kvf_msg_sampling){p.sample.temperature, p.sample.top_p,
-                                                  p.sample.top_k, p.n_logprobs, p.sample.seed,
-                                                  p.want_logprob || p.n_logprobs > 0};
+    m.u.nreq.sampling = (struct kvf_msg_sampling){
+        p.sample.temperature, p.sample.top_p, p.sample.top_k,
+        p.n_logprobs,         p.sample.seed,  p.want_logprob || p.n_logprobs > 0};
     static uint8_t buf[KVF_PROTO_HEADER_BYTES + 64 + 4 * 4096];
     long n = kvf_msg_encode(&m, buf, sizeof buf);
     if (n < 0) KVF_FAIL("%s: accepted by the API, refused by the encoder (%ld)", what, n);
@@ -622,7 +650,8 @@ static bool probe(struct srv *s, const char *path, const char *field, const char
     char body[512];
     bool chat = strstr(path, "chat") != NULL;
     snprintf(body, sizeof body, "{%s,\"max_tokens\":1,%s\"%s\":%s}",
-             chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]" : "\"prompt\":\"hello\"",
+             chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+                  : "\"prompt\":\"hello\"",
              chat && strcmp(field, "top_logprobs") == 0 ? "\"logprobs\":true," : "", field, value);
     struct http_resp r;
     uint32_t before = s->f.submits;
@@ -637,7 +666,8 @@ static bool probe(struct srv *s, const char *path, const char *field, const char
         if (r.status != 400) KVF_FAIL("%s: status %d (%s)", what, r.status, r.body);
         json_t *j = json_loads(r.body, 0, NULL);
         const char *pr = json_string_value(json_object_get(json_object_get(j, "error"), "param"));
-        if (!pr || strcmp(pr, param) != 0) KVF_FAIL("%s: the 400 names %s, not %s", what, pr, param);
+        if (!pr || strcmp(pr, param) != 0)
+            KVF_FAIL("%s: the 400 names %s, not %s", what, pr, param);
         json_decref(j);
         ASSERT_EQ_INT(s->f.submits, before);
     }
@@ -657,36 +687,62 @@ static void test_limits_roundtrip(void)
         char v[64];
         if (!l->integer) {
             /* The extremes, their neighbours on both sides, and far beyond (past f32 too). */
-            double vals[] = {l->lo, nextafter(l->lo, INFINITY), nextafter(l->lo, -INFINITY),
-                             l->hi, nextafter(l->hi, -INFINITY), nextafter(l->hi, INFINITY),
-                             (l->lo + l->hi) / 2, l->hi * 2, l->hi + 1, 1e7, 3.4028234663852886e38,
-                             1e39, 1e300, -1, -1e300, 5e-324, 1.1754943508222875e-38, 1e-45};
+            double vals[] = {l->lo,
+                             nextafter(l->lo, INFINITY),
+                             nextafter(l->lo, -INFINITY),
+                             l->hi,
+                             nextafter(l->hi, -INFINITY),
+                             nextafter(l->hi, INFINITY),
+                             (l->lo + l->hi) / 2,
+                             l->hi * 2,
+                             l->hi + 1,
+                             1e7,
+                             3.4028234663852886e38,
+                             1e39,
+                             1e300,
+                             -1,
+                             -1e300,
+                             5e-324,
+                             1.1754943508222875e-38,
+                             1e-45};
             for (size_t i = 0; i < KVF_ARRAY_LEN(vals); i++) {
                 snprintf(v, sizeof v, "%.17g", vals[i]);
                 bool in = vals[i] <= l->hi && (l->lo_open ? vals[i] > l->lo : vals[i] >= l->lo);
                 bool ok = probe(&s, C, l->name, l->name, v);
-                if (ok != in) KVF_FAIL("%s = %s: accepted %d, the table says %d", l->name, v, ok, in);
+                if (ok != in)
+                    KVF_FAIL("%s = %s: accepted %d, the table says %d", l->name, v, ok, in);
             }
         } else {
             long long hi = l->ihi > INT64_MAX ? INT64_MAX : (long long)l->ihi;
-            long long vals[] = {l->ilo, l->ilo + 1, hi, hi - 1, hi / 2, 0, 1,
+            long long vals[] = {l->ilo,
+                                l->ilo + 1,
+                                hi,
+                                hi - 1,
+                                hi / 2,
+                                0,
+                                1,
                                 l->ilo > INT64_MIN ? l->ilo - 1 : l->ilo,
-                                hi < INT64_MAX ? hi + 1 : hi, -1, INT64_MIN, INT64_MAX};
+                                hi < INT64_MAX ? hi + 1 : hi,
+                                -1,
+                                INT64_MIN,
+                                INT64_MAX};
             for (size_t i = 0; i < KVF_ARRAY_LEN(vals); i++) {
                 snprintf(v, sizeof v, "%lld", vals[i]);
                 bool in = vals[i] >= l->ilo && (vals[i] < 0 || (uint64_t)vals[i] <= l->ihi);
                 bool ok = probe(&s, C, l->name, l->name, v);
-                if (ok != in) KVF_FAIL("%s = %s: accepted %d, the table says %d", l->name, v, ok, in);
+                if (ok != in)
+                    KVF_FAIL("%s = %s: accepted %d, the table says %d", l->name, v, ok, in);
                 if (f == KVF_FIELD_LOGPROBS) { /* chat's name for the same field */
                     ok = probe(&s, H, "top_logprobs", "top_logprobs", v);
-                    if (ok != in) KVF_FAIL("top_logprobs = %s: accepted %d, the table says %d", v, ok, in);
+                    if (ok != in)
+                        KVF_FAIL("top_logprobs = %s: accepted %d, the table says %d", v, ok, in);
                 }
             }
         }
     }
     /* The numeric fields that do not travel keep the property too: accepted, the request
      * round-trips; refused, a 400 names the field. */
-    static const char *const counts[] = {"-1", "0", "1", "2", "4", "5", "9223372036854775807",
+    static const char *const counts[] = {"-1",  "0",  "1", "2", "4", "5", "9223372036854775807",
                                          "1.5", "1e3"};
     for (size_t i = 0; i < KVF_ARRAY_LEN(counts); i++) {
         bool in = strcmp(counts[i], "1") == 0 || strcmp(counts[i], "2") == 0 ||
@@ -704,8 +760,8 @@ static void test_limits_roundtrip(void)
     snprintf(body, sizeof body, "{\"prompt\":\"hello\",\"max_tokens\":%lld}", 64 - n_prompt);
     json_decref(post_json(s.port, C, body, 200));
     check_roundtrip(&s, body);
-    static const char *const beyond[] = {"0", "-1", "1.0", "\"8\"", "4294967297",
-                                         "9223372036854775807"};
+    static const char *const beyond[] = {"0",     "-1",         "1.0",
+                                         "\"8\"", "4294967297", "9223372036854775807"};
     for (size_t i = 0; i < KVF_ARRAY_LEN(beyond); i++) {
         snprintf(body, sizeof body, "{\"prompt\":\"hello\",\"max_tokens\":%s}", beyond[i]);
         json_t *j = post_json(s.port, C, body, 400);
@@ -794,7 +850,8 @@ static void test_http_limits(void)
     srv_stop(&s);
 }
 
-/* --- Capacity and engine failures. --------------------------------------------------------------- */
+/* --- Capacity and engine failures. ---------------------------------------------------------------
+ */
 
 /* Starts a streaming request and waits until its headers arrive; returns the socket. */
 static int open_stream(uint16_t port, const char *body)
@@ -1157,7 +1214,8 @@ static void test_concurrent_streams(void)
         a[i] = (struct conc_arg){&s, i, false};
         ASSERT_EQ_INT(pthread_create(&th[i], NULL, conc_one, &a[i]), 0);
     }
-    for (int i = 0; i < 16; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 16; i++)
+        pthread_join(th[i], NULL);
     for (int i = 0; i < 16; i++)
         if (!a[i].ok) KVF_FAIL("stream %d wrong", i);
     ASSERT_EQ_INT(s.f.submits, 16);
@@ -1173,7 +1231,8 @@ static void test_slow_generation_not_idle(void)
     s.cfg.idle_timeout_s = 1;
     s.f.first_delay_ms = 1500;
     srv_start(&s);
-    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}", 200);
+    json_t *j =
+        post_json(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}", 200);
     json_decref(j);
     struct http_resp r;
     http_do(s.port, "POST", "/v1/completions",

@@ -19,11 +19,18 @@ static void test_scan_utf8(void)
 {
     ASSERT_EQ_INT(scan("{\"a\":\"h\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"}"), 0);
     const char *bad[] = {
-        "\"\xff\"",             "\"\xc0\xaf\"",         "\"\xc1\xbf\"", /* overlong 2-byte */
-        "\"\xe0\x80\xaf\"",     "\"\xf0\x80\x80\xaf\"",                 /* overlong 3, 4 */
-        "\"\xed\xa0\x80\"",     "\"\xed\xbf\xbf\"",                     /* surrogates */
-        "\"\xf4\x90\x80\x80\"", "\"\xf5\x80\x80\x80\"",                 /* beyond U+10FFFF */
-        "\"\xc3\"",             "\"\xe2\x82\"",         "\"\x80\"",     /* truncated, stray */
+        "\"\xff\"",
+        "\"\xc0\xaf\"",
+        "\"\xc1\xbf\"", /* overlong 2-byte */
+        "\"\xe0\x80\xaf\"",
+        "\"\xf0\x80\x80\xaf\"", /* overlong 3, 4 */
+        "\"\xed\xa0\x80\"",
+        "\"\xed\xbf\xbf\"", /* surrogates */
+        "\"\xf4\x90\x80\x80\"",
+        "\"\xf5\x80\x80\x80\"", /* beyond U+10FFFF */
+        "\"\xc3\"",
+        "\"\xe2\x82\"",
+        "\"\x80\"", /* truncated, stray */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (scan(bad[i]) != -1) KVF_FAIL("bad UTF-8 case %zu accepted", i);
@@ -37,15 +44,18 @@ static void test_scan_depth(void)
     char buf[300];
     for (int depth = 63; depth <= 65; depth++) {
         int k = 0;
-        for (int i = 0; i < depth; i++) buf[k++] = '[';
-        for (int i = 0; i < depth; i++) buf[k++] = ']';
+        for (int i = 0; i < depth; i++)
+            buf[k++] = '[';
+        for (int i = 0; i < depth; i++)
+            buf[k++] = ']';
         buf[k] = 0;
         ASSERT_EQ_INT(scan(buf), depth <= 64 ? 0 : -1);
     }
     /* Brackets inside strings, and escaped quotes, do not count. */
     char s[400];
     strcpy(s, "{\"a\":\"");
-    for (int i = 0; i < 100; i++) strcat(s, "[{");
+    for (int i = 0; i < 100; i++)
+        strcat(s, "[{");
     strcat(s, "\\\"[[\"}");
     ASSERT_EQ_INT(scan(s), 0);
     /* A million '[' is refused in one pass (no recursion, no allocation). */
@@ -78,8 +88,10 @@ static void test_req_defaults(void)
     /* Near the limit the default is the rest. */
     char big[2048];
     int k = snprintf(big, sizeof big, "{\"prompt\":[");
-    for (int i = 0; i < 100; i++) k += snprintf(big + k, sizeof big - (size_t)k, "%s5", i ? "," : "");
-    snprintf(big + k, sizeof big - (size_t)k, "],\"stop\":[\"ab\",\"\xc3\xa9\"],\"n\":2,\"stream\":true}");
+    for (int i = 0; i < 100; i++)
+        k += snprintf(big + k, sizeof big - (size_t)k, "%s5", i ? "," : "");
+    snprintf(big + k, sizeof big - (size_t)k,
+             "],\"stop\":[\"ab\",\"\xc3\xa9\"],\"n\":2,\"stream\":true}");
     ASSERT_OK(kvf__srv_req_parse(KVF__SRV_COMPLETION, big, strlen(big), &lim, tok, &r, &e));
     ASSERT_EQ_INT(r.max_tokens, 200);
     ASSERT_EQ_INT(r.n_stop, 2);
@@ -90,7 +102,8 @@ static void test_req_defaults(void)
     /* The prompt alone at the limit: refused with the numbers. */
     struct kvf__srv_limits small = lim;
     small.served_limit = 100;
-    ASSERT_EQ_INT(kvf__srv_req_parse(KVF__SRV_COMPLETION, big, strlen(big), &small, tok, &r, &e), -1);
+    ASSERT_EQ_INT(kvf__srv_req_parse(KVF__SRV_COMPLETION, big, strlen(big), &small, tok, &r, &e),
+                  -1);
     ASSERT_STREQ(e.message, "This model's maximum context length is 100 tokens; you requested 101 "
                             "tokens (100 in the prompt, 1 to generate)");
     ASSERT_STREQ(e.param, "prompt");
@@ -135,7 +148,8 @@ static char *run_script(const int32_t *script, uint32_t n_script, uint32_t max_t
     struct kvf__srv_run *run;
     ASSERT_OK(kvf__srv_run_start(&fake_ops, &f, tok, &req, "m", 0, &run));
     int64_t until = fake_now_ms() + 5000;
-    while (!kvf__srv_run_done(run) && fake_now_ms() < until) kvf__srv_run_step(run, 20);
+    while (!kvf__srv_run_done(run) && fake_now_ms() < until)
+        kvf__srv_run_step(run, 20);
     ASSERT_TRUE(kvf__srv_run_done(run));
     ASSERT_EQ_INT(run->failed, 0);
     char *text = strdup(run->ch[0].text.p ? run->ch[0].text.p : "");
@@ -153,7 +167,8 @@ static void test_stop_matching(void)
 {
     int32_t abc[6];
     const char *w = "abcdef";
-    for (int i = 0; i < 6; i++) abc[i] = byte_tok((unsigned char)w[i]);
+    for (int i = 0; i < 6; i++)
+        abc[i] = byte_tok((unsigned char)w[i]);
     const char *finish;
     uint32_t cancels;
     struct {
@@ -161,18 +176,20 @@ static void test_stop_matching(void)
         uint32_t n_stops, max_tokens;
         const char *want, *finish;
     } cases[] = {
-        {{"cde"}, 1, 20, "ab", "stop"},          /* across three tokens */
-        {{"a"}, 1, 20, "", "stop"},              /* at the very start */
-        {{"fab"}, 1, 20, "abcde", "stop"},       /* across the cycle */
-        {{"ef", "bc"}, 2, 20, "a", "stop"},      /* the earliest match wins */
+        {{"cde"}, 1, 20, "ab", "stop"},                    /* across three tokens */
+        {{"a"}, 1, 20, "", "stop"},                        /* at the very start */
+        {{"fab"}, 1, 20, "abcde", "stop"},                 /* across the cycle */
+        {{"ef", "bc"}, 2, 20, "a", "stop"},                /* the earliest match wins */
         {{"xyz", "dex"}, 2, 20, "abcdefabcdef", "length"}, /* prefixes held, then released */
-        {{"cdx"}, 1, 4, "abcd", "length"},       /* a held prefix released at max_tokens */
+        {{"cdx"}, 1, 4, "abcd", "length"}, /* a held prefix released at max_tokens */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        uint32_t mt = cases[i].max_tokens == 20 && strcmp(cases[i].finish, "length") == 0 ? 12
-                                                                                         : cases[i].max_tokens;
+        uint32_t mt = cases[i].max_tokens == 20 && strcmp(cases[i].finish, "length") == 0
+                          ? 12
+                          : cases[i].max_tokens;
         char *t = run_script(abc, 6, mt, cases[i].stops, cases[i].n_stops, &finish, &cancels);
-        if (strcmp(t, cases[i].want) != 0) KVF_FAIL("case %zu: \"%s\" != \"%s\"", i, t, cases[i].want);
+        if (strcmp(t, cases[i].want) != 0)
+            KVF_FAIL("case %zu: \"%s\" != \"%s\"", i, t, cases[i].want);
         ASSERT_STREQ(finish, cases[i].finish);
         ASSERT_EQ_INT(cancels, strcmp(cases[i].finish, "stop") == 0 ? 1 : 0);
         free(t);
@@ -191,26 +208,26 @@ static void test_stop_matching(void)
     free(t);
 }
 
+/* --- Client addresses: the trusted-proxy list and the forwarded client. ------------------------
+ */
 
-/* --- Client addresses: the trusted-proxy list and the forwarded client. ------------------------ */
-
-static struct kvf__srv_addr A(const char *s)
-{
+static struct kvf__srv_addr A(const char *s) {
     struct kvf__srv_addr a;
     if (!kvf__srv_addr_parse(s, strlen(s), true, &a)) KVF_FAIL("'%s' did not parse", s);
     return a;
 }
 
-static void expect_client(const struct kvf__srv_cidr *l, size_t n, const char *fwd,
-                          const char *xff, const char *peer, const char *want)
+static void
+expect_client(const struct kvf__srv_cidr *l, size_t n, const char *fwd, const char *xff,
+              const char *peer, const char *want)
 {
     struct kvf__srv_addr c = A(peer), w = A(want);
     kvf__srv_forwarded_client(l, n, fwd, xff, &c);
     char got[64];
     kvf__srv_addr_format(&c, got, sizeof got);
     if (memcmp(&c, &w, sizeof c) != 0)
-        KVF_FAIL("Forwarded %s / X-Forwarded-For %s from %s: client %s, wanted %s",
-                 fwd ? fwd : "-", xff ? xff : "-", peer, got, want);
+        KVF_FAIL("Forwarded %s / X-Forwarded-For %s from %s: client %s, wanted %s", fwd ? fwd : "-",
+                 xff ? xff : "-", peer, got, want);
 }
 
 static void test_forwarded_client(void)
@@ -218,7 +235,8 @@ static void test_forwarded_client(void)
     struct kvf__srv_cidr *l;
     size_t n;
     char err[200];
-    ASSERT_OK(kvf__srv_cidrs_parse(" 10.0.0.0/8, 192.168.1.7 ,2001:db8::/32", &l, &n, err, sizeof err));
+    ASSERT_OK(
+        kvf__srv_cidrs_parse(" 10.0.0.0/8, 192.168.1.7 ,2001:db8::/32", &l, &n, err, sizeof err));
     ASSERT_EQ_INT(n, 3);
     struct kvf__srv_addr a = A("10.200.3.4");
     ASSERT_TRUE(kvf__srv_trusted(l, n, &a));
@@ -245,8 +263,8 @@ static void test_forwarded_client(void)
     expect_client(l, n, "proto=http;for=203.0.113.1", NULL, "10.0.0.1", "203.0.113.1");
     expect_client(l, n, "for=_hidden", NULL, "10.0.0.1", "10.0.0.1");
     free(l);
-    static const char *const bad[] = {"10.0.0.0/33", "fe80::/129", "10.0.0.1/", "host.example",
-                                      "10.0.0.1,,10.0.0.2", "1.2.3.4/8x"};
+    static const char *const bad[] = {"10.0.0.0/33",  "fe80::/129",         "10.0.0.1/",
+                                      "host.example", "10.0.0.1,,10.0.0.2", "1.2.3.4/8x"};
     for (size_t i = 0; i < KVF_ARRAY_LEN(bad); i++) {
         if (kvf__srv_cidrs_parse(bad[i], &l, &n, err, sizeof err) != -EINVAL)
             KVF_FAIL("'%s' was taken", bad[i]);

@@ -79,8 +79,7 @@ static int open_stream_auth(uint16_t port, const char *auth, const char *body)
 #define KEY_A "sk-alpha-0123456789"
 #define KEY_B "sk-bravo-9876543210"
 static const char keyfile[] = "# tenants\n"
-                              "\n"
-                              KEY_A " alpha\r\n"
+                              "\n" KEY_A " alpha\r\n"
                               "  " KEY_B "\tbravo   \n"
                               "sk-alpha-second-key alpha\n";
 
@@ -128,7 +127,8 @@ static void test_keys_parse(void)
         ASSERT_EQ_INT(kvf_server_keys_parse(bad[i].text, strlen(bad[i].text), &o, err, sizeof err),
                       -EINVAL);
         ASSERT_TRUE(o == NULL);
-        if (!strstr(err, bad[i].line)) KVF_FAIL("case %zu: '%s' does not name %s", i, err, bad[i].line);
+        if (!strstr(err, bad[i].line))
+            KVF_FAIL("case %zu: '%s' does not name %s", i, err, bad[i].line);
         if (strstr(err, "canary")) KVF_FAIL("case %zu: the error echoes the key: %s", i, err);
     }
     /* From a file; a missing file names itself. */
@@ -154,7 +154,8 @@ static void test_auth(void)
     s.cfg.keys = k;
     srv_start(&s);
     const char *body = "{\"prompt\":\"hello\",\"max_tokens\":2}";
-    static const char *const refused[] = {NULL, "Bearer", "Bearer ", "Bearer sk-wrong-key-canary",
+    static const char *const refused[] = {NULL,           "Bearer",
+                                          "Bearer ",      "Bearer sk-wrong-key-canary",
                                           "Basic " KEY_A, "Bearer " KEY_A "x"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         struct http_resp r;
@@ -176,8 +177,9 @@ static void test_auth(void)
     http_resp_free(&r);
     http_auth(s.port, "GET", "/metrics", NULL, NULL, &r);
     ASSERT_EQ_INT(r.status, 200);
-    ASSERT_TRUE(strstr(r.body, "kvfence_requests_total{tenant=\"_none\",outcome=\"unauthorized\"} 7") !=
-                NULL);
+    ASSERT_TRUE(
+        strstr(r.body, "kvfence_requests_total{tenant=\"_none\",outcome=\"unauthorized\"} 7") !=
+        NULL);
     http_resp_free(&r);
     /* Each key's tenant reaches the engine; the scheme's case does not matter. */
     http_auth(s.port, "POST", "/v1/completions", "Bearer " KEY_A, body, &r);
@@ -217,9 +219,8 @@ static char *get_metrics(uint16_t port)
     return b;
 }
 
-
-/* --- Shares count what a request takes. --------------------------------------------------------- */
-
+/* --- Shares count what a request takes. ---------------------------------------------------------
+ */
 
 /* The 400 of a request that can never fit its tenant's share: at once, naming the bound. */
 static void expect_share_400(uint16_t port, const char *auth, const char *body, const char *param,
@@ -257,16 +258,19 @@ static void test_share_counts_choices_and_kv(void)
     srv_start(&s);
     const char *A = "Bearer " KEY_A, *B = "Bearer " KEY_B;
     const char *n8 = "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8}";
-    int a1 = open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
+    int a1 =
+        open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
     ASSERT_TRUE(fake_wait_live(&s.f, 8, 5000));
     /* alpha's second n = 8: over its share now, so it waits, then 429 — it never reaches the
      * engine (where it would hold the rest of the pool until its client went away). */
-    int a2 = open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
+    int a2 =
+        open_stream_auth(s.port, A, "{\"prompt\":[5,6],\"max_tokens\":62,\"n\":8,\"stream\":true}");
     char head[4096];
     size_t hn = 0;
     for (int64_t until = fake_now_ms() + 3000; hn < sizeof head - 1 && !strstr(head, "\r\n\r\n");) {
         struct pollfd pf = {.fd = a2, .events = POLLIN};
-        if (fake_now_ms() >= until) KVF_FAIL("alpha's second n=8 got no answer: admitted past its share");
+        if (fake_now_ms() >= until)
+            KVF_FAIL("alpha's second n=8 got no answer: admitted past its share");
         if (poll(&pf, 1, 50) <= 0) continue;
         ssize_t got = recv(a2, head + hn, sizeof head - 1 - hn, 0);
         if (got <= 0) break;
@@ -277,7 +281,8 @@ static void test_share_counts_choices_and_kv(void)
     struct http_resp r;
     http_parse(head, hn, &r);
     close(a2);
-    if (r.status != 429) KVF_FAIL("alpha's second n=8: status %d (%s), wanted 429", r.status, r.body);
+    if (r.status != 429)
+        KVF_FAIL("alpha's second n=8: status %d (%s), wanted 429", r.status, r.body);
     ASSERT_TRUE(strcasestr(r.head, "retry-after: 2") != NULL);
     ASSERT_NOT_NULL(strstr(r.body, "\"tenant_limit\""));
     http_resp_free(&r);
@@ -334,7 +339,8 @@ static void test_share_running_counts_sequences(void)
                      "--tenant-max-running");
     expect_share_400(s.port, NULL, "{\"prompt\":[5,6],\"max_tokens\":300}", "max_tokens",
                      "--tenant-max-kv-tokens");
-    int a = open_stream_auth(s.port, "Bearer x", "{\"prompt\":[5,6],\"max_tokens\":4,\"n\":4,\"stream\":true}");
+    int a = open_stream_auth(s.port, "Bearer x",
+                             "{\"prompt\":[5,6],\"max_tokens\":4,\"n\":4,\"stream\":true}");
     ASSERT_TRUE(fake_wait_live(&s.f, 4, 5000));
     struct http_resp r;
     http_auth(s.port, "POST", "/v1/completions", NULL, "{\"prompt\":[5,6],\"max_tokens\":4}", &r);
@@ -451,8 +457,8 @@ static void test_tenant_limits(void)
     ASSERT_EQ_INT(metric(m, "kvfence_tenant_requests{tenant=\"alpha\",state=\"running\"}"), 1);
     free(m);
     struct http_resp r;
-    http_auth(s.port, "POST", "/v1/completions", "Bearer sk-alpha-second-key",
-              "{\"prompt\":\"a\"}", &r);
+    http_auth(s.port, "POST", "/v1/completions", "Bearer sk-alpha-second-key", "{\"prompt\":\"a\"}",
+              &r);
     ASSERT_EQ_INT(r.status, 429);
     ASSERT_TRUE(strcasestr(r.head, "retry-after: 3") != NULL);
     ASSERT_TRUE(strstr(r.body, "\"tenant_limit\"") != NULL);
@@ -468,7 +474,8 @@ static void test_tenant_limits(void)
     ASSERT_EQ_INT(s.f.submits, 3); /* a1 and bravo's two: a2 never reached the engine */
     /* a1 gone: a2 takes its slot. */
     close(a1);
-    for (int i = 0; i < 250 && s.f.submits < 4; i++) usleep(20000);
+    for (int i = 0; i < 250 && s.f.submits < 4; i++)
+        usleep(20000);
     ASSERT_EQ_INT(s.f.submits, 4);
     ASSERT_EQ_INT(s.f.params[3].tenant, 1);
     close(a2);
@@ -481,7 +488,8 @@ static void test_tenant_limits(void)
         usleep(20000);
     }
     ASSERT_NOT_NULL(m);
-    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"alpha\",outcome=\"rate_limited\"}"), 1);
+    ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"alpha\",outcome=\"rate_limited\"}"),
+                  1);
     ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"alpha\",outcome=\"cancelled\"}"), 2);
     ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"bravo\",outcome=\"ok\"}"), 2);
     ASSERT_EQ_INT(metric(m, "kvfence_generation_tokens_total{tenant=\"bravo\"}"), 6);
@@ -492,7 +500,7 @@ static void test_tenant_limits(void)
 }
 
 #define CANARY_PROMPT "zqxCANARYprompt7"
-#define CANARY_KEY "sk-CANARYkey-wrong-42"
+#define CANARY_KEY    "sk-CANARYkey-wrong-42"
 
 static void test_logs_no_canary(void)
 {
@@ -511,7 +519,9 @@ static void test_logs_no_canary(void)
         "{\"prompt\":\"" CANARY_PROMPT "\",\"max_tokens\":20,\"stop\":[\"" CANARY_PROMPT "\"]}",
         "{\"prompt\":\"" CANARY_PROMPT "\",\"max_tokens\":\"" CANARY_PROMPT "\"}",
         "{\"prompt\":\"" CANARY_PROMPT "\",\"" CANARY_PROMPT "\":[1,2,3]}",
-        "{\"prompt\":[" "1,2,3" "],\"max_tokens\":-1}",
+        "{\"prompt\":["
+        "1,2,3"
+        "],\"max_tokens\":-1}",
     };
     for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
         struct http_resp r;
@@ -537,7 +547,8 @@ static void test_logs_no_canary(void)
     ASSERT_TRUE(strstr(L, "tenant=alpha") != NULL);
     ASSERT_TRUE(strstr(L, "outcome=ok status=200") != NULL);
     ASSERT_TRUE(strstr(L, "prompt_tokens=") != NULL && strstr(L, "completion_tokens=20") != NULL);
-    ASSERT_TRUE(strstr(L, "event=rejected") != NULL && strstr(L, "outcome=invalid status=400") != NULL);
+    ASSERT_TRUE(strstr(L, "event=rejected") != NULL &&
+                strstr(L, "outcome=invalid status=400") != NULL);
     ASSERT_TRUE(strstr(L, "event=unauthorized") != NULL);
     /* Nothing of a prompt, an output, a key: the canaries (and the prompt's own pieces, which
      * the fake engine echoes as output) appear nowhere. */
@@ -580,7 +591,8 @@ static void test_metrics(void)
     char *m = get_metrics(s.port);
     promtool_check(m); /* before any request, too */
     free(m);
-    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello world\",\"max_tokens\":4}", 200);
+    json_t *j =
+        post_json(s.port, "/v1/completions", "{\"prompt\":\"hello world\",\"max_tokens\":4}", 200);
     json_decref(j);
     struct http_resp r;
     http_do(s.port, "POST", "/v1/completions",
@@ -590,7 +602,8 @@ static void test_metrics(void)
     http_do(s.port, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":0}", &r);
     ASSERT_EQ_INT(r.status, 400);
     http_resp_free(&r);
-    for (int i = 0; i < 250 && fake_live(&s.f); i++) usleep(20000);
+    for (int i = 0; i < 250 && fake_live(&s.f); i++)
+        usleep(20000);
     m = get_metrics(s.port);
     promtool_check(m);
     ASSERT_EQ_INT(metric(m, "kvfence_requests_total{tenant=\"default\",outcome=\"ok\"}"), 2);
@@ -612,16 +625,15 @@ static void test_metrics(void)
     ASSERT_EQ_INT(metric(m, "kvfence_served_limit_tokens"), 512);
     ASSERT_EQ_INT(metric(m, "kvfence_prefill_up"), 1);
     static const char *const counters[] = {
-        "kvfence_fences_total", "kvfence_verify_failures_total", "kvfence_stale_messages_total",
-        "kvfence_bad_frames_total", "kvfence_foreign_tails_total",
-        "kvfence_rejected_before_handoff_total", "kvfence_quarantines_total",
-        "kvfence_engine_queued_requests"};
+        "kvfence_fences_total",         "kvfence_verify_failures_total",
+        "kvfence_stale_messages_total", "kvfence_bad_frames_total",
+        "kvfence_foreign_tails_total",  "kvfence_rejected_before_handoff_total",
+        "kvfence_quarantines_total",    "kvfence_engine_queued_requests"};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (metric(m, counters[i]) != 0) KVF_FAIL("%s missing or not 0", counters[i]);
     free(m);
     srv_stop(&s);
 }
-
 
 /* --- Ids and default seeds (nothing guessable). ----------------------------------------------- */
 
@@ -698,10 +710,12 @@ static void test_ids_unguessable(void)
         json_decref(j);
     }
     /* One request with n = 4 and no seed: its choices' seeds are the request's seed + 0..3. */
-    json_t *j = post_json(s.port, "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":1,\"n\":4}", 200);
+    json_t *j = post_json(s.port, "/v1/completions",
+                          "{\"prompt\":\"hello\",\"max_tokens\":1,\"n\":4}", 200);
     json_decref(j);
     ASSERT_EQ_INT(s.f.submits, N + 4);
-    for (int i = 1; i < 4; i++) ASSERT_EQ_U64(s.f.seeds[N + i], s.f.seeds[N] + (uint64_t)i);
+    for (int i = 1; i < 4; i++)
+        ASSERT_EQ_U64(s.f.seeds[N + i], s.f.seeds[N] + (uint64_t)i);
     srv_stop(&s);
     check_unrelated(cmpl, N, "completion ids");
     check_unrelated(cmpl_un, N, "completion ids, unmixed");

@@ -28,18 +28,29 @@
 #include "sim_internal.h"
 
 const struct sim_config sim_standard = {
-    .name = "standard", .n_pages = 24, .max_prompt = MAX_PROMPT, .submit_window_ms = 1500,
-    .finish_max_ms = 100, .p_late_msg = 0.03,
+    .name = "standard",
+    .n_pages = 24,
+    .max_prompt = MAX_PROMPT,
+    .submit_window_ms = 1500,
+    .finish_max_ms = 100,
+    .p_late_msg = 0.03,
 };
 const struct sim_config sim_pressured = {
-    .name = "pressured", .n_pages = 12, .max_prompt = 12, .submit_window_ms = 8000,
-    .finish_max_ms = 8000, .p_late_msg = 0.1, .p_late_put = 0.15, .late_put_max_ms = 1500,
+    .name = "pressured",
+    .n_pages = 12,
+    .max_prompt = 12,
+    .submit_window_ms = 8000,
+    .finish_max_ms = 8000,
+    .p_late_msg = 0.1,
+    .p_late_put = 0.15,
+    .late_put_max_ms = 1500,
 };
 
 static const char *const ev_names[] = {
-    "tick", "heartbeat", "submit", "client-cancel", "finish", "msg->decode", "msg->prefill",
-    "page-ready", "put-local-done", "put-lands", "flush-done", "prefill-clear", "crash",
-    "restart", "hang", "partition", "fence", "prefill-reset", "connect", "progress",
+    "tick",        "heartbeat",     "submit",        "client-cancel",  "finish",
+    "msg->decode", "msg->prefill",  "page-ready",    "put-local-done", "put-lands",
+    "flush-done",  "prefill-clear", "crash",         "restart",        "hang",
+    "partition",   "fence",         "prefill-reset", "connect",        "progress",
 };
 
 void start_fault(struct world *W, int p)
@@ -69,18 +80,23 @@ void connect_peer(struct world *W, int p)
         ev_push(W);
         return;
     }
-    struct kvf_msg_hello mine = {.model_fp = 0x5eed, .geo = *kvf_pool_geometry(W->pool),
-                                 .max_context = MAX_CONTEXT, .max_grant_pages = MAX_GRANT,
-                                 .peer = (uint16_t)p, .role = KVF_ROLE_PREFILL};
+    struct kvf_msg_hello mine = {.model_fp = 0x5eed,
+                                 .geo = *kvf_pool_geometry(W->pool),
+                                 .max_context = MAX_CONTEXT,
+                                 .max_grant_pages = MAX_GRANT,
+                                 .peer = (uint16_t)p,
+                                 .role = KVF_ROLE_PREFILL};
     struct kvf_msg_hello theirs = mine;
     theirs.role = KVF_ROLE_DECODE;
-    if (kvf_proto_hello_check(&theirs, &mine) != 0) violate(W, "HELLO of identical workers refused");
+    if (kvf_proto_hello_check(&theirs, &mine) != 0)
+        violate(W, "HELLO of identical workers refused");
     trace(W, "peer %d connects at epoch %u", p, epoch);
     P->epoch = epoch;
     P->connected = true;
     P->decode_up = true;
     P->faulty = false;
-    if (kvf_decode_peer_up(W->dec, (uint16_t)p, epoch) < 0) violate(W, "kvf_decode_peer_up refused");
+    if (kvf_decode_peer_up(W->dec, (uint16_t)p, epoch) < 0)
+        violate(W, "kvf_decode_peer_up refused");
     kvf_prefill_connect(P->sm, epoch, &W->acts);
     prefill_actions(W, p);
 }
@@ -115,7 +131,8 @@ void step(struct world *W, struct ev *e)
     case EV_HB:
         for (int p = 0; p < N_PEERS; p++) {
             struct speer *Q = &W->peer[p];
-            bool silent = !Q->alive || W->now < Q->part_until || (W->now < Q->hung_until && !Q->hang_hb);
+            bool silent =
+                !Q->alive || W->now < Q->part_until || (W->now < Q->hung_until && !Q->hang_hb);
             if (Q->decode_up && silent && W->now - Q->fault_since >= HB_MS) {
                 trace(W, "heartbeat lost: peer %d down", p);
                 Q->decode_up = false;
@@ -124,7 +141,9 @@ void step(struct world *W, struct ev *e)
             }
         }
         break;
-    case EV_SUBMIT: on_submit(W, e->ridx); break;
+    case EV_SUBMIT:
+        on_submit(W, e->ridx);
+        break;
     case EV_CANCEL: {
         struct sreq *r = &W->req[e->ridx];
         if (!r->submitted) {
@@ -147,11 +166,13 @@ void step(struct world *W, struct ev *e)
     case EV_TO_DECODE:
         if (W->now < P->part_until) {
             trace(W, "  (lost in partition)");
-            if (decode_msg(W, e, &m, &sc) && find_req(W, m.req) >= 0) W->req[find_req(W, m.req)].faulted = true;
+            if (decode_msg(W, e, &m, &sc) && find_req(W, m.req) >= 0)
+                W->req[find_req(W, m.req)].faulted = true;
             break;
         }
         if (!decode_msg(W, e, &m, &sc)) break;
-        trace(W, "  decode receives %s from peer %d epoch %u", kvf_msg_type_name(m.type), e->peer, m.epoch);
+        trace(W, "  decode receives %s from peer %d epoch %u", kvf_msg_type_name(m.type), e->peer,
+              m.epoch);
         if (kvf_decode_on_msg(W->dec, W->now, (uint16_t)e->peer, &m, &W->acts) == 0 &&
             m.type == KVF_MSG_PROGRESS && find_req(W, m.req) >= 0)
             W->req[find_req(W, m.req)].progress_t = W->now;
@@ -227,8 +248,11 @@ void step(struct world *W, struct ev *e)
     case EV_RESTART: {
         if (P->alive) break;
         kvf_prefill_destroy(P->sm);
-        struct kvf_prefill_config pc = {.decode_peer = 0, .max_reqs = 16, .max_grant_pages = MAX_GRANT,
-                                        .max_context = MAX_CONTEXT, .page_tokens = PT};
+        struct kvf_prefill_config pc = {.decode_peer = 0,
+                                        .max_reqs = 16,
+                                        .max_grant_pages = MAX_GRANT,
+                                        .max_context = MAX_CONTEXT,
+                                        .page_tokens = PT};
         if (kvf_prefill_create(&pc, &P->sm) < 0) abort();
         memset(P->src, 0, sizeof(P->src));
         P->alive = true;
@@ -243,7 +267,8 @@ void step(struct world *W, struct ev *e)
         if (!P->alive) break;
         P->hung_until = W->now + e->epoch; /* duration travels in .epoch */
         P->hang_hb = e->index != 0;
-        trace(W, "peer %d hangs for %u ms (%s heartbeats)", e->peer, e->epoch, P->hang_hb ? "with" : "without");
+        trace(W, "peer %d hangs for %u ms (%s heartbeats)", e->peer, e->epoch,
+              P->hang_hb ? "with" : "without");
         start_fault(W, e->peer);
         break;
     case EV_PARTITION:
@@ -261,8 +286,8 @@ void step(struct world *W, struct ev *e)
                 W->w[i].dropped = true;
         fault_peer_requests(W, e->peer);
         P->decode_up = false;
-        int rc = kvf_decode_peer_fenced(W->dec, W->now, (struct kvf_peer_epoch){(uint16_t)e->peer, e->epoch},
-                                        &W->acts);
+        int rc = kvf_decode_peer_fenced(
+            W->dec, W->now, (struct kvf_peer_epoch){(uint16_t)e->peer, e->epoch}, &W->acts);
         if (rc < 0) violate(W, "kvf_decode_peer_fenced: %s", kvf_strerror(rc));
         decode_actions(W);
         if (P->alive) {
@@ -299,18 +324,26 @@ void step(struct world *W, struct ev *e)
 void setup(struct world *W, uint64_t seed)
 {
     kvf_rng_seed(&W->rng, seed);
-    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4}, .n_pages = W->cfg->n_pages, .max_peers = N_PEERS,
-                                 .hold_timeout_ms = HOLD_TIMEOUT_MS, .tag_seed = seed << 16};
+    struct kvf_pool_config pc = {.geo = {1, 1, 2, PT, 4},
+                                 .n_pages = W->cfg->n_pages,
+                                 .max_peers = N_PEERS,
+                                 .hold_timeout_ms = HOLD_TIMEOUT_MS,
+                                 .tag_seed = seed << 16};
 #if defined(KVF_TEST_BUILD)
     pc.poison_on_free = true; /* freed pages name their previous owner: a stale read shows */
 #endif
     if (kvf_pool_create(&pc, &W->pool) < 0) abort();
     W->data_bytes = kvf_geo_data_bytes(&pc.geo);
     W->trailer_off = kvf_geo_trailer_offset(&pc.geo);
-    struct kvf_decode_config dc = {.pool = W->pool, .max_reqs = MAX_REQS, .max_context = MAX_CONTEXT,
-                                   .max_grant_pages = MAX_GRANT, .max_peers = N_PEERS,
-                                   .grant_timeout_ms = GRANT_TIMEOUT_MS, .hold_timeout_ms = HOLD_TIMEOUT_MS,
-                                   .nonce_seed = seed * 1000, .test_unverified = W->cfg->unverified};
+    struct kvf_decode_config dc = {.pool = W->pool,
+                                   .max_reqs = MAX_REQS,
+                                   .max_context = MAX_CONTEXT,
+                                   .max_grant_pages = MAX_GRANT,
+                                   .max_peers = N_PEERS,
+                                   .grant_timeout_ms = GRANT_TIMEOUT_MS,
+                                   .hold_timeout_ms = HOLD_TIMEOUT_MS,
+                                   .nonce_seed = seed * 1000,
+                                   .test_unverified = W->cfg->unverified};
     if (kvf_decode_create(&dc, &W->dec) < 0) abort();
     W->acts = (struct kvf_actions){W->abuf, 0, KVF_ARRAY_LEN(W->abuf)};
 
@@ -322,8 +355,11 @@ void setup(struct world *W, uint64_t seed)
 
     for (int p = 0; p < N_PEERS; p++) {
         struct speer *P = &W->peer[p];
-        struct kvf_prefill_config c = {.decode_peer = 0, .max_reqs = 16, .max_grant_pages = MAX_GRANT,
-                                       .max_context = MAX_CONTEXT, .page_tokens = PT};
+        struct kvf_prefill_config c = {.decode_peer = 0,
+                                       .max_reqs = 16,
+                                       .max_grant_pages = MAX_GRANT,
+                                       .max_context = MAX_CONTEXT,
+                                       .page_tokens = PT};
         if (kvf_prefill_create(&c, &P->sm) < 0) abort();
         P->alive = true;
         P->n_src = rnd(W, 2, N_SRC);
@@ -361,7 +397,8 @@ void setup(struct world *W, uint64_t seed)
         r->fail_at = chance(W, 0.05) ? (int)rnd(W, 1, 4) : -1;
         r->refuse = chance(W, 0.05);
         r->forge = chance(W, 0.04);
-        r->corrupt = chance(W, 0.04) && !W->cfg->unverified; /* drawn either way: the same schedule */
+        r->corrupt =
+            chance(W, 0.04) && !W->cfg->unverified; /* drawn either way: the same schedule */
         r->early_clear = chance(W, 0.05);
         if (r->forge || r->corrupt) r->faulted = true;
         if (chance(W, 0.03)) r->prompt = MAX_CONTEXT + 1; /* over the limit: refused at once */
@@ -384,7 +421,8 @@ void setup(struct world *W, uint64_t seed)
 
 void teardown(struct world *W)
 {
-    for (int p = 0; p < N_PEERS; p++) kvf_prefill_destroy(W->peer[p].sm);
+    for (int p = 0; p < N_PEERS; p++)
+        kvf_prefill_destroy(W->peer[p].sm);
     kvf_decode_destroy(W->dec);
     kvf_pool_destroy(W->pool);
     free(W->heap);
@@ -431,9 +469,12 @@ void sim_run(const struct sim_config *cfg, uint64_t seed, FILE *tr, struct sim_r
     out->steps = W.steps;
     out->end_ms = W.now;
     for (int i = 0; i < W.n_req; i++) {
-        if (W.req[i].outcome && W.req[i].ok) out->committed++;
-        else if (W.req[i].outcome) out->failed++;
-        if (W.req[i].outcome && W.req[i].ok && W.req[i].outcome_t > W.req[i].submit_t + GRANT_TIMEOUT_MS)
+        if (W.req[i].outcome && W.req[i].ok)
+            out->committed++;
+        else if (W.req[i].outcome)
+            out->failed++;
+        if (W.req[i].outcome && W.req[i].ok &&
+            W.req[i].outcome_t > W.req[i].submit_t + GRANT_TIMEOUT_MS)
             out->outlived++; /* alive past the no-progress bound by PROGRESS alone */
     }
     teardown(&W);

@@ -14,13 +14,13 @@
 
 struct sim_result {
     bool ok;
-    char why[512];        /* the first invariant that failed */
-    uint64_t steps;       /* events processed */
-    uint64_t end_ms;      /* virtual time at quiescence */
+    char why[512];   /* the first invariant that failed */
+    uint64_t steps;  /* events processed */
+    uint64_t end_ms; /* virtual time at quiescence */
     uint32_t committed, failed, fences, quarantines;
-    uint32_t stale;       /* messages the decode machine ignored as stale, duplicate or unknown */
-    uint32_t outlived;    /* requests committed later than the no-progress bound after their
-                             submission: their grants lived by PROGRESS */
+    uint32_t stale;    /* messages the decode machine ignored as stale, duplicate or unknown */
+    uint32_t outlived; /* requests committed later than the no-progress bound after their
+                          submission: their grants lived by PROGRESS */
 };
 
 /*

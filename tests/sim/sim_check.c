@@ -30,8 +30,8 @@ uint64_t stamp(kvf_req_id_t id, uint64_t tag, uint32_t slot)
 }
 void put_stamp(uint8_t *data, uint32_t slot, uint64_t v)
 {
-    memcpy(data + slot * 8, &v, 8);           /* K block: bytes [0, 32) */
-    memcpy(data + 32 + slot * 8, &v, 8);      /* V block: bytes [32, 64) */
+    memcpy(data + slot * 8, &v, 8);      /* K block: bytes [0, 32) */
+    memcpy(data + 32 + slot * 8, &v, 8); /* V block: bytes [32, 64) */
 }
 
 bool ended(const struct sreq *r)
@@ -57,15 +57,18 @@ void read_all(struct world *W, int ri, const char *when)
         for (uint32_t s = 0; s < page_slots(r->prompt, i); s++) {
             int rc = kvf_pool_read_check(W->pool, r->pages[i].page, r->pages[i].tag, s);
             if (rc < 0) {
-                violate(W, "I1: request %d at %s cannot read slot %u of page %u (%s): it runs "
-                           "without its prompt's KV", ri, when, s, r->pages[i].page, kvf_strerror(rc));
+                violate(W,
+                        "I1: request %d at %s cannot read slot %u of page %u (%s): it runs "
+                        "without its prompt's KV",
+                        ri, when, s, r->pages[i].page, kvf_strerror(rc));
                 return;
             }
             uint64_t want = stamp(r->id, r->pages[i].tag, s), k, v;
             memcpy(&k, d + s * 8, 8);
             memcpy(&v, d + 32 + s * 8, 8);
             if (k != want || v != want) {
-                violate(W, "I1: request %d at %s reads slot %u of page %u that was not written for it",
+                violate(W,
+                        "I1: request %d at %s reads slot %u of page %u that was not written for it",
                         ri, when, s, r->pages[i].page);
                 return;
             }
@@ -82,11 +85,14 @@ void check_write_target(struct world *W, const struct swrite *w, const char *whe
         violate(W, "I2: write %s to page %u out of range", when, w->dst.page);
         return;
     }
-    if (pi.tag != w->dst.tag || !pi.granted || pi.grant.peer != w->peer || pi.grant.epoch != w->epoch)
-        violate(W, "I2: write of request %d (peer %d epoch %u) %s page %u, which is %s with tag %" PRIu64
-                   " (write's tag %" PRIu64 "), grant %s to peer %u epoch %u",
-                w->ridx, w->peer, w->epoch, when, w->dst.page, kvf_page_state_name(pi.state), pi.tag,
-                w->dst.tag, pi.granted ? "held" : "none", pi.grant.peer, pi.grant.epoch);
+    if (pi.tag != w->dst.tag || !pi.granted || pi.grant.peer != w->peer ||
+        pi.grant.epoch != w->epoch)
+        violate(
+            W,
+            "I2: write of request %d (peer %d epoch %u) %s page %u, which is %s with tag %" PRIu64
+            " (write's tag %" PRIu64 "), grant %s to peer %u epoch %u",
+            w->ridx, w->peer, w->epoch, when, w->dst.page, kvf_page_state_name(pi.state), pi.tag,
+            w->dst.tag, pi.granted ? "held" : "none", pi.grant.peer, pi.grant.epoch);
 }
 
 /* --- The network. -------------------------------------------------------------------------- */
@@ -116,15 +122,20 @@ void check_all(struct world *W)
             if (pi.state != KVF_PAGE_QUARANTINED) continue;
             int ri = find_req(W, pi.owner.req);
             if (ri >= 0 && !W->req[ri].faulted)
-                violate(W, "I8: page %u of request %d was quarantined although none of its messages was "
-                           "lost and its writer never failed: a drain proof went missing", pg, ri);
+                violate(
+                    W,
+                    "I8: page %u of request %d was quarantined although none of its messages was "
+                    "lost and its writer never failed: a drain proof went missing",
+                    pg, ri);
         }
     }
     for (int i = 0; i < W->n_req; i++) {
         const struct sreq *r = &W->req[i];
         uint64_t since = r->progress_t > r->submit_t ? r->progress_t : r->submit_t;
         if (r->submitted && !r->outcome && W->now > since + OUTCOME_BOUND_MS)
-            violate(W, "I3: request %d has had no answer for %" PRIu64 " ms (%" PRIu64 " since its last progress)",
+            violate(W,
+                    "I3: request %d has had no answer for %" PRIu64 " ms (%" PRIu64
+                    " since its last progress)",
                     i, W->now - r->submit_t, W->now - since);
     }
 }
@@ -136,7 +147,8 @@ bool quiescent(struct world *W)
     kvf_decode_stats(W->dec, &ds);
     if (ds.live) return false;
     for (int p = 0; p < N_PEERS; p++)
-        if (!W->peer[p].alive || !W->peer[p].connected || W->now < W->peer[p].hung_until) return false;
+        if (!W->peer[p].alive || !W->peer[p].connected || W->now < W->peer[p].hung_until)
+            return false;
     return true;
 }
 
@@ -151,15 +163,16 @@ void final_checks(struct world *W)
     W->res->stale = (uint32_t)ds.stale;
     if (!all_checks(W)) return;
     if (st.by_state[KVF_PAGE_FREE] != W->cfg->n_pages || st.reserved || st.grants)
-        violate(W, "I4: at quiescence %u of %u pages free, %u reserved, %u grants", st.by_state[KVF_PAGE_FREE],
-                W->cfg->n_pages, st.reserved, st.grants);
+        violate(W, "I4: at quiescence %u of %u pages free, %u reserved, %u grants",
+                st.by_state[KVF_PAGE_FREE], W->cfg->n_pages, st.reserved, st.grants);
     for (int i = 0; i < W->n_req; i++)
         if (!W->req[i].dropped_by_client && !W->req[i].outcome)
             violate(W, "I3: request %d never ended", i);
     for (int p = 0; p < N_PEERS; p++) {
         struct kvf_prefill_stats ps;
         kvf_prefill_stats(W->peer[p].sm, &ps);
-        if (ps.live) violate(W, "I4: prefill %d still has %u live requests at quiescence", p, ps.live);
+        if (ps.live)
+            violate(W, "I4: prefill %d still has %u live requests at quiescence", p, ps.live);
         for (int s = 0; s < N_SRC; s++)
             if (W->peer[p].src[s].used) violate(W, "I4: prefill %d leaked source page %d", p, s);
     }

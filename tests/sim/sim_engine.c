@@ -40,8 +40,7 @@ void net_send(struct world *W, int peer, bool to_decode, const struct kvf_msg *m
     }
 }
 
-bool decode_msg(struct world *W, const struct ev *e, struct kvf_msg *m,
-                       struct kvf_msg_scratch *s)
+bool decode_msg(struct world *W, const struct ev *e, struct kvf_msg *m, struct kvf_msg_scratch *s)
 {
     long n = kvf_msg_decode(e->bytes, e->len, m, s);
     if (n != (long)e->len) {
@@ -83,9 +82,10 @@ void decode_actions(struct world *W)
             uint32_t cur = 0;
             kvf_pool_peer_epoch(W->pool, (uint16_t)r->writer, &cur);
             if (all_checks(W) && cur != r->epoch)
-                violate(W, "I7: request %d committed on writer epoch %u, which was fenced (now %u)", ri,
-                        r->epoch, cur);
-            if (all_checks(W) && r->refused) violate(W, "I6: request %d committed although prefill refused it", ri);
+                violate(W, "I7: request %d committed on writer epoch %u, which was fenced (now %u)",
+                        ri, r->epoch, cur);
+            if (all_checks(W) && r->refused)
+                violate(W, "I6: request %d committed although prefill refused it", ri);
             if (!r->outcome) {
                 r->outcome = true;
                 r->ok = true;
@@ -102,8 +102,10 @@ void decode_actions(struct world *W)
             if (!r) break;
             trace(W, "  req %d fails: %s", ri, kvf_strerror(a->err));
             if (all_checks(W) && !r->faulted && a->err == KVF_E_PROTO_TIMEOUT)
-                violate(W, "I9: request %d failed for want of progress although its writer was live "
-                           "and every message of it arrived", ri);
+                violate(W,
+                        "I9: request %d failed for want of progress although its writer was live "
+                        "and every message of it arrived",
+                        ri);
             if (!r->outcome) {
                 r->outcome = true;
                 r->err = a->err;
@@ -111,7 +113,8 @@ void decode_actions(struct world *W)
             }
             if (r->running) r->finished = true;
             break;
-        default: violate(W, "decode emitted action kind %d", (int)a->kind);
+        default:
+            violate(W, "decode emitted action kind %d", (int)a->kind);
         }
     }
     W->acts.n = 0;
@@ -124,7 +127,8 @@ void prefill_actions(struct world *W, int p);
 struct src *find_src(struct speer *P, int ri, uint64_t nonce, uint32_t index)
 {
     for (uint32_t i = 0; i < P->n_src; i++)
-        if (P->src[i].used && P->src[i].ridx == ri && P->src[i].nonce == nonce && P->src[i].index == index)
+        if (P->src[i].used && P->src[i].ridx == ri && P->src[i].nonce == nonce &&
+            P->src[i].index == index)
             return &P->src[i];
     return NULL;
 }
@@ -256,13 +260,15 @@ void prefill_actions(struct world *W, int p)
         case KVF_ACT_RELEASE_SRC: {
             struct src *s = find_src(P, ri, a->nonce, a->index);
             if (!s) {
-                violate(W, "prefill released source %u of request %d, which it does not hold", a->index, ri);
+                violate(W, "prefill released source %u of request %d, which it does not hold",
+                        a->index, ri);
                 break;
             }
             free_src(s);
             break;
         }
-        default: violate(W, "prefill emitted action kind %d", (int)a->kind);
+        default:
+            violate(W, "prefill emitted action kind %d", (int)a->kind);
         }
     }
     W->acts.n = 0;
@@ -289,8 +295,10 @@ void on_submit(struct world *W, int ri)
     r->submit_t = W->now;
     struct speer *P = &W->peer[p];
     if (P->faulty || W->now < P->hung_until || W->now < P->part_until) r->faulted = true;
-    struct kvf_msg_new n = {.tenant = r->tenant, .prompt_len = r->prompt, .max_tokens = r->max_tokens};
-    trace(W, "req %d submitted to peer %d: prompt %u, max_tokens %u", ri, p, r->prompt, r->max_tokens);
+    struct kvf_msg_new n = {
+        .tenant = r->tenant, .prompt_len = r->prompt, .max_tokens = r->max_tokens};
+    trace(W, "req %d submitted to peer %d: prompt %u, max_tokens %u", ri, p, r->prompt,
+          r->max_tokens);
     int rc = kvf_decode_submit(W->dec, W->now, r->id, &n, (uint16_t)p, &W->acts);
     if (rc < 0) violate(W, "kvf_decode_submit: %s", kvf_strerror(rc));
     decode_actions(W);
@@ -331,11 +339,12 @@ void on_page_ready(struct world *W, const struct ev *e)
     memset(s->data, 0, sizeof(s->data));
     uint32_t slots = page_slots(r->prompt, e->index);
     if (r->forge && e->index == r->n_pages - 1) slots--;
-    for (uint32_t k = 0; k < slots; k++) put_stamp(s->data, k, stamp(r->id, r->pages[e->index].tag, k));
+    for (uint32_t k = 0; k < slots; k++)
+        put_stamp(s->data, k, stamp(r->id, r->pages[e->index].tag, k));
     uint64_t sum = XXH3_64bits(s->data, W->data_bytes);
     trace(W, "prefill %d: page %u of req %d computed", e->peer, e->index, e->ridx);
-    rc = kvf_prefill_page_ready(P->sm, W->now, r->id, e->nonce, e->index, sum, 1000u + (uint32_t)e->ridx,
-                                &W->acts);
+    rc = kvf_prefill_page_ready(P->sm, W->now, r->id, e->nonce, e->index, sum,
+                                1000u + (uint32_t)e->ridx, &W->acts);
     if (rc < 0) {
         free_src(s); /* never posted: the engine frees it */
         W->acts.n = 0;
@@ -343,7 +352,8 @@ void on_page_ready(struct world *W, const struct ev *e)
     }
     r->pages_done = e->index + 1;
     prefill_actions(W, e->peer);
-    if (e->index + 1 < r->n_pages && !r->job_aborted) schedule_page(W, e->peer, e->ridx, e->index + 1);
+    if (e->index + 1 < r->n_pages && !r->job_aborted)
+        schedule_page(W, e->peer, e->ridx, e->index + 1);
 }
 
 /* While it computes, the prefill engine reports its progress every PROGRESS_MS (the engine's
@@ -399,8 +409,10 @@ void on_local(struct world *W, const struct ev *e)
     }
     if (w->src >= 0 && !w->dropped) {
         struct src *s = &P->src[w->src];
-        if (all_checks(W) && (!s->used || s->ridx != w->ridx || s->nonce != w->nonce || s->index != w->index))
-            violate(W, "I5: the put of request %d page %u read a source page that was already freed",
+        if (all_checks(W) &&
+            (!s->used || s->ridx != w->ridx || s->nonce != w->nonce || s->index != w->index))
+            violate(W,
+                    "I5: the put of request %d page %u read a source page that was already freed",
                     w->ridx, w->index);
         memcpy(w->data, s->data, sizeof(w->data));
     }
@@ -442,7 +454,8 @@ void on_flush(struct world *W, const struct ev *e)
     uint64_t last = 0;
     for (int i = 0; i < MAX_WRITES; i++) {
         const struct swrite *w = &W->w[i];
-        if (!w->live || w->landed || w->peer != e->peer || w->ridx != e->ridx || w->nonce != e->nonce)
+        if (!w->live || w->landed || w->peer != e->peer || w->ridx != e->ridx ||
+            w->nonce != e->nonce)
             continue;
         if (w->dropped) return; /* the endpoint is closed: the flush fails, the peer resets */
         if (w->land_t > last) last = w->land_t;

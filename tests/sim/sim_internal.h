@@ -18,7 +18,7 @@
 /* World size and timing (virtual milliseconds). */
 enum {
     N_PEERS = 2,
-    PT = 4,          /* slots per page */
+    PT = 4, /* slots per page */
     MAX_REQS = 6,
     MAX_PROMPT = 20, /* ≤ 5 pages; a configuration may draw shorter ones */
     MAX_CONTEXT = 40,
@@ -36,10 +36,26 @@ enum {
 };
 
 enum evk {
-    EV_TICK, EV_HB, /* periodic */
-    EV_SUBMIT, EV_CANCEL, EV_FINISH, EV_TO_DECODE, EV_TO_PREFILL, EV_PAGE_READY, EV_LOCAL,
-    EV_LAND, EV_FLUSH, EV_CLEAR, EV_CRASH, EV_RESTART, EV_HANG, EV_PARTITION, EV_FENCE, EV_RESET,
-    EV_CONNECT, EV_PROGRESS,
+    EV_TICK,
+    EV_HB, /* periodic */
+    EV_SUBMIT,
+    EV_CANCEL,
+    EV_FINISH,
+    EV_TO_DECODE,
+    EV_TO_PREFILL,
+    EV_PAGE_READY,
+    EV_LOCAL,
+    EV_LAND,
+    EV_FLUSH,
+    EV_CLEAR,
+    EV_CRASH,
+    EV_RESTART,
+    EV_HANG,
+    EV_PARTITION,
+    EV_FENCE,
+    EV_RESET,
+    EV_CONNECT,
+    EV_PROGRESS,
 };
 
 struct ev {
@@ -58,12 +74,12 @@ struct sreq {
     bool submitted, dropped_by_client, outcome, ok, running, finished;
     uint64_t submit_t, outcome_t;
     int err;
-    bool faulted;        /* a message of it was lost or late, or its writer failed */
+    bool faulted;         /* a message of it was lost or late, or its writer failed */
     bool refuse, refused; /* the prefill engine refuses it (by plan / did, before any post) */
-    int fail_at;         /* page index at which the prefill engine fails it, or -1 */
-    bool forge;          /* the engine writes one token fewer and says so */
-    bool corrupt;        /* a landed byte of it is flipped */
-    bool early_clear;    /* the prefill engine gives up on it */
+    int fail_at;          /* page index at which the prefill engine fails it, or -1 */
+    bool forge;           /* the engine writes one token fewer and says so */
+    bool corrupt;         /* a landed byte of it is flipped */
+    bool early_clear;     /* the prefill engine gives up on it */
     bool job_aborted;
     bool slow;           /* a long prompt: each page takes 400..1,400 ms to compute, so the whole
                             prompt outlasts the no-progress bound and lives by PROGRESS */
@@ -87,8 +103,8 @@ struct speer {
     bool alive, connected, decode_up;
     uint32_t epoch, gen;
     uint64_t hung_until, part_until, fault_since;
-    bool hang_hb;        /* heartbeats keep flowing while hung */
-    bool faulty;         /* crashed, partitioned, or hung without heartbeats */
+    bool hang_hb; /* heartbeats keep flowing while hung */
+    bool faulty;  /* crashed, partitioned, or hung without heartbeats */
     uint32_t n_src;
     struct src src[N_SRC];
 };
@@ -141,7 +157,7 @@ static inline bool checkers_on(const struct world *W)
 void trace(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void violate(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 uint32_t rnd(struct world *W, uint32_t lo, uint32_t hi); /* uniform in [lo, hi] */
-bool chance(struct world *W, double p);                    /* true with probability p */
+bool chance(struct world *W, double p);                  /* true with probability p */
 bool ev_less(const struct ev *a, const struct ev *b);
 struct ev *ev_new(struct world *W, uint64_t delay, enum evk kind);
 void ev_push(struct world *W);
@@ -159,8 +175,7 @@ void check_all(struct world *W);
 bool quiescent(struct world *W);
 void final_checks(struct world *W);
 void net_send(struct world *W, int peer, bool to_decode, const struct kvf_msg *m);
-bool decode_msg(struct world *W, const struct ev *e, struct kvf_msg *m,
-                       struct kvf_msg_scratch *s);
+bool decode_msg(struct world *W, const struct ev *e, struct kvf_msg *m, struct kvf_msg_scratch *s);
 void decode_actions(struct world *W);
 struct src *find_src(struct speer *P, int ri, uint64_t nonce, uint32_t index);
 void free_src(struct src *s);

@@ -55,15 +55,15 @@
 #include "kvfence/model.h"
 #include "simnet.h"
 
-#define N_PF 2
-#define MAX_RQ 12
-#define PT 16
-#define CTX 256
+#define N_PF       2
+#define MAX_RQ     12
+#define PT         16
+#define CTX        256
 #define MAX_PROMPT 150
-#define MAX_OUT 24
-#define GRANT_MS 400
-#define HOLD_MS 1500
-#define LIMIT_MS 60000
+#define MAX_OUT    24
+#define GRANT_MS   400
+#define HOLD_MS    1500
+#define LIMIT_MS   60000
 /* After the last request ended, the world runs this long (in 5 ms steps) before L3: past the
  * hold timeout, and past the slowest bounded ending seen (a prefill whose decode fenced it can
  * keep a job's source pages for a few seconds, until its session ends). */
@@ -98,10 +98,10 @@ struct fault {
 /* The run's options (main's flags). */
 struct opts {
     bool verbose;
-    bool pressured;      /* small pools, late puts, many cancels: freed pages reused under writes */
-    const char *forge;   /* KVF_TEST_FORGE for the prefills of the fault world (their forgeries) */
-    bool content_only;   /* L1 alone: what content shows by itself */
-    bool router;         /* requests through the router and a decode service (the split roles) */
+    bool pressured;    /* small pools, late puts, many cancels: freed pages reused under writes */
+    const char *forge; /* KVF_TEST_FORGE for the prefills of the fault world (their forgeries) */
+    bool content_only; /* L1 alone: what content shows by itself */
+    bool router;       /* requests through the router and a decode service (the split roles) */
 };
 static struct opts O;
 
@@ -146,12 +146,22 @@ static int violate(struct world *W, const char *fmt, ...)
 
 static struct kvf_worker_config base_config(struct world *W)
 {
-    struct kvf_worker_config c = {.model = W->m, .model_fp = 42, .page_tokens = PT, .n_threads = 1,
-                                  .max_context = CTX, .max_batch = 4, .prefill_chunk = 32,
-                                  .max_queue = 64, .max_reqs = 16, .grant_timeout_ms = GRANT_MS,
-                                  .hold_timeout_ms = HOLD_MS, .admit_timeout_ms = 20000,
-                                  .transport = &simnet_transport, .transport_ctx = W->net,
-                                  .manual = true, .seed = W->seed * 2654435761u + 17};
+    struct kvf_worker_config c = {.model = W->m,
+                                  .model_fp = 42,
+                                  .page_tokens = PT,
+                                  .n_threads = 1,
+                                  .max_context = CTX,
+                                  .max_batch = 4,
+                                  .prefill_chunk = 32,
+                                  .max_queue = 64,
+                                  .max_reqs = 16,
+                                  .grant_timeout_ms = GRANT_MS,
+                                  .hold_timeout_ms = HOLD_MS,
+                                  .admit_timeout_ms = 20000,
+                                  .transport = &simnet_transport,
+                                  .transport_ctx = W->net,
+                                  .manual = true,
+                                  .seed = W->seed * 2654435761u + 17};
     return c;
 }
 
@@ -199,16 +209,22 @@ static int world_start(struct world *W, uint64_t seed, bool faults)
     c.n_pages = !faults ? 64 : O.pressured ? 24 : 36;
     c.prefill_host = "sim";
     c.prefill_port = W->port[0];
-    if (kvf_dworker_start(&c, &W->dw, err, sizeof err) < 0) return violate(W, "decode would not start: %s", err);
+    if (kvf_dworker_start(&c, &W->dw, err, sizeof err) < 0)
+        return violate(W, "decode would not start: %s", err);
     for (int i = 1; i < N_PF; i++)
-        if (kvf_dworker_add_prefill(W->dw, "sim", W->port[i]) < 0) return violate(W, "add_prefill failed");
+        if (kvf_dworker_add_prefill(W->dw, "sim", W->port[i]) < 0)
+            return violate(W, "add_prefill failed");
     W->gops = &kvf_dworker_gen_ops;
     W->ge = W->dw;
     if (O.router && faults) {
         uint32_t n_vocab = W->n_vocab;
-        struct kvf_decode_service_config sc = {.listen_host = "sim", .model_fp = 42, .max_context = CTX,
-                                               .page_tokens = PT, .n_vocab = n_vocab,
-                                               .transport = &simnet_transport, .transport_ctx = W->net,
+        struct kvf_decode_service_config sc = {.listen_host = "sim",
+                                               .model_fp = 42,
+                                               .max_context = CTX,
+                                               .page_tokens = PT,
+                                               .n_vocab = n_vocab,
+                                               .transport = &simnet_transport,
+                                               .transport_ctx = W->net,
                                                .manual = true};
         if (kvf_decode_service_start(W->dw, &sc, &W->ds, err, sizeof err) < 0)
             return violate(W, "the decode service would not start: %s", err);
@@ -218,13 +234,23 @@ static int world_start(struct world *W, uint64_t seed, bool faults)
             ph[i] = "sim";
             pp[i] = W->port[i];
         }
-        struct kvf_router_config rc = {.decode_hosts = dh, .decode_ports = dp, .n_decodes = 1,
-                                       .prefill_hosts = ph, .prefill_ports = pp, .n_prefills = N_PF,
-                                       .model_fp = 42, .max_context = CTX, .page_tokens = PT,
-                                       .n_vocab = n_vocab, .max_queue = 64, .admit_timeout_ms = 20000,
-                                       .transport = &simnet_transport, .transport_ctx = W->net,
+        struct kvf_router_config rc = {.decode_hosts = dh,
+                                       .decode_ports = dp,
+                                       .n_decodes = 1,
+                                       .prefill_hosts = ph,
+                                       .prefill_ports = pp,
+                                       .n_prefills = N_PF,
+                                       .model_fp = 42,
+                                       .max_context = CTX,
+                                       .page_tokens = PT,
+                                       .n_vocab = n_vocab,
+                                       .max_queue = 64,
+                                       .admit_timeout_ms = 20000,
+                                       .transport = &simnet_transport,
+                                       .transport_ctx = W->net,
                                        .manual = true};
-        if (kvf_router_start(&rc, &W->rt, err, sizeof err) < 0) return violate(W, "the router would not start: %s", err);
+        if (kvf_router_start(&rc, &W->rt, err, sizeof err) < 0)
+            return violate(W, "the router would not start: %s", err);
         W->gops = &kvf_router_gen_ops;
         W->ge = W->rt;
     }
@@ -253,8 +279,12 @@ static void world_stop(struct world *W)
 
 static void submit(struct world *W, struct req *r)
 {
-    struct kvf_gen_params p = {.tenant = r->tenant, .prompt = r->prompt, .n_prompt = r->n_prompt,
-                               .max_tokens = r->max_tokens, .sample = r->sp, .want_logprob = true,
+    struct kvf_gen_params p = {.tenant = r->tenant,
+                               .prompt = r->prompt,
+                               .n_prompt = r->n_prompt,
+                               .max_tokens = r->max_tokens,
+                               .sample = r->sp,
+                               .want_logprob = true,
                                .ignore_eos = true};
     r->submitted = true;
     int rc = W->gops->submit(W->ge, &p, &r->g);
@@ -305,7 +335,8 @@ static void apply_fault(struct world *W, struct fault *f)
     case F_RESET: {
         kvf_xport_t *x = W->pw[i] ? simnet_listener(W->net, W->port[i]) : NULL;
         if (!x) return;
-        if (W->verbose) printf("  %" PRIu64 " ms: prefill %d's links reset\n", simnet_now(W->net), i);
+        if (W->verbose)
+            printf("  %" PRIu64 " ms: prefill %d's links reset\n", simnet_now(W->net), i);
         simnet_reset(x);
         W->link_faults = true;
         break;
@@ -344,12 +375,14 @@ static int world_run(struct world *W)
                 if (kvf_pworker_computing(W->pw[i])) {
                     if (!W->pw_due[i]) {
                         bool stall = W->faults && simnet_rand(W->net, 0, 99) < W->stall_pct;
-                        uint64_t cost = W->slow ? simnet_rand(W->net, 80, 200) : simnet_rand(W->net, 1, 15);
+                        uint64_t cost =
+                            W->slow ? simnet_rand(W->net, 80, 200) : simnet_rand(W->net, 1, 15);
                         W->pw_due[i] = t + (stall ? simnet_rand(W->net, 300, 2500) : cost);
                         if (stall) W->link_faults = true;
                     }
                     if (t >= W->pw_due[i]) {
-                        if (getenv("KVF_SIMNET_TRACE")) printf("    %" PRIu64 " ms: prefill %d computes a chunk\n", t, i);
+                        if (getenv("KVF_SIMNET_TRACE"))
+                            printf("    %" PRIu64 " ms: prefill %d computes a chunk\n", t, i);
                         kvf_pworker_compute(W->pw[i]);
                         W->pw_due[i] = 0;
                     }
@@ -368,17 +401,21 @@ static int world_run(struct world *W)
                 }
             }
         }
-        for (uint32_t i = 0; i < W->n_rq; i++) poll_req(W, &W->rq[i]);
+        for (uint32_t i = 0; i < W->n_rq; i++)
+            poll_req(W, &W->rq[i]);
         if (W->why[0]) return -1;
         bool faults_left = false;
-        for (uint32_t i = 0; i < W->n_fl; i++) faults_left |= !W->fl[i].done;
+        for (uint32_t i = 0; i < W->n_fl; i++)
+            faults_left |= !W->fl[i].done;
         if (!end_at && all_ended(W) && !faults_left) end_at = t + (W->quick ? 0 : DRAIN_MS);
         if (end_at && t >= end_at) return 0;
     }
     for (uint32_t i = 0; i < W->n_rq; i++)
         if (!W->rq[i].ended)
-            if (!O.content_only) return violate(W, "L2: request %u (%u prompt tokens) never ended (%u tokens so far)", i,
-                           W->rq[i].n_prompt, W->rq[i].n_out);
+            if (!O.content_only)
+                return violate(W,
+                               "L2: request %u (%u prompt tokens) never ended (%u tokens so far)",
+                               i, W->rq[i].n_prompt, W->rq[i].n_out);
     return 0;
 }
 
@@ -389,23 +426,29 @@ static int check_end(struct world *W)
     uint32_t *s = in.decode_by_state;
     if (s[KVF_PAGE_OWNED] || s[KVF_PAGE_GRANTED] || s[KVF_PAGE_HELD] ||
         s[KVF_PAGE_FREE] + s[KVF_PAGE_QUARANTINED] != in.decode_pages)
-        return violate(W, "L3: decode pool after the run: %u free, %u owned, %u granted, %u held, %u quarantined of %u",
+        return violate(W,
+                       "L3: decode pool after the run: %u free, %u owned, %u granted, %u held, %u "
+                       "quarantined of %u",
                        s[KVF_PAGE_FREE], s[KVF_PAGE_OWNED], s[KVF_PAGE_GRANTED], s[KVF_PAGE_HELD],
                        s[KVF_PAGE_QUARANTINED], in.decode_pages);
     for (int i = 0; i < N_PF; i++) {
         if (!W->pw[i]) continue;
         uint32_t pages = 0, free_pages = 0;
         kvf_pworker_pool(W->pw[i], &pages, &free_pages);
-        if (pages != free_pages) return violate(W, "L3: prefill %d's pool after the run: %u of %u free", i, free_pages, pages);
+        if (pages != free_pages)
+            return violate(W, "L3: prefill %d's pool after the run: %u of %u free", i, free_pages,
+                           pages);
     }
     if (in.foreign_tails)
-        return violate(W, "L5: %" PRIu64 " committed prompts' last pages carried bytes beyond the prompt that were not zero (another request's)",
-                       in.foreign_tails);
+        return violate(W,
+                       "L5: %llu committed last pages held another request's bytes past the prompt",
+                       (unsigned long long)in.foreign_tails);
     return 0;
 }
 
 /* The reference of one request: alone, in a world without faults. */
-static int reference(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, struct req *r, char *why, size_t why_len)
+static int reference(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, struct req *r,
+                     char *why, size_t why_len)
 {
     struct world W = {.m = m, .n_vocab = n_vocab, .quick = true};
     struct req one = *r;
@@ -416,7 +459,8 @@ static int reference(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, stru
     int rc = world_start(&W, seed ^ 0x5eed, false);
     if (rc == 0) rc = world_run(&W);
     if (rc == 0 && (one.err || one.n_out != one.max_tokens))
-        rc = violate(&W, "the reference run failed: %s, %u of %u tokens", kvf_strerror(one.err), one.n_out, one.max_tokens);
+        rc = violate(&W, "the reference run failed: %s, %u of %u tokens", kvf_strerror(one.err),
+                     one.n_out, one.max_tokens);
     world_stop(&W);
     if (rc < 0) {
         snprintf(why, why_len, "%s", W.why);
@@ -432,26 +476,31 @@ struct totals {
     uint64_t reqs, cancelled, ok, failed, tokens, kills, resets;
 };
 
-static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool verbose, struct totals *T,
-                    char *why, size_t why_len)
+static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool verbose,
+                    struct totals *T, char *why, size_t why_len)
 {
     struct world W = {.m = m, .n_vocab = n_vocab, .verbose = verbose, .stall_pct = 4};
     struct req rq[MAX_RQ];
     memset(rq, 0, sizeof rq);
     /* The plan comes from its own generator, so it does not depend on the run. */
-    struct simnet *plan = simnet_new(seed ^ 0xA5A5A5A5ull, &(struct simnet_faults){.delay_max_ms = 1});
+    struct simnet *plan =
+        simnet_new(seed ^ 0xA5A5A5A5ull, &(struct simnet_faults){.delay_max_ms = 1});
     uint32_t n = (uint32_t)simnet_rand(plan, 3, MAX_RQ);
     for (uint32_t i = 0; i < n; i++) {
         struct req *r = &rq[i];
-        r->n_prompt = (uint32_t)(simnet_rand(plan, 0, 3) == 0 ? simnet_rand(plan, 60, MAX_PROMPT) : simnet_rand(plan, 1, 40));
+        r->n_prompt = (uint32_t)(simnet_rand(plan, 0, 3) == 0 ? simnet_rand(plan, 60, MAX_PROMPT)
+                                                              : simnet_rand(plan, 1, 40));
         if (simnet_rand(plan, 0, 3) == 0) /* whole pages: a last page filled to its end */
             r->n_prompt = PT * (uint32_t)simnet_rand(plan, 1, MAX_PROMPT / PT);
-        for (uint32_t k = 0; k < r->n_prompt; k++) r->prompt[k] = (int32_t)simnet_rand(plan, 0, n_vocab - 1);
+        for (uint32_t k = 0; k < r->n_prompt; k++)
+            r->prompt[k] = (int32_t)simnet_rand(plan, 0, n_vocab - 1);
         r->max_tokens = (uint32_t)simnet_rand(plan, 1, MAX_OUT);
         r->tenant = 1 + i % 2;
-        r->sp = (struct kvf_sample_params){simnet_rand(plan, 0, 1) ? 0.0f : 0.9f, 0, 1.0f, simnet_rand(plan, 1, 1000)};
+        r->sp = (struct kvf_sample_params){simnet_rand(plan, 0, 1) ? 0.0f : 0.9f, 0, 1.0f,
+                                           simnet_rand(plan, 1, 1000)};
         r->submit_at = simnet_rand(plan, 0, 800);
-        if (simnet_rand(plan, 0, 99) < (O.pressured ? 35 : 15)) r->cancel_at = r->submit_at + simnet_rand(plan, 0, 300);
+        if (simnet_rand(plan, 0, 99) < (O.pressured ? 35 : 15))
+            r->cancel_at = r->submit_at + simnet_rand(plan, 0, 300);
     }
     for (uint32_t i = 0; i < n; i++)
         if (reference(m, n_vocab, seed * 131 + i, &rq[i], why, why_len) < 0) {
@@ -468,7 +517,8 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
         T->kills++;
     }
     if (simnet_rand(plan, 0, 99) < 25) { /* a prefill's links reset */
-        W.fl[W.n_fl++] = (struct fault){simnet_rand(plan, 20, 1200), F_RESET, (int)simnet_rand(plan, 0, N_PF - 1), false};
+        W.fl[W.n_fl++] = (struct fault){simnet_rand(plan, 20, 1200), F_RESET,
+                                        (int)simnet_rand(plan, 0, N_PF - 1), false};
         T->resets++;
     }
     if (simnet_rand(plan, 0, 99) < 20) {
@@ -482,18 +532,26 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         struct req *r = &rq[i];
         for (uint32_t k = 0; k < r->n_out && rc == 0; k++)
-            if (k >= r->rn || r->toks[k] != r->rtoks[k] || memcmp(&r->lps[k], &r->rlps[k], sizeof(float)) != 0)
-                rc = violate(&W, "L1: request %u (%u prompt tokens) token %u: %d (logprob %.9g), alone it is %d (%.9g)", i,
-                             r->n_prompt, k, r->toks[k], (double)r->lps[k], k < r->rn ? r->rtoks[k] : -1,
-                             k < r->rn ? (double)r->rlps[k] : 0.0);
+            if (k >= r->rn || r->toks[k] != r->rtoks[k] ||
+                memcmp(&r->lps[k], &r->rlps[k], sizeof(float)) != 0)
+                rc = violate(&W,
+                             "L1: request %u (%u prompt tokens) token %u: %d (logprob %.9g), alone "
+                             "it is %d (%.9g)",
+                             i, r->n_prompt, k, r->toks[k], (double)r->lps[k],
+                             k < r->rn ? r->rtoks[k] : -1, k < r->rn ? (double)r->rlps[k] : 0.0);
         bool whole = r->err == 0 && r->n_out == r->max_tokens;
         if (rc == 0 && r->err == 0 && r->n_out != r->max_tokens && !r->cancel_at)
-            rc = violate(&W, "L1: request %u ended well with %u of %u tokens", i, r->n_out, r->max_tokens);
+            rc = violate(&W, "L1: request %u ended well with %u of %u tokens", i, r->n_out,
+                         r->max_tokens);
         T->reqs++;
         T->tokens += r->n_out;
-        if (whole) T->ok++;
-        else T->failed++;
-        if (verbose && !whole) printf("  request %u: %u prompt tokens, %u of %u tokens, %s\n", i, r->n_prompt, r->n_out, r->max_tokens, r->err ? kvf_strerror(r->err) : "ended early");
+        if (whole)
+            T->ok++;
+        else
+            T->failed++;
+        if (verbose && !whole)
+            printf("  request %u: %u prompt tokens, %u of %u tokens, %s\n", i, r->n_prompt,
+                   r->n_out, r->max_tokens, r->err ? kvf_strerror(r->err) : "ended early");
     }
     if (rc == 0 && !O.content_only) rc = check_end(&W);
     /* L2's second half: without link or process faults (a late delivery or a lost ack counts:
@@ -505,16 +563,20 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
         struct req *r = &rq[i];
         bool was_cancelled = r->err == KVF_E_PROTO_CANCELLED || r->err == -ECANCELED;
         if (was_cancelled) T->cancelled++;
-        if (!W.link_faults && !O.content_only && !was_cancelled && (r->err || r->n_out != r->max_tokens))
-            rc = violate(&W, "L2: request %u failed (%s) in a seed without link, process or compute faults", i,
-                         kvf_strerror(r->err));
+        if (!W.link_faults && !O.content_only && !was_cancelled &&
+            (r->err || r->n_out != r->max_tokens))
+            rc = violate(
+                &W, "L2: request %u failed (%s) in a seed without link, process or compute faults",
+                i, kvf_strerror(r->err));
     }
     if (verbose) {
         struct simnet_stats st;
         simnet_stats(W.net, &st);
-        printf("seed %" PRIu64 ": %u requests, %" PRIu64 " frames, %" PRIu64 " puts, %" PRIu64 " flushes, %" PRIu64
-               " acks lost, %" PRIu64 " late, %" PRIu64 " resets, %" PRIu64 " writes applied after a kill\n",
-               seed, n, st.frames, st.puts, st.flushes, st.acks_lost, st.late, st.resets, st.applied_after_kill);
+        printf("seed %" PRIu64 ": %u requests, %" PRIu64 " frames, %" PRIu64 " puts, %" PRIu64
+               " flushes, %" PRIu64 " acks lost, %" PRIu64 " late, %" PRIu64 " resets, %" PRIu64
+               " writes applied after a kill\n",
+               seed, n, st.frames, st.puts, st.flushes, st.acks_lost, st.late, st.resets,
+               st.applied_after_kill);
     }
     if (rc < 0) snprintf(why, why_len, "%s", W.why);
     world_stop(&W);
@@ -527,16 +589,27 @@ int main(int argc, char **argv)
     bool verbose = false;
     if (getenv("KVF_SIM_LOOPS_SEEDS")) seeds = strtoull(getenv("KVF_SIM_LOOPS_SEEDS"), NULL, 10);
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--seeds") && i + 1 < argc) seeds = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--first") && i + 1 < argc) first = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--verbose")) verbose = true;
-        else if (!strcmp(argv[i], "--unverified")) setenv("KVF_TEST_UNVERIFIED", "1", 1);
-        else if (!strcmp(argv[i], "--pressured")) O.pressured = true;
-        else if (!strcmp(argv[i], "--content-only")) O.content_only = true;
-        else if (!strcmp(argv[i], "--router")) O.router = true;
-        else if (!strcmp(argv[i], "--forge") && i + 1 < argc) O.forge = argv[++i];
+        if (!strcmp(argv[i], "--seeds") && i + 1 < argc)
+            seeds = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--first") && i + 1 < argc)
+            first = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--verbose"))
+            verbose = true;
+        else if (!strcmp(argv[i], "--unverified"))
+            setenv("KVF_TEST_UNVERIFIED", "1", 1);
+        else if (!strcmp(argv[i], "--pressured"))
+            O.pressured = true;
+        else if (!strcmp(argv[i], "--content-only"))
+            O.content_only = true;
+        else if (!strcmp(argv[i], "--router"))
+            O.router = true;
+        else if (!strcmp(argv[i], "--forge") && i + 1 < argc)
+            O.forge = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--seeds N] [--first S] [--unverified] [--pressured] [--forge SPEC] [--content-only] [--router] [--verbose]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--seeds N] [--first S] [--unverified] [--pressured] [--forge SPEC] "
+                    "[--content-only] [--router] [--verbose]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -545,8 +618,10 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     kvf_gguf_t *g = NULL;
     kvf_model_t *m = NULL;
-    if (kvf_mkmodel_write(path, kvf_mkmodel_shape_by_name("tiny"), KVF_GGML_F32, 7, err, sizeof err) < 0 ||
-        kvf_gguf_open(path, &g, err, sizeof err) < 0 || kvf_model_load(g, &m, err, sizeof err) < 0) {
+    if (kvf_mkmodel_write(path, kvf_mkmodel_shape_by_name("tiny"), KVF_GGML_F32, 7, err,
+                          sizeof err) < 0 ||
+        kvf_gguf_open(path, &g, err, sizeof err) < 0 ||
+        kvf_model_load(g, &m, err, sizeof err) < 0) {
         fprintf(stderr, "model: %s\n", err);
         return 1;
     }
@@ -560,8 +635,9 @@ int main(int argc, char **argv)
     for (uint64_t s = first; s < first + seeds; s++) {
         char why[600] = "";
         if (run_seed(m, n_vocab, s, verbose, &T, why, sizeof why) < 0) {
-            printf("VIOLATION at seed %" PRIu64 ": %s\n(replay: %s --first %" PRIu64 " --seeds 1 --verbose)\n", s, why,
-                   argv[0], s);
+            printf("VIOLATION at seed %" PRIu64 ": %s\n(replay: %s --first %" PRIu64
+                   " --seeds 1 --verbose)\n",
+                   s, why, argv[0], s);
             bad = 1;
             break;
         }
@@ -569,15 +645,18 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &b);
     double secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
     uint64_t not_cancelled = T.reqs - T.cancelled;
-    printf("sim_loops: %" PRIu64 " seeds in %.1f s (%.2f seeds/s) on the production loops: %" PRIu64 " requests, %" PRIu64
-           " whole, %" PRIu64 " cancelled, %" PRIu64 " failed, %" PRIu64 " tokens checked; %" PRIu64 " kills, %" PRIu64 " resets\n",
-           seeds, secs, (double)seeds / secs, T.reqs, T.ok, T.cancelled, T.failed - T.cancelled, T.tokens, T.kills, T.resets);
+    printf("sim_loops: %" PRIu64 " seeds in %.1f s (%.2f seeds/s) on the production loops: %" PRIu64
+           " requests, %" PRIu64 " whole, %" PRIu64 " cancelled, %" PRIu64 " failed, %" PRIu64
+           " tokens checked; %" PRIu64 " kills, %" PRIu64 " resets\n",
+           seeds, secs, (double)seeds / secs, T.reqs, T.ok, T.cancelled, T.failed - T.cancelled,
+           T.tokens, T.kills, T.resets);
     /* Pressured, one put in ten arrives late past the no-progress bound and fails its prefill's
      * requests, and forged, the refusals and short handoffs fail theirs on purpose: the floor is
      * a quarter there. */
     uint64_t floor_div = O.pressured || O.forge ? 4 : 2;
     if (!bad && !O.content_only && not_cancelled && T.ok * floor_div < not_cancelled) {
-        printf("VIOLATION L4: %" PRIu64 " of %" PRIu64 " requests not cancelled completed whole (floor: 1/%" PRIu64 ")\n",
+        printf("VIOLATION L4: %" PRIu64 " of %" PRIu64
+               " requests not cancelled completed whole (floor: 1/%" PRIu64 ")\n",
                T.ok, not_cancelled, floor_div);
         bad = 1;
     }

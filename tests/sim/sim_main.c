@@ -43,7 +43,8 @@ static struct sim_config config(void)
     const char *unv = kvf_test_arg("--unverified");
     if (unv && strcmp(unv, "1") == 0) {
 #if !defined(KVF_TEST_BUILD)
-        KVF_FAIL("--unverified 1 needs a test build (KVF_TEST_BUILD): here it would change nothing");
+        KVF_FAIL(
+            "--unverified 1 needs a test build (KVF_TEST_BUILD): here it would change nothing");
 #endif
         cfg.unverified = true;
     } else if (unv && strcmp(unv, "0") != 0) {
@@ -57,7 +58,8 @@ static void test_sim_seeds(void)
     struct sim_result r;
     struct sim_config cfg = config();
     static const char *const check_names[] = {"all", "invariants", "content"};
-    printf("# configuration %s, checks %s%s\n", cfg.name, check_names[cfg.checks], cfg.unverified ? ", unverified" : "");
+    printf("# configuration %s, checks %s%s\n", cfg.name, check_names[cfg.checks],
+           cfg.unverified ? ", unverified" : "");
     if (kvf_test_seed_given()) {
         uint64_t seed = kvf_test_seed();
         sim_run(&cfg, seed, stdout, &r);
@@ -69,8 +71,12 @@ static void test_sim_seeds(void)
     const char *f = kvf_test_arg("--first"), *c = kvf_test_arg("--count");
     const char *env = getenv("KVF_SIM_SEEDS"), *soak = getenv("KVF_SOAK");
     uint64_t first = f ? strtoull(f, NULL, 0) : 1;
-    uint64_t count = c ? strtoull(c, NULL, 0) : env ? strtoull(env, NULL, 0) : soak ? 2000000 : 200000;
-    uint64_t steps = 0, committed = 0, failed = 0, fences = 0, quarantines = 0, stale = 0, outlived = 0;
+    uint64_t count = c      ? strtoull(c, NULL, 0)
+                     : env  ? strtoull(env, NULL, 0)
+                     : soak ? 2000000
+                            : 200000;
+    uint64_t steps = 0, committed = 0, failed = 0, fences = 0, quarantines = 0, stale = 0,
+             outlived = 0;
     double t0 = now_s();
     for (uint64_t s = first; s < first + count; s++) {
         sim_run(&cfg, s, NULL, &r);
@@ -82,8 +88,11 @@ static void test_sim_seeds(void)
         stale += r.stale;
         outlived += r.outlived;
         if (!r.ok) {
-            printf("FAIL seed %" PRIu64 ": %s\n# replay: test_sim --config %s --checks %s%s --seed %" PRIu64
-                   "\n# trace:\n", s, r.why, cfg.name, check_names[cfg.checks], cfg.unverified ? " --unverified 1" : "", s);
+            printf("FAIL seed %" PRIu64
+                   ": %s\n# replay: test_sim --config %s --checks %s%s --seed %" PRIu64
+                   "\n# trace:\n",
+                   s, r.why, cfg.name, check_names[cfg.checks],
+                   cfg.unverified ? " --unverified 1" : "", s);
             fflush(stdout);
             sim_run(&cfg, s, stdout, &r);
             fflush(stdout);
@@ -92,8 +101,9 @@ static void test_sim_seeds(void)
     }
     double dt = now_s() - t0;
     printf("# %" PRIu64 " seeds (%" PRIu64 "..%" PRIu64 ") in %.1f s: %.0f seeds/s, %" PRIu64
-           " steps; requests committed %" PRIu64 ", failed cleanly %" PRIu64 "; quarantines %" PRIu64
-           ", fences %" PRIu64 "; stale messages ignored %" PRIu64 "; committed after outliving the "
+           " steps; requests committed %" PRIu64 ", failed cleanly %" PRIu64
+           "; quarantines %" PRIu64 ", fences %" PRIu64 "; stale messages ignored %" PRIu64
+           "; committed after outliving the "
            "no-progress bound %" PRIu64 "\n",
            count, first, first + count - 1, dt, count / (dt > 0 ? dt : 1), steps, committed, failed,
            quarantines, fences, stale, outlived);

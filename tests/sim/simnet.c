@@ -21,19 +21,19 @@ struct item {
     uint64_t arrive_ms;
     uint8_t *bytes; /* FRAME: the frame; PUT: the bytes, once captured */
     size_t len;
-    uint64_t off;   /* PUT: where in the receiver's region */
-    uint64_t id;    /* FLUSH_REQ / FLUSH_ACK */
-    uint64_t size;  /* REGION */
+    uint64_t off;  /* PUT: where in the receiver's region */
+    uint64_t id;   /* FLUSH_REQ / FLUSH_ACK */
+    uint64_t size; /* REGION */
     /* PUT, until its local completion: the source, and the sender's completion. */
     const void *src;
     bool captured;
-    bool orphan;    /* its sender completed it with an error: never applied, dropped here */
+    bool orphan;      /* its sender completed it with an error: never applied, dropped here */
     bool sender_dead; /* sent by a process since killed (counted when applied) */
     uint64_t local_ms;
     kvf_xport_done_fn done;
     void *done_arg;
     struct sconn *from;
-    struct item *next;      /* in the receiver's queue */
+    struct item *next;       /* in the receiver's queue */
     struct item *next_local; /* in the sender's list of puts awaiting local completion */
 };
 
@@ -49,15 +49,15 @@ struct sxport;
 struct sconn {
     struct kvf_conn_head head;
     struct sxport *x;
-    struct sconn *peer;      /* NULL once the peer is gone */
-    bool visible;            /* the engine knows it (connect, or accepted) */
+    struct sconn *peer; /* NULL once the peer is gone */
+    bool visible;       /* the engine knows it (connect, or accepted) */
     bool failed, reported, closed;
-    uint64_t fail_at;        /* failure noticed at this time (UINT64_MAX: none) */
+    uint64_t fail_at; /* failure noticed at this time (UINT64_MAX: none) */
     char error[96];
     size_t remote_bytes;
     struct item *rx_head, *rx_tail; /* arriving here, in order */
-    uint64_t last_arrive;    /* the latest arrival queued towards this endpoint */
-    struct item *local;      /* puts sent from here awaiting local completion */
+    uint64_t last_arrive;           /* the latest arrival queued towards this endpoint */
+    struct item *local;             /* puts sent from here awaiting local completion */
     struct flushrec *flushes;
     uint64_t next_flush;
     struct sconn *next_in_x;
@@ -204,8 +204,9 @@ static void fail_at(struct sconn *c, uint64_t when, const char *why)
 
 /* --- Objects. ------------------------------------------------------------------------------- */
 
-static int sn_create(void *ctx, const struct kvf_xport_config *cfg, const struct kvf_xport_events *ev,
-                     kvf_xport_t **out, char *err, size_t err_len)
+static int sn_create(void *ctx, const struct kvf_xport_config *cfg,
+                     const struct kvf_xport_events *ev, kvf_xport_t **out, char *err,
+                     size_t err_len)
 {
     struct simnet *n = ctx;
     if (!n || n->n_xs >= SN_MAX_X) {
@@ -230,7 +231,8 @@ static int sn_create(void *ctx, const struct kvf_xport_config *cfg, const struct
             }
     }
     uint32_t slot = 0;
-    while (slot < n->n_xs && n->xs[slot]) slot++;
+    while (slot < n->n_xs && n->xs[slot])
+        slot++;
     if (slot == n->n_xs) n->n_xs++;
     n->xs[slot] = x;
     *out = (kvf_xport_t *)(void *)x;
@@ -323,7 +325,9 @@ static void sn_close(kvf_conn_t *cc)
     if (p) {
         p->peer = NULL;
         /* The peer learns of it after a delay; what we had sent before still arrives. */
-        if (!p->failed) fail_at(p, n->now + simnet_rand(n, 1, n->f.delay_max_ms), "the peer closed the connection");
+        if (!p->failed)
+            fail_at(p, n->now + simnet_rand(n, 1, n->f.delay_max_ms),
+                    "the peer closed the connection");
         c->peer = NULL;
     }
     finish_outstanding(c, -ENOTCONN);
@@ -335,7 +339,8 @@ static void sn_close(kvf_conn_t *cc)
 static void sn_destroy(kvf_xport_t *xx)
 {
     struct sxport *x = X(xx);
-    while (x->conns) sn_close((kvf_conn_t *)(void *)x->conns);
+    while (x->conns)
+        sn_close((kvf_conn_t *)(void *)x->conns);
     while (x->zombies) {
         struct sconn *c = x->zombies;
         x->zombies = c->next_in_x;
@@ -382,7 +387,8 @@ static int sn_connect(kvf_xport_t *xx, const char *host, uint16_t port, kvf_conn
     c->visible = true;
     struct sxport *l = NULL;
     for (uint32_t i = 0; i < n->n_xs; i++)
-        if (n->xs[i] && n->xs[i]->listening && !n->xs[i]->dead && n->xs[i]->port == port) l = n->xs[i];
+        if (n->xs[i] && n->xs[i]->listening && !n->xs[i]->dead && n->xs[i]->port == port)
+            l = n->xs[i];
     if (!l) {
         fail_at(c, n->now + simnet_rand(n, 1, n->f.delay_max_ms), "connection refused");
     } else {
@@ -442,7 +448,8 @@ static int sn_send(kvf_conn_t *cc, const void *buf, size_t len)
     return 0;
 }
 
-static int sn_put(kvf_conn_t *cc, const void *src, size_t len, uint64_t off, kvf_xport_done_fn done, void *arg)
+static int sn_put(kvf_conn_t *cc, const void *src, size_t len, uint64_t off, kvf_xport_done_fn done,
+                  void *arg)
 {
     struct sconn *c = C(cc);
     if (!usable(c)) return -ENOTCONN;
@@ -458,15 +465,18 @@ static int sn_put(kvf_conn_t *cc, const void *src, size_t len, uint64_t off, kvf
     it->done = done;
     it->done_arg = arg;
     it->from = c;
-    it->local_ms = n->now + (chance(n, n->f.put_slow_pct) ? simnet_rand(n, 20, 120) : simnet_rand(n, 0, 3));
+    it->local_ms =
+        n->now + (chance(n, n->f.put_slow_pct) ? simnet_rand(n, 20, 120) : simnet_rand(n, 0, 3));
     it->arrive_ms = it->local_ms + delay(n);
     if (chance(n, n->f.put_late_pct)) {
         n->st.late++;
-        it->arrive_ms = it->local_ms + simnet_rand(n, 100, n->f.late_max_ms > 100 ? n->f.late_max_ms : 100);
+        it->arrive_ms =
+            it->local_ms + simnet_rand(n, 100, n->f.late_max_ms > 100 ? n->f.late_max_ms : 100);
     }
     it->next_local = NULL;
     struct item **pp = &c->local; /* local completions in posting order */
-    while (*pp) pp = &(*pp)->next_local;
+    while (*pp)
+        pp = &(*pp)->next_local;
     *pp = it;
     if (c->peer && !c->failed)
         enqueue(c->peer, it, 0);
@@ -558,8 +568,12 @@ static void deliver(struct sxport *x, struct sconn *c, uint64_t now)
                 struct kvf_msg_scratch sc = {pg, 64, sums, 64, toks, 4096};
                 struct kvf_msg m;
                 if (kvf_msg_decode(it->bytes, it->len, &m, &sc) == (long)it->len)
-                    printf("    %" PRIu64 " ms: %s arrives at %s %u (req %" PRIu64 ")\n", now, kvf_msg_type_name(m.type),
-                           x->listening ? "prefill" : "decode", x->listening ? x->port : c->peer ? c->peer->x->port : 0, m.req.lo % 100000);
+                    printf("    %" PRIu64 " ms: %s arrives at %s %u (req %" PRIu64 ")\n", now,
+                           kvf_msg_type_name(m.type), x->listening ? "prefill" : "decode",
+                           x->listening ? x->port
+                           : c->peer    ? c->peer->x->port
+                                        : 0,
+                           m.req.lo % 100000);
             }
             if (c->visible) x->ev.on_frame(x->ev.ctx, (kvf_conn_t *)(void *)c, it->bytes, it->len);
             break;
@@ -613,7 +627,8 @@ static int sn_progress(kvf_xport_t *xx)
         x->zombies = c->next_in_x;
         conn_free(c);
     }
-    for (struct sconn *c = x->conns; c; c = c->next_in_x) local_completions(c, now);
+    for (struct sconn *c = x->conns; c; c = c->next_in_x)
+        local_completions(c, now);
     for (struct sconn *c = x->conns, *next; c; c = next) {
         next = c->next_in_x;
         deliver(x, c, now);
@@ -630,7 +645,8 @@ static int sn_progress(kvf_xport_t *xx)
                 fail_at(p, now + simnet_rand(n, 1, n->f.delay_max_ms), "connection reset by peer");
             }
             finish_outstanding(c, -ENOTCONN);
-            if (c->visible && x->ev.on_error) x->ev.on_error(x->ev.ctx, (kvf_conn_t *)(void *)c, KVF_E_TRANSPORT);
+            if (c->visible && x->ev.on_error)
+                x->ev.on_error(x->ev.ctx, (kvf_conn_t *)(void *)c, KVF_E_TRANSPORT);
         }
     }
     x->in_progress--;

@@ -628,7 +628,8 @@ static void test_pre_split(void)
         {KVF__PRE_LLAMA3, "I'M 12345 x\n\n  y...", "I|'M| |123|45| x|\n\n| | y|..."},
         {KVF__PRE_LLAMA3, "a.\n\nb", "a|.\n\n|b"},
         {KVF__PRE_LLAMA3, "\t\"quoted\"", "\t|\"quoted|\""}, /* O then letters: one piece */
-        {KVF__PRE_LLAMA3, "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac", "caf\xc3\xa9| \xe6\x97\xa5\xe6\x9c\xac"},
+        {KVF__PRE_LLAMA3, "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac",
+         "caf\xc3\xa9| \xe6\x97\xa5\xe6\x9c\xac"},
         {KVF__PRE_QWEN2, "x 2024", "x| |2|0|2|4"},
         {KVF__PRE_QWEN2, " \r\n \r\n  z", " \r\n \r\n| | z"},
     };

@@ -107,11 +107,11 @@ static int add_weights(kvf_gguf_writer_t *w, uint32_t n_vocab)
         uint64_t ne0, ne1;
         const float *amp;
     } t[] = {
-        {"token_embd.weight", DIM, n_vocab, &embd},    {"output_norm.weight", DIM, 0, &one},
-        {"blk.0.attn_norm.weight", DIM, 0, &one},      {"blk.0.attn_q.weight", DIM, DIM, &small},
-        {"blk.0.attn_k.weight", DIM, kv, &small},      {"blk.0.attn_v.weight", DIM, kv, &small},
+        {"token_embd.weight", DIM, n_vocab, &embd},     {"output_norm.weight", DIM, 0, &one},
+        {"blk.0.attn_norm.weight", DIM, 0, &one},       {"blk.0.attn_q.weight", DIM, DIM, &small},
+        {"blk.0.attn_k.weight", DIM, kv, &small},       {"blk.0.attn_v.weight", DIM, kv, &small},
         {"blk.0.attn_output.weight", DIM, DIM, &small}, {"blk.0.ffn_norm.weight", DIM, 0, &one},
-        {"blk.0.ffn_gate.weight", DIM, FFN, &small},   {"blk.0.ffn_up.weight", DIM, FFN, &small},
+        {"blk.0.ffn_gate.weight", DIM, FFN, &small},    {"blk.0.ffn_up.weight", DIM, FFN, &small},
         {"blk.0.ffn_down.weight", FFN, DIM, &small},
     };
     for (size_t i = 0; rc == 0 && i < sizeof t / sizeof t[0]; i++) {
@@ -124,7 +124,8 @@ static int add_weights(kvf_gguf_writer_t *w, uint32_t n_vocab)
 
 static int mkvocab(const char *dir, const char *pre, const char *out)
 {
-    /* model_max_length may be 1e30 written as an integer: the config's numbers are read as reals. */
+    /* model_max_length may be 1e30 written as an integer: the config's numbers are read as reals.
+     */
     json_t *tj = load(dir, "tokenizer.json", 0);
     json_t *cfg = load(dir, "tokenizer_config.json", JSON_DECODE_INT_AS_REAL);
     if (!tj || !cfg) return 1;
@@ -163,7 +164,7 @@ static int mkvocab(const char *dir, const char *pre, const char *out)
         size_t id = (size_t)json_integer_value(json_object_get(val, "id"));
         v.text[id] = json_string_value(json_object_get(val, "content"));
         v.type[id] = json_is_true(json_object_get(val, "special")) ? KVF_TOKEN_CONTROL
-                                                                    : KVF_TOKEN_USER_DEFINED;
+                                                                   : KVF_TOKEN_USER_DEFINED;
         v.score[id] = 0.0f;
     }
     /* A SentencePiece vocabulary's scores are not in tokenizer.json, but its merges were listed
@@ -195,7 +196,9 @@ static int mkvocab(const char *dir, const char *pre, const char *out)
     kvf_gguf_writer_t *w;
     int rc = kvf_gguf_writer_create(0, &w);
     if (rc == 0) rc = add_weights(w, (uint32_t)n);
-    if (rc == 0) rc = kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2", spm ? 5 : 4);
+    if (rc == 0)
+        rc =
+            kvf_gguf_writer_add_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2", spm ? 5 : 4);
     if (rc == 0 && !spm) rc = kvf_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre, strlen(pre));
     if (rc == 0) rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", v.text, NULL, n);
     if (rc == 0) rc = kvf_gguf_writer_add_arr_i32(w, "tokenizer.ggml.token_type", v.type, n);
@@ -212,15 +215,16 @@ static int mkvocab(const char *dir, const char *pre, const char *out)
                 const char *a = json_string_value(json_array_get(val, 0));
                 const char *b = json_string_value(json_array_get(val, 1));
                 size_t la = a ? strlen(a) : 0, lb = b ? strlen(b) : 0;
-                if (!a || !b || !(ms[i] = malloc(la + lb + 2))) return fail("bad merge%s%s", "", "");
+                if (!a || !b || !(ms[i] = malloc(la + lb + 2)))
+                    return fail("bad merge%s%s", "", "");
                 memcpy(ms[i], a, la);
                 ms[i][la] = ' ';
                 memcpy(ms[i] + la + 1, b, lb + 1);
             }
             if (!ms[i]) return fail("out of memory%s%s", "", "");
         }
-        rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", (const char *const *)ms,
-                                         NULL, nm);
+        rc = kvf_gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", (const char *const *)ms, NULL,
+                                         nm);
         for (i = 0; i < nm; i++)
             free(ms[i]);
         free(ms);
@@ -228,8 +232,10 @@ static int mkvocab(const char *dir, const char *pre, const char *out)
     int32_t bos = find_id(&v, token_text(cfg, "bos_token"));
     int32_t eos = find_id(&v, token_text(cfg, "eos_token"));
     int32_t pad = find_id(&v, token_text(cfg, "pad_token"));
-    if (rc == 0 && bos >= 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
-    if (rc == 0 && eos >= 0) rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    if (rc == 0 && bos >= 0)
+        rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    if (rc == 0 && eos >= 0)
+        rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)eos);
     if (rc == 0 && unk_id >= 0)
         rc = kvf_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", (uint32_t)unk_id);
     if (rc == 0 && pad >= 0)

@@ -79,7 +79,8 @@ static void side_open(struct side *s, bool listen, const uint8_t *key, void *rma
 {
     char err[256] = "";
     memset(s, 0, sizeof(*s));
-    struct kvf_xport_config xc = {listen ? "127.0.0.1" : NULL, 0, 100, rma, rma_bytes, key, NULL, NULL};
+    struct kvf_xport_config xc = {
+        listen ? "127.0.0.1" : NULL, 0, 100, rma, rma_bytes, key, NULL, NULL};
     struct kvf_xport_events ev = {s, s_accept, s_frame, NULL, s_error};
     if (kvf_xport_create(&xc, &ev, &s->x, err, sizeof(err)) < 0) KVF_FAIL("create: %s", err);
 }

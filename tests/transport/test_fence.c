@@ -3,10 +3,10 @@
  * that registered memory and a writer that keeps putting into it.
  *
  * The hang case: the writer is SIGSTOPped with puts queued towards the target; the target fences
- * it (kvf_conn_close: the socket closed, nothing more read from it), reassigns its memory (fills it with a canary, as
- * a new owner's data), and the writer is SIGCONTed and keeps trying for 2 s while the target
- * keeps progressing. Not one byte of the writer may land: the canary must be intact. Before the
- * fence the writer's bytes must have landed (or the test would prove nothing).
+ * it (kvf_conn_close: the socket closed, nothing more read from it), reassigns its memory (fills it
+ * with a canary, as a new owner's data), and the writer is SIGCONTed and keeps trying for 2 s while
+ * the target keeps progressing. Not one byte of the writer may land: the canary must be intact.
+ * Before the fence the writer's bytes must have landed (or the test would prove nothing).
  *
  * The kill case: SIGKILL the writer; the target hears of it (on_error) within a bound (the
  * kernel ends the dead process's stream), and a new writer process connects and writes.
@@ -21,10 +21,10 @@
 #include "kvf_test.h"
 #include "kvfence/transport.h"
 
-#define REGION (8u << 20)
-#define CHUNK (256u << 10)
+#define REGION      (8u << 20)
+#define CHUNK       (256u << 10)
 #define WRITER_BYTE 0xAB
-#define CANARY 0x5A
+#define CANARY      0x5A
 
 static uint64_t now_ms(void)
 {
@@ -87,7 +87,8 @@ static int writer_main(const char *host, uint16_t port)
     /* The connection failed (the target fenced us): keep the process alive a little, still
      * progressing, so any write it could still deliver would be delivered. */
     uint64_t linger = now_ms() + 3000;
-    while (now_ms() < linger) kvf_xport_progress(x), usleep(1000);
+    while (now_ms() < linger)
+        kvf_xport_progress(x), usleep(1000);
     kvf_conn_close(c);
     kvf_xport_destroy(x);
     free(src);
@@ -140,7 +141,8 @@ static pid_t spawn_writer(uint16_t port)
         ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
         self[n > 0 ? n : 0] = 0;
         if (ns && *ns)
-            execlp("ip", "ip", "netns", "exec", ns, self, "writer", target_host(), ps, (char *)NULL);
+            execlp("ip", "ip", "netns", "exec", ns, self, "writer", target_host(), ps,
+                   (char *)NULL);
         else
             execl(self, "test_fence", "writer", target_host(), ps, (char *)NULL);
         _exit(127);
@@ -160,7 +162,8 @@ static void progress_for(struct target *t, uint64_t ms)
 static size_t count_byte(const uint8_t *p, size_t n, uint8_t b)
 {
     size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += p[i] == b;
+    for (size_t i = 0; i < n; i++)
+        k += p[i] == b;
     return k;
 }
 
@@ -178,11 +181,14 @@ static void test_stopped_writer_fenced_lands_nothing(void)
     pid_t pid = spawn_writer(kvf_xport_port(t.x));
     /* Writes land while the target progresses. */
     uint64_t give_up = now_ms() + 10000;
-    while (count_byte(t.mem, REGION, WRITER_BYTE) < REGION / 2 && now_ms() < give_up) progress_for(&t, 10);
+    while (count_byte(t.mem, REGION, WRITER_BYTE) < REGION / 2 && now_ms() < give_up)
+        progress_for(&t, 10);
     size_t landed = count_byte(t.mem, REGION, WRITER_BYTE);
     if (landed < REGION / 2) {
         reap(pid);
-        KVF_FAIL("the writer's puts did not land before the fence (%zu bytes): the test proves nothing", landed);
+        KVF_FAIL(
+            "the writer's puts did not land before the fence (%zu bytes): the test proves nothing",
+            landed);
     }
     /* Stop progressing so puts queue at the writer, then stop the writer with them queued. */
     usleep(50000);
@@ -208,11 +214,13 @@ static void test_killed_writer_noticed_and_replaced(void)
     target_open(&t);
     pid_t pid = spawn_writer(kvf_xport_port(t.x));
     uint64_t give_up = now_ms() + 10000;
-    while (count_byte(t.mem, REGION, WRITER_BYTE) == 0 && now_ms() < give_up) progress_for(&t, 10);
+    while (count_byte(t.mem, REGION, WRITER_BYTE) == 0 && now_ms() < give_up)
+        progress_for(&t, 10);
     ASSERT_TRUE(count_byte(t.mem, REGION, WRITER_BYTE) > 0);
     kill(pid, SIGKILL);
     uint64_t t0 = now_ms();
-    while (atomic_load(&t.errors) == 0 && now_ms() - t0 < 5000) progress_for(&t, 5);
+    while (atomic_load(&t.errors) == 0 && now_ms() - t0 < 5000)
+        progress_for(&t, 5);
     uint64_t noticed_ms = now_ms() - t0;
     waitpid(pid, NULL, 0);
     ASSERT_TRUE(atomic_load(&t.errors) > 0);
@@ -224,7 +232,8 @@ static void test_killed_writer_noticed_and_replaced(void)
     memset(t.mem, 0, REGION);
     pid = spawn_writer(kvf_xport_port(t.x));
     give_up = now_ms() + 10000;
-    while (count_byte(t.mem, REGION, WRITER_BYTE) == 0 && now_ms() < give_up) progress_for(&t, 10);
+    while (count_byte(t.mem, REGION, WRITER_BYTE) == 0 && now_ms() < give_up)
+        progress_for(&t, 10);
     size_t landed = count_byte(t.mem, REGION, WRITER_BYTE);
     reap(pid);
     kvf_xport_destroy(t.x);
@@ -239,6 +248,7 @@ static const struct kvf_test_case cases[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc == 4 && strcmp(argv[1], "writer") == 0) return writer_main(argv[2], (uint16_t)atoi(argv[3]));
+    if (argc == 4 && strcmp(argv[1], "writer") == 0)
+        return writer_main(argv[2], (uint16_t)atoi(argv[3]));
     return KVF_TEST_MAIN(argc, argv, cases);
 }

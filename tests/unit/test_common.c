@@ -7,15 +7,16 @@ static void test_strerror_names_every_code(void)
 {
     /* Every project code has its own name, distinct from the fallback. */
     static const int codes[] = {
-        KVF_E_POOL_FULL,      KVF_E_POOL_BAD_PAGE,    KVF_E_POOL_STALE_TAG, KVF_E_POOL_NOT_HOLDER,
+        KVF_E_POOL_FULL,        KVF_E_POOL_BAD_PAGE,  KVF_E_POOL_STALE_TAG, KVF_E_POOL_NOT_HOLDER,
         KVF_E_POOL_DOUBLE_FREE, KVF_E_POOL_NOT_OWNED, KVF_E_POOL_NO_GRANT,  KVF_E_POOL_BAD_EPOCH,
-        KVF_E_POOL_BAD_SLOT,  KVF_E_POOL_RESERVE,     KVF_E_POOL_BAD_STATE, KVF_E_POOL_BAD_ARG,
+        KVF_E_POOL_BAD_SLOT,    KVF_E_POOL_RESERVE,   KVF_E_POOL_BAD_STATE, KVF_E_POOL_BAD_ARG,
     };
     for (size_t i = 0; i < KVF_ARRAY_LEN(codes); i++) {
         const char *s = kvf_strerror(codes[i]);
         ASSERT_NOT_NULL(s);
         ASSERT_TRUE(strcmp(s, "unknown error") != 0);
-        for (size_t j = 0; j < i; j++) ASSERT_TRUE(strcmp(s, kvf_strerror(codes[j])) != 0);
+        for (size_t j = 0; j < i; j++)
+            ASSERT_TRUE(strcmp(s, kvf_strerror(codes[j])) != 0);
     }
     ASSERT_STREQ(kvf_strerror(0), "success");
     ASSERT_STREQ(kvf_strerror(-ENOMEM), strerror(ENOMEM));
@@ -85,10 +86,12 @@ static void test_rng_replays(void)
     struct kvf_rng a, b;
     kvf_rng_seed(&a, 42);
     kvf_rng_seed(&b, 42);
-    for (int i = 0; i < 1000; i++) ASSERT_EQ_U64(kvf_rng_next(&a), kvf_rng_next(&b));
+    for (int i = 0; i < 1000; i++)
+        ASSERT_EQ_U64(kvf_rng_next(&a), kvf_rng_next(&b));
     kvf_rng_seed(&b, 43);
     ASSERT_NE_U64(kvf_rng_next(&a), kvf_rng_next(&b));
-    for (int i = 0; i < 1000; i++) ASSERT_LT_INT(kvf_rng_below(&a, 7), 7);
+    for (int i = 0; i < 1000; i++)
+        ASSERT_LT_INT(kvf_rng_below(&a, 7), 7);
 }
 
 static const struct kvf_test_case cases[] = {

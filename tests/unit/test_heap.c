@@ -32,7 +32,8 @@ static void test_heap_empty_and_full(void)
     kvf_heap_init(&h, v, 3, sizeof v[0], min_first);
     ASSERT_ERR(kvf_heap_pop(&h, &out), -ENOENT);
     ASSERT_EQ_INT(out.key, 7); /* untouched */
-    for (int i = 0; i < 3; i++) ASSERT_OK(kvf_heap_push(&h, &(struct item){(uint32_t)(3 - i), i, 0, 0, 0}));
+    for (int i = 0; i < 3; i++)
+        ASSERT_OK(kvf_heap_push(&h, &(struct item){(uint32_t)(3 - i), i, 0, 0, 0}));
     ASSERT_ERR(kvf_heap_push(&h, &(struct item){0, 9, 0, 0, 0}), -ENOSPC);
     ASSERT_EQ_INT(h.n, 3);
     ASSERT_TRUE(kvf_heap_check(&h));
@@ -76,7 +77,8 @@ static void random_run(kvf_heap_before_fn before, uint64_t seed)
     for (int step = 0; step < 20000; step++) {
         bool push = n_ref == 0 || (n_ref < CAP && kvf_rng_below(&r, 100) < 55);
         if (push) {
-            struct item it = {(uint32_t)kvf_rng_below(&r, 16), next_pos, next_pos * 3, -next_pos, 42};
+            struct item it = {(uint32_t)kvf_rng_below(&r, 16), next_pos, next_pos * 3, -next_pos,
+                              42};
             next_pos++;
             ASSERT_OK(kvf_heap_push(&h, &it));
             ref[n_ref++] = it;
@@ -119,10 +121,8 @@ static void test_heap_check_catches(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_heap_empty_and_full),
-    KVF_CASE(test_heap_clear),
-    KVF_CASE(test_heap_random_min),
-    KVF_CASE(test_heap_random_max),
+    KVF_CASE(test_heap_empty_and_full), KVF_CASE(test_heap_clear),
+    KVF_CASE(test_heap_random_min),     KVF_CASE(test_heap_random_max),
     KVF_CASE(test_heap_check_catches),
 };
 

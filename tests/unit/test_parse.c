@@ -11,7 +11,8 @@ static void expect(const char *s, uint64_t lo, uint64_t hi, int rc, uint64_t wan
 {
     uint64_t out = 0xdeadbeef;
     int got = kvf_parse_u64(s, lo, hi, &out);
-    if (got != rc) KVF_FAIL("'%s' in [%" PRIu64 ", %" PRIu64 "]: rc %d, expected %d", s, lo, hi, got, rc);
+    if (got != rc)
+        KVF_FAIL("'%s' in [%" PRIu64 ", %" PRIu64 "]: rc %d, expected %d", s, lo, hi, got, rc);
     ASSERT_EQ_U64(out, rc == 0 ? want : 0xdeadbeef);
 }
 
@@ -33,7 +34,7 @@ static void test_parse_refuses_empty_and_junk(void)
     expect("-", 0, 10, -EINVAL, 0);
     expect("x", 0, 10, -EINVAL, 0);
     expect("12x", 0, 100, -EINVAL, 0);
-    expect("5 ", 0, 10, -EINVAL, 0);    /* trailing white space is junk */
+    expect("5 ", 0, 10, -EINVAL, 0); /* trailing white space is junk */
     expect("1.5", 0, 10, -EINVAL, 0);
     expect("0x10", 0, 100, -EINVAL, 0); /* base 10 only */
     expect("1e3", 0, 10000, -EINVAL, 0);
@@ -46,7 +47,7 @@ static void test_parse_refuses_overflow_and_range(void)
     expect("99999999999999999999999", 0, UINT64_MAX, -ERANGE, 0);
     expect("4294967296", 0, UINT32_MAX, -ERANGE, 0);
     expect("11", 0, 10, -ERANGE, 0);
-    expect("0", 1, 10, -ERANGE, 0);  /* the benchmarks' lower bound of 1 */
+    expect("0", 1, 10, -ERANGE, 0); /* the benchmarks' lower bound of 1 */
     expect("99", 100, 3600000, -ERANGE, 0);
     expect("3600001", 100, 3600000, -ERANGE, 0);
     expect("3600000", 100, 3600000, 0, 3600000);

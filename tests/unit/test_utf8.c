@@ -38,8 +38,9 @@ static void expect(const char *bytes, size_t n, size_t len, uint32_t cp)
 {
     uint32_t got = 0xabcdef;
     size_t k = kvf_utf8_decode((const uint8_t *)bytes, n, &got);
-    if (k != len) KVF_FAIL("sequence of %zu bytes (lead %02x): length %zu, expected %zu", n,
-                           n ? (unsigned)(uint8_t)bytes[0] : 0u, k, len);
+    if (k != len)
+        KVF_FAIL("sequence of %zu bytes (lead %02x): length %zu, expected %zu", n,
+                 n ? (unsigned)(uint8_t)bytes[0] : 0u, k, len);
     ASSERT_EQ_INT(kvf_utf8_seq_len((const uint8_t *)bytes, n), len);
     ASSERT_EQ_U64(got, len ? cp : 0xabcdef); /* untouched when refused */
     ASSERT_TRUE(kvf_utf8_valid(bytes, n) == (len == n));
@@ -62,22 +63,22 @@ static void test_utf8_boundaries(void)
 static void test_utf8_refuses_ill_formed(void)
 {
     expect("", 0, 0, 0);
-    expect("\x80", 1, 0, 0);                 /* stray continuation */
+    expect("\x80", 1, 0, 0); /* stray continuation */
     expect("\xbf", 1, 0, 0);
-    expect("\xc0\x80", 2, 0, 0);             /* overlong NUL */
-    expect("\xc1\xbf", 2, 0, 0);             /* overlong 2-byte */
-    expect("\xe0\x80\x80", 3, 0, 0);         /* overlong 3-byte */
+    expect("\xc0\x80", 2, 0, 0);     /* overlong NUL */
+    expect("\xc1\xbf", 2, 0, 0);     /* overlong 2-byte */
+    expect("\xe0\x80\x80", 3, 0, 0); /* overlong 3-byte */
     expect("\xe0\x9f\xbf", 3, 0, 0);
-    expect("\xf0\x80\x80\x80", 4, 0, 0);     /* overlong 4-byte */
+    expect("\xf0\x80\x80\x80", 4, 0, 0); /* overlong 4-byte */
     expect("\xf0\x8f\xbf\xbf", 4, 0, 0);
-    expect("\xed\xa0\x80", 3, 0, 0);         /* U+D800 */
-    expect("\xed\xbf\xbf", 3, 0, 0);         /* U+DFFF */
-    expect("\xf4\x90\x80\x80", 4, 0, 0);     /* U+110000 */
+    expect("\xed\xa0\x80", 3, 0, 0);     /* U+D800 */
+    expect("\xed\xbf\xbf", 3, 0, 0);     /* U+DFFF */
+    expect("\xf4\x90\x80\x80", 4, 0, 0); /* U+110000 */
     expect("\xf5\x80\x80\x80", 4, 0, 0);
     expect("\xff", 1, 0, 0);
-    expect("\xe2\x82", 2, 0, 0);             /* cut short */
+    expect("\xe2\x82", 2, 0, 0); /* cut short */
     expect("\xf0\x9f\x98", 3, 0, 0);
-    expect("\xc3\x28", 2, 0, 0);             /* bad continuation */
+    expect("\xc3\x28", 2, 0, 0); /* bad continuation */
     expect("\xe2\x28\xa1", 3, 0, 0);
     expect("\xf0\x90\x28\xbc", 4, 0, 0);
 }
@@ -121,7 +122,8 @@ static void test_utf8_lead_and_second(void)
         if (k < 2) continue;
         for (unsigned b = 0; b < 256; b++) {
             uint8_t s[4] = {(uint8_t)lead, (uint8_t)b, 0x80, 0x80};
-            ASSERT_TRUE(kvf_utf8_second_ok((uint8_t)lead, (uint8_t)b) == (kvf_utf8_seq_len(s, k) == k));
+            ASSERT_TRUE(kvf_utf8_second_ok((uint8_t)lead, (uint8_t)b) ==
+                        (kvf_utf8_seq_len(s, k) == k));
         }
     }
     ASSERT_EQ_INT(kvf_utf8_lead_len(0x80), 0);
@@ -132,10 +134,8 @@ static void test_utf8_lead_and_second(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_utf8_boundaries),
-    KVF_CASE(test_utf8_refuses_ill_formed),
-    KVF_CASE(test_utf8_valid_runs),
-    KVF_CASE(test_utf8_matches_oracle_exhaustively),
+    KVF_CASE(test_utf8_boundaries),      KVF_CASE(test_utf8_refuses_ill_formed),
+    KVF_CASE(test_utf8_valid_runs),      KVF_CASE(test_utf8_matches_oracle_exhaustively),
     KVF_CASE(test_utf8_lead_and_second),
 };
 
