@@ -147,6 +147,39 @@ struct kvf_cli_http {
     kvf_server_keys_t *keys;
     const char *model_name;
 };
+/* Rows the serving commands share, each in one place: T is the command's options struct, f its
+ * field, and where the commands say it differently, text is the row's help. */
+/* clang-format off */
+#define KVF_CLI_OPT_MODEL(T, f, flags_, text) \
+    {.name = "--model", .metavar = "F.gguf", .kind = KVF_CLI_STR, .off = offsetof(T, f), \
+     .env = "KVFENCE_MODEL", .flags = (flags_), .help = (text)}
+#define KVF_CLI_OPT_THREADS(T, f) \
+    {.name = "--threads", .metavar = "N", .kind = KVF_CLI_U32, .off = offsetof(T, f), .lo = 1, \
+     .hi = 256, .env = "KVFENCE_THREADS", .help = "compute threads (default: every core)"}
+#define KVF_CLI_OPT_KV_MEMORY(T, f, def_, text) \
+    {.name = "--kv-memory", .metavar = "SIZE", .kind = KVF_CLI_SIZE, .off = offsetof(T, f), \
+     .def = (def_), .env = "KVFENCE_KV_MEMORY", .help = (text)}
+#define KVF_CLI_OPT_CONTEXT(T, f, text) \
+    {.name = "--context-length", .metavar = "N", .kind = KVF_CLI_U32, .off = offsetof(T, f), \
+     .lo = 2, .hi = 1u << 20, .env = "KVFENCE_CONTEXT_LENGTH", .help = (text)}
+#define KVF_CLI_OPT_ADMIT_TIMEOUT(T, f, text) \
+    {.name = "--admit-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = offsetof(T, f), \
+     .lo = 1, .hi = 3600000, .env = "KVFENCE_ADMIT_TIMEOUT", .help = (text)}
+#define KVF_CLI_OPT_PROGRESS_TIMEOUT(T, f, text) \
+    {.name = "--progress-timeout", .alias = "--grant-timeout", .metavar = "MS", \
+     .kind = KVF_CLI_U32, .off = offsetof(T, f), .lo = 100, .hi = 3600000, \
+     .env = "KVFENCE_PROGRESS_TIMEOUT", .help = (text)}
+#define KVF_CLI_OPT_HOLD_TIMEOUT(T, f, text) \
+    {.name = "--hold-timeout", .metavar = "MS", .kind = KVF_CLI_U32, .off = offsetof(T, f), \
+     .lo = 100, .hi = 3600000, .env = "KVFENCE_HOLD_TIMEOUT", .help = (text)}
+#define KVF_CLI_OPT_PREFILL_CHUNK(T, f, text) \
+    {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = offsetof(T, f), \
+     .lo = 16, .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK", .help = (text)}
+#define KVF_CLI_OPT_COMPUTE_LOCK(T, f, text) \
+    {.name = "--compute-lock", .metavar = "FILE", .kind = KVF_CLI_STR, .off = offsetof(T, f), \
+     .env = "KVFENCE_COMPUTE_LOCK", .help = (text)}
+/* clang-format on */
+
 /* --trusted-proxy: each value joined to the list with ','. 0, or -1 (empty, or the list full). */
 int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies);
 /* The HTTP front's rows of an option table whose struct T holds a struct kvf_cli_http as m. */

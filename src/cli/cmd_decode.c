@@ -24,13 +24,8 @@ struct decode_opts {
 
 #define O(f) offsetof(struct decode_opts, f)
 static const struct kvf_cli_opt decode_opts[] = {
-    {.name = "--model",
-     .metavar = "F.gguf",
-     .kind = KVF_CLI_STR,
-     .off = O(model),
-     .env = "KVFENCE_MODEL",
-     .flags = KVF_CLI_REQUIRED,
-     .help = "the model, the same file as the prefill workers' and the router's"},
+    KVF_CLI_OPT_MODEL(struct decode_opts, model, KVF_CLI_REQUIRED,
+                      "the model, the same file as the prefill workers' and the router's"),
     {.name = "--listen",
      .metavar = "HOST:PORT",
      .kind = KVF_CLI_ADDR,
@@ -44,30 +39,12 @@ static const struct kvf_cli_opt decode_opts[] = {
      .off = O(prefills),
      .env = "KVFENCE_PREFILL",
      .help = "prefill workers to use besides those the routers name"},
-    {.name = "--context-length",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(ctx_len),
-     .lo = 2,
-     .hi = 1u << 20,
-     .env = "KVFENCE_CONTEXT_LENGTH",
-     .help = "the most prompt + output tokens of one request (default: the model's, bounded by "
-             "the pool); must equal the router's and the prefill workers' (checked at connect)"},
-    {.name = "--kv-memory",
-     .metavar = "SIZE",
-     .kind = KVF_CLI_SIZE,
-     .off = O(kv_bytes),
-     .def = "1G",
-     .env = "KVFENCE_KV_MEMORY",
-     .help = "the KV pool, e.g. 512M, 2G"},
-    {.name = "--threads",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(threads),
-     .lo = 1,
-     .hi = 256,
-     .env = "KVFENCE_THREADS",
-     .help = "compute threads (default: every core)"},
+    KVF_CLI_OPT_CONTEXT(
+        struct decode_opts, ctx_len,
+        "the most prompt + output tokens of one request (default: the model's, bounded by "
+        "the pool); must equal the router's and the prefill workers' (checked at connect)"),
+    KVF_CLI_OPT_KV_MEMORY(struct decode_opts, kv_bytes, "1G", "the KV pool, e.g. 512M, 2G"),
+    KVF_CLI_OPT_THREADS(struct decode_opts, threads),
     {.name = "--max-queue",
      .metavar = "N",
      .kind = KVF_CLI_U32,
@@ -76,45 +53,26 @@ static const struct kvf_cli_opt decode_opts[] = {
      .hi = 1u << 20,
      .env = "KVFENCE_MAX_QUEUE",
      .help = "requests waiting for pages before new ones are refused (default 256)"},
-    {.name = "--admit-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(admit_ms),
-     .lo = 1,
-     .hi = 3600000,
-     .env = "KVFENCE_ADMIT_TIMEOUT",
-     .help = "how long a request may wait for pages and a prefill (default 30000); then 503 "
-             "pool_exhausted or no_prefill"},
-    {.name = "--compute-lock",
-     .metavar = "FILE",
-     .kind = KVF_CLI_STR,
-     .off = O(lock_path),
-     .env = "KVFENCE_COMPUTE_LOCK",
-     .help = "workers on the same cores given the same file take turns computing, one forward "
-             "call at a time (as the workers of `kvfence serve` do), instead of halving each "
-             "other"},
-    {.name = "--progress-timeout",
-     .alias = "--grant-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(grant_ms),
-     .lo = 100,
-     .hi = 3600000,
-     .env = "KVFENCE_PROGRESS_TIMEOUT",
-     .help = "a prompt whose prefill worker reports no progress for MS fails (503 "
-             "prefill_stalled; default 5000); a prompt that is being computed, however long, "
-             "never fails by time"},
-    {.name = "--hold-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(hold_ms),
-     .lo = 100,
-     .hi = 3600000,
-     .env = "KVFENCE_HOLD_TIMEOUT",
-     .help = "pages of a cancelled prompt whose writer did not prove it stopped within this are "
-             "quarantined and the writer fenced: its connection closed, a new one at a new epoch "
-             "(default 30000). Neither timeout frees a page by itself: only a proof or the fence "
-             "does"},
+    KVF_CLI_OPT_ADMIT_TIMEOUT(
+        struct decode_opts, admit_ms,
+        "how long a request may wait for pages and a prefill (default 30000); then 503 "
+        "pool_exhausted or no_prefill"),
+    KVF_CLI_OPT_COMPUTE_LOCK(
+        struct decode_opts, lock_path,
+        "workers on the same cores given the same file take turns computing, one forward "
+        "call at a time (as the workers of `kvfence serve` do), instead of halving each "
+        "other"),
+    KVF_CLI_OPT_PROGRESS_TIMEOUT(
+        struct decode_opts, grant_ms,
+        "a prompt whose prefill worker reports no progress for MS fails (503 "
+        "prefill_stalled; default 5000); a prompt that is being computed, however long, "
+        "never fails by time"),
+    KVF_CLI_OPT_HOLD_TIMEOUT(
+        struct decode_opts, hold_ms,
+        "pages of a cancelled prompt whose writer did not prove it stopped within this are "
+        "quarantined and the writer fenced: its connection closed, a new one at a new epoch "
+        "(default 30000). Neither timeout frees a page by itself: only a proof or the fence "
+        "does"),
     KVF_CLI_FABRIC_OPTS(struct decode_opts, fab),
 };
 #undef O

@@ -24,13 +24,8 @@ struct prefill_opts {
 
 #define O(f) offsetof(struct prefill_opts, f)
 static const struct kvf_cli_opt prefill_opts[] = {
-    {.name = "--model",
-     .metavar = "F.gguf",
-     .kind = KVF_CLI_STR,
-     .off = O(model),
-     .env = "KVFENCE_MODEL",
-     .flags = KVF_CLI_REQUIRED,
-     .help = "the model, the same file as the decode workers' and the router's"},
+    KVF_CLI_OPT_MODEL(struct prefill_opts, model, KVF_CLI_REQUIRED,
+                      "the model, the same file as the decode workers' and the router's"),
     {.name = "--listen",
      .metavar = "HOST:PORT",
      .kind = KVF_CLI_ADDR,
@@ -38,46 +33,22 @@ static const struct kvf_cli_opt prefill_opts[] = {
      .env = "KVFENCE_LISTEN",
      .flags = KVF_CLI_REQUIRED,
      .help = "where decode workers connect (port 0: any free port)"},
-    {.name = "--context-length",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(ctx_len),
-     .lo = 2,
-     .hi = 1u << 20,
-     .env = "KVFENCE_CONTEXT_LENGTH",
-     .help = "the most prompt + output tokens of one request (default: the model's); must equal "
-             "the decode workers' (checked at connect)"},
-    {.name = "--threads",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(threads),
-     .lo = 1,
-     .hi = 256,
-     .env = "KVFENCE_THREADS",
-     .help = "compute threads (default: every core)"},
-    {.name = "--kv-memory",
-     .metavar = "SIZE",
-     .kind = KVF_CLI_SIZE,
-     .off = O(kv_bytes),
-     .env = "KVFENCE_KV_MEMORY",
-     .help = "its own pool, e.g. 512M (default: one prompt at the context length)"},
-    {.name = "--compute-lock",
-     .metavar = "FILE",
-     .kind = KVF_CLI_STR,
-     .off = O(lock_path),
-     .env = "KVFENCE_COMPUTE_LOCK",
-     .help = "workers on the same cores given the same file take turns computing, one forward "
-             "call at a time, instead of halving each other"},
-    {.name = "--prefill-chunk",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(chunk),
-     .lo = 16,
-     .hi = 4096,
-     .env = "KVFENCE_PREFILL_CHUNK",
-     .help = "prompt tokens computed per turn (default 256); each chunk's pages go to decode "
-             "while the next is computed, and prompts take turns by chunks, the shortest first, "
-             "so a short prompt does not wait for a long one"},
+    KVF_CLI_OPT_CONTEXT(
+        struct prefill_opts, ctx_len,
+        "the most prompt + output tokens of one request (default: the model's); must equal "
+        "the decode workers' (checked at connect)"),
+    KVF_CLI_OPT_THREADS(struct prefill_opts, threads),
+    KVF_CLI_OPT_KV_MEMORY(struct prefill_opts, kv_bytes, NULL,
+                          "its own pool, e.g. 512M (default: one prompt at the context length)"),
+    KVF_CLI_OPT_COMPUTE_LOCK(
+        struct prefill_opts, lock_path,
+        "workers on the same cores given the same file take turns computing, one forward "
+        "call at a time, instead of halving each other"),
+    KVF_CLI_OPT_PREFILL_CHUNK(
+        struct prefill_opts, chunk,
+        "prompt tokens computed per turn (default 256); each chunk's pages go to decode "
+        "while the next is computed, and prompts take turns by chunks, the shortest first, "
+        "so a short prompt does not wait for a long one"),
     KVF_CLI_FABRIC_OPTS(struct prefill_opts, fab),
 };
 #undef O

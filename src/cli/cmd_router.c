@@ -23,15 +23,11 @@ struct router_opts {
 
 #define O(f) offsetof(struct router_opts, f)
 static const struct kvf_cli_opt router_opts[] = {
-    {.name = "--model",
-     .metavar = "F.gguf",
-     .kind = KVF_CLI_STR,
-     .off = O(model),
-     .env = "KVFENCE_MODEL",
-     .flags = KVF_CLI_REQUIRED,
-     .help = "the same model file the workers serve (its fingerprint, context and page geometry "
-             "must agree: a worker that differs is refused with the reason, in the log and in "
-             "/health)"},
+    KVF_CLI_OPT_MODEL(
+        struct router_opts, model, KVF_CLI_REQUIRED,
+        "the same model file the workers serve (its fingerprint, context and page geometry "
+        "must agree: a worker that differs is refused with the reason, in the log and in "
+        "/health)"),
     {.name = "--prefill",
      .metavar = "HOST:PORT[,...]",
      .kind = KVF_CLI_ADDRS,
@@ -48,24 +44,13 @@ static const struct kvf_cli_opt router_opts[] = {
      .flags = KVF_CLI_REQUIRED,
      .help = "the decode workers; a request goes to the live one with the fewest of this "
              "router's requests in flight, then the most free pages"},
-    {.name = "--context-length",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(ctx_len),
-     .lo = 2,
-     .hi = 1u << 20,
-     .env = "KVFENCE_CONTEXT_LENGTH",
-     .help = "the served limit (default: the model's); must equal the workers'"},
+    KVF_CLI_OPT_CONTEXT(struct router_opts, ctx_len,
+                        "the served limit (default: the model's); must equal the workers'"),
     KVF_CLI_HTTP_OPTS(struct router_opts, http),
-    {.name = "--admit-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(admit_ms),
-     .lo = 1,
-     .hi = 3600000,
-     .env = "KVFENCE_ADMIT_TIMEOUT",
-     .help = "how long a request may wait for a live decode worker with a prefill before it "
-             "fails with 503 no_decode or no_prefill (default 30000)"},
+    KVF_CLI_OPT_ADMIT_TIMEOUT(
+        struct router_opts, admit_ms,
+        "how long a request may wait for a live decode worker with a prefill before it "
+        "fails with 503 no_decode or no_prefill (default 30000)"),
     KVF_CLI_FABRIC_OPTS(struct router_opts, fab),
 };
 #undef O

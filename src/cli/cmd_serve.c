@@ -64,13 +64,10 @@ struct serve_opts {
 
 #define O(f) offsetof(struct serve_opts, f)
 static const struct kvf_cli_opt serve_opts[] = {
-    {.name = "--model",
-     .metavar = "F.gguf",
-     .kind = KVF_CLI_STR,
-     .off = O(model),
-     .env = "KVFENCE_MODEL",
-     .help = "the model; without it, kvfence writes (once) and serves its readable test model "
-             "'hist' in the data directory"},
+    KVF_CLI_OPT_MODEL(
+        struct serve_opts, model, 0,
+        "the model; without it, kvfence writes (once) and serves its readable test model "
+        "'hist' in the data directory"),
     {.name = "--data-dir",
      .metavar = "D",
      .kind = KVF_CLI_STR,
@@ -78,69 +75,31 @@ static const struct kvf_cli_opt serve_opts[] = {
      .env = "KVFENCE_DATA_DIR",
      .help = "where the default model lives (default $XDG_DATA_HOME/kvfence or "
              "~/.local/share/kvfence)"},
-    {.name = "--threads",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(threads),
-     .lo = 1,
-     .hi = 256,
-     .env = "KVFENCE_THREADS",
-     .help = "compute threads (default: every core)"},
-    {.name = "--kv-memory",
-     .metavar = "SIZE",
-     .kind = KVF_CLI_SIZE,
-     .off = O(kv_bytes),
-     .def = "1G",
-     .env = "KVFENCE_KV_MEMORY",
-     .help = "the decode worker's KV pool, e.g. 512M, 2G"},
-    {.name = "--context-length",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(ctx_len),
-     .lo = 2,
-     .hi = 1u << 20,
-     .env = "KVFENCE_CONTEXT_LENGTH",
-     .help = "the most prompt + output tokens of one request (default: the model's, bounded by "
-             "the pool)"},
+    KVF_CLI_OPT_THREADS(struct serve_opts, threads),
+    KVF_CLI_OPT_KV_MEMORY(struct serve_opts, kv_bytes, "1G",
+                          "the decode worker's KV pool, e.g. 512M, 2G"),
+    KVF_CLI_OPT_CONTEXT(
+        struct serve_opts, ctx_len,
+        "the most prompt + output tokens of one request (default: the model's, bounded by "
+        "the pool)"),
     KVF_CLI_HTTP_OPTS(struct serve_opts, http),
-    {.name = "--admit-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(admit_ms),
-     .lo = 1,
-     .hi = 3600000,
-     .env = "KVFENCE_ADMIT_TIMEOUT",
-     .help = "how long a request may wait for KV pages before it gets 503 pool_exhausted "
-             "(default 30000)"},
-    {.name = "--progress-timeout",
-     .alias = "--grant-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(grant_ms),
-     .lo = 100,
-     .hi = 3600000,
-     .env = "KVFENCE_PROGRESS_TIMEOUT",
-     .help = "a prompt whose prefill reports no progress for MS fails with 503 prefill_stalled "
-             "(default 5000); a prompt that is being computed, however long, never fails by time"},
-    {.name = "--prefill-chunk",
-     .metavar = "N",
-     .kind = KVF_CLI_U32,
-     .off = O(chunk),
-     .lo = 16,
-     .hi = 4096,
-     .env = "KVFENCE_PREFILL_CHUNK",
-     .help = "prompt tokens computed per turn (default 256): each chunk's pages go to decode while "
-             "the next is computed, and prompts take turns by chunks, the shortest first"},
-    {.name = "--hold-timeout",
-     .metavar = "MS",
-     .kind = KVF_CLI_U32,
-     .off = O(hold_ms),
-     .lo = 100,
-     .hi = 3600000,
-     .env = "KVFENCE_HOLD_TIMEOUT",
-     .help = "its pages, without the writer's proof that it stopped within MS more, are "
-             "quarantined and the writer fenced (default 30000); a timeout never frees a page by "
-             "itself"},
+    KVF_CLI_OPT_ADMIT_TIMEOUT(
+        struct serve_opts, admit_ms,
+        "how long a request may wait for KV pages before it gets 503 pool_exhausted "
+        "(default 30000)"),
+    KVF_CLI_OPT_PROGRESS_TIMEOUT(
+        struct serve_opts, grant_ms,
+        "a prompt whose prefill reports no progress for MS fails with 503 prefill_stalled "
+        "(default 5000); a prompt that is being computed, however long, never fails by time"),
+    KVF_CLI_OPT_PREFILL_CHUNK(
+        struct serve_opts, chunk,
+        "prompt tokens computed per turn (default 256): each chunk's pages go to decode while "
+        "the next is computed, and prompts take turns by chunks, the shortest first"),
+    KVF_CLI_OPT_HOLD_TIMEOUT(
+        struct serve_opts, hold_ms,
+        "its pages, without the writer's proof that it stopped within MS more, are "
+        "quarantined and the writer fenced (default 30000); a timeout never frees a page by "
+        "itself"),
 };
 #undef O
 
