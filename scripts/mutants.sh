@@ -95,8 +95,9 @@ declare -A loops_unreached=(
   [fence_without_close]="the bug is in the fabric's close (src/transport/tcp.c), below the transport seam, where the simulator runs its own transport (simnet); the isolation column catches it"
   [ack_lost_when_cleared]="the engine clears a request mid-write only on paths the simulator's faults have not reached in its seeds; the machines' simulator catches it (I9)"
 )
-loops_seeds=${KVF_LOOPS_SEEDS:-1000}
-loops_clean_seeds=${KVF_LOOPS_CLEAN_SEEDS:-300}
+loops_seeds=${KVF_LOOPS_SEEDS:-600}
+loops_clean_seeds=${KVF_LOOPS_CLEAN_SEEDS:-200}
+loops_unreached_seeds=${KVF_LOOPS_UNREACHED_SEEDS:-100} # shown, not required: fewer seeds
 # Mutants the spin model cannot express, and why: it is reported, not run.
 declare -A no_model=(
   [progress_ignored]="the model keeps no clock: its timeouts fire at any time, so a deadline that PROGRESS does not renew adds no behaviour"
@@ -336,7 +337,9 @@ for m in "${mutants[@]}"; do
   fi
   mode=${loops_mode[$m]:-}
   # shellcheck disable=SC2086
-  l=$(loops "build-mutants/$m/test_sim_loops" "$loops_seeds" "build-mutants/$m.loops.log" $mode)
+  n_loops=$loops_seeds
+  [[ -n ${loops_unreached[$m]:-} ]] && n_loops=$loops_unreached_seeds
+  l=$(loops "build-mutants/$m/test_sim_loops" "$n_loops" "build-mutants/$m.loops.log" $mode)
   if [[ $l == survived ]] && [[ -n ${loops_unreached[$m]:-} ]]; then
     l="not caught: ${loops_unreached[$m]}"
   elif [[ $l != caught* ]]; then
