@@ -22,6 +22,13 @@
 #include "kvfence/text.h"
 #include "unicode.h"
 
+/* memcmp for strings that may be empty and then have no bytes at all (a NULL pointer, which
+ * memcmp must not be given even with a length of 0). */
+static int bytes_cmp(const void *a, const void *b, size_t n)
+{
+    return n ? memcmp(a, b, n) : 0;
+}
+
 /* ---- arena and errors ---- */
 
 struct chunk {
@@ -148,7 +155,7 @@ static struct val v_int(int64_t i)
 
 static bool str_eq(struct val a, const char *s, size_t n)
 {
-    return a.t == V_STR && a.n == n && memcmp(a.s, s, n) == 0;
+    return a.t == V_STR && a.n == n && bytes_cmp(a.s, s, n) == 0;
 }
 
 static struct val *dict_get(struct dict *d, const char *k, size_t n)
@@ -212,7 +219,7 @@ static void sb_put(struct ctx *c, struct sb *b, const char *s, size_t n)
         if (b->n) memcpy(p, b->p, b->n);
         b->p = p, b->cap = cap;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n) memcpy(b->p + b->n, s, n);
     b->n += n;
 }
 
@@ -1036,7 +1043,7 @@ static struct val call_method(struct ev *e, struct val self, const struct node *
             struct val x = need_str(e, args[0], "startswith/endswith");
             if (x.n > self.n) return v_bool(false);
             const char *at = IS("startswith") ? self.s : self.s + self.n - x.n;
-            return v_bool(memcmp(at, x.s, x.n) == 0);
+            return v_bool(bytes_cmp(at, x.s, x.n) == 0);
         }
         if (IS("strip") || IS("lstrip") || IS("rstrip")) {
             if (n_args > 1) die(e->c, -EINVAL, "%.*s takes at most one argument", (int)nn, name);
@@ -1076,7 +1083,7 @@ static struct val call_method(struct ev *e, struct val self, const struct node *
             if (a.n == 0) die(e->c, -EINVAL, "replace of an empty string");
             struct sb out = {0};
             for (size_t i = 0; i < self.n;) {
-                if (i + a.n <= self.n && memcmp(self.s + i, a.s, a.n) == 0) {
+                if (i + a.n <= self.n && bytes_cmp(self.s + i, a.s, a.n) == 0) {
                     sb_put(e->c, &out, b.s, b.n);
                     i += a.n;
                 } else {
@@ -1169,7 +1176,7 @@ static bool apply_test(struct ev *e, const struct node *n, struct val x)
 
 static bool equal(struct val a, struct val b)
 {
-    if (a.t == V_STR && b.t == V_STR) return a.n == b.n && memcmp(a.s, b.s, a.n) == 0;
+    if (a.t == V_STR && b.t == V_STR) return a.n == b.n && bytes_cmp(a.s, b.s, a.n) == 0;
     if (a.t == V_INT && b.t == V_INT) return a.i == b.i;
     if (a.t == V_BOOL && b.t == V_BOOL) return a.b == b.b;
     if (a.t == V_NONE && b.t == V_NONE) return true;
@@ -1265,7 +1272,7 @@ static struct val binary(struct ev *e, const struct node *n)
             cmp = (a.i > b.i) - (a.i < b.i);
         } else if (a.t == V_STR && b.t == V_STR) {
             size_t k = a.n < b.n ? a.n : b.n;
-            cmp = memcmp(a.s, b.s, k);
+            cmp = bytes_cmp(a.s, b.s, k);
             if (cmp == 0) cmp = (a.n > b.n) - (a.n < b.n);
         } else {
             die(c, -EINVAL, "comparing a %s with a %s", VT_NAMES[a.t], VT_NAMES[b.t]);
