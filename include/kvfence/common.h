@@ -127,6 +127,17 @@ void kvf_log(enum kvf_log_level level, const char *fmt, ...);
  * HTTP server's lines go through the same sink. */
 void kvf_log_line(void *arg, const char *line);
 
+#if defined(KVF_TEST_BUILD)
+/* Test builds: appends {"event":"KIND"<fmt's members>} as one line to the file KVF_TEST_EVENTS
+ * names (nothing without it). FMT formats the members that follow the kind, each written as
+ * `,"name":value`; a line over 1023 bytes is dropped whole. The harness's channel: what a test
+ * switch did, in a schema the suites own (src/common/test_events.c). Thread-safe. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void kvf__test_event(const char *kind, const char *fmt, ...);
+#endif
+
 /* ALWAYS(x)/NEVER(x): a defensive check that is expected to hold. Debug and test builds stop
  * on a violation (kvf__check_failed: a message naming the check, then abort), so it is found in
  * testing — whatever NDEBUG says: the test builds are optimized and define it, which once made

@@ -342,8 +342,8 @@ static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
         kvf_pool_page_data(w->pool, pages[last].page) + kvf_geo_kv_offset(&w->geo, 0, 1);
     size_t row = kvf_geo_block_bytes(&w->geo) / pt;
     uint32_t width = w->geo.n_kv_heads * w->geo.head_dim, found = 0;
-    char at[256] = "";
-    size_t len = 0;
+    char at[256] = "", coords[512] = "";
+    size_t len = 0, clen = 0;
     for (uint32_t slot = fill; slot < pt; slot++) {
         const uint8_t *r = v0 + (size_t)slot * row;
         float best = 0.25f;
@@ -362,12 +362,26 @@ static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
         int k =
             len < sizeof at ? snprintf(at + len, sizeof at - len, " %lld", (long long)where) : 0;
         if (k > 0) len += (size_t)k;
+        /* The event's list: whole numbers only, the first that does not fit ends it. */
+        if (clen < sizeof coords) {
+            k = snprintf(coords + clen, sizeof coords - clen, "%s%lld", clen ? "," : "",
+                         (long long)where);
+            if (k > 0 && clen + (size_t)k < sizeof coords)
+                clen += (size_t)k;
+            else {
+                coords[clen] = '\0';
+                clen = sizeof coords;
+            }
+        }
     }
     if (found)
         kvf_log(KVF_LOG_WARN,
                 "kvfence decode: test audit: %u of %u unwritten slots of a committed prompt's last "
                 "page hold values, largest at coordinates%s\n",
                 found, pt - fill, at);
+    if (found)
+        kvf__test_event("audit_tail", ",\"found\":%u,\"unwritten\":%u,\"coords\":[%s]", found,
+                        pt - fill, coords);
 }
 #endif
 

@@ -113,6 +113,9 @@ void kvf__forge_init(struct kvf_pworker *w)
             "kvfence prefill: test build: KVF_TEST_FORGE every %u, token %u, refuse %u, short %u, "
             "fenced %u\n",
             every, token, f->refuse, f->shorts, f->fenced);
+    kvf__test_event("forge_on",
+                    ",\"every\":%u,\"token\":%u,\"refuse\":%u,\"short\":%u,\"fenced\":%u", every,
+                    token, f->refuse, f->shorts, f->fenced);
 }
 
 /* Before computing a job: whether the engine refuses it (every Rth of two pages or more). */
@@ -125,6 +128,7 @@ bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j)
     kvf_log(KVF_LOG_INFO,
             "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n",
             j->n_pages);
+    kvf__test_event("forge_refused", ",\"pages\":%u", j->n_pages);
     return true;
 }
 
@@ -144,6 +148,7 @@ void kvf__forge_short(struct kvf_pworker *w, struct pjob *j)
             "kvfence prefill: test forge: a prompt of %u tokens handed off short (%u of %u pages "
             "put)\n",
             j->n_tokens, 1u, j->n_pages);
+    kvf__test_event("forge_short", ",\"tokens\":%u,\"pages\":%u", j->n_tokens, j->n_pages);
 }
 
 static void forge_put_done(void *arg, int status)
@@ -181,6 +186,7 @@ void kvf__forge_write(struct kvf_pworker *w, struct psess *s, struct pjob *j)
     }
     kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: stale bytes written into a page granted to "
                           "another request\n");
+    kvf__test_event("forge_write", NULL);
 }
 
 /* Before a DONE: a short handoff's count; and the same DONE at the previous epoch and with an
@@ -203,6 +209,7 @@ void kvf__forge_done(struct kvf_pworker *w, struct psess *s, const struct pjob *
     kvf_log(
         KVF_LOG_INFO,
         "kvfence prefill: test forge: DONE replayed at a stale epoch and with an unknown nonce\n");
+    kvf__test_event("forge_done", NULL);
 }
 
 /* A session failed (before its machine forgets its grants): keep what its DONEs would name. */
@@ -240,6 +247,7 @@ void kvf__forge_replay_fenced(struct kvf_pworker *w, struct psess *s)
         kvf__send_msg(s->conn, &m, w->frame, PF_FRAME_CAP);
         kvf_log(KVF_LOG_INFO, "kvfence prefill: test forge: DONE of a fenced epoch replayed on the "
                               "next connection\n");
+        kvf__test_event("forge_fenced_done", NULL);
     }
     f->n_replay = 0;
 }
