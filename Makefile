@@ -20,7 +20,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release release-kvfence debug asan test long mutants isolation fuzz soak bench-overhead bench-split format format-check clean
+.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation fuzz soak bench-overhead bench-split format format-check clean
 
 all: deps release
 
@@ -52,14 +52,22 @@ asan:
 	cmake --build --preset asan -j $(JOBS)
 
 # The test suite: every CTest test of the ASan/UBSan build (unit, sim, model, mutants, fuzz corpus
-# replays, ...), then each libFuzzer target for TEST_FUZZ_SECONDS.
+# replays, ...); then no skips (scripts/no_skips.mjs: every test ran and none skipped, unless
+# tests/ALLOWED_SKIPS or KVF_ALLOW_SKIP lists it); then each libFuzzer target for TEST_FUZZ_SECONDS.
 TEST_FUZZ_SECONDS ?= 20
 test: deps format-check asan
 	ctest --preset asan -j $(JOBS)
+	node scripts/no_skips.mjs build-asan
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 
 mutants: deps
 	KVF_MUTANT_ISOLATION=$${KVF_MUTANT_ISOLATION:-1} bash scripts/mutants.sh
+
+# The broken servers (docs/MUTANTS.md, "Broken servers"): one that answers every request 503 and
+# one that ignores disconnects, each run against every suite that claims to check what it breaks;
+# every such suite must fail. About 15 minutes on two cores.
+broken: deps asan
+	bash scripts/broken.sh
 
 # Long prompts end to end, with the llama3.2-1b shape's 4,000-token prompt that make test leaves
 # out for its time (tests/e2e/long_e2e.mjs --big 1).

@@ -890,9 +890,13 @@ static void admit(struct kvf_dworker *w)
 
 static void handle_cancels(struct kvf_dworker *w)
 {
+    /* The broken server ignore_cancel (test builds; docs/MUTANTS.md, "Broken servers"): a client's
+     * cancel is never acted on, so its request prefills and decodes to the end (the worker's stop
+     * still ends it), to show which suites a server that ignores disconnects cannot pass. */
+    const bool ignore = KVF_MUTANT(IGNORE_CANCEL);
     for (uint32_t i = 0; i < w->cfg.max_reqs; i++) {
         struct kvf_gen *g = w->live[i];
-        if (!g || g->in_step || (!kvf__gen_cancelled(g) && !w->stop)) continue;
+        if (!g || g->in_step || ((ignore || !kvf__gen_cancelled(g)) && !w->stop)) continue;
         kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_PROTO_CANCELLED, &w->acts);
         run_actions(w, NULL);
     }

@@ -1212,6 +1212,14 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         kvf__srv_engine_error(-ESHUTDOWN, &e);
         return refuse(s, c, q, &e);
     }
+    /* The broken server broken_503 (test builds; docs/MUTANTS.md, "Broken servers"): every
+     * generation request answered 503 pool_exhausted, an error the suites allow under pressure,
+     * to show that each suite fails a server that serves nothing. */
+    if (KVF_MUTANT(BROKEN_503)) {
+        kvf__srv_req_free(&req);
+        kvf__srv_engine_error(-EBUSY, &e);
+        return refuse(s, c, q, &e);
+    }
     /* What it takes of its tenant's share: each choice is a sequence, each reserves its prompt
      * and its max_tokens in whole pages. */
     uint64_t kv_cap = kvf__srv_tenant_kv_cap(&s->tenants, &in);

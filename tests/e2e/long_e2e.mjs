@@ -235,11 +235,21 @@ await test('four ~2,100-token prompts at once, each equal to its solo run; a sho
   assert.ok(shortFirst < firstLongEnd, `the short prompt's first token at ${shortFirst} ms, after a long one finished at ${firstLongEnd} ms`);
 });
 
-await test('a client that disconnects while its 4,000-token prompt is computed: the pools come back all free, the next request is right', async () => {
+await test('a client that disconnects while its 4,000-token prompt is computed: its work stops, the pools come back all free, the next request is right', async () => {
   const p = await promptOf(URL_, 4000, 55);
-  const got = await complete(URL_, p, GEN, { abortMs: 2000 });
+  const t0 = (await health(URL_)).counters.decoded_tokens;
+  // 64 tokens asked: a server that ignores the disconnect finishes the prompt and decodes 63.
+  const job = complete(URL_, p, 64, { abortMs: 2000 });
+  await sleep(1800);
+  // Still in prefill, by the server's own state, just before the disconnect.
+  const h = await health(URL_);
+  assert.ok(h.counters.decoded_tokens === t0 && (h.decode?.by_state?.KVF_PAGE_GRANTED ?? 0) > 0, `not in prefill at 1.8 s: ${JSON.stringify(h)}`);
+  const got = await job;
   assert.ok(got.aborted, 'the request was still running at 2 s');
   await quiesce(URL_, 60000);
+  const made = (await health(URL_)).counters.decoded_tokens - t0;
+  figures.push(`a disconnect during a 4,000-token prefill: ${made} of 63 decode tokens made after it`);
+  assert.ok(made < 32, `${made} tokens decoded for a request whose client left during its prefill: the cancel did not stop it`);
   const q = await promptOf(URL_, 600, 56);
   assertSame(await complete(URL_, q, GEN), reference(KVF, MODEL, q, GEN), 'after the disconnect');
 });

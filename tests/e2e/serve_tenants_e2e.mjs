@@ -7,6 +7,10 @@
 // lines and none of the canary prompt, the canary key or the real keys. A second serve behind
 // --trusted-proxy answers 128 concurrent requests with distinct X-Forwarded-For clients, and a
 // client past --max-conn-per-ip gets 503 with Retry-After (not a reset). TAP on stdout.
+// --topology split runs the same tenant checks through `kvfence router` over a prefill and a
+// decode worker (the keys, limits, /metrics labels and log redaction are the router's; every
+// process's stderr is checked for the canary); the startup refusals and the trusted-proxy serve
+// are serve's own and run with --topology serve (the default).
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -19,6 +23,8 @@ for (const k of ['kvfence', 'node-modules', 'work']) {
   if (!args[k]) { console.log(`Bail out! --${k} is required`); process.exit(1); }
 }
 const KVF = args.kvfence;
+const TOPOLOGY = args.topology ?? 'serve';
+if (!['serve', 'split'].includes(TOPOLOGY)) { console.log(`Bail out! --topology ${TOPOLOGY}: serve or split`); process.exit(1); }
 const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
 if (!fs.existsSync(entry)) { console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`); process.exit(1); }
 const { default: OpenAI } = await import(pathToFileURL(entry).href);
@@ -55,30 +61,63 @@ function refuses(extra, re) {
   return r.stderr;
 }
 
-await test('a malformed key file refuses to start, naming the line (not the key)', async () => {
+if (TOPOLOGY === 'serve') await test('a malformed key file refuses to start, naming the line (not the key)', async () => {
   const bad = path.join(W, 'bad.txt');
   fs.writeFileSync(bad, `# ok\n${KEY_A} alpha\n${CANARY_KEY} two words\n`);
   const err = refuses(['--api-keys', bad], /line 3/);
   assert.ok(!err.includes(CANARY_KEY), err);
 });
-await test('beyond loopback without keys refuses to start unless --no-auth', async () => {
+if (TOPOLOGY === 'serve') await test('beyond loopback without keys refuses to start unless --no-auth', async () => {
   refuses(['--host', '0.0.0.0'], /without API keys.*--no-auth/);
 });
 
-const child = spawn(KVF, ['serve', '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--data-dir', DATA,
-  '--kv-memory', '64M', '--api-keys', KEYS, '--tenant-max-running', '1', '--tenant-max-queued', '0'],
-{ stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1' } });
-children.add(child);
-let err = '';
-let exited = null;
-child.stderr.on('data', (d) => { err += d; });
-const exitP = new Promise((r) => child.on('exit', (code, sig) => { exited = { code, sig }; children.delete(child); r(exited); }));
-let port = 0;
-for (let i = 0; !port; i++) {
-  const m = err.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-  if (m) port = Number(m[1]);
-  if (exited || i > 3000) { console.log(`Bail out! serve did not start: ${err}`); process.exit(1); }
-  await sleep(20);
+// One process (serve, or a split role); its stderr kept for the redaction check.
+function launch(argv, env = {}) {
+  const c = spawn(KVF, argv, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=1', ...env } });
+  children.add(c);
+  const p = { child: c, err: '', exited: null };
+  c.stderr.on('data', (d) => { p.err += d; });
+  p.exitP = new Promise((r) => c.on('exit', (code, sig) => { p.exited = { code, sig }; children.delete(c); r(p.exited); }));
+  return p;
+}
+async function waitErr(p, re, what) {
+  for (let i = 0; ; i++) {
+    const m = p.err.match(re);
+    if (m) return m;
+    if (p.exited || i > 3000) { console.log(`Bail out! ${what} did not start: ${p.err}`); process.exit(1); }
+    await sleep(20);
+  }
+}
+const tenantFlags = ['--api-keys', KEYS, '--tenant-max-running', '1', '--tenant-max-queued', '0'];
+// The processes in the order they are stopped; the last is the HTTP front (serve or router).
+const procs = [];
+if (TOPOLOGY === 'serve') {
+  procs.push(launch(['serve', '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--data-dir', DATA, '--kv-memory', '64M', ...tenantFlags]));
+} else {
+  const MODEL = path.join(W, 'hist.gguf'), CKEY = path.join(W, 'cluster.key');
+  spawnSync(KVF, ['mkmodel', MODEL, '--shape', 'hist'], { stdio: 'ignore' });
+  spawnSync(KVF, ['keygen', CKEY], { stdio: 'ignore' });
+  const env = { KVFENCE_CLUSTER_KEY_FILE: CKEY };
+  const net = await import('node:net');
+  const free = () => new Promise((r) => { const srv = net.createServer(); srv.listen(0, '127.0.0.1', () => { const q = srv.address().port; srv.close(() => r(q)); }); });
+  const [pp, dp] = [await free(), await free()];
+  const pre = launch(['prefill', '--model', MODEL, '--listen', `127.0.0.1:${pp}`, '--threads', '1'], env);
+  await waitErr(pre, /listening \S+ \d+/, 'prefill');
+  const dec = launch(['decode', '--model', MODEL, '--listen', `127.0.0.1:${dp}`, '--threads', '1', '--kv-memory', '64M'], env);
+  await waitErr(dec, /listening \S+ \d+/, 'decode');
+  procs.push(pre, dec, launch(['router', '--model', MODEL, '--host', '127.0.0.1', '--port', '0', '--prefill', `127.0.0.1:${pp}`,
+    '--decode', `127.0.0.1:${dp}`, ...tenantFlags], env));
+}
+const front = procs[procs.length - 1];
+const port = Number((await waitErr(front, /listening on http:\/\/127\.0\.0\.1:(\d+)/, TOPOLOGY))[1]);
+if (TOPOLOGY === 'split') {
+  // Ready when the router sees both workers up.
+  for (let i = 0; ; i++) {
+    const h = await (await fetch(`http://127.0.0.1:${port}/health`)).json().catch(() => ({}));
+    if ((h.workers ?? []).length === 2 && h.workers.every((w) => w.up)) break;
+    if (i > 1500) { console.log(`Bail out! the router's workers are not up: ${JSON.stringify(h)}`); process.exit(1); }
+    await sleep(20);
+  }
 }
 const url = `http://127.0.0.1:${port}`;
 const client = (key) => new OpenAI({ baseURL: `${url}/v1`, apiKey: key, maxRetries: 0, timeout: 60000 });
@@ -172,20 +211,24 @@ await test('n beyond the tenant\'s sequences is 400 tenant_share_exceeded at onc
 });
 
 await test('SIGTERM exits 0; the logs hold the events and no canary, prompt text or key', async () => {
-  child.kill('SIGTERM');
-  const ex = await Promise.race([exitP, sleep(30000).then(() => null)]);
-  assert.ok(ex, 'no exit in 30 s');
-  assert.equal(ex.code, 0, err.slice(-3000));
-  assert.doesNotMatch(err, /AddressSanitizer|LeakSanitizer|runtime error/);
+  // The front first (serve, or the router), then the workers.
+  for (const p of [...procs].reverse()) {
+    p.child.kill('SIGTERM');
+    const ex = await Promise.race([p.exitP, sleep(30000).then(() => null)]);
+    assert.ok(ex, 'no exit in 30 s');
+    assert.equal(ex.code, 0, p.err.slice(-3000));
+    assert.doesNotMatch(p.err, /AddressSanitizer|LeakSanitizer|runtime error/);
+  }
+  const err = front.err, all = procs.map((p) => p.err).join('\n');
   assert.match(err, /event=request id=req-\w+ tenant=alpha/);
   assert.match(err, /event=finished id=req-\w+ tenant=bravo .*outcome=ok status=200 .*prompt_tokens=\d+ completion_tokens=\d+/);
   assert.match(err, /event=rejected id=req-\w+ tenant=alpha outcome=rate_limited status=429 code=tenant_limit/);
   assert.match(err, /event=unauthorized id=req-\w+/);
-  for (const c of ['canary', CANARY_KEY, KEY_A, KEY_B, 'sk-']) assert.ok(!err.includes(c), `stderr contains '${c}'`);
+  for (const c of ['canary', CANARY_KEY, KEY_A, KEY_B, 'sk-']) assert.ok(!all.includes(c), `a process's stderr contains '${c}'`);
 });
 
 // A second serve, without keys, behind a trusted proxy (this host, 127.0.0.1).
-await test('behind --trusted-proxy: 128 requests at once with distinct X-Forwarded-For clients all 200; past --max-conn-per-ip: 503 with Retry-After, no reset', async () => {
+if (TOPOLOGY === 'serve') await test('behind --trusted-proxy: 128 requests at once with distinct X-Forwarded-For clients all 200; past --max-conn-per-ip: 503 with Retry-After, no reset', async () => {
   const net = await import('node:net');
   const p2 = spawn(KVF, ['serve', '--host', '127.0.0.1', '--port', '0', '--threads', '1', '--data-dir', DATA,
     '--kv-memory', '64M', '--trusted-proxy', '127.0.0.1', '--max-conn-per-ip', '4'],

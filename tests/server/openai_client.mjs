@@ -1,7 +1,7 @@
 // The official OpenAI Node client against the server (over the fake engine, tests/server/
 // fake_serve): completions, chat, streaming with usage, and errors surfacing as the client's
 // typed exceptions. Usage: node openai_client.mjs FAKE_SERVE NODE_MODULES_DIR
-// Exits 77 (skipped) when the openai package is not installed (scripts/install-deps.sh).
+// Fails (never skips) when the openai package is not installed (scripts/install-deps.sh).
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';

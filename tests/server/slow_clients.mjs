@@ -13,7 +13,7 @@
 // to their values before the attack — and it stops cleanly (exit 0).
 //
 // Usage: node slow_clients.mjs --fake-serve F --kvfence K --work DIR
-// Exits 77 (skipped) only when slowhttptest is not installed (scripts/install-deps.sh).
+// Fails (never skips) when slowhttptest is not installed (scripts/install-deps.sh).
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { delimiter, join } from 'node:path';
