@@ -26,9 +26,10 @@
  * alone: P1, P3, P4 and the tag check of a read page are not asserted, so a trail then shows a
  * committed request reading bytes that were not written for it (the model's content check, as
  * the simulator's I1 alone). UNVERIFIED (--unverified)
- * has decode commit without reading the pages (no trailer or checksum check; the count is still
- * compared) and no transport loses a put it reported complete (only the checksum would see
- * that): what reaches a read is then what the page lifetime rules alone let through.
+ * has decode commit without reading the pages or the count (no count, trailer or checksum
+ * check), no prefill hand off short and no transport lose a put it reported complete (only those
+ * checks would see them): what reaches a read is then what the page lifetime rules alone let
+ * through.
  * FORGE_FENCED (--forge-fenced) lets a DONE of the fenced epoch arrive at any time after the
  * fence, counting the request's own tokens (H18: a writer replaying its fenced epoch's answers,
  * as the isolation suite's KVF_TEST_FORGE fenced=1): decode must never act on it.
@@ -137,8 +138,10 @@ bit m_done[NR * NE * 2];          /* DONE carries tokens_written n = 1 or 2 */
 #define EPOK(r, e) (dep[r] == (e))
 #endif
 
-#if defined(MUTANT_NO_COUNT_CHECK) || defined(MUTANT_PLACEHOLDER_AFTER_REJECT)
+#if defined(MUTANT_NO_COUNT_CHECK)
 #define COUNT_OK(r, n) true       /* bug: tokens_written is not compared with the reservation */
+#elif defined(UNVERIFIED)
+#define COUNT_OK(r, n) true       /* committed unread, the count included (see UNVERIFIED above) */
 #else
 #define COUNT_OK(r, n) ((n) == NEED(r))
 #endif
@@ -490,6 +493,8 @@ inline post_put(r) {
 #endif
 #ifdef MUTANT_PLACEHOLDER_AFTER_REJECT
 #define P_SHORT_OK(r) (pph[r] && pn[r] == 1)
+#elif defined(UNVERIFIED)
+#define P_SHORT_OK(r) false /* a short handoff is what the count check sees: unverified, none */
 #else
 #define P_SHORT_OK(r) (pn[r] >= 1)
 #endif

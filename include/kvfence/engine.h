@@ -105,6 +105,16 @@ void kvf_dworker_stop(kvf_dworker_t *w, uint64_t grace_ms);
 int kvf_dworker_turn(kvf_dworker_t *w);
 int kvf_dworker_compute(kvf_dworker_t *w);
 bool kvf_dworker_computing(kvf_dworker_t *w);
+/* The decode worker's page pool, for a simulator's checks between turns in manual mode (page
+ * states and tags, kvf_pool_check); read-only, and only while no turn runs. */
+struct kvf_pool;
+const struct kvf_pool *kvf_dworker_pool(const kvf_dworker_t *w);
+/* The consistency walks, for a simulator between turns in manual mode: the decode machine's
+ * (kvf_decode_check) and its pool's (kvf_pool_check); each prefill session machine's
+ * (kvf_prefill_check) and the prefill pool's. True if all hold; otherwise false with the first
+ * violation in why. */
+bool kvf_dworker_check(const kvf_dworker_t *w, char *why, size_t why_len);
+bool kvf_pworker_check(const kvf_pworker_t *w, char *why, size_t why_len);
 /* The generation seam over a decode worker: pass the worker as `e`. */
 extern const struct kvf_gen_ops kvf_dworker_gen_ops;
 

@@ -1158,6 +1158,16 @@ int kvf_dworker_compute(kvf_dworker_t *w)
     return 1;
 }
 
+const struct kvf_pool *kvf_dworker_pool(const kvf_dworker_t *w)
+{
+    return w ? w->pool : NULL;
+}
+
+bool kvf_dworker_check(const kvf_dworker_t *w, char *why, size_t why_len)
+{
+    return kvf_decode_check(w->d, why, why_len) && kvf_pool_check(w->pool, why, why_len);
+}
+
 bool kvf_dworker_computing(kvf_dworker_t *w)
 {
     pthread_mutex_lock(&w->cmu);

@@ -858,6 +858,14 @@ int kvf_pworker_compute(kvf_pworker_t *w)
     return 1;
 }
 
+bool kvf_pworker_check(const kvf_pworker_t *w, char *why, size_t why_len)
+{
+    for (uint32_t i = 0; i < PF_MAX_SESS; i++)
+        if (w->sess[i].used && w->sess[i].m && !kvf_prefill_check(w->sess[i].m, why, why_len))
+            return false;
+    return kvf_pool_check(w->pool, why, why_len);
+}
+
 bool kvf_pworker_computing(kvf_pworker_t *w)
 {
     return step_state(w) == STEP_GO;

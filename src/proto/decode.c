@@ -436,15 +436,17 @@ int kvf_decode_submit(kvf_decode_t *d, uint64_t now_ms, kvf_req_id_t req,
 static int verify(const kvf_decode_t *d, const struct dreq *r, const struct kvf_msg_done *dn,
                   const uint64_t *hashed)
 {
-    /* Mutants no_count_check and placeholder_after_reject, as in the model (COUNT_OK): the tokens
-     * written are not compared with the reservation, only the pages the writer says it wrote are
-     * verified, and the rest are committed unread with the reserved fill. */
-    const bool count_check = !KVF_MUTANT(NO_COUNT_CHECK) && !KVF_MUTANT(PLACEHOLDER_AFTER_REJECT);
+    /* Mutant no_count_check, as in the model (COUNT_OK): the tokens written are not compared with
+     * the reservation, only the pages the writer says it wrote are verified, and the rest are
+     * committed unread with the reserved fill. */
+    const bool count_check = !KVF_MUTANT(NO_COUNT_CHECK);
 
     if (dn->n_pages != r->n_pages) return KVF_E_PROTO_COUNT;
-    if (count_check && dn->tokens_written != r->prompt_len) return KVF_E_PROTO_COUNT;
-    /* The content suites' "unverified" runs (docs/MUTANTS.md): commit what arrives unread. */
+    /* The content suites' "unverified" runs (docs/MUTANTS.md): commit what arrives unread — no
+     * count, trailer or checksum check — so that only the page lifetime rules keep the bytes
+     * right. */
     if (KVF_ENABLED(KVF_TEST_BUILD) && d->cfg.test_unverified) return 0;
+    if (count_check && dn->tokens_written != r->prompt_len) return KVF_E_PROTO_COUNT;
     /* Off only in `make bench-overhead`'s comparison binary, which measures what these checks
      * cost and is never installed (CMakeLists.txt refuses it with tests and mutants). */
     if (KVF_ENABLED(KVF_NO_SAFETY_CHECKS)) return 0;

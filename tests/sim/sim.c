@@ -396,9 +396,10 @@ void setup(struct world *W, uint64_t seed)
         r->writer = -1;
         r->fail_at = chance(W, 0.05) ? (int)rnd(W, 1, 4) : -1;
         r->refuse = chance(W, 0.05);
-        r->forge = chance(W, 0.04);
-        r->corrupt =
-            chance(W, 0.04) && !W->cfg->unverified; /* drawn either way: the same schedule */
+        /* A short count and a corrupt byte are what the unverified run does not check: neither is
+         * made there (each drawn either way: the same schedule). */
+        r->forge = chance(W, 0.04) && !W->cfg->unverified;
+        r->corrupt = chance(W, 0.04) && !W->cfg->unverified;
         r->early_clear = chance(W, 0.05);
         if (r->forge || r->corrupt) r->faulted = true;
         if (chance(W, 0.03)) r->prompt = MAX_CONTEXT + 1; /* over the limit: refused at once */

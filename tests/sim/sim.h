@@ -50,9 +50,9 @@ struct sim_config {
     double p_late_put;         /* chance a put lands 100..late_put_max_ms after it is posted */
     uint32_t late_put_max_ms;
     enum sim_checks checks;
-    /* Decode commits what arrives unread (the decode machine's test_unverified: no trailer or
-     * checksum check; the counts are still compared) and no landed byte is flipped (only the
-     * checksum would see it): what then reaches a committed request is what the page lifetime
+    /* Decode commits what arrives unread (the decode machine's test_unverified: no count,
+     * trailer or checksum check), no landed byte is flipped and no count is forged (only those
+     * checks would see them): what then reaches a committed request is what the page lifetime
      * rules alone let through. The mutants' content column runs the mutants those checks would
      * otherwise stop (scripts/mutants.sh). Test builds only. */
     bool unverified;

@@ -21,9 +21,20 @@
  *      pressured or forged);
  *   L5 decode's test audit of each committed prompt's last page (KVF_TEST_AUDIT_TAIL): the slots
  *      beyond the prompt hold zeros, never another request's bytes.
+ * and on the pages' lifetimes, as the machines' simulator checks them (its I2), at every write as
+ * simnet applies it to the decode pool and at every turn:
+ *   L6 a write lands only on a page that is GRANTED, HELD or QUARANTINED — never FREE or OWNED
+ *      (a page freed or committed while a write to it was in flight) — and a page's trailer
+ *      lands only with the tag the page has now (never a write meant for the page's previous
+ *      grant, landing under its next one);
+ *   L7 after every turn, the consistency walks of every protocol machine and pool in the world
+ *      (kvf_decode_check, kvf_prefill_check, kvf_pool_check: the machines' simulator's
+ *      "decode checker", "prefill checker" and "pool checker").
+ * With --content-only, L1 alone.
  *
- * --unverified: decode commits what arrives unread (no trailer, checksum or tail check: the test
- * build's KVF_TEST_UNVERIFIED), so that L1 sees what the page lifetime rules alone let through.
+ * --unverified: decode commits what arrives unread (no count, trailer, checksum or tail check: the
+ * test build's KVF_TEST_UNVERIFIED), so that L1 sees what the page lifetime rules alone let
+ * through; --forge then may not make short handoffs or stale writes (what only those checks see).
  *
  * --pressured: pools so small that a freed page goes to the next request at once, late and slow
  * puts, many cancels. --forge SPEC: the fault world's prefills forge what an honest one never
@@ -53,6 +64,7 @@
 #include "kvfence/engine.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
+#include "kvfence/pool.h"
 #include "simnet.h"
 
 #define N_PF       2
@@ -134,6 +146,63 @@ struct world {
 };
 
 static int violate(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static const char *state_name(enum kvf_page_state st)
+{
+    switch (st) {
+    case KVF_PAGE_FREE:
+        return "FREE";
+    case KVF_PAGE_OWNED:
+        return "OWNED";
+    case KVF_PAGE_GRANTED:
+        return "GRANTED";
+    case KVF_PAGE_HELD:
+        return "HELD";
+    case KVF_PAGE_QUARANTINED:
+        return "QUARANTINED";
+    default:
+        return "?";
+    }
+}
+
+/* L6, at every write simnet applies to the decode pool (its region). */
+static int land_check(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes, size_t len,
+                      bool sender_dead, char *why, size_t why_len)
+{
+    (void)x;
+    const struct world *W = ctx;
+    const kvf_pool_t *pool = W->dw ? kvf_dworker_pool(W->dw) : NULL;
+    if (!pool) return 0;
+    size_t pb = kvf_pool_page_bytes(pool);
+    uint32_t page = (uint32_t)(off / pb);
+    struct kvf_page_info in;
+    if (kvf_pool_page_info(pool, page, &in) < 0) {
+        snprintf(why, why_len, "L6: a write to page %u, outside the pool", page);
+        return 1;
+    }
+    if (in.state != KVF_PAGE_GRANTED && in.state != KVF_PAGE_HELD &&
+        in.state != KVF_PAGE_QUARANTINED) {
+        snprintf(why, why_len,
+                 "L6: a write of %zu bytes%s lands on page %u, which is %s (tag %" PRIu64
+                 "): it was freed or committed while the write was in flight",
+                 len, sender_dead ? " from a killed writer" : "", page, state_name(in.state),
+                 in.tag);
+        return 1;
+    }
+    size_t toff = kvf_geo_trailer_offset(kvf_pool_geometry(pool));
+    if (off % pb == toff && len == sizeof(struct kvf_page_trailer)) {
+        struct kvf_page_trailer t;
+        memcpy(&t, bytes, sizeof t);
+        if (t.tag != in.tag) {
+            snprintf(why, why_len,
+                     "L6: a trailer written for tag %" PRIu64 " lands on page %u, now %s with tag "
+                     "%" PRIu64 ": a write meant for the page's earlier grant",
+                     t.tag, page, state_name(in.state), in.tag);
+            return 1;
+        }
+    }
+    return 0;
+}
 static int violate(struct world *W, const char *fmt, ...)
 {
     if (W->why[0]) return -1;
@@ -201,6 +270,7 @@ static int world_start(struct world *W, uint64_t seed, bool faults)
     W->seed = seed;
     W->faults = faults;
     W->net = simnet_new(seed, &f);
+    if (!O.content_only) simnet_set_land_check(W->net, land_check, W);
     for (int i = 0; i < N_PF; i++)
         if (start_prefill(W, i, 0) < 0) return -1;
     char err[256] = "";
@@ -403,6 +473,15 @@ static int world_run(struct world *W)
         }
         for (uint32_t i = 0; i < W->n_rq; i++)
             poll_req(W, &W->rq[i]);
+        if (!O.content_only) {
+            char pwhy[256];
+            if (simnet_violation(W->net)) return violate(W, "%s", simnet_violation(W->net));
+            if (!kvf_dworker_check(W->dw, pwhy, sizeof pwhy))
+                return violate(W, "L7: decode's consistency walk: %s", pwhy);
+            for (int i = 0; i < N_PF; i++)
+                if (W->pw[i] && !kvf_pworker_check(W->pw[i], pwhy, sizeof pwhy))
+                    return violate(W, "L7: prefill %d's consistency walk: %s", i, pwhy);
+        }
         if (W->why[0]) return -1;
         bool faults_left = false;
         for (uint32_t i = 0; i < W->n_fl; i++)
@@ -612,6 +691,14 @@ int main(int argc, char **argv)
                     argv[0]);
             return 2;
         }
+    }
+    /* Unverified, decode checks no count and no bytes: a short handoff or a stale write would be
+     * committed by design, not by a bug. Such a run makes neither. */
+    if (getenv("KVF_TEST_UNVERIFIED") && O.forge &&
+        (strstr(O.forge, "short=") || (strstr(O.forge, "every=") && !strstr(O.forge, "every=0")))) {
+        fprintf(stderr, "--unverified: --forge may not make short handoffs or stale writes "
+                        "(short=, every=N): the unverified run does not check them\n");
+        return 2;
     }
     char dir[] = "/tmp/kvf_simloops_XXXXXX", path[64], err[256] = "";
     if (!mkdtemp(dir)) return 1;

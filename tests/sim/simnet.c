@@ -84,6 +84,9 @@ struct simnet {
     uint16_t next_port;
     struct simnet_stats st;
     bool trace; /* KVF_SIMNET_TRACE: every frame as it arrives, decoded */
+    simnet_land_fn *land_check;
+    void *land_ctx;
+    char violation[512]; /* the first land check that failed; "" while none has */
 };
 
 /* --- The world. ----------------------------------------------------------------------------- */
@@ -99,6 +102,17 @@ struct simnet *simnet_new(uint64_t seed, const struct simnet_faults *f)
     n->now = 1000;
     n->trace = getenv("KVF_SIMNET_TRACE") != NULL;
     return n;
+}
+
+void simnet_set_land_check(struct simnet *n, simnet_land_fn *fn, void *ctx)
+{
+    n->land_check = fn;
+    n->land_ctx = ctx;
+}
+
+const char *simnet_violation(const struct simnet *n)
+{
+    return n->violation[0] ? n->violation : NULL;
 }
 
 void simnet_free(struct simnet *n)
@@ -581,6 +595,12 @@ static void deliver(struct sxport *x, struct sconn *c, uint64_t now)
             if (!x->rma || it->off + it->len > x->rma_bytes) {
                 fail_at(c, now, "a write outside the region");
                 break;
+            }
+            if (n->land_check && !n->violation[0]) {
+                char why[sizeof n->violation - 32];
+                if (n->land_check(n->land_ctx, (kvf_xport_t *)(void *)x, it->off, it->bytes,
+                                  it->len, it->sender_dead, why, sizeof why))
+                    snprintf(n->violation, sizeof n->violation, "at %" PRIu64 " ms: %s", now, why);
             }
             memcpy(x->rma + it->off, it->bytes, it->len);
             if (it->sender_dead) n->st.applied_after_kill++;

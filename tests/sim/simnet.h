@@ -49,6 +49,16 @@ void simnet_reset(kvf_xport_t *x);
 void simnet_kill(kvf_xport_t *x);
 /* The live transport listening on port, or NULL. */
 kvf_xport_t *simnet_listener(struct simnet *n, uint16_t port);
+/* A check of every page write as it is applied to a region (before its bytes are copied): x is
+ * the transport that owns the region, off and len where the write goes, bytes what it carries,
+ * sender_dead whether its writer was killed meanwhile. A non-zero return is a violation: the
+ * write is still applied (the world goes on as the real one would), and the first message is
+ * kept for simnet_violation. */
+typedef int simnet_land_fn(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes, size_t len,
+                           bool sender_dead, char *why, size_t why_len);
+void simnet_set_land_check(struct simnet *n, simnet_land_fn *fn, void *ctx);
+/* The first violation a land check reported, or NULL. */
+const char *simnet_violation(const struct simnet *n);
 /* Counters, for the report. */
 struct simnet_stats {
     uint64_t frames, puts, put_bytes, flushes, acks_lost, resets, late, applied_after_kill;
