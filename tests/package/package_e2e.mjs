@@ -20,6 +20,8 @@
 //     and ${VAR} expanded as systemd does, the cluster key handed over as the credential the
 //     units load, and nothing else of this process's environment. One completion through each
 //     equals the installed binary's `kvfence run`, token for token and logprob for logprob;
+//   - with KVFENCE_ADMIN_LISTEN in the environment file, serve and router answer /metrics on
+//     the operator address alone and a plain /health on the public port;
 //   - every process started is stopped with SIGTERM and exits 0 (killed on any failure).
 // Prints TAP; exits 1 on any failure.
 import { spawn, execFileSync, spawnSync } from 'node:child_process';
@@ -305,6 +307,21 @@ function reference() {
 }
 const REF = reference();
 assert.equal(REF.ids.length, MAX_TOKENS);
+// The operator endpoints on their own address (KVFENCE_ADMIN_LISTEN): the public port serves no
+// /metrics and a /health that says only ok; the operator address serves both in full.
+async function operatorApart(what) {
+  const pub = await fetch(`http://127.0.0.1:${HTTP}/metrics`);
+  assert.equal(pub.status, 404, `${what}: public /metrics ${await pub.text()}`);
+  const h = await fetch(`http://127.0.0.1:${HTTP}/health`);
+  assert.deepEqual(await h.json(), { status: 'ok' }, `${what}: public /health`);
+  const m = await fetch(`http://127.0.0.1:${ADMIN}/metrics`);
+  const mt = await m.text();
+  assert.equal(m.status, 200, `${what}: operator /metrics ${mt}`);
+  assert.match(mt, /^kvfence_requests_total\{tenant="default",outcome="ok"\} 1$/m, `${what}: the completion counted`);
+  const full = await (await fetch(`http://127.0.0.1:${ADMIN}/health`)).json();
+  assert.equal(full.status, 'ok');
+  assert.ok(full.decode && full.counters, `${what}: operator /health ${JSON.stringify(full)}`);
+}
 async function completionEqualsRun(port, what) {
   const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
@@ -318,15 +335,16 @@ async function completionEqualsRun(port, what) {
   assert.deepEqual(lp.token_logprobs.map(Math.fround), REF.lps, `${what}: logprobs (float32)`);
 }
 
-const [HTTP, P_PREFILL, P_DECODE] = [await freePort(), await freePort(), await freePort()];
+const [HTTP, ADMIN, P_PREFILL, P_DECODE] = [await freePort(), await freePort(), await freePort(), await freePort()];
 writeEnvFile({
   KVFENCE_MODEL: MODEL, KVFENCE_PORT: String(HTTP), KVFENCE_THREADS: '1', KVFENCE_KV_MEMORY: '8M',
+  KVFENCE_ADMIN_LISTEN: `127.0.0.1:${ADMIN}`,
   KVFENCE_PREFILL: `127.0.0.1:${P_PREFILL}`, KVFENCE_DECODE: `127.0.0.1:${P_DECODE}`,
 });
 fs.mkdirSync(path.join(ROOT, 'etc/kvfence'), { recursive: true });
 execFileSync(KVF, ['keygen', path.join(ROOT, 'etc/kvfence/cluster.key')], { stdio: 'ignore' });
 
-await test('kvfence.service\'s command line serves a completion equal to kvfence run', async () => {
+await test('kvfence.service\'s command line serves a completion equal to kvfence run, /metrics on the operator address alone', async () => {
   const spec = fromUnit('kvfence.service');
   assert.deepEqual(spec.argv, ['serve']);
   assert.equal(spec.env.KVFENCE_DATA_DIR, path.join(W, 'state', 'kvfence'));
@@ -335,12 +353,14 @@ await test('kvfence.service\'s command line serves a completion equal to kvfence
     const m = await waitFor(p, /listening on http:\/\/127\.0\.0\.1:(\d+)/, 60000);
     assert.equal(Number(m[1]), HTTP, 'the port of the environment file');
     await completionEqualsRun(HTTP, 'serve');
+    assert.match(p.err, new RegExp(`operator endpoints \\(/metrics, /health in full\\) on 127\\.0\\.0\\.1:${ADMIN}`));
+    await operatorApart('serve');
   } finally {
     await stopClean(p);
   }
 });
 
-await test('router + prefill@ + decode@ from their units serve a completion equal to kvfence run', async () => {
+await test('router + prefill@ + decode@ from their units serve a completion equal to kvfence run, /metrics on the operator address alone', async () => {
   const pre = fromUnit('kvfence-prefill@.service', String(P_PREFILL));
   const dec = fromUnit('kvfence-decode@.service', String(P_DECODE));
   const rtr = fromUnit('kvfence-router.service');
@@ -365,6 +385,7 @@ await test('router + prefill@ + decode@ from their units serve a completion equa
       await sleep(100);
     }
     await completionEqualsRun(HTTP, 'router');
+    await operatorApart('router');
     // The fabric is authenticated by the credential: the workers say so.
     for (const p of ps) assert.doesNotMatch(p.err, /insecure|without a cluster key/i, `${p.name}: ${p.err.slice(-1000)}`);
   } finally {
