@@ -386,6 +386,16 @@ await test('router + prefill@ + decode@ from their units serve a completion equa
     }
     await completionEqualsRun(HTTP, 'router');
     await operatorApart('router');
+    // The router's /metrics: promtool-valid, the decode worker's verify failures by reason.
+    const mt = await (await fetch(`http://127.0.0.1:${ADMIN}/metrics`)).text();
+    for (const r of ['count', 'trailer', 'checksum', 'tail']) {
+      assert.match(mt, new RegExp(`^kvfence_verify_failures_total\\{reason="${r}"\\} 0$`, 'm'), r);
+      assert.match(mt, new RegExp(`^kvfence_worker_verify_failures_total\\{worker="127\\.0\\.0\\.1:${P_DECODE}",reason="${r}"\\} 0$`, 'm'), r);
+    }
+    if (has('promtool')) {
+      const pc = spawnSync('promtool', ['check', 'metrics'], { input: mt, encoding: 'utf8' });
+      assert.equal(pc.status, 0, `promtool check metrics: ${pc.stdout}${pc.stderr}`);
+    }
     // The fabric is authenticated by the credential: the workers say so.
     for (const p of ps) assert.doesNotMatch(p.err, /insecure|without a cluster key/i, `${p.name}: ${p.err.slice(-1000)}`);
   } finally {
