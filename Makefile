@@ -14,13 +14,21 @@
 #   make bench-split  the serve bench against the split roles (router, prefill and decode
 #                 processes sharing the cores through --compute-lock) and `kvfence serve`, in
 #                 alternation; prints the ratio
+#   make install  the release binary, its manual page (from its --help), the systemd units of
+#                 serve, router, prefill@ and decode@ and /etc/default/kvfence, under PREFIX
+#                 (default /usr/local; the units and environment file name that prefix's paths)
+#                 and DESTDIR (a staging root, empty by default)
+#   make deb      build-deb/kvfence_VERSION_ARCH.deb with dpkg-deb (packaging/mkdeb.sh): the
+#                 same files under /usr, /etc/default/kvfence a conffile
 #   make bench-overhead  the serve bench against build/kvfence and a comparison binary with the
 #                 page checksums, trailer and reader checks compiled out (build-nochecks/, never
 #                 installed), in alternation; prints the ratio
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX ?= /usr/local
+DESTDIR ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation fuzz soak bench-overhead bench-split format format-check clean
+.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation fuzz soak bench-overhead bench-split format format-check clean install deb
 
 all: deps release
 
@@ -37,6 +45,19 @@ build: release
 release-kvfence:
 	cmake --preset release >/dev/null
 	cmake --build --preset release -j $(JOBS) --target kvfence
+
+# The binary and what installs with it (packaging/CMakeLists.txt): cmake --install writes the
+# prefix's own paths into the units and the environment file at install time.
+install: deps
+	cmake --preset release >/dev/null
+	cmake --build --preset release -j $(JOBS) --target kvfence kvfence_man
+	DESTDIR="$(DESTDIR)" cmake --install build --prefix "$(PREFIX)"
+
+# A release tree of its own without the tests (only the binary and its manual are built).
+deb: deps
+	cmake -S . -B build-deb -DCMAKE_BUILD_TYPE=Release -DKVF_BUILD_TESTS=OFF >/dev/null
+	cmake --build build-deb -j $(JOBS) --target kvfence kvfence_man
+	bash packaging/mkdeb.sh build-deb build-deb
 
 # Serves the readable test model on http://127.0.0.1:8080 (README.md, "Serving"); SERVE_ARGS adds
 # options, e.g. make serve SERVE_ARGS="--port 9000".
@@ -108,4 +129,4 @@ format-check:
 	echo "format-check: every tracked .c and .h file is formatted"
 
 clean:
-	rm -rf build build-debug build-asan build-fuzz build-mutants build-nochecks
+	rm -rf build build-debug build-asan build-fuzz build-mutants build-nochecks build-deb

@@ -23,6 +23,8 @@ PACKAGES=(
   iproute2          # ip netns: the transport test across two network namespaces
   prometheus        # promtool check metrics: the /metrics format test
   slowhttptest      # slowloris, slow body and slow read attacks: the HTTP hardening test
+  groff-base        # groff -man -ww: the package test checks the manual page make install writes
+  systemd           # systemd-analyze verify and security: the package test checks the units
 )
 
 missing=()

@@ -91,6 +91,8 @@ struct kvf_engine_info {
     uint32_t decodes, decodes_up;   /* router: decode workers configured, and live (else 0) */
     uint64_t fences, verify_failed, stale_msgs, rejected_before_handoff; /* counters */
     uint64_t holds, quarantines, committed, failed;                      /* counters */
+    uint64_t verify_count, verify_trailer, verify_checksum; /* counters: verify_failed by the check
+                                                               that failed (proto.h) */
     uint64_t foreign_tails;  /* counter: prompts whose last page carried bytes they did not write */
     uint64_t hash_slices;    /* counter: slices of long prompts' pages hashed between loop turns */
     uint64_t bad_frames;     /* counter: control frames from the prefill that did not decode */

@@ -301,7 +301,14 @@ struct kvf_decode_stats {
     uint32_t by_state[KVF_DREQ__NSTATES]; /* gauge */
     uint64_t submitted, rejected, committed, failed, finished; /* counters */
     uint64_t stale;            /* counter: stale, duplicate or unknown messages ignored */
-    uint64_t verify_failed;    /* counter: DONEs that failed a count, trailer or checksum check */
+    uint64_t verify_failed;    /* counter: DONEs that failed a count, trailer or checksum check;
+                                  verify_failed == verify_count + verify_trailer + verify_checksum */
+    uint64_t verify_count;     /* counter: ... the count (KVF_E_PROTO_COUNT: tokens or pages that
+                                  are not the grant's, a page's slots not its share) */
+    uint64_t verify_trailer;   /* counter: ... a trailer (KVF_E_PROTO_TRAILER: a page's tag,
+                                  request, tenant or writer epoch and nonce not the grant's) */
+    uint64_t verify_checksum;  /* counter: ... a checksum (KVF_E_PROTO_CHECKSUM: a page's bytes not
+                                  those the writer hashed) */
     uint64_t fences_requested; /* counter */
     uint64_t progress;         /* counter: PROGRESS messages that renewed a grant */
     uint64_t expired;          /* counter: grants that saw no progress within the bound */

@@ -20,7 +20,10 @@
  *                    or {"messages": [...]} → the prompt a chat completion of them would send
  *   POST /detokenize {"tokens": [...]} → {"prompt": "..."}
  *   GET  /health     figures from ops->info; 503 while no prefill worker is connected
- *   GET  /metrics    the Prometheus text format (src/server/metrics.c names every series)
+ *                    (with admin keys, only {"status"} without one; ?detail=1 asks for the
+ *                    figures and is refused without one: src/server/admin.c)
+ *   GET  /metrics    the Prometheus text format (src/server/metrics.c names every series);
+ *                    an operator endpoint, as /health's figures (cfg->admin_keys, admin_listen)
  *
  * Tenants (src/server/tenant.c): with cfg->keys, every endpoint but /health and /metrics needs
  * `Authorization: Bearer KEY` (401 otherwise; keys compared in constant time, never logged or
@@ -145,6 +148,16 @@ struct kvf_server_config {
      * concurrently; NULL = no logs. */
     void (*log)(void *arg, const char *line);
     void *log_arg;
+    /* Operator endpoints (src/server/admin.c): /metrics and the detailed /health. With
+     * admin_keys, they need one of its keys — 401 without a valid key, 403 for a tenant's key,
+     * which never opens them — and /health without an admin key is the plain one, its status
+     * alone (up or down, naming no tenant). With admin_listen they are served on
+     * admin_host:admin_port, which serves nothing else, and the public address answers /metrics
+     * with 404 and /health plainly. Neither: both are served to anyone, as the public API. */
+    const struct kvf_server_keys *admin_keys; /* borrowed, outlives the server; NULL = none */
+    bool admin_listen;
+    const char *admin_host; /* NULL = "127.0.0.1" */
+    uint16_t admin_port;    /* 0 = ephemeral (read it with kvf_server_admin_port) */
 };
 
 /* --- API keys. ------------------------------------------------------------------------------
@@ -171,6 +184,9 @@ size_t kvf_server_keys_n_tenants(const kvf_server_keys_t *k);
 const char *kvf_server_keys_tenant_name(const kvf_server_keys_t *k, uint32_t id);
 /* The tenant whose key is key[0..len), or 0 when none is: constant time in the key's bytes. */
 uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, size_t len);
+/* True when some key of a is also a key of b (an operator's key file and the tenants' must not
+ * share a key). Constant time in the keys' bytes, as lookup. */
+bool kvf_server_keys_overlap(const kvf_server_keys_t *a, const kvf_server_keys_t *b);
 /* Wipes the keys and frees. k may be NULL. */
 void kvf_server_keys_free(kvf_server_keys_t *k);
 
@@ -185,6 +201,9 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
 
 /* The port the server listens on (the ephemeral one when cfg->port was 0). */
 uint16_t kvf_server_port(const kvf_server_t *s);
+
+/* The operator address's port (cfg->admin_listen), or 0 when there is none. */
+uint16_t kvf_server_admin_port(const kvf_server_t *s);
 
 /* Stops as the header comment says and frees the server. Never fails; s may be NULL. */
 void kvf_server_stop(kvf_server_t *s);

@@ -142,9 +142,11 @@ struct kvf_cli_http {
     char trusted_proxies[KVF_CLI_PROXIES_LEN]; /* every --trusted-proxy, joined with ',' */
     const char *keys_path;
     bool no_auth;
+    const char *admin_keys_path;      /* --admin-keys */
+    struct kvf_cli_addr admin_listen; /* --admin-listen; text NULL: not given */
     /* Set by prepare and start. */
     bool loopback, chat_model;
-    kvf_server_keys_t *keys;
+    kvf_server_keys_t *keys, *admin_keys;
     const char *model_name;
 };
 /* Rows the serving commands share, each in one place: T is the command's options struct, f its
@@ -218,8 +220,26 @@ int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies);
          .help =                                                                                   \
              "one 'KEY TENANT' per line ('#' comments and blank lines allowed); requests then "    \
              "need 'Authorization: Bearer KEY' (401 otherwise) and run as the key's tenant. "      \
-             "/health and /metrics need no key. FILE writable by group or others is refused; "     \
-             "readable by them, a warning (fix: chmod 600 FILE)"},                                 \
+             "/health and /metrics take no tenant key (see --admin-keys). FILE writable by group " \
+             "or others is refused; readable by them, a warning (fix: chmod 600 FILE)"},           \
+        {.name = "--admin-keys",                                                                   \
+         .metavar = "FILE",                                                                        \
+         .kind = KVF_CLI_STR,                                                                      \
+         .off = offsetof(T, m.admin_keys_path),                                                    \
+         .env = "KVFENCE_ADMIN_KEYS",                                                              \
+         .help =                                                                                   \
+             "the operators' keys, as --api-keys (no key in both files): /metrics and /health's "  \
+             "figures (/health?detail=1) then need one (401 without a valid key, 403 with a "      \
+             "tenant's), and /health without one says only ok or unavailable"},                    \
+        {.name = "--admin-listen",                                                                 \
+         .metavar = "HOST:PORT",                                                                   \
+         .kind = KVF_CLI_ADDR,                                                                     \
+         .off = offsetof(T, m.admin_listen),                                                       \
+         .env = "KVFENCE_ADMIN_LISTEN",                                                            \
+         .help =                                                                                   \
+             "serve /metrics and the full /health on this address alone (port 0: any free "        \
+             "port); the public port then answers /metrics 404 and /health with its status only. " \
+             "Beyond loopback it needs --admin-keys or --no-auth"},                                \
         {.name = "--no-auth",                                                                      \
          .kind = KVF_CLI_FLAG,                                                                     \
          .off = offsetof(T, m.no_auth),                                                            \
@@ -321,15 +341,16 @@ int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies);
         .off = offsetof(T, m.send_timeout_ms), .lo = 1, .hi = 3600000,                             \
         .env = "KVFENCE_SEND_TIMEOUT", .help = "a response left unread at most MS (default 30000)" \
     }
-/* After the options: the keys-or-loopback rule, and the key file loaded. 0, or 2 (printed). */
+/* After the options: the keys-or-loopback rule, the operator endpoints' rules, and the key files
+ * loaded. 0, or 2 (printed; nothing left loaded). */
 int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h);
 /* Starts the server over ops/engine with the model's chat template when the interpreter takes
  * it. 0, or -1 (printed). */
 int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *model_path,
                        kvf_gguf_t *g, const kvf_tokenizer_t *tok, const struct kvf_gen_ops *ops,
                        void *engine, kvf_server_t **srv);
-/* The startup line about API keys. */
-void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h);
+/* The startup lines about API keys and the operator endpoints. */
+void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h, const kvf_server_t *srv);
 void kvf_cli_http_free(struct kvf_cli_http *h);
 
 /* A comma-separated list of HOST:PORT. */

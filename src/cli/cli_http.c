@@ -17,11 +17,57 @@ int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies)
     return 0;
 }
 
+static bool is_loopback(const char *host)
+{
+    return strcmp(host, "127.0.0.1") == 0 || strcmp(host, "localhost") == 0 ||
+           strcmp(host, "::1") == 0;
+}
+
+/* Checks the mode of a key file and loads it. 0, or 2 (printed). */
+static int load_keys(const char *cmd, const char *opt, const char *path, kvf_server_keys_t **out)
+{
+    char kerr[320], kwarn[320];
+    if (kvf_cli_check_secret_file(path, opt, kwarn, sizeof kwarn, kerr, sizeof kerr) < 0) {
+        fprintf(stderr, "kvfence %s: %s\n", cmd, kerr);
+        return 2;
+    }
+    if (kwarn[0]) fprintf(stderr, "kvfence %s: %s\n", cmd, kwarn);
+    if (kvf_server_keys_load(path, out, kerr, sizeof kerr) < 0) {
+        fprintf(stderr, "kvfence %s: %s %s\n", cmd, opt, kerr);
+        return 2;
+    }
+    return 0;
+}
+
+/* The operator endpoints' rules (--admin-keys, --admin-listen), after the tenants' keys are
+ * loaded. 0, or 2 (printed). */
+static int prepare_admin(const char *cmd, struct kvf_cli_http *h)
+{
+    if (h->admin_listen.text && !h->admin_keys_path && !h->no_auth &&
+        !is_loopback(h->admin_listen.host)) {
+        fprintf(stderr,
+                "kvfence %s: refusing to serve the operator endpoints on %s without admin keys; "
+                "give --admin-keys FILE, or --no-auth to serve them to anyone who can reach it\n",
+                cmd, h->admin_listen.host);
+        return 2;
+    }
+    if (!h->admin_keys_path) return 0;
+    int rc = load_keys(cmd, "--admin-keys", h->admin_keys_path, &h->admin_keys);
+    if (rc) return rc;
+    if (kvf_server_keys_overlap(h->admin_keys, h->keys)) {
+        fprintf(stderr,
+                "kvfence %s: a key of --admin-keys is also a tenant's key in --api-keys: a "
+                "tenant's key must never open the operator endpoints; give each its own key\n",
+                cmd);
+        return 2;
+    }
+    return 0;
+}
+
 int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)
 {
     if (!h->host) h->host = "127.0.0.1";
-    h->loopback = strcmp(h->host, "127.0.0.1") == 0 || strcmp(h->host, "localhost") == 0 ||
-                  strcmp(h->host, "::1") == 0;
+    h->loopback = is_loopback(h->host);
     if (h->keys_path && h->no_auth) {
         fprintf(stderr, "kvfence %s: --api-keys and --no-auth contradict each other\n", cmd);
         return 2;
@@ -38,19 +84,12 @@ int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)
         return 2;
     }
     if (h->keys_path) {
-        char kerr[320], kwarn[320];
-        if (kvf_cli_check_secret_file(h->keys_path, "--api-keys", kwarn, sizeof kwarn, kerr,
-                                      sizeof kerr) < 0) {
-            fprintf(stderr, "kvfence %s: %s\n", cmd, kerr);
-            return 2;
-        }
-        if (kwarn[0]) fprintf(stderr, "kvfence %s: %s\n", cmd, kwarn);
-        if (kvf_server_keys_load(h->keys_path, &h->keys, kerr, sizeof kerr) < 0) {
-            fprintf(stderr, "kvfence %s: --api-keys %s\n", cmd, kerr);
-            return 2;
-        }
+        int rc = load_keys(cmd, "--api-keys", h->keys_path, &h->keys);
+        if (rc) return rc;
     }
-    return 0;
+    int rc = prepare_admin(cmd, h);
+    if (rc) kvf_cli_http_free(h); /* refused: nothing is left loaded */
+    return rc;
 }
 
 int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *model_path,
@@ -94,7 +133,11 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
                                        h->trusted_proxies[0] ? h->trusted_proxies : NULL,
                                    .header_timeout_ms = h->header_timeout_ms,
                                    .body_timeout_ms = h->body_timeout_ms,
-                                   .send_timeout_ms = h->send_timeout_ms};
+                                   .send_timeout_ms = h->send_timeout_ms,
+                                   .admin_keys = h->admin_keys,
+                                   .admin_listen = h->admin_listen.text != NULL,
+                                   .admin_host = h->admin_listen.host,
+                                   .admin_port = h->admin_listen.port};
     char err[256] = "";
     int rc = kvf_server_start(&sc, ops, engine, tok, srv, err, sizeof(err));
     free(tmpl); /* copied by the server */
@@ -105,7 +148,7 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
     return 0;
 }
 
-void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h)
+void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h, const kvf_server_t *srv)
 {
     if (h->keys)
         fprintf(stderr, "kvfence %s: API keys: %zu keys of %zu tenants from %s\n", cmd,
@@ -117,10 +160,25 @@ void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h)
                 "kvfence %s: warning: --no-auth: anyone who can reach %s may use this "
                 "server\n",
                 cmd, h->host);
+    if (h->admin_listen.text)
+        fprintf(stderr, "kvfence %s: operator endpoints (/metrics, /health in full) on %s:%u%s\n",
+                cmd, h->admin_listen.host, kvf_server_admin_port(srv),
+                h->admin_keys ? ", with admin keys" : "");
+    else if (h->admin_keys)
+        fprintf(stderr,
+                "kvfence %s: admin keys: %zu keys from %s open /metrics and /health's figures\n",
+                cmd, kvf_server_keys_count(h->admin_keys), h->admin_keys_path);
+    else if (h->keys)
+        fprintf(stderr,
+                "kvfence %s: warning: /metrics and /health's figures (which name every tenant) "
+                "are open to anyone who reaches %s; give --admin-keys or --admin-listen\n",
+                cmd, h->host);
 }
 
 void kvf_cli_http_free(struct kvf_cli_http *h)
 {
     kvf_server_keys_free(h->keys);
+    kvf_server_keys_free(h->admin_keys);
     h->keys = NULL;
+    h->admin_keys = NULL;
 }

@@ -129,7 +129,7 @@ int kvf_cmd_router(int argc, char **argv)
             "%u prefill and %u decode workers, chat: %s\n",
             o.http.host, kvf_server_port(srv), o.http.model_name, kvf_model_type_name(m), limit,
             pf->n, dc->n, o.http.chat_model ? "the model's template" : "default rendering");
-    kvf_cli_http_say_auth("router", &o.http);
+    kvf_cli_http_say_auth("router", &o.http, srv);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvfence router: %s: stopping (requests in flight get up to 10 s)\n",

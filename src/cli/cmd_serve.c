@@ -286,7 +286,7 @@ int kvf_cmd_serve(int argc, char **argv)
             o.http.host, kvf_server_port(srv), o.http.model_name, kvf_model_type_name(m), limit,
             n_pages, SERVE_PAGE_TOKENS, threads,
             o.http.chat_model ? "the model's template" : "default rendering");
-    kvf_cli_http_say_auth("serve", &o.http);
+    kvf_cli_http_say_auth("serve", &o.http, srv);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "kvfence serve: %s: stopping (requests in flight get up to 10 s)\n",

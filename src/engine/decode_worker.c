@@ -1064,6 +1064,9 @@ static void publish_info(struct kvf_dworker *w)
     in->committed = ds.committed;
     in->failed = ds.failed;
     in->verify_failed = ds.verify_failed;
+    in->verify_count = ds.verify_count;
+    in->verify_trailer = ds.verify_trailer;
+    in->verify_checksum = ds.verify_checksum;
     in->stale_msgs = ds.stale;
     in->rejected_before_handoff = ds.rejected + w->rejected_before_handoff;
     in->foreign_tails = w->foreign_tails;

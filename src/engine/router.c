@@ -450,6 +450,9 @@ static void publish(struct kvf_router *r)
         in.prefill_up |= s->prefill_up;
         in.fences += s->fences;
         in.verify_failed += s->verify_failed;
+        in.verify_count += s->verify_count;
+        in.verify_trailer += s->verify_trailer;
+        in.verify_checksum += s->verify_checksum;
         in.stale_msgs += s->stale_msgs;
         in.rejected_before_handoff += s->rejected_before_handoff;
         in.holds += s->holds;

@@ -260,7 +260,10 @@ long kvf_rpc_put_event(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_
     X(foreign_tails) \
     X(hash_slices) \
     X(bad_frames) \
-    X(decoded_tokens)
+    X(decoded_tokens) \
+    X(verify_count) \
+    X(verify_trailer) \
+    X(verify_checksum)
 /* clang-format on */
 
 long kvf_rpc_put_status(uint8_t *buf, size_t cap, const struct kvf_rpc_status *st)

@@ -558,7 +558,14 @@ static int on_msg(kvf_decode_t *d, uint64_t now_ms, uint16_t peer, const struct 
                 commit(d, r, &m->u.done, acts);
                 return 0;
             }
+            /* verify() fails with these three codes only: each is counted under its own. */
             d->st.verify_failed++;
+            if (rc == KVF_E_PROTO_COUNT)
+                d->st.verify_count++;
+            else if (rc == KVF_E_PROTO_CHECKSUM)
+                d->st.verify_checksum++;
+            else
+                d->st.verify_trailer++;
             start_draining(d, r, now_ms, rc, true, acts);
             return 0;
         }

@@ -128,6 +128,7 @@ struct kvf_server {
     struct guard guard;
     struct kvf__srv_cidr *trusted; /* --trusted-proxy, [n_trusted] */
     size_t n_trusted;
+    struct kvf__srv_admin admin; /* the operator address (cfg.admin_listen), admin.c */
 };
 
 enum route {
@@ -780,6 +781,34 @@ static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, st
         json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(s, in.served_limit)));
 }
 
+static const char *route_path(enum route r);
+
+/* /health and /metrics: in full, plainly, or refused, as the request's address and key allow
+ * (admin.c). */
+static enum MHD_Result do_operator(struct kvf_server *s, struct MHD_Connection *c,
+                                   struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    const char *auth =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *detail = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "detail");
+    bool want_detail = detail && strcmp(detail, "0") != 0 && strcmp(detail, "false") != 0;
+    int view = kvf__srv_admin_view(&s->cfg, kvf__srv_admin_conn(&s->admin, c),
+                                   q->route == R_METRICS, auth, want_detail, &e);
+    if (view < 0) {
+        if (e.status == 401 || e.status == 403)
+            kvf__srv_log(&s->cfg, "event=unauthorized id=%s path=%s status=%d", q->id,
+                         route_path(q->route), e.status);
+        return send_error(s, c, &e, NULL);
+    }
+    if (view == KVF__SRV_VIEW_FULL) return do_get(s, c, q);
+    struct kvf_engine_info in;
+    memset(&in, 0, sizeof in);
+    s->ops->info(s->engine, &in);
+    return send_json(c, in.prefill_up ? 200 : 503,
+                     json_pack("{s:s}", "status", in.prefill_up ? "ok" : "unavailable"));
+}
+
 /* {"tokens":[...],"count":n,"max_model_len":limit}, written straight into one buffer (a JSON
  * array of n integers as jansson values would take some 40 bytes per token); frees ids. */
 static enum MHD_Result send_tokens(struct MHD_Connection *c, int32_t *ids, uint32_t n,
@@ -1276,15 +1305,9 @@ static const char *route_path(enum route r)
 static uint32_t authorize(struct kvf_server *s, struct MHD_Connection *c)
 {
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer", 6) != 0 || (h[6] != ' ' && h[6] != '\t')) return 0;
-    h += 7;
-    while (*h == ' ' || *h == '\t')
-        h++;
-    size_t n = strlen(h);
-    while (n && (h[n - 1] == ' ' || h[n - 1] == '\t'))
-        n--;
-    if (!n) return 0;
-    return kvf_server_keys_lookup(s->cfg.keys, h, n);
+    size_t n = 0;
+    const char *key = kvf__srv_bearer(h, &n);
+    return key ? kvf_server_keys_lookup(s->cfg.keys, key, n) : 0;
 }
 
 struct header_join {
@@ -1378,6 +1401,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         }
         if (route_of(url, method, &route, &model_id, &allow, &e) < 0)
             return send_error(s, c, &e, allow);
+        if (kvf__srv_admin_conn(&s->admin, c) && route != R_HEALTH && route != R_METRICS) {
+            kvf__srv_fail(&e, 404, NULL, "not_found",
+                          "the operator address serves /health and /metrics only");
+            return send_error(s, c, &e, NULL);
+        }
         if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
         q->route = route;
         q->model_id = model_id;
@@ -1406,7 +1434,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             return send_error_ex(s, c, &e, NULL, true);
         }
-        if (route == R_HEALTH || route == R_METRICS) return do_get(s, c, q);
+        if (route == R_HEALTH || route == R_METRICS) return do_operator(s, c, q);
         bool gen = route == R_COMPLETIONS || route == R_CHAT;
         if (s->cfg.keys) {
             if (!t) {
@@ -1490,8 +1518,8 @@ static void discard_log(void *cls, const char *fmt, va_list ap)
 
 /* --- Start and stop. ------------------------------------------------------------------------- */
 
-static int open_listener(const char *host, uint16_t port, int *fd_out, bool *v6, char *err,
-                         size_t err_len)
+int kvf__srv_open_listener(const char *host, uint16_t port, int *fd_out, bool *v6, char *err,
+                           size_t err_len)
 {
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof hints);
@@ -1527,7 +1555,7 @@ free_ai:
     return rc;
 }
 
-static uint16_t bound_port(int fd)
+uint16_t kvf__srv_bound_port(int fd)
 {
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -1615,9 +1643,13 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
         goto free_obs;
     }
     bool v6 = false;
-    rc = open_listener(s->host, cfg->port, &s->listen_fd, &v6, err, err_len);
-    if (rc < 0) goto stop_guard;
-    s->port = bound_port(s->listen_fd);
+    if (cfg->admin_listen &&
+        (rc = kvf__srv_admin_start(&s->admin, cfg->admin_host, cfg->admin_port, on_request,
+                                   on_completed, s, err, err_len)) < 0)
+        goto stop_guard;
+    rc = kvf__srv_open_listener(s->host, cfg->port, &s->listen_fd, &v6, err, err_len);
+    if (rc < 0) goto stop_admin;
+    s->port = kvf__srv_bound_port(s->listen_fd);
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
     if (v6) flags |= MHD_USE_IPv6;
     s->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET,
@@ -1638,6 +1670,8 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     return 0;
 close_fd:
     close(s->listen_fd);
+stop_admin:
+    kvf__srv_admin_stop(&s->admin);
 stop_guard:
     guard_stop(&s->guard);
 free_obs:
@@ -1655,6 +1689,11 @@ free_s:
 uint16_t kvf_server_port(const kvf_server_t *s)
 {
     return s->port;
+}
+
+uint16_t kvf_server_admin_port(const kvf_server_t *s)
+{
+    return s->admin.port;
 }
 
 void kvf_server_stop(kvf_server_t *s)
@@ -1676,6 +1715,7 @@ void kvf_server_stop(kvf_server_t *s)
     atomic_store(&s->stopping, true);
     MHD_stop_daemon(s->d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    kvf__srv_admin_stop(&s->admin);
     guard_stop(&s->guard);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);

@@ -18,7 +18,8 @@
  *   engine_queued_requests, engine_running_requests, server_in_flight_requests
  *   pages{pool,state}, pool_pages{pool}, pool_free_pages{pool}, pool_capacity_tokens{pool},
  *   reserved_pages{pool}, served_limit_tokens, prefill_up
- *   fences_total, verify_failures_total (checksum and tag), stale_messages_total,
+ *   fences_total, verify_failures_total{reason} (count, trailer, checksum, tail: each there from
+ *   the start), stale_messages_total,
  *   bad_frames_total, foreign_tails_total, rejected_before_handoff_total, quarantines_total,
  *   holds_total, handoffs_committed_total, handoffs_failed_total, hash_slices_total
  * Engine figures are read from one ops->info call per scrape. Work: O(tenants × outcomes +
@@ -120,6 +121,29 @@ static void scalar(struct kvf__sbuf *o, const char *name, const char *type, cons
 {
     head(o, name, type, help);
     put(o, "kvfence_%s %llu\n", name, v);
+}
+
+/* Handoffs decode refused, by the check that refused them: the three of the commit (proto.h,
+ * their sum is kvf_engine_info.verify_failed) and the decode worker's own look at the last
+ * page's tail after it (foreign_tails). */
+/* (head() writes one line of at most 320 bytes: the help stays short.) */
+#define VERIFY_HELP                                                                                \
+    "Handoffs decode refused, by the check: count (tokens, pages), trailer (tag, request, "        \
+    "tenant, epoch), checksum (page bytes), tail (bytes past the prompt on its last page)."
+static const struct {
+    const char *name;
+    size_t off; /* of its uint64_t counter in struct kvf_engine_info */
+} verify_reasons[] = {
+    {"count", offsetof(struct kvf_engine_info, verify_count)},
+    {"trailer", offsetof(struct kvf_engine_info, verify_trailer)},
+    {"checksum", offsetof(struct kvf_engine_info, verify_checksum)},
+    {"tail", offsetof(struct kvf_engine_info, foreign_tails)},
+};
+static uint64_t verify_reason_count(const struct kvf_engine_info *in, size_t k)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)in + verify_reasons[k].off, sizeof v);
+    return v;
 }
 
 static void hist_put(struct kvf__sbuf *o, const char *name, const char *help,
@@ -225,9 +249,10 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
            in->prefill_up);
     scalar(o, "fences_total", "counter", "Connections fenced (forced close, epoch bumped).",
            (unsigned long long)in->fences);
-    scalar(o, "verify_failures_total", "counter",
-           "DONEs that failed a count, trailer (tag) or checksum check.",
-           (unsigned long long)in->verify_failed);
+    head(o, "verify_failures_total", "counter", VERIFY_HELP);
+    for (size_t k = 0; k < KVF_ARRAY_LEN(verify_reasons); k++)
+        put(o, "kvfence_verify_failures_total{reason=\"%s\"} %llu\n", verify_reasons[k].name,
+            (unsigned long long)verify_reason_count(in, k));
     scalar(o, "stale_messages_total", "counter", "Messages of an old epoch or session dropped.",
            (unsigned long long)in->stale_msgs);
     scalar(o, "bad_frames_total", "counter", "Control frames from the prefill that did not decode.",
@@ -291,8 +316,6 @@ void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t 
          offsetof(struct kvf_engine_info, queued), false},
         {"worker_fences_total", "counter", "A decode worker's fences.",
          offsetof(struct kvf_engine_info, fences), true},
-        {"worker_verify_failures_total", "counter", "A decode worker's DONEs failing a check.",
-         offsetof(struct kvf_engine_info, verify_failed), true},
         {"worker_stale_messages_total", "counter", "A decode worker's stale messages dropped.",
          offsetof(struct kvf_engine_info, stale_msgs), true},
         {"worker_holds_total", "counter", "A decode worker's pages that went HELD.",
@@ -325,5 +348,15 @@ void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t 
             }
             put(o, "kvfence_%s{worker=\"%s:%u\"} %llu\n", f[k].name, ws[i].host, ws[i].port, v);
         }
+    }
+    head(o, "worker_verify_failures_total", "counter",
+         "A decode worker's handoffs refused by its checks, by reason (as "
+         "kvfence_verify_failures_total).");
+    for (size_t i = 0; i < n; i++) {
+        if (!ws[i].up || strcmp(ws[i].role, "decode") != 0) continue;
+        for (size_t k = 0; k < KVF_ARRAY_LEN(verify_reasons); k++)
+            put(o, "kvfence_worker_verify_failures_total{worker=\"%s:%u\",reason=\"%s\"} %llu\n",
+                ws[i].host, ws[i].port, verify_reasons[k].name,
+                (unsigned long long)verify_reason_count(&ws[i].info, k));
     }
 }

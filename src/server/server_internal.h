@@ -11,6 +11,7 @@
  *              the response JSON and the SSE chunks
  *   http.c     libmicrohttpd: routing, bodies, streaming, hang-up polling, start and stop
  *   tenant.c   API keys, the tenant table and per-tenant admission
+ *   admin.c    who may see /metrics and /health's figures; the operator address
  *   metrics.c  latency histograms and the /metrics text; log.c: the key=value log lines
  *
  * A run is owned by the connection thread that created it (see server.h).
@@ -20,10 +21,15 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <microhttpd.h>
 
 #include "kvfence/gen.h"
 #include "kvfence/server.h"
@@ -347,6 +353,52 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
 /* The split roles' per-worker series (a router's engine lists its workers). */
 void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t n,
                                      struct kvf__sbuf *out);
+
+/* --- Operator endpoints (admin.c). --------------------------------------------------------- */
+/* What a request to /health or /metrics is shown. */
+enum kvf__srv_view {
+    KVF__SRV_VIEW_PLAIN = 0, /* /health's status alone: {"status": "ok" | "unavailable"} */
+    KVF__SRV_VIEW_FULL,      /* the whole /health, /metrics */
+};
+/* The view of GET /health (metrics false) or /metrics (true) for a request on the operator
+ * address (on_admin) or the public one, with its Authorization header (NULL: none) and whether
+ * it asked for /health's figures (?detail=1). 0 or 1 (a view), or -1 with e: 401 without a valid
+ * admin key, 403 with a tenant's key, 404 on the public address when the operator address serves
+ * it. Reads only cfg; the keys are compared in constant time. */
+int kvf__srv_admin_view(const struct kvf_server_config *cfg, bool on_admin, bool metrics,
+                        const char *authorization, bool want_detail, struct kvf__srv_err *e);
+/* The key of an `Authorization: Bearer KEY` header value (scheme in any case, blanks around the
+ * key dropped): a view into h of *len bytes, or NULL when h is NULL, another scheme or empty. */
+const char *kvf__srv_bearer(const char *h, size_t *len);
+
+/* The operator address: a second libmicrohttpd daemon over the same callbacks, serving /health
+ * and /metrics alone. Its connections have no deadlines of the watchdog; it takes at most
+ * KVF__SRV_ADMIN_CONNS at once, each idle at most KVF__SRV_ADMIN_IDLE_S. */
+#define KVF__SRV_ADMIN_CONNS  16
+#define KVF__SRV_ADMIN_IDLE_S 10
+struct kvf__srv_admin {
+    struct MHD_Daemon *d; /* NULL: no operator address */
+    int fd;               /* its listening socket, the daemon's: closed when it stops */
+    uint16_t port;
+};
+/* Listens on host:port and serves with the callbacks (MHD's access handler and completion
+ * notifier, each with cls). 0, or a negative code with err filled and nothing running. */
+int kvf__srv_admin_start(struct kvf__srv_admin *a, const char *host, uint16_t port,
+                         MHD_AccessHandlerCallback on_request,
+                         MHD_RequestCompletedCallback on_completed, void *cls, char *err,
+                         size_t err_len);
+/* True when connection c came in on the operator address. */
+bool kvf__srv_admin_conn(const struct kvf__srv_admin *a, struct MHD_Connection *c);
+/* Stops the daemon (every connection closed, every thread joined). a->d may be NULL. */
+void kvf__srv_admin_stop(struct kvf__srv_admin *a);
+
+/* --- Listening sockets (http.c). ------------------------------------------------------------- */
+/* A listening TCP socket on host:port (0: ephemeral). 0 with *fd_out and *v6, or a negative
+ * errno with err filled. */
+int kvf__srv_open_listener(const char *host, uint16_t port, int *fd_out, bool *v6, char *err,
+                           size_t err_len);
+/* The port fd is bound to, or 0. */
+uint16_t kvf__srv_bound_port(int fd);
 
 /* --- Logs (log.c). ------------------------------------------------------------------------- */
 /* Formats "ts=<UTC ISO 8601 ms> " + fmt and hands the line to cfg->log (nothing if NULL). The

@@ -237,6 +237,14 @@ uint32_t kvf_server_keys_lookup(const kvf_server_keys_t *k, const char *key, siz
     return found;
 }
 
+bool kvf_server_keys_overlap(const kvf_server_keys_t *a, const kvf_server_keys_t *b)
+{
+    uint32_t any = 0;
+    for (size_t i = 0; a && b && i < a->n; i++)
+        any |= kvf_server_keys_lookup(b, (const char *)a->k[i].key, a->k[i].len);
+    return any != 0;
+}
+
 /* --- The tenant table. -------------------------------------------------------------------------
  */
 

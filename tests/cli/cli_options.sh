@@ -88,6 +88,16 @@ expect 2 "refusing to listen on 0.0.0.0 without API keys" KVFENCE_HOST=10.0.0.1 
 expect 2 "refusing to listen on 10.0.0.1 without a cluster key" KVFENCE_LISTEN=10.0.0.1:0 -- decode --model $M
 expect 1 "/nonexistent/m.gguf" KVFENCE_INSECURE_FABRIC=1 -- decode --model $M --listen 10.0.0.1:0
 
+# The operator endpoints' rules: no key in both files, no open operator address beyond loopback.
+printf 'sk-shared-key-0123 alpha\n' >"$D/tenants" && printf 'sk-shared-key-0123 ops\n' >"$D/admins"
+printf 'sk-admin-only-4567 ops\n' >"$D/admins2" && chmod 600 "$D/tenants" "$D/admins" "$D/admins2"
+expect 2 "a key of --admin-keys is also a tenant's key in --api-keys" -- serve --model $M --api-keys "$D/tenants" --admin-keys "$D/admins"
+expect 2 "a key of --admin-keys is also a tenant's key" KVFENCE_ADMIN_KEYS="$D/admins" -- router --model $M --prefill 127.0.0.1:9 --decode 127.0.0.1:9 --api-keys "$D/tenants"
+expect 1 "/nonexistent/m.gguf" -- serve --model $M --api-keys "$D/tenants" --admin-keys "$D/admins2"
+expect 2 "refusing to serve the operator endpoints on 0.0.0.0 without admin keys" -- serve --model $M --admin-listen 0.0.0.0:0
+expect 1 "/nonexistent/m.gguf" -- serve --model $M --admin-listen 0.0.0.0:0 --admin-keys "$D/admins2"
+expect 2 "--admin-listen wants HOST:PORT, not 'nope'" KVFENCE_ADMIN_LISTEN=nope -- serve --model $M
+
 # docs/CLI.md lists every variable a serving command's --help names.
 if [ -n "${2:-}" ]; then
     for c in serve router prefill decode; do

@@ -188,7 +188,9 @@ await test('/metrics: valid under promtool check metrics, consistent with /healt
   assert.equal(v('kvfence_pool_free_pages{pool="decode"}'), h.decode.free);
   assert.equal(v('kvfence_served_limit_tokens'), h.served_limit);
   assert.equal(v('kvfence_fences_total'), h.counters.fences);
-  assert.equal(v('kvfence_verify_failures_total'), h.counters.verify_failed);
+  // The commit's three checks sum to /health's verify_failed; tail is the foreign tails.
+  assert.equal(['count', 'trailer', 'checksum'].reduce((a, r) => a + v(`kvfence_verify_failures_total{reason="${r}"}`), 0), h.counters.verify_failed);
+  assert.equal(v('kvfence_verify_failures_total{reason="tail"}'), h.counters.foreign_tails);
   assert.equal(v('kvfence_quarantines_total'), h.counters.quarantines);
   assert.equal(v('kvfence_prefill_up'), 1);
   assert.ok(v('kvfence_requests_total{tenant="alpha",outcome="rate_limited"}') >= 2);

@@ -261,6 +261,13 @@ static void run_refused_done(void (*spoil)(struct rig *, struct kvf_msg *, struc
     const struct kvf_action *f = act(&r, KVF_ACT_FAIL_REQ, 0);
     ASSERT_NOT_NULL(f);
     ASSERT_EQ_INT(f->err, want_err);
+    /* Counted once, under the check that refused it. */
+    struct kvf_decode_stats st;
+    kvf_decode_stats(r.d, &st);
+    ASSERT_EQ_U64(st.verify_failed, 1);
+    ASSERT_EQ_U64(st.verify_count, want_err == KVF_E_PROTO_COUNT);
+    ASSERT_EQ_U64(st.verify_trailer, want_err == KVF_E_PROTO_TRAILER);
+    ASSERT_EQ_U64(st.verify_checksum, want_err == KVF_E_PROTO_CHECKSUM);
     const struct kvf_action *c = act(&r, KVF_ACT_SEND, KVF_MSG_CANCEL);
     ASSERT_NOT_NULL(c);
     struct kvf_msg cancel = wire(&c->msg);

@@ -198,6 +198,11 @@ static void fake_info(void *e, struct kvf_engine_info *out)
     out->prefill_free = 32;
     out->running = f->live;
     out->prefill_up = f->prefill_up;
+    out->verify_count = f->verify[0];
+    out->verify_trailer = f->verify[1];
+    out->verify_checksum = f->verify[2];
+    out->verify_failed = f->verify[0] + f->verify[1] + f->verify[2];
+    out->foreign_tails = f->verify[3];
     pthread_mutex_unlock(&f->mu);
 }
 

@@ -38,6 +38,7 @@ struct fake_engine {
     int end_err;          /* END with this error after end_after tokens (0: never) */
     uint32_t end_after;
     bool prefill_up;
+    uint64_t verify[4];    /* info's verify_count, _trailer, _checksum and foreign_tails */
     const int32_t *script; /* tokens to emit instead of the echo, cycling */
     uint32_t n_script;
     /* Records. */

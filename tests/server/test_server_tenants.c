@@ -624,13 +624,39 @@ static void test_metrics(void)
     ASSERT_EQ_INT(metric(m, "kvfence_pages{pool=\"decode\",state=\"KVF_PAGE_FREE\"}"), 60);
     ASSERT_EQ_INT(metric(m, "kvfence_served_limit_tokens"), 512);
     ASSERT_EQ_INT(metric(m, "kvfence_prefill_up"), 1);
-    static const char *const counters[] = {
-        "kvfence_fences_total",         "kvfence_verify_failures_total",
-        "kvfence_stale_messages_total", "kvfence_bad_frames_total",
-        "kvfence_foreign_tails_total",  "kvfence_rejected_before_handoff_total",
-        "kvfence_quarantines_total",    "kvfence_engine_queued_requests"};
+    static const char *const counters[] = {"kvfence_fences_total",
+                                           "kvfence_verify_failures_total{reason=\"count\"}",
+                                           "kvfence_verify_failures_total{reason=\"trailer\"}",
+                                           "kvfence_verify_failures_total{reason=\"checksum\"}",
+                                           "kvfence_verify_failures_total{reason=\"tail\"}",
+                                           "kvfence_stale_messages_total",
+                                           "kvfence_bad_frames_total",
+                                           "kvfence_foreign_tails_total",
+                                           "kvfence_rejected_before_handoff_total",
+                                           "kvfence_quarantines_total",
+                                           "kvfence_engine_queued_requests"};
     for (size_t i = 0; i < sizeof counters / sizeof counters[0]; i++)
         if (metric(m, counters[i]) != 0) KVF_FAIL("%s missing or not 0", counters[i]);
+    free(m);
+    srv_stop(&s);
+}
+
+/* Verify failures by reason: the engine's three counts of the commit's checks and its foreign
+ * tails, each under its own label, promtool-clean. */
+static void test_metrics_verify_reasons(void)
+{
+    struct srv s;
+    srv_init(&s);
+    s.f.verify[0] = 3, s.f.verify[1] = 5, s.f.verify[2] = 7, s.f.verify[3] = 11;
+    srv_start(&s);
+    char *m = get_metrics(s.port);
+    promtool_check(m);
+    ASSERT_EQ_INT(metric(m, "kvfence_verify_failures_total{reason=\"count\"}"), 3);
+    ASSERT_EQ_INT(metric(m, "kvfence_verify_failures_total{reason=\"trailer\"}"), 5);
+    ASSERT_EQ_INT(metric(m, "kvfence_verify_failures_total{reason=\"checksum\"}"), 7);
+    ASSERT_EQ_INT(metric(m, "kvfence_verify_failures_total{reason=\"tail\"}"), 11);
+    ASSERT_EQ_INT(metric(m, "kvfence_verify_failures_total"), -1); /* no unlabelled series */
+    ASSERT_EQ_INT(metric(m, "kvfence_foreign_tails_total"), 11);
     free(m);
     srv_stop(&s);
 }
@@ -746,6 +772,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_tokenize_in_share),
     KVF_CASE(test_logs_no_canary),
     KVF_CASE(test_metrics),
+    KVF_CASE(test_metrics_verify_reasons),
     KVF_CASE(test_ids_unguessable),
 };
 

@@ -1,0 +1,230 @@
+/*
+ * The operator endpoints over the fake engine (src/server/admin.c): with admin keys, /metrics
+ * and /health's figures refuse no key and a wrong one (401) and every tenant's key (403), and
+ * open with an admin key; a plain /health says only ok or unavailable, naming no tenant; with an
+ * operator address, the public port serves /metrics nowhere and /health plainly while the
+ * operator address serves both and nothing else. Also the key files' overlap check.
+ */
+#include "server_test_util.h"
+
+#define KEY_T1  "sk-tenant-alpha-01234"
+#define KEY_T2  "sk-tenant-bravo-56789"
+#define KEY_ADM "sk-admin-ops-0a1b2c3d"
+
+static kvf_server_keys_t *keys_of(const char *text)
+{
+    kvf_server_keys_t *k;
+    char err[256];
+    ASSERT_OK(kvf_server_keys_parse(text, strlen(text), &k, err, sizeof err));
+    return k;
+}
+
+/* One GET with an optional Authorization value; the response in r. */
+static void get(uint16_t port, const char *path, const char *auth, struct http_resp *r)
+{
+    int fd = http_connect(port);
+    char head[1024], ah[256] = "";
+    if (auth) snprintf(ah, sizeof ah, "Authorization: %s\r\n", auth);
+    int hn =
+        snprintf(head, sizeof head,
+                 "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n", path, ah);
+    http_send_all(fd, head, (size_t)hn);
+    size_t n;
+    char *raw = http_read_all(fd, &n, 10000);
+    close(fd);
+    http_parse(raw, n, r);
+    free(raw);
+}
+
+/* GET path wants status and, when code is not NULL, that error code. */
+static void expect(uint16_t port, const char *path, const char *auth, int status, const char *code)
+{
+    struct http_resp r;
+    get(port, path, auth, &r);
+    if (r.status != status)
+        KVF_FAIL("GET %s (%s): status %d, wanted %d: %.300s", path, auth ? auth : "no key",
+                 r.status, status, r.body);
+    if (code) {
+        char want[96];
+        snprintf(want, sizeof want, "\"code\":\"%s\"", code);
+        if (!strstr(r.body, want)) KVF_FAIL("GET %s: no %s in %.300s", path, want, r.body);
+        /* The refusal names no tenant and echoes no key. */
+        ASSERT_TRUE(strstr(r.body, "alpha") == NULL && strstr(r.body, "sk-") == NULL);
+    }
+    http_resp_free(&r);
+}
+
+/* The plain /health: {"status": want} and nothing else. */
+static void expect_plain_health(uint16_t port, const char *path, const char *auth, int status,
+                                const char *want)
+{
+    struct http_resp r;
+    get(port, path, auth, &r);
+    ASSERT_EQ_INT(r.status, status);
+    json_error_t je;
+    json_t *j = json_loadb(r.body, r.body_len, 0, &je);
+    if (!j) KVF_FAIL("plain /health is not JSON: %.200s", r.body);
+    ASSERT_EQ_INT(json_object_size(j), 1);
+    ASSERT_STREQ(json_string_value(json_object_get(j, "status")), want);
+    json_decref(j);
+    http_resp_free(&r);
+}
+
+/* The full /health: its figures are there. */
+static void expect_full_health(uint16_t port, const char *path, const char *auth)
+{
+    struct http_resp r;
+    get(port, path, auth, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "\"served_limit\"") != NULL);
+    ASSERT_TRUE(strstr(r.body, "\"counters\"") != NULL);
+    http_resp_free(&r);
+}
+
+static void expect_metrics(uint16_t port, const char *auth)
+{
+    struct http_resp r;
+    get(port, "/metrics", auth, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(strstr(r.body, "kvfence_requests_total{tenant=\"alpha\"") != NULL);
+    http_resp_free(&r);
+}
+
+static void test_keys_overlap(void)
+{
+    kvf_server_keys_t *t = keys_of(KEY_T1 " alpha\n" KEY_T2 " bravo\n");
+    kvf_server_keys_t *a = keys_of(KEY_ADM " ops\n");
+    kvf_server_keys_t *both = keys_of(KEY_ADM " ops\n" KEY_T2 " ops\n");
+    ASSERT_FALSE(kvf_server_keys_overlap(a, t));
+    ASSERT_FALSE(kvf_server_keys_overlap(t, a));
+    ASSERT_TRUE(kvf_server_keys_overlap(both, t));
+    ASSERT_TRUE(kvf_server_keys_overlap(t, both));
+    ASSERT_FALSE(kvf_server_keys_overlap(a, NULL));
+    kvf_server_keys_free(t);
+    kvf_server_keys_free(a);
+    kvf_server_keys_free(both);
+}
+
+/* Admin keys on the public address. */
+static void test_admin_keys(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *t = keys_of(KEY_T1 " alpha\n" KEY_T2 " bravo\n");
+    kvf_server_keys_t *a = keys_of(KEY_ADM " ops\n");
+    s.cfg.keys = t;
+    s.cfg.admin_keys = a;
+    srv_start(&s);
+    static const char *const tenant[] = {"Bearer " KEY_T1, "Bearer " KEY_T2};
+    static const char *const nokey[] = {NULL, "Bearer", "Bearer sk-wrong-0000000000",
+                                        "Basic " KEY_ADM, "Bearer " KEY_ADM "x"};
+    for (size_t i = 0; i < sizeof nokey / sizeof nokey[0]; i++) {
+        expect(s.port, "/metrics", nokey[i], 401, "admin_key_required");
+        expect(s.port, "/health?detail=1", nokey[i], 401, "admin_key_required");
+        expect_plain_health(s.port, "/health", nokey[i], 200, "ok");
+    }
+    for (size_t i = 0; i < 2; i++) {
+        expect(s.port, "/metrics", tenant[i], 403, "admin_only");
+        expect(s.port, "/health?detail=1", tenant[i], 403, "admin_only");
+        expect_plain_health(s.port, "/health", tenant[i], 200, "ok");
+        /* The tenant key still serves its own API. */
+        expect(s.port, "/v1/models", tenant[i], 200, NULL);
+    }
+    /* An admin key opens both, and is no tenant's key. */
+    expect_metrics(s.port, "Bearer " KEY_ADM);
+    expect_full_health(s.port, "/health", "Bearer " KEY_ADM);
+    expect_full_health(s.port, "/health?detail=1", "bearer  " KEY_ADM " ");
+    expect(s.port, "/v1/models", "Bearer " KEY_ADM, 401, "invalid_api_key");
+    /* Down: the plain /health says so, with 503, and nothing more. */
+    s.f.prefill_up = false;
+    expect_plain_health(s.port, "/health", NULL, 503, "unavailable");
+    s.f.prefill_up = true;
+    srv_stop(&s);
+    kvf_server_keys_free(t);
+    kvf_server_keys_free(a);
+}
+
+/* An operator address: it alone serves /metrics and the full /health. */
+static void test_admin_listen(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *t = keys_of(KEY_T1 " alpha\n");
+    s.cfg.keys = t;
+    s.cfg.admin_listen = true;
+    s.cfg.admin_host = "127.0.0.1";
+    srv_start(&s);
+    uint16_t ap = kvf_server_admin_port(s.s);
+    ASSERT_TRUE(ap != 0 && ap != s.port);
+    /* Public: no /metrics for anyone, /health plain even when figures are asked for. */
+    expect(s.port, "/metrics", NULL, 404, "not_found");
+    expect(s.port, "/metrics", "Bearer " KEY_T1, 404, "not_found");
+    expect(s.port, "/health?detail=1", "Bearer " KEY_T1, 404, "not_found");
+    expect_plain_health(s.port, "/health", NULL, 200, "ok");
+    expect_plain_health(s.port, "/health", "Bearer " KEY_T1, 200, "ok");
+    expect(s.port, "/v1/models", "Bearer " KEY_T1, 200, NULL);
+    /* Operator address: both in full; the tenants' API is not there. */
+    expect_metrics(ap, NULL);
+    expect_full_health(ap, "/health", NULL);
+    expect(ap, "/v1/models", "Bearer " KEY_T1, 404, "not_found");
+    struct http_resp r;
+    http_do(ap, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}", &r);
+    ASSERT_EQ_INT(r.status, 404);
+    http_resp_free(&r);
+    ASSERT_EQ_INT(s.f.submits, 0);
+    srv_stop(&s);
+    /* Stopped: the operator address is closed too. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(ap)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_TRUE(connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0);
+    close(fd);
+    kvf_server_keys_free(t);
+}
+
+/* Both: the operator address still wants an admin key. */
+static void test_admin_listen_with_keys(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *t = keys_of(KEY_T1 " alpha\n");
+    kvf_server_keys_t *a = keys_of(KEY_ADM " ops\n");
+    s.cfg.keys = t;
+    s.cfg.admin_keys = a;
+    s.cfg.admin_listen = true;
+    srv_start(&s);
+    uint16_t ap = kvf_server_admin_port(s.s);
+    expect(ap, "/metrics", NULL, 401, "admin_key_required");
+    expect(ap, "/metrics", "Bearer " KEY_T1, 403, "admin_only");
+    expect_metrics(ap, "Bearer " KEY_ADM);
+    expect(s.port, "/metrics", "Bearer " KEY_ADM, 404, "not_found");
+    srv_stop(&s);
+    kvf_server_keys_free(t);
+    kvf_server_keys_free(a);
+}
+
+/* Nothing configured: both stay open, as the public API (the behaviour without operators). */
+static void test_no_admin(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *t = keys_of(KEY_T1 " alpha\n");
+    s.cfg.keys = t;
+    srv_start(&s);
+    ASSERT_EQ_INT(kvf_server_admin_port(s.s), 0);
+    expect_metrics(s.port, NULL);
+    expect_full_health(s.port, "/health", NULL);
+    srv_stop(&s);
+    kvf_server_keys_free(t);
+}
+
+static const struct kvf_test_case cases[] = {
+    KVF_CASE(test_keys_overlap),           KVF_CASE(test_admin_keys), KVF_CASE(test_admin_listen),
+    KVF_CASE(test_admin_listen_with_keys), KVF_CASE(test_no_admin),
+};
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    return KVF_TEST_MAIN(argc, argv, cases);
+}
