@@ -27,7 +27,7 @@
 
 #include "kvfence/engine.h"
 
-#define KVF_RPC_VERSION      1
+#define KVF_RPC_VERSION      2
 #define KVF_RPC_MAX_PREFILLS KVF_DECODE_MAX_PREFILLS
 
 enum kvf_rpc_type {

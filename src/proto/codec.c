@@ -74,6 +74,37 @@ static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
     /* n_logprobs in the low byte, want_logprob in bit 8. */
     put_u32(p + 12, s->n_logprobs | (s->want_logprob ? 0x100u : 0u));
     put_u64(p + 16, s->seed);
+    put_f32(p + 24, s->min_p);
+    put_f32(p + 28, s->presence_penalty);
+    put_f32(p + 32, s->frequency_penalty);
+    put_f32(p + 36, s->repetition_penalty);
+    put_u32(p + 40, s->n_logit_bias);
+    for (uint32_t i = 0; i < KVF_GEN_MAX_LOGIT_BIAS; i++) {
+        bool on = i < s->n_logit_bias;
+        put_u32(p + 44 + 8 * i, on ? (uint32_t)s->logit_bias[i].id : 0);
+        put_f32(p + 48 + 8 * i, on ? s->logit_bias[i].bias : 0.0f);
+    }
+}
+
+/* The logit_bias slots: at most the bound, ids ascending (so distinct), each bias within
+ * [-100, 100]; slots past the count are zero (one encoding per message). */
+static int get_logit_bias(const uint8_t *p, struct kvf_msg_sampling *s)
+{
+    s->n_logit_bias = get_u32(p);
+    if (s->n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS) return KVF_E_PROTO_BOUNDS;
+    for (uint32_t i = 0; i < KVF_GEN_MAX_LOGIT_BIAS; i++) {
+        uint32_t id = get_u32(p + 4 + 8 * i);
+        float b = get_f32(p + 8 + 8 * i);
+        if (i >= s->n_logit_bias) {
+            if (id | get_u32(p + 8 + 8 * i)) return KVF_E_PROTO_BOUNDS;
+            continue;
+        }
+        if (id > INT32_MAX || (i > 0 && id <= (uint32_t)s->logit_bias[i - 1].id) ||
+            !(b >= -KVF_LIMIT_LOGIT_BIAS_MAX && b <= KVF_LIMIT_LOGIT_BIAS_MAX))
+            return KVF_E_PROTO_BOUNDS;
+        s->logit_bias[i] = (struct kvf_logit_bias){(int32_t)id, b};
+    }
+    return 0;
 }
 
 /* Refuses what no well-formed peer sends: a temperature, top_p or logprobs count outside its
@@ -88,20 +119,28 @@ static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
     s->n_logprobs = lp & 0xffu;
     s->want_logprob = (lp >> 8) & 1u;
     s->seed = get_u64(p + 16);
+    s->min_p = get_f32(p + 24);
+    s->presence_penalty = get_f32(p + 28);
+    s->frequency_penalty = get_f32(p + 32);
+    s->repetition_penalty = get_f32(p + 36);
     if (lp >> 9) return KVF_E_PROTO_BOUNDS;
     if (!kvf_field_real_ok(KVF_FIELD_TEMPERATURE, s->temperature, true) ||
         !kvf_field_real_ok(KVF_FIELD_TOP_P, s->top_p, true) ||
         !kvf_field_int_ok(KVF_FIELD_LOGPROBS, s->n_logprobs) ||
-        !kvf_field_int_ok(KVF_FIELD_TOP_K, s->top_k))
+        !kvf_field_int_ok(KVF_FIELD_TOP_K, s->top_k) ||
+        !kvf_field_real_ok(KVF_FIELD_MIN_P, s->min_p, true) ||
+        !kvf_field_real_ok(KVF_FIELD_PRESENCE_PENALTY, s->presence_penalty, true) ||
+        !kvf_field_real_ok(KVF_FIELD_FREQUENCY_PENALTY, s->frequency_penalty, true) ||
+        !kvf_field_real_ok(KVF_FIELD_REPETITION_PENALTY, s->repetition_penalty, true))
         return KVF_E_PROTO_BOUNDS;
-    return 0;
+    return get_logit_bias(p + 40, s);
 }
 
 /* Fixed body bytes per type, before any array. */
 enum {
     HELLO_BODY =
-        8 + 5 * 4 + 4 + 4 + 2 + 1 + 1,   /* fp, geometry, max_context, max_pages, peer, role, pad */
-    SAMPLING_BYTES = 4 + 4 + 4 + 4 + 8,  /* temperature, top_p, top_k, n_logprobs, seed */
+        8 + 5 * 4 + 4 + 4 + 2 + 1 + 1, /* fp, geometry, max_context, max_pages, peer, role, pad */
+    SAMPLING_BYTES = KVF_PROTO_SAMPLING_BYTES, /* see kvfence/proto.h */
     NEW_BODY = 4 * 4 + SAMPLING_BYTES,   /* tenant, prompt_len, max_tokens, n_tokens, sampling */
     GRANT_BODY = 4 * 4 + SAMPLING_BYTES, /* tenant, expected, n_pages, n_tokens, sampling */
     FIRST_LP_BYTES = 4 + 4 + 8 * KVF_PROTO_MAX_LOGPROBS, /* logprob, n_top, (id, logprob) × 20 */
