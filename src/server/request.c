@@ -187,6 +187,22 @@ static int check_refused(enum kvf__srv_kind kind, json_t *root, struct kvf__srv_
     return 0;
 }
 
+/* "model": a string; with served model names, one of them (404 model_not_found, as OpenAI
+ * answers a model it does not serve). */
+static int check_model(json_t *root, const struct kvf__srv_limits *lim, struct kvf__srv_err *e)
+{
+    json_t *m = json_object_get(root, "model");
+    if (!m || json_is_null(m)) return 0;
+    if (!json_is_string(m))
+        return kvf__srv_fail(e, 400, "model", "invalid_type", "'model' must be a string");
+    for (size_t i = 0; i < lim->n_model_names; i++)
+        if (strcmp(json_string_value(m), lim->model_names[i]) == 0) return 0;
+    if (!lim->n_model_names) return 0;
+    return kvf__srv_fail(e, 404, "model", "model_not_found",
+                         "The model '%.100s' does not exist; this server serves '%.100s'",
+                         json_string_value(m), lim->model_names[0]);
+}
+
 /* logit_bias: {"<token id>": bias, ...}, ids in canonical decimal below n_vocab, biases in
  * [-100, 100], at most KVF_GEN_MAX_LOGIT_BIAS; kept sorted by id. Work: O(n log n). */
 static int bias_cmp(const void *a, const void *b)
@@ -603,6 +619,7 @@ int kvf__srv_req_parse(enum kvf__srv_kind kind, const char *body, size_t len,
     json_t *root = kvf__srv_parse_object(body, len, e);
     if (!root) return -1;
     uint32_t n_total = 0;
+    if (check_model(root, lim, e) < 0) goto fail;
     if (check_refused(kind, root, e) < 0) goto fail;
     if (parse_options(kind, root, lim, &r, e) < 0) goto fail;
     if (parse_prompt(kind, root, lim, tok, &r, &n_total, e) < 0) goto fail;
