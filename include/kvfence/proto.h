@@ -71,19 +71,22 @@ enum kvf_msg_type {
  *       36     4  reserved  (0)
  *       40     …  body, by type (see docs/PROTOCOL.md for the table)
  *
- * The body of each type has a fixed part and at most one counted array; the declared length must
- * equal exactly the fixed part plus the array, so a frame with trailing or missing bytes is
- * refused. No count is trusted before it has been checked against its bound and against the
- * bytes actually present.
+ * The body of each type has a fixed part and its counted arrays (NEW: logit_bias pairs, tokens;
+ * GRANT: logit_bias pairs, pages, tokens; DONE: checksums), each count in the fixed part; the
+ * declared length must equal exactly the fixed part plus the arrays, so a frame with trailing or
+ * missing bytes is refused. No count is trusted before it has been checked against its bound and
+ * against the bytes actually present.
  */
 #define KVF_PROTO_VERSION      3u
 #define KVF_PROTO_HEADER_BYTES 40u
 #define KVF_PROTO_MAX_PAGES    65536u     /* pages in one GRANT or DONE */
 #define KVF_PROTO_MAX_TOKENS   (1u << 20) /* prompt tokens carried in one NEW or GRANT */
 #define KVF_PROTO_MAX_LOGPROBS 20u        /* top logprobs of the first token in one DONE */
-/* The sampling block of NEW and GRANT: temperature, top_p, top_k, n_logprobs, seed; min_p, the
- * three penalties, n_logit_bias; KVF_GEN_MAX_LOGIT_BIAS (id, bias) slots, zero past the count. */
-#define KVF_PROTO_SAMPLING_BYTES (24u + 20u + 8u * KVF_GEN_MAX_LOGIT_BIAS)
+/* The sampling block of NEW and GRANT: a fixed part (temperature, top_p, top_k, n_logprobs, seed;
+ * min_p, the three penalties, n_logit_bias), then n_logit_bias (id, bias) pairs. _BYTES is the
+ * most it takes. */
+#define KVF_PROTO_SAMPLING_FIXED_BYTES 44u
+#define KVF_PROTO_SAMPLING_BYTES       (KVF_PROTO_SAMPLING_FIXED_BYTES + 8u * KVF_GEN_MAX_LOGIT_BIAS)
 /* The largest frame the codec produces or accepts (a GRANT with the most pages and tokens). */
 #define KVF_PROTO_MAX_MSG_BYTES                                                                    \
     (KVF_PROTO_HEADER_BYTES + 16u + KVF_PROTO_SAMPLING_BYTES + 12u * KVF_PROTO_MAX_PAGES +         \

@@ -272,8 +272,58 @@ static void test_random_mutations(void)
     }
 }
 
+/* The logit_bias pairs and the shaping fields: carried bit for bit; pairs out of order, a bias
+ * beyond ±100, a penalty out of range or a count past the bound are refused. */
+static void test_sampling_shaping(void)
+{
+    uint8_t buf[8192];
+    uint32_t toks[2] = {5, 6};
+    struct kvf_msg n = header(KVF_MSG_NEW), out;
+    n.u.nreq =
+        (struct kvf_msg_new){.prompt_len = 2, .max_tokens = 3, .n_tokens = 2, .tokens = toks};
+    struct kvf_msg_sampling *s = &n.u.nreq.sampling;
+    *s = (struct kvf_msg_sampling){.top_p = 1.0f,
+                                   .min_p = 0.25f,
+                                   .presence_penalty = -2.0f,
+                                   .frequency_penalty = 1.5f,
+                                   .repetition_penalty = 1.1f,
+                                   .n_logit_bias = 2,
+                                   .logit_bias = {{3, -100.0f}, {70000, 2.5f}}};
+    long len = roundtrip(&n, buf, sizeof buf, &out);
+    ASSERT_EQ_INT(len,
+                  KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_FIXED_BYTES + 2 * 8 + 2 * 4);
+    ASSERT_MEMEQ(&out.u.nreq.sampling.min_p, &s->min_p, 4 * sizeof(float));
+    ASSERT_EQ_INT(out.u.nreq.sampling.n_logit_bias, 2);
+    ASSERT_MEMEQ(out.u.nreq.sampling.logit_bias, s->logit_bias, 2 * sizeof s->logit_bias[0]);
+    ASSERT_EQ_INT(out.u.nreq.tokens[1], 6);
+    /* Each refusal, made by hand in the bytes: the pairs start right after the fixed part. */
+    uint8_t *pairs = buf + KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_FIXED_BYTES;
+    memcpy(pairs + 8, pairs, 4); /* the second id equals the first */
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    roundtrip(&n, buf, sizeof buf, &out);
+    s->logit_bias[1].bias = 100.5f;
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->logit_bias[1].bias = 2.5f;
+    s->presence_penalty = -2.5f;
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->presence_penalty = 0.0f;
+    s->min_p = 1.5f;
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->min_p = 0.0f;
+    /* A count the frame does not hold, and one past the bound. */
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    buf[KVF_PROTO_HEADER_BYTES + 16 + 40] = 3;
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->n_logit_bias = KVF_GEN_MAX_LOGIT_BIAS + 1;
+    ASSERT_ERR(kvf_msg_encoded_size(&n), KVF_E_PROTO_BOUNDS);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_roundtrip_every_type),
+    KVF_CASE(test_sampling_shaping),
     KVF_CASE(test_wire_layout),
     KVF_CASE(test_truncated_and_trailing),
     KVF_CASE(test_refuses_bad_header),
