@@ -62,7 +62,8 @@ static double copy_bandwidth(void)
 /* The next token as a server picks it for a greedy request: the library's sampler. */
 static int32_t greedy(const float *l, uint32_t n)
 {
-    static const struct kvf_sample_params greedy_params = {0.0f, 0, 1.0f, 0};
+    static const struct kvf_sample_params greedy_params = {
+        .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     return (int32_t)kvf_sample(l, n, &greedy_params, 0);
 }
 

@@ -34,12 +34,33 @@
 
 #include "kvfence/common.h"
 
-/* How the next token is drawn (kvf_sample, kvfence/model.h). */
+#define KVF_GEN_MAX_LOGIT_BIAS 300 /* logit_bias entries per request at most */
+
+/* One logit_bias entry: bias is added to token id's logit before anything else. */
+struct kvf_logit_bias {
+    int32_t id; /* < n_vocab */
+    float bias; /* [-100, 100] */
+};
+
+/*
+ * How the next token is drawn (kvf_sample, kvfence/model.h). The logits pass, in this order (as
+ * vLLM's sampler does): + logit_bias → repetition penalty (every token of the prompt and of the
+ * output so far: a positive logit divided by it, a negative one multiplied) → − frequency_penalty
+ * × the token's count in the output − presence_penalty if it is in the output → greedy, or
+ * temperature → min_p → top_k → top_p → the draw. The fields after seed are all zero when unused
+ * (so a positional initializer of the first four leaves them off).
+ */
 struct kvf_sample_params {
-    float temperature; /* 0 = greedy (lowest id among equal maxima) */
-    uint32_t top_k;    /* 0 = no top-k cut */
-    float top_p;       /* in (0, 1]; 1 = no nucleus cut */
-    uint64_t seed;     /* with the step number, fixes every draw */
+    float temperature;        /* 0 = greedy (lowest id among equal maxima) */
+    uint32_t top_k;           /* 0 = no top-k cut */
+    float top_p;              /* in (0, 1]; 1 = no nucleus cut */
+    uint64_t seed;            /* with the step number, fixes every draw */
+    float min_p;              /* [0, 1]: drop tokens below min_p × the likeliest's probability */
+    float presence_penalty;   /* [-2, 2], output tokens only; 0 = off */
+    float frequency_penalty;  /* [-2, 2], output tokens only; 0 = off */
+    float repetition_penalty; /* > 0, prompt and output tokens; 0 and 1 = off */
+    uint32_t n_logit_bias;    /* entries in logit_bias, ≤ KVF_GEN_MAX_LOGIT_BIAS */
+    struct kvf_logit_bias logit_bias[KVF_GEN_MAX_LOGIT_BIAS]; /* distinct ids, ascending */
 };
 
 #define KVF_GEN_MAX_LOGPROBS 20 /* top logprobs per token at most (the OpenAI API's bound) */

@@ -11,10 +11,17 @@
  *   field        API name(s)                       range (API)              on the wire
  *   temperature  temperature                       [0, 1e6], finite         f32, same range
  *   top_p        top_p                             (0, 1]                   f32, [0, 1] (0: no cut)
- *   top_k        top_k                             [0, 2^32-1] integer      u32
+ *   top_k        top_k                             [-1, 2^32-1] integer     u32 (-1 as 0)
  *   logprobs     logprobs (completions),           [0, 20] integer          low byte of a u32
  *                top_logprobs (chat)
  *   seed         seed                              [-2^63, 2^63-1] integer  u64 (two's complement)
+ *   min_p        min_p                             [0, 1]                   f32, same range
+ *   presence_penalty, frequency_penalty            [-2, 2]                  f32, same range
+ *   repetition_penalty repetition_penalty          (0, 1e6]                 f32, [0, 1e6] (0: off)
+ *
+ * top_k also takes -1 (vLLM's "off"), carried as 0. logit_bias, an object, is checked apart:
+ * at most KVF_GEN_MAX_LOGIT_BIAS entries, each a token id (as a string) below n_vocab with a bias
+ * in [-KVF_LIMIT_LOGIT_BIAS_MAX, KVF_LIMIT_LOGIT_BIAS_MAX].
  *
  * A real value is carried as the nearest f32: the API rounds it so, except that a positive top_p
  * below the smallest normal f32 is carried as that (never as 0, which would mean no cut), and a
@@ -28,6 +35,9 @@
 
 #define KVF_LIMIT_TEMPERATURE_MAX 1e6
 #define KVF_LIMIT_LOGPROBS_MAX    20
+#define KVF_LIMIT_PENALTY_MAX     2.0
+#define KVF_LIMIT_REPETITION_MAX  1e6
+#define KVF_LIMIT_LOGIT_BIAS_MAX  100.0f
 
 enum kvf_field {
     KVF_FIELD_TEMPERATURE = 0,
@@ -35,6 +45,10 @@ enum kvf_field {
     KVF_FIELD_TOP_K,
     KVF_FIELD_LOGPROBS,
     KVF_FIELD_SEED,
+    KVF_FIELD_MIN_P,
+    KVF_FIELD_PRESENCE_PENALTY,
+    KVF_FIELD_FREQUENCY_PENALTY,
+    KVF_FIELD_REPETITION_PENALTY,
     KVF_FIELD__COUNT
 };
 

@@ -218,10 +218,39 @@ int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_pa
                uint64_t step);
 
 /* kvf_sample with the caller's scratch (kvf_sample_scratch_bytes(n_vocab) bytes, 8-aligned;
- * may be NULL for greedy), so a serving loop samples without allocating. Same tokens. */
+ * may be NULL for greedy without logit_bias), so a serving loop samples without allocating.
+ * Same tokens. The penalties see no tokens here (kvf_sample_seq gives them the history). */
 size_t kvf_sample_scratch_bytes(uint32_t n_vocab);
 int kvf_sample_with(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
                     uint64_t step, void *scratch);
+
+/* The tokens a request's penalties see (borrowed; ids outside the vocabulary are skipped). */
+struct kvf_sample_hist {
+    const int32_t *prompt; /* [n_prompt]: repetition_penalty only */
+    uint32_t n_prompt;
+    const int32_t *out; /* [n_out]: the output so far: every penalty */
+    uint32_t n_out;
+};
+
+/* Whether p changes the logits before the draw (logit_bias or a penalty): then sampling needs
+ * the scratch even when greedy. */
+bool kvf_sample_shapes_logits(const struct kvf_sample_params *p);
+
+/*
+ * The logits as the draw sees them: logits + logit_bias, then the penalties over h (see struct
+ * kvf_sample_params for the order), into dst[0..n_vocab). marks: n_vocab words, zero on entry
+ * and left zero. Work: O(n_vocab + n_logit_bias + n_prompt + n_out). Can't fail.
+ */
+void kvf_sample_shape(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+                      const struct kvf_sample_hist *h, float *dst, uint32_t *marks);
+
+/*
+ * Step `step` of a sequence whose history is h (NULL: none): kvf_sample_shape into the scratch,
+ * then kvf_sample_with on the result. scratch as kvf_sample_with's, whose last n_vocab words
+ * must be zero before the first call (calloc) and are left so. Returns the token or -EINVAL.
+ */
+int kvf_sample_seq(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+                   const struct kvf_sample_hist *h, uint64_t step, void *scratch);
 
 /*
  * The top_n most likely tokens under the full softmax of logits (temperature 1), most likely

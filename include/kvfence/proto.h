@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "kvfence/common.h"
+#include "kvfence/gen.h"
 #include "kvfence/pool.h"
 
 /* Decode-side request states. */
@@ -70,19 +71,26 @@ enum kvf_msg_type {
  *       36     4  reserved  (0)
  *       40     …  body, by type (see docs/PROTOCOL.md for the table)
  *
- * The body of each type has a fixed part and at most one counted array; the declared length must
- * equal exactly the fixed part plus the array, so a frame with trailing or missing bytes is
- * refused. No count is trusted before it has been checked against its bound and against the
- * bytes actually present.
+ * The body of each type has a fixed part and its counted arrays (NEW: logit_bias pairs, tokens;
+ * GRANT: logit_bias pairs, pages, tokens; DONE: checksums), each count in the fixed part; the
+ * declared length must equal exactly the fixed part plus the arrays, so a frame with trailing or
+ * missing bytes is refused. No count is trusted before it has been checked against its bound and
+ * against the bytes actually present.
  */
-#define KVF_PROTO_VERSION      2u
+#define KVF_PROTO_VERSION      3u
 #define KVF_PROTO_HEADER_BYTES 40u
 #define KVF_PROTO_MAX_PAGES    65536u     /* pages in one GRANT or DONE */
 #define KVF_PROTO_MAX_TOKENS   (1u << 20) /* prompt tokens carried in one NEW or GRANT */
 #define KVF_PROTO_MAX_LOGPROBS 20u        /* top logprobs of the first token in one DONE */
+/* The sampling block of NEW and GRANT: a fixed part (temperature, top_p, top_k, n_logprobs, seed;
+ * min_p, the three penalties, n_logit_bias), then n_logit_bias (id, bias) pairs. _BYTES is the
+ * most it takes. */
+#define KVF_PROTO_SAMPLING_FIXED_BYTES 44u
+#define KVF_PROTO_SAMPLING_BYTES       (KVF_PROTO_SAMPLING_FIXED_BYTES + 8u * KVF_GEN_MAX_LOGIT_BIAS)
 /* The largest frame the codec produces or accepts (a GRANT with the most pages and tokens). */
 #define KVF_PROTO_MAX_MSG_BYTES                                                                    \
-    (KVF_PROTO_HEADER_BYTES + 40u + 12u * KVF_PROTO_MAX_PAGES + 4u * KVF_PROTO_MAX_TOKENS)
+    (KVF_PROTO_HEADER_BYTES + 16u + KVF_PROTO_SAMPLING_BYTES + 12u * KVF_PROTO_MAX_PAGES +         \
+     4u * KVF_PROTO_MAX_TOKENS)
 
 /* Worker roles named in HELLO. */
 enum kvf_role {
@@ -113,6 +121,10 @@ struct kvf_msg_sampling {
     uint64_t seed;
     bool want_logprob; /* the sampled token's own logprob (implied by n_logprobs > 0); without
                           it no worker computes a softmax for the request */
+    /* As in struct kvf_sample_params (kvfence/gen.h), with their ranges in kvfence/limits.h. */
+    float min_p, presence_penalty, frequency_penalty, repetition_penalty;
+    uint32_t n_logit_bias;
+    struct kvf_logit_bias logit_bias[KVF_GEN_MAX_LOGIT_BIAS]; /* distinct ids, ascending */
 };
 
 /* NEW (router → decode): an admitted request. tokens[0..n_tokens) is the prompt. */

@@ -91,11 +91,21 @@
 #define KVF_SERVER_POLL_MS        20  /* longest wait in ops->next between hang-up checks */
 
 struct kvf_server_config {
-    const char *host;            /* numeric address or name to listen on; NULL = "127.0.0.1" */
-    uint16_t port;               /* 0 = ephemeral (read it with kvf_server_port) */
-    const char *model_name;      /* the id /v1/models lists; NULL = "kvfence"; requests may name
-                                    any model (the field is not checked) */
-    size_t max_body_bytes;       /* 0 = 1 MiB */
+    const char *host;               /* numeric address or name to listen on; NULL = "127.0.0.1" */
+    uint16_t port;                  /* 0 = ephemeral (read it with kvf_server_port) */
+    const char *model_name;         /* the id /v1/models lists; NULL = "kvfence"; requests may name
+                                       any model (the field is not checked) */
+    const char *served_model_names; /* "NAME[,ALIAS...]" (--served-model-name): responses name
+                                       the first, /v1/models lists each, and a completion or chat
+                                       request naming another model gets 404 model_not_found
+                                       (one that names none is served); NULL = model_name alone,
+                                       unchecked */
+    uint64_t model_fp;        /* the model's fingerprint: system_fingerprint is a hash of it and the
+                                 build's version */
+    const char *cors_origins; /* "ORIGIN[,ORIGIN...]" or "*" (--cors-origins): the browser
+                                 origins that may call the API (src/server/http.c, "CORS");
+                                 NULL = none, and no CORS headers */
+    size_t max_body_bytes;    /* 0 = 1 MiB */
     size_t tokenize_max_bytes;   /* the body of /tokenize and /detokenize, at most max_body_bytes;
                                     0 = 256 KiB */
     uint32_t max_n;              /* most choices per request; 0 = 8 */

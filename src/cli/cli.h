@@ -141,6 +141,8 @@ struct kvf_cli_http {
     uint32_t max_connections, keyless_timeout_ms;                                  /* 0: defaults */
     char trusted_proxies[KVF_CLI_PROXIES_LEN]; /* every --trusted-proxy, joined with ',' */
     const char *keys_path;
+    const char *served_names; /* --served-model-name NAME[,ALIAS...], or NULL */
+    const char *cors_origins; /* --cors-origins LIST, or NULL */
     bool no_auth;
     const char *admin_keys_path;      /* --admin-keys */
     struct kvf_cli_addr admin_listen; /* --admin-listen; text NULL: not given */
@@ -299,6 +301,21 @@ int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies);
          .hi = 1u << 20,                                                                           \
          .env = "KVFENCE_MAX_CONN_PER_IP",                                                         \
          .help = "connections of one client address at once (default 64)"},                        \
+        {.name = "--served-model-name",                                                            \
+         .metavar = "NAME[,ALIAS...]",                                                             \
+         .kind = KVF_CLI_STR,                                                                      \
+         .off = offsetof(T, m.served_names),                                                       \
+         .env = "KVFENCE_SERVED_MODEL_NAME",                                                       \
+         .help = "the model's names in the API: responses name the first, /v1/models lists "       \
+                 "each, a request naming another model gets 404 (default: the file's name, and "   \
+                 "any model named is served)"},                                                    \
+        {.name = "--cors-origins",                                                                 \
+         .metavar = "ORIGIN[,...]|*",                                                              \
+         .kind = KVF_CLI_STR,                                                                      \
+         .off = offsetof(T, m.cors_origins),                                                       \
+         .env = "KVFENCE_CORS_ORIGINS",                                                            \
+         .help = "browser origins (scheme://host[:port]) that may call the API, or * for any; "    \
+                 "preflights answered, credentials never allowed (default: none, no CORS)"},       \
         {.name = "--trusted-proxy",                                                                \
          .metavar = "ADDR[/PREFIX][,...]",                                                         \
          .kind = KVF_CLI_FN,                                                                       \
@@ -347,8 +364,8 @@ int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h);
 /* Starts the server over ops/engine with the model's chat template when the interpreter takes
  * it. 0, or -1 (printed). */
 int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *model_path,
-                       kvf_gguf_t *g, const kvf_tokenizer_t *tok, const struct kvf_gen_ops *ops,
-                       void *engine, kvf_server_t **srv);
+                       uint64_t model_fp, kvf_gguf_t *g, const kvf_tokenizer_t *tok,
+                       const struct kvf_gen_ops *ops, void *engine, kvf_server_t **srv);
 /* The startup lines about API keys and the operator endpoints. */
 void kvf_cli_http_say_auth(const char *cmd, const struct kvf_cli_http *h, const kvf_server_t *srv);
 void kvf_cli_http_free(struct kvf_cli_http *h);

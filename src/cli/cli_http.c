@@ -93,8 +93,8 @@ int kvf_cli_http_prepare(const char *cmd, struct kvf_cli_http *h)
 }
 
 int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *model_path,
-                       kvf_gguf_t *g, const kvf_tokenizer_t *tok, const struct kvf_gen_ops *ops,
-                       void *engine, kvf_server_t **srv)
+                       uint64_t model_fp, kvf_gguf_t *g, const kvf_tokenizer_t *tok,
+                       const struct kvf_gen_ops *ops, void *engine, kvf_server_t **srv)
 {
     /* The model's chat template, if the interpreter takes it (else the default rendering). */
     const char *tmpl_s = NULL;
@@ -118,6 +118,9 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
     struct kvf_server_config sc = {.host = h->host,
                                    .port = (uint16_t)h->port,
                                    .model_name = h->model_name,
+                                   .served_model_names = h->served_names,
+                                   .model_fp = model_fp,
+                                   .cors_origins = h->cors_origins,
                                    .drain_ms = 10000,
                                    .max_queue = h->max_queue,
                                    .chat_template = tmpl,

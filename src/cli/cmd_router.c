@@ -122,7 +122,8 @@ int kvf_cmd_router(int argc, char **argv)
         fprintf(stderr, "kvfence router: %s\n", err);
         goto out;
     }
-    if (kvf_cli_http_start("router", &o.http, o.model, g, tok, &kvf_router_gen_ops, r, &srv) < 0)
+    if (kvf_cli_http_start("router", &o.http, o.model, fp, g, tok, &kvf_router_gen_ops, r, &srv) <
+        0)
         goto out;
     fprintf(stderr,
             "kvfence router: listening on http://%s:%u — model %s (%s), context limit %u tokens, "

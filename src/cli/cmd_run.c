@@ -21,7 +21,8 @@ struct run_opts {
     const char *model, *prompt;
     uint32_t max_tokens, top_k, threads; /* threads 0: every core */
     uint64_t seed;
-    float temperature, top_p;
+    float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
+    const char *logit_bias; /* "ID:BIAS,..." */
     bool print_ids, print_logprobs;
 };
 
@@ -72,6 +73,44 @@ static const struct kvf_cli_opt run_opts[] = {
      .fhi = 1.0f,
      .def = "1",
      .help = "draw from the most likely tokens whose mass reaches P"},
+    {.name = "--min-p",
+     .metavar = "P",
+     .kind = KVF_CLI_FLOAT,
+     .off = O(min_p),
+     .flo = 0.0f,
+     .fhi = 1.0f,
+     .def = "0",
+     .help = "draw only tokens at least P times as likely as the likeliest (0: all)"},
+    {.name = "--presence-penalty",
+     .metavar = "X",
+     .kind = KVF_CLI_FLOAT,
+     .off = O(presence_penalty),
+     .flo = -2.0f,
+     .fhi = 2.0f,
+     .def = "0",
+     .help = "subtracted from the logit of each token the output already holds"},
+    {.name = "--frequency-penalty",
+     .metavar = "X",
+     .kind = KVF_CLI_FLOAT,
+     .off = O(frequency_penalty),
+     .flo = -2.0f,
+     .fhi = 2.0f,
+     .def = "0",
+     .help = "times its count in the output, subtracted from each token's logit"},
+    {.name = "--repetition-penalty",
+     .metavar = "X",
+     .kind = KVF_CLI_FLOAT,
+     .off = O(repetition_penalty),
+     .flo = 1e-6f,
+     .fhi = 1e6f,
+     .def = "1",
+     .help = "divides the positive logits (multiplies the negative) of every token of the prompt "
+             "and the output (1: off)"},
+    {.name = "--logit-bias",
+     .metavar = "ID:B,...",
+     .kind = KVF_CLI_STR,
+     .off = O(logit_bias),
+     .help = "add B (in [-100, 100]) to token ID's logit before anything else"},
     {.name = "--seed",
      .metavar = "S",
      .kind = KVF_CLI_U64,
@@ -106,8 +145,9 @@ static const struct kvf_cli_spec run_spec = {
     .about =
         "Prints the completion of TEXT as it is generated (stopping at an end-of-generation\n"
         "token or after N tokens; BOS first when the vocabulary asks for it). Temperature 0 is\n"
-        "greedy; otherwise tokens are drawn with top-k / top-p from a stream fixed by the seed,\n"
-        "so a run repeats exactly.\n",
+        "greedy; otherwise tokens are drawn with min-p / top-k / top-p from a stream fixed by\n"
+        "the seed, so a run repeats exactly. --logit-bias and the penalties shape the logits\n"
+        "first, as the server's fields of the same names do (docs/API_FIELDS.md).\n",
     .after = "--print-token-ids prints two more lines:\n"
              "  prompt_token_ids: <ids of the prompt>\n"
              "  output_token_ids: <ids generated>\n"
@@ -128,6 +168,7 @@ struct run {
     struct kvf_page_ref *pages; /* (n_pages): every position's page, allocated up front */
     float *logits;              /* (n_vocab): the last position's */
     float *lps;                 /* (max_tokens + 1): each output token's log probability */
+    void *scratch;              /* kvf_sample_scratch_bytes(n_vocab), zeroed: the sampler's */
     uint32_t n_prompt, max_tokens, n_pages, chunk;
     size_t n_out;
     struct kvf_owner own;
@@ -180,7 +221,8 @@ static int run_open(struct run *r, const struct run_opts *o)
     r->pages = malloc(r->n_pages * sizeof(*r->pages));
     r->logits = malloc(r->hp->n_vocab * sizeof(float));
     r->lps = malloc(((size_t)r->max_tokens + 1) * sizeof(float));
-    if (!r->ids || !r->pages || !r->logits || !r->lps) {
+    r->scratch = calloc(1, kvf_sample_scratch_bytes(r->hp->n_vocab));
+    if (!r->ids || !r->pages || !r->logits || !r->lps || !r->scratch) {
         fprintf(stderr, "kvfence run: out of memory\n");
         return -1;
     }
@@ -215,6 +257,12 @@ static int run_engine(struct run *r, uint32_t threads)
  * 0, or -1 (printed). */
 static int run_generate(struct run *r, const struct kvf_sample_params *sp)
 {
+    for (uint32_t i = 0; i < sp->n_logit_bias; i++)
+        if ((uint32_t)sp->logit_bias[i].id >= r->hp->n_vocab) {
+            fprintf(stderr, "kvfence run: --logit-bias names token %d; the vocabulary has %u\n",
+                    (int)sp->logit_bias[i].id, r->hp->n_vocab);
+            return -1;
+        }
     struct kvf_detok dt;
     kvf_detok_init(&dt);
     char text[KVF_DETOK_MAX_OUT];
@@ -241,7 +289,9 @@ static int run_generate(struct run *r, const struct kvf_sample_params *sp)
         pos += len;
         if (!last_of_prompt) continue;
         if (r->n_out == r->max_tokens) break;
-        int t = kvf_sample(r->logits, r->hp->n_vocab, sp, r->n_out);
+        /* The penalties see the prompt and the output so far, as the server's do. */
+        struct kvf_sample_hist h = {r->ids, r->n_prompt, r->ids + r->n_prompt, (uint32_t)r->n_out};
+        int t = kvf_sample_seq(r->logits, r->hp->n_vocab, sp, &h, r->n_out, r->scratch);
         if (t < 0) {
             fprintf(stderr, "\nkvfence run: sampling failed: %s\n", kvf_strerror(t));
             return -1;
@@ -273,12 +323,52 @@ static void run_free(struct run *r)
     kvf_fwd_destroy(r->f);
     kvf_pool_destroy(r->pool);
     free(r->lps);
+    free(r->scratch);
     free(r->logits);
     free(r->pages);
     free(r->ids);
     kvf_tokenizer_destroy(r->tok);
     kvf_model_free(r->m);
     kvf_gguf_close(r->g);
+}
+
+static int bias_cmp(const void *a, const void *b)
+{
+    const struct kvf_logit_bias *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* "ID:BIAS[,ID:BIAS...]" into sp (ids sorted, each once). 0, or -1 (printed). The ids are
+ * checked against the vocabulary once the model is open. */
+static int parse_logit_bias(const char *s, struct kvf_sample_params *sp)
+{
+    const char *p = s;
+    while (*p) {
+        char *end;
+        if (*p < '0' || *p > '9') goto bad;
+        unsigned long id = strtoul(p, &end, 10);
+        if (*end != ':' || id > INT32_MAX) goto bad;
+        p = end + 1;
+        float b = strtof(p, &end);
+        if (end == p || !(b >= -100.0f && b <= 100.0f)) goto bad;
+        if (sp->n_logit_bias == KVF_GEN_MAX_LOGIT_BIAS) goto bad;
+        for (uint32_t i = 0; i < sp->n_logit_bias; i++)
+            if (sp->logit_bias[i].id == (int32_t)id) goto bad;
+        sp->logit_bias[sp->n_logit_bias++] = (struct kvf_logit_bias){(int32_t)id, b};
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            goto bad;
+    }
+    qsort(sp->logit_bias, sp->n_logit_bias, sizeof sp->logit_bias[0], bias_cmp);
+    return 0;
+bad:
+    fprintf(stderr,
+            "kvfence run: --logit-bias takes ID:BIAS[,ID:BIAS...], distinct token ids, each bias "
+            "in [-100, 100] (at most %d)\n",
+            KVF_GEN_MAX_LOGIT_BIAS);
+    return -1;
 }
 
 int kvf_cmd_run(int argc, char **argv)
@@ -296,7 +386,13 @@ int kvf_cmd_run(int argc, char **argv)
         threads = n > 0 ? (uint32_t)n : 1;
     }
     struct run r = {0};
-    struct kvf_sample_params sp = {o.temperature, o.top_k, o.top_p, o.seed};
+    struct kvf_sample_params sp = {
+        .temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed};
+    sp.min_p = o.min_p;
+    sp.presence_penalty = o.presence_penalty;
+    sp.frequency_penalty = o.frequency_penalty;
+    sp.repetition_penalty = o.repetition_penalty;
+    if (o.logit_bias && parse_logit_bias(o.logit_bias, &sp) < 0) return 2;
     int status = 1;
     if (run_open(&r, &o) < 0 || run_engine(&r, threads) < 0 || run_generate(&r, &sp) < 0) goto out;
     if (o.print_ids) {

@@ -278,7 +278,7 @@ int kvf_cmd_serve(int argc, char **argv)
                         "over the fabric on 127.0.0.1 within 10 s\n");
         goto out;
     }
-    if (kvf_cli_http_start("serve", &o.http, model_path, g, tok, &serve_ops, dw, &srv) < 0)
+    if (kvf_cli_http_start("serve", &o.http, model_path, fp, g, tok, &serve_ops, dw, &srv) < 0)
         goto out;
     fprintf(stderr,
             "kvfence serve: listening on http://%s:%u — model %s (%s), context limit %u tokens, "

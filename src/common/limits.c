@@ -6,12 +6,23 @@
 const struct kvf_field_limit kvf_field_limits[KVF_FIELD__COUNT] = {
     [KVF_FIELD_TEMPERATURE] = {.name = "temperature", .lo = 0, .hi = KVF_LIMIT_TEMPERATURE_MAX},
     [KVF_FIELD_TOP_P] = {.name = "top_p", .lo = 0, .hi = 1, .lo_open = true},
-    [KVF_FIELD_TOP_K] = {.name = "top_k", .integer = true, .ilo = 0, .ihi = UINT32_MAX},
+    [KVF_FIELD_TOP_K] = {.name = "top_k", .integer = true, .ilo = -1, .ihi = UINT32_MAX},
     [KVF_FIELD_LOGPROBS] = {.name = "logprobs",
                             .integer = true,
                             .ilo = 0,
                             .ihi = KVF_LIMIT_LOGPROBS_MAX},
     [KVF_FIELD_SEED] = {.name = "seed", .integer = true, .ilo = INT64_MIN, .ihi = INT64_MAX},
+    [KVF_FIELD_MIN_P] = {.name = "min_p", .lo = 0, .hi = 1},
+    [KVF_FIELD_PRESENCE_PENALTY] = {.name = "presence_penalty",
+                                    .lo = -KVF_LIMIT_PENALTY_MAX,
+                                    .hi = KVF_LIMIT_PENALTY_MAX},
+    [KVF_FIELD_FREQUENCY_PENALTY] = {.name = "frequency_penalty",
+                                     .lo = -KVF_LIMIT_PENALTY_MAX,
+                                     .hi = KVF_LIMIT_PENALTY_MAX},
+    [KVF_FIELD_REPETITION_PENALTY] = {.name = "repetition_penalty",
+                                      .lo = 0,
+                                      .hi = KVF_LIMIT_REPETITION_MAX,
+                                      .lo_open = true},
 };
 
 bool kvf_field_real_ok(enum kvf_field f, double v, bool wire)

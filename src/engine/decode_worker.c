@@ -188,9 +188,7 @@ static int gen_admit(void *e, struct kvf_gen *g)
     struct kvf_dworker *w = e;
     const struct kvf_gen_params *p = &g->p;
     if (g->p.ignore_eos) g->p.n_stop_ids = 0;
-    g->sampling = (struct kvf_msg_sampling){
-        p->sample.temperature, p->sample.top_p, p->sample.top_k,
-        p->n_logprobs,         p->sample.seed,  p->want_logprob || p->n_logprobs > 0};
+    kvf__msg_sampling_of(p, &g->sampling);
     pthread_mutex_lock(&w->mu);
     int rc = 0;
     if (w->closing)
@@ -418,6 +416,7 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
             g->state = G_RUNNING;
             g->n_out = 1;
             g->last = (int32_t)a.first_token;
+            if (g->out) g->out[0] = g->last;
             int32_t ids[KVF_GEN_MAX_LOGPROBS];
             uint32_t n_top = 0;
             float lp = 0.0f;
@@ -968,9 +967,10 @@ static void compute_step(struct kvf_dworker *w, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         struct step_out *o = &w->step_out[i];
         const struct kvf_gen *g = w->batch[i];
+        struct kvf_sample_hist h = {g->prompt, g->p.n_prompt, g->out, g->out ? g->n_out : 0};
         o->tok = w->seqs[i].status != 0
                      ? w->seqs[i].status
-                     : kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, g->n_out,
+                     : kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, &h, g->n_out,
                                          w->sample_scratch, &o->lp, &o->n_top, o->ids, o->lps);
     }
     pthread_mutex_lock(&w->cmu);
@@ -1017,6 +1017,7 @@ static void finish_step(struct kvf_dworker *w)
             continue;
         }
         g->last = o->tok;
+        if (g->out && g->n_out < g->p.max_tokens) g->out[g->n_out] = o->tok;
         g->n_out++;
         w->decoded_tokens++;
         push_token(g, o->tok, o->lp, o->n_top, o->ids, o->lps);
@@ -1312,7 +1313,7 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out, 
         w->seqs = calloc(w->cfg.max_batch, sizeof(*w->seqs));
         w->batch = calloc(w->cfg.max_batch, sizeof(*w->batch));
         w->logits = malloc((size_t)w->cfg.max_batch * hp->n_vocab * sizeof(float));
-        w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
+        w->sample_scratch = calloc(1, kvf_sample_scratch_bytes(hp->n_vocab));
         w->step_out = calloc(w->cfg.max_batch, sizeof(*w->step_out));
         if (!w->sample_scratch || !w->step_out || !w->live || !w->acts.v || !w->scratch.pages ||
             !w->scratch.checksums || !w->frame || !w->seqs || !w->batch || !w->logits) {

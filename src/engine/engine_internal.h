@@ -35,21 +35,51 @@ static inline void kvf__strlcpy(char *dst, const char *src, size_t cap)
 /* The sampling parameters of a request as kvf_sample takes them (top_p 0 means no cut). */
 static inline struct kvf_sample_params kvf__sample_params(const struct kvf_msg_sampling *s)
 {
-    struct kvf_sample_params p = {s->temperature, s->top_k, s->top_p > 0.0f ? s->top_p : 1.0f,
-                                  s->seed};
+    struct kvf_sample_params p = {.temperature = s->temperature,
+                                  .top_k = s->top_k,
+                                  .top_p = s->top_p > 0.0f ? s->top_p : 1.0f,
+                                  .seed = s->seed};
+    p.min_p = s->min_p;
+    p.presence_penalty = s->presence_penalty;
+    p.frequency_penalty = s->frequency_penalty;
+    p.repetition_penalty = s->repetition_penalty;
+    p.n_logit_bias = s->n_logit_bias;
+    for (uint32_t i = 0; i < s->n_logit_bias && i < KVF_GEN_MAX_LOGIT_BIAS; i++)
+        p.logit_bias[i] = s->logit_bias[i];
     return p;
+}
+
+/* What NEW and GRANT carry of a submitted request's parameters. */
+static inline void kvf__msg_sampling_of(const struct kvf_gen_params *p, struct kvf_msg_sampling *s)
+{
+    const struct kvf_sample_params *q = &p->sample;
+    *s = (struct kvf_msg_sampling){.temperature = q->temperature,
+                                   .top_p = q->top_p,
+                                   .top_k = q->top_k,
+                                   .n_logprobs = p->n_logprobs,
+                                   .seed = q->seed,
+                                   .want_logprob = p->want_logprob || p->n_logprobs > 0};
+    s->min_p = q->min_p;
+    s->presence_penalty = q->presence_penalty;
+    s->frequency_penalty = q->frequency_penalty;
+    s->repetition_penalty = q->repetition_penalty;
+    s->n_logit_bias = q->n_logit_bias;
+    for (uint32_t i = 0; i < q->n_logit_bias && i < KVF_GEN_MAX_LOGIT_BIAS; i++)
+        s->logit_bias[i] = q->logit_bias[i];
 }
 
 /*
  * Samples token `step` of a request from logits and fills its logprob and, when asked, its top
- * logprobs (temperature 1, as the API reports them). The prefill worker runs this for the first
- * token and the decode worker for the rest, so a request's tokens do not depend on which worker
- * drew which. scratch: kvf_sample_scratch_bytes(n_vocab) bytes, so nothing is allocated per
- * token. Returns the token or a negative code.
+ * logprobs (temperature 1, of the model's logits before logit_bias and the penalties, as vLLM
+ * reports them by default). The prefill worker runs this for the first token and the decode
+ * worker for the rest, so a request's tokens do not depend on which worker drew which. h: the
+ * tokens the penalties see (the prompt; the output so far). scratch:
+ * kvf_sample_scratch_bytes(n_vocab) bytes, zeroed once (kvf_sample_seq), so nothing is
+ * allocated per token. Returns the token or a negative code.
  */
 int kvf__sample_token(const float *logits, uint32_t n_vocab, const struct kvf_msg_sampling *s,
-                      uint64_t step, void *scratch, float *logprob, uint32_t *n_top,
-                      int32_t *top_ids, float *top_logprobs);
+                      const struct kvf_sample_hist *h, uint64_t step, void *scratch, float *logprob,
+                      uint32_t *n_top, int32_t *top_ids, float *top_logprobs);
 
 /* A wakeup channel: an eventfd another thread writes to get a loop out of poll. */
 int kvf__wake_open(void);
@@ -124,7 +154,9 @@ int kvf__evq_next(struct kvf__evq *q, struct kvf_gen_event *ev, int timeout_ms);
     bool cancel; /* under q.mu: the submitter asked to end it */                                   \
     /* Fixed at submit. */                                                                         \
     struct kvf_gen_params p; /* p.prompt is prompt */                                              \
-    int32_t *prompt;         /* owned: [p.n_prompt] */                                             \
+    int32_t *prompt;         /* owned: [p.n_prompt], then out's room */                            \
+    int32_t *out; /* [p.max_tokens] after prompt when the sampler shapes the logits (penalties     \
+                     read the output), else NULL: the decode loop's */                             \
     /* The engine's: set by its admit, under its mutex, then the loop's. */                        \
     uint64_t since_ms;    /* when it was queued */                                                 \
     struct kvf_gen *next; /* the engine's inbox, then its loop's lists */                          \

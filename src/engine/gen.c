@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "kvfence/limits.h"
 
 /* The opening of every engine's handle: all this file touches (see engine_internal.h). */
 struct kvf_gen {
@@ -28,6 +29,16 @@ static int check_params(const struct kvf_gen_params *p, uint32_t n_vocab, uint64
         return -EINVAL;
     for (uint32_t i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || (uint32_t)p->prompt[i] >= n_vocab) return -EINVAL;
+    const struct kvf_sample_params *s = &p->sample;
+    if (!(s->min_p >= 0.0f && s->min_p <= 1.0f) || !(s->repetition_penalty >= 0.0f) ||
+        !isfinite(s->repetition_penalty) || !isfinite(s->presence_penalty) ||
+        !isfinite(s->frequency_penalty) || s->n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS)
+        return -EINVAL;
+    for (uint32_t i = 0; i < s->n_logit_bias; i++)
+        if (s->logit_bias[i].id < 0 || (uint32_t)s->logit_bias[i].id >= n_vocab ||
+            (i > 0 && s->logit_bias[i].id <= s->logit_bias[i - 1].id) ||
+            !(fabsf(s->logit_bias[i].bias) <= KVF_LIMIT_LOGIT_BIAS_MAX))
+            return -EINVAL;
     if ((uint64_t)p->n_prompt + p->max_tokens > max_context) return KVF_E_PROTO_REJECTED;
     return 0;
 }
@@ -40,7 +51,9 @@ int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t m
     if (rc < 0) return rc;
     struct kvf_gen *g = calloc(1, gen_bytes);
     if (!g) return -ENOMEM;
-    g->prompt = malloc(p->n_prompt * sizeof(int32_t));
+    /* The output's room follows the prompt when the penalties will read it. */
+    bool hist = kvf_sample_shapes_logits(&p->sample);
+    g->prompt = malloc(((size_t)p->n_prompt + (hist ? p->max_tokens : 0)) * sizeof(int32_t));
     if (!g->prompt) {
         free(g);
         return -ENOMEM;
@@ -48,6 +61,7 @@ int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t m
     memcpy(g->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
     g->p = *p;
     g->p.prompt = g->prompt;
+    g->out = hist ? g->prompt + p->n_prompt : NULL;
     g->refs = 2;
     g->wake_fd = wake_fd;
     kvf__evq_init(&g->q, -1);

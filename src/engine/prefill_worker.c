@@ -602,7 +602,9 @@ static void finish_chunk(struct kvf_pworker *w)
     j->pos += w->step_len;
     if (!w->step_last) return; /* its completed pages are posted once the next chunk runs */
     float lp = 0.0f;
-    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, 0, w->sample_scratch, &lp,
+    /* The first token: the penalties see the prompt alone. */
+    struct kvf_sample_hist h = {j->tokens, j->n_tokens, NULL, 0};
+    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, &h, 0, w->sample_scratch, &lp,
                                 &j->n_top, j->top_ids, j->top_lps);
     if (tok < 0) {
         compute_failed(w, j, tok);
@@ -964,7 +966,7 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, 
         w->scratch.tokens_cap = cfg->max_context;
         w->frame = malloc(PF_FRAME_CAP);
         w->logits = malloc(hp->n_vocab * sizeof(float));
-        w->sample_scratch = malloc(kvf_sample_scratch_bytes(hp->n_vocab));
+        w->sample_scratch = calloc(1, kvf_sample_scratch_bytes(hp->n_vocab));
         if (!w->sample_scratch || !w->jobs || !w->acts.v || !w->scratch.pages ||
             !w->scratch.checksums || !w->scratch.tokens || !w->frame || !w->logits) {
             rc = -ENOMEM;

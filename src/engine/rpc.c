@@ -168,8 +168,8 @@ long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type,
 
 size_t kvf_rpc_submit_bytes(uint32_t n_prompt)
 {
-    return 2 + 8 + 4 * 4 + 4 + 4 + 4 + 8 + 1 + 4 + 4 * KVF_GEN_MAX_STOP_IDS + 4 +
-           4 * (size_t)n_prompt;
+    return 2 + 8 + 4 * 4 + 4 + 4 + 4 + 8 + 4 * 4 + 4 + 8 * KVF_GEN_MAX_LOGIT_BIAS + 1 + 4 +
+           4 * KVF_GEN_MAX_STOP_IDS + 4 + 4 * (size_t)n_prompt;
 }
 
 enum { F_WANT_LOGPROB = 1, F_IGNORE_EOS = 2 };
@@ -187,6 +187,16 @@ long kvf_rpc_put_submit(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf
     put_f32(&w, p->sample.temperature);
     put_f32(&w, p->sample.top_p);
     put_u64(&w, p->sample.seed);
+    put_f32(&w, p->sample.min_p);
+    put_f32(&w, p->sample.presence_penalty);
+    put_f32(&w, p->sample.frequency_penalty);
+    put_f32(&w, p->sample.repetition_penalty);
+    if (p->sample.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS) return -EINVAL;
+    put_u32(&w, p->sample.n_logit_bias);
+    for (uint32_t i = 0; i < p->sample.n_logit_bias; i++) {
+        put_u32(&w, (uint32_t)p->sample.logit_bias[i].id);
+        put_f32(&w, p->sample.logit_bias[i].bias);
+    }
     put_u8(&w,
            (uint8_t)((p->want_logprob ? F_WANT_LOGPROB : 0) | (p->ignore_eos ? F_IGNORE_EOS : 0)));
     put_u32(&w, p->n_stop_ids);
@@ -331,6 +341,17 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
         p->sample.temperature = get_f32(&r);
         p->sample.top_p = get_f32(&r);
         p->sample.seed = get_u64(&r);
+        p->sample.min_p = get_f32(&r);
+        p->sample.presence_penalty = get_f32(&r);
+        p->sample.frequency_penalty = get_f32(&r);
+        p->sample.repetition_penalty = get_f32(&r);
+        /* Their ranges are the seam's submit's to check (gen.c), as for the fields above. */
+        p->sample.n_logit_bias = get_u32(&r);
+        if (p->sample.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS) return -EBADMSG;
+        for (uint32_t i = 0; i < p->sample.n_logit_bias; i++) {
+            p->sample.logit_bias[i].id = (int32_t)get_u32(&r);
+            p->sample.logit_bias[i].bias = get_f32(&r);
+        }
         uint8_t flags = get_u8(&r);
         if (flags & ~(F_WANT_LOGPROB | F_IGNORE_EOS)) return -EBADMSG;
         p->want_logprob = flags & F_WANT_LOGPROB;

@@ -27,7 +27,8 @@
 
 #include "kvfence/engine.h"
 
-#define KVF_RPC_VERSION      2 /* 2: STATUS carries verify failures by reason */
+#define KVF_RPC_VERSION                                                                            \
+    3 /* 2: STATUS carries verify failures by reason; 3: SUBMIT the sampling controls */
 #define KVF_RPC_MAX_PREFILLS KVF_DECODE_MAX_PREFILLS
 
 enum kvf_rpc_type {

@@ -5,9 +5,17 @@
  * counter-based generator (splitmix64 of seed ⊕ a step hash), so a request's tokens depend on
  * its seed and logits alone — not on what else ran, nor on how many draws came before. Ordering
  * ties are broken by token id, and the probabilities are accumulated in double in a fixed order.
+ *
+ * Before the draw, kvf_sample_shape applies logit_bias and the penalties to a copy of the logits,
+ * in vLLM's order and float arithmetic (kvfence/gen.h lists it): the penalties read only the
+ * request's own history, so they too depend on nothing another request does.
+ *
+ * The scratch, n = n_vocab:  struct cand [n] | double [n] (probabilities) | float [n] (the shaped
+ * logits) | uint32_t [n] (marks: zero between calls).
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvfence/common.h"
 #include "kvfence/model.h"
@@ -72,16 +80,82 @@ static int32_t argmax(const float *l, uint32_t n)
 
 size_t kvf_sample_scratch_bytes(uint32_t n_vocab)
 {
-    return (size_t)n_vocab * (sizeof(struct cand) + sizeof(double));
+    return (size_t)n_vocab *
+           (sizeof(struct cand) + sizeof(double) + sizeof(float) + sizeof(uint32_t));
+}
+
+static float *shaped_of(void *scratch, uint32_t n_vocab)
+{
+    return (float *)((char *)scratch + (size_t)n_vocab * (sizeof(struct cand) + sizeof(double)));
+}
+
+static uint32_t *marks_of(void *scratch, uint32_t n_vocab)
+{
+    return (uint32_t *)(shaped_of(scratch, n_vocab) + n_vocab);
+}
+
+static bool repetition_on(const struct kvf_sample_params *p)
+{
+    return p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f;
+}
+
+bool kvf_sample_shapes_logits(const struct kvf_sample_params *p)
+{
+    return p->n_logit_bias > 0 || repetition_on(p) || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+/* A mark: bit 31 says the token is in the prompt or the output (repetition), the rest count
+ * its occurrences in the output (frequency, presence). An output holds < 2^31 tokens. */
+#define MARK_SEEN 0x80000000u
+
+/* The penalties of one token t whose mark is m (m != 0). */
+static float penalize(const struct kvf_sample_params *p, float x, uint32_t m)
+{
+    if (repetition_on(p)) x = x > 0.0f ? x / p->repetition_penalty : x * p->repetition_penalty;
+    uint32_t count = m & ~MARK_SEEN;
+    x -= p->frequency_penalty * (float)count;
+    x -= p->presence_penalty * (count ? 1.0f : 0.0f);
+    return x;
+}
+
+void kvf_sample_shape(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+                      const struct kvf_sample_hist *h, float *dst, uint32_t *marks)
+{
+    memcpy(dst, logits, (size_t)n_vocab * sizeof *dst);
+    uint32_t nb =
+        p->n_logit_bias < KVF_GEN_MAX_LOGIT_BIAS ? p->n_logit_bias : KVF_GEN_MAX_LOGIT_BIAS;
+    for (uint32_t i = 0; i < nb; i++)
+        if (p->logit_bias[i].id >= 0 && (uint32_t)p->logit_bias[i].id < n_vocab)
+            dst[p->logit_bias[i].id] += p->logit_bias[i].bias;
+    if (!h) return;
+    /* Mark every token the penalties see, then penalize each marked token once, clearing its
+     * mark: the marks end as they began, all zero, in O(n_prompt + n_out). */
+    bool rep = repetition_on(p);
+    for (uint32_t i = 0; rep && i < h->n_prompt; i++)
+        if (h->prompt[i] >= 0 && (uint32_t)h->prompt[i] < n_vocab) marks[h->prompt[i]] |= MARK_SEEN;
+    for (uint32_t i = 0; i < h->n_out; i++)
+        if (h->out[i] >= 0 && (uint32_t)h->out[i] < n_vocab)
+            marks[h->out[i]] = (marks[h->out[i]] + 1) | MARK_SEEN;
+    for (uint32_t k = 0; k < 2; k++) {
+        const int32_t *ids = k ? h->out : h->prompt;
+        uint32_t n = k ? h->n_out : h->n_prompt;
+        for (uint32_t i = 0; i < n; i++) {
+            int32_t t = ids[i];
+            if (t < 0 || (uint32_t)t >= n_vocab || !marks[t]) continue;
+            dst[t] = penalize(p, dst[t], marks[t]);
+            marks[t] = 0;
+        }
+    }
 }
 
 int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
                uint64_t step)
 {
     if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX) return -EINVAL;
-    if (p->temperature == 0.0f || p->top_k == 1)
+    if ((p->temperature == 0.0f || p->top_k == 1) && !kvf_sample_shapes_logits(p))
         return kvf_sample_with(logits, n_vocab, p, step, NULL);
-    void *scratch = malloc(kvf_sample_scratch_bytes(n_vocab));
+    void *scratch = calloc(1, kvf_sample_scratch_bytes(n_vocab));
     if (!scratch) return -ENOMEM;
     int tok = kvf_sample_with(logits, n_vocab, p, step, scratch);
     free(scratch);
@@ -91,9 +165,27 @@ int kvf_sample(const float *logits, uint32_t n_vocab, const struct kvf_sample_pa
 int kvf_sample_with(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
                     uint64_t step, void *scratch)
 {
-    if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX || !(p->temperature >= 0.0f) ||
-        !(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return -EINVAL;
+    return kvf_sample_seq(logits, n_vocab, p, NULL, step, scratch);
+}
+
+static bool params_ok(const struct kvf_sample_params *p)
+{
+    return p->temperature >= 0.0f && p->top_p > 0.0f && p->top_p <= 1.0f && p->min_p >= 0.0f &&
+           p->min_p <= 1.0f && p->repetition_penalty >= 0.0f && isfinite(p->repetition_penalty) &&
+           isfinite(p->presence_penalty) && isfinite(p->frequency_penalty) &&
+           p->n_logit_bias <= KVF_GEN_MAX_LOGIT_BIAS;
+}
+
+int kvf_sample_seq(const float *logits, uint32_t n_vocab, const struct kvf_sample_params *p,
+                   const struct kvf_sample_hist *h, uint64_t step, void *scratch)
+{
+    if (!logits || !p || n_vocab == 0 || n_vocab > INT32_MAX || !params_ok(p)) return -EINVAL;
+    if (kvf_sample_shapes_logits(p)) {
+        if (!scratch) return -EINVAL;
+        float *shaped = shaped_of(scratch, n_vocab);
+        kvf_sample_shape(logits, n_vocab, p, h, shaped, marks_of(scratch, n_vocab));
+        logits = shaped;
+    }
     if (p->temperature == 0.0f || p->top_k == 1) return argmax(logits, n_vocab);
     if (!scratch) return -EINVAL;
     /* The scratch: candidates, then their probabilities (doubles after 8-byte structs). */
@@ -104,7 +196,7 @@ int kvf_sample_with(const float *logits, uint32_t n_vocab, const struct kvf_samp
         c[i].id = (int32_t)i;
     }
     uint32_t n = n_vocab;
-    bool sorted = p->top_k > 0 || p->top_p < 1.0f;
+    bool sorted = p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f;
     if (sorted) qsort(c, n, sizeof(*c), cand_cmp);
     if (p->top_k > 0 && p->top_k < n) n = p->top_k;
 
@@ -117,6 +209,18 @@ int kvf_sample_with(const float *logits, uint32_t n_vocab, const struct kvf_samp
     for (uint32_t i = 0; i < n; i++) {
         pr[i] = exp(((double)c[i].logit - mx) * inv_t);
         sum += pr[i];
+    }
+    /* min_p: pr[i] is the candidate's probability over the likeliest's (pr[0] = 1, sorted), so
+     * the cut keeps the prefix with pr[i] ≥ min_p. (A top_k cut first changes nothing: both
+     * keep a prefix of the same order.) */
+    if (p->min_p > 0.0f) {
+        uint32_t keep = 1;
+        while (keep < n && pr[keep] >= p->min_p)
+            keep++;
+        n = keep;
+        sum = 0.0;
+        for (uint32_t i = 0; i < n; i++)
+            sum += pr[i];
     }
     /* Nucleus: the smallest prefix (most likely first) whose mass reaches top_p. */
     if (p->top_p < 1.0f) {

@@ -66,6 +66,7 @@ static float get_f32(const uint8_t *p)
     return v;
 }
 
+/* The sampling block's fixed part; its logit_bias pairs follow it (put_bias). */
 static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
 {
     put_f32(p, s->temperature);
@@ -74,11 +75,26 @@ static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
     /* n_logprobs in the low byte, want_logprob in bit 8. */
     put_u32(p + 12, s->n_logprobs | (s->want_logprob ? 0x100u : 0u));
     put_u64(p + 16, s->seed);
+    put_f32(p + 24, s->min_p);
+    put_f32(p + 28, s->presence_penalty);
+    put_f32(p + 32, s->frequency_penalty);
+    put_f32(p + 36, s->repetition_penalty);
+    put_u32(p + 40, s->n_logit_bias);
 }
 
-/* Refuses what no well-formed peer sends: a temperature, top_p or logprobs count outside its
- * range in kvfence/limits.h — the table the HTTP API validates with, so nothing it accepts is
- * refused here. */
+/* The logit_bias pairs (id u32, bias f32); returns the bytes written. */
+static size_t put_bias(uint8_t *p, const struct kvf_msg_sampling *s)
+{
+    for (uint32_t i = 0; i < s->n_logit_bias; i++) {
+        put_u32(p + 8 * i, (uint32_t)s->logit_bias[i].id);
+        put_f32(p + 4 + 8 * i, s->logit_bias[i].bias);
+    }
+    return 8u * s->n_logit_bias;
+}
+
+/* Refuses what no well-formed peer sends: a temperature, top_p, logprobs count, min_p or penalty
+ * outside its range in kvfence/limits.h — the table the HTTP API validates with, so nothing it
+ * accepts is refused here — or more logit_bias pairs than the bound. */
 static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
 {
     s->temperature = get_f32(p);
@@ -88,20 +104,44 @@ static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
     s->n_logprobs = lp & 0xffu;
     s->want_logprob = (lp >> 8) & 1u;
     s->seed = get_u64(p + 16);
-    if (lp >> 9) return KVF_E_PROTO_BOUNDS;
+    s->min_p = get_f32(p + 24);
+    s->presence_penalty = get_f32(p + 28);
+    s->frequency_penalty = get_f32(p + 32);
+    s->repetition_penalty = get_f32(p + 36);
+    s->n_logit_bias = get_u32(p + 40);
+    if (lp >> 9 || s->n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS) return KVF_E_PROTO_BOUNDS;
     if (!kvf_field_real_ok(KVF_FIELD_TEMPERATURE, s->temperature, true) ||
         !kvf_field_real_ok(KVF_FIELD_TOP_P, s->top_p, true) ||
         !kvf_field_int_ok(KVF_FIELD_LOGPROBS, s->n_logprobs) ||
-        !kvf_field_int_ok(KVF_FIELD_TOP_K, s->top_k))
+        !kvf_field_int_ok(KVF_FIELD_TOP_K, s->top_k) ||
+        !kvf_field_real_ok(KVF_FIELD_MIN_P, s->min_p, true) ||
+        !kvf_field_real_ok(KVF_FIELD_PRESENCE_PENALTY, s->presence_penalty, true) ||
+        !kvf_field_real_ok(KVF_FIELD_FREQUENCY_PENALTY, s->frequency_penalty, true) ||
+        !kvf_field_real_ok(KVF_FIELD_REPETITION_PENALTY, s->repetition_penalty, true))
         return KVF_E_PROTO_BOUNDS;
+    return 0;
+}
+
+/* The n_logit_bias pairs at p (the frame's length already checked to hold them): ids ascending
+ * (so distinct, one encoding per set), each bias within [-100, 100]. */
+static int get_bias(const uint8_t *p, struct kvf_msg_sampling *s)
+{
+    for (uint32_t i = 0; i < s->n_logit_bias; i++) {
+        uint32_t id = get_u32(p + 8 * i);
+        float b = get_f32(p + 4 + 8 * i);
+        if (id > INT32_MAX || (i > 0 && id <= (uint32_t)s->logit_bias[i - 1].id) ||
+            !(b >= -KVF_LIMIT_LOGIT_BIAS_MAX && b <= KVF_LIMIT_LOGIT_BIAS_MAX))
+            return KVF_E_PROTO_BOUNDS;
+        s->logit_bias[i] = (struct kvf_logit_bias){(int32_t)id, b};
+    }
     return 0;
 }
 
 /* Fixed body bytes per type, before any array. */
 enum {
     HELLO_BODY =
-        8 + 5 * 4 + 4 + 4 + 2 + 1 + 1,   /* fp, geometry, max_context, max_pages, peer, role, pad */
-    SAMPLING_BYTES = 4 + 4 + 4 + 4 + 8,  /* temperature, top_p, top_k, n_logprobs, seed */
+        8 + 5 * 4 + 4 + 4 + 2 + 1 + 1, /* fp, geometry, max_context, max_pages, peer, role, pad */
+    SAMPLING_BYTES = KVF_PROTO_SAMPLING_FIXED_BYTES, /* see kvfence/proto.h */
     NEW_BODY = 4 * 4 + SAMPLING_BYTES,   /* tenant, prompt_len, max_tokens, n_tokens, sampling */
     GRANT_BODY = 4 * 4 + SAMPLING_BYTES, /* tenant, expected, n_pages, n_tokens, sampling */
     FIRST_LP_BYTES = 4 + 4 + 8 * KVF_PROTO_MAX_LOGPROBS, /* logprob, n_top, (id, logprob) × 20 */
@@ -145,16 +185,21 @@ static long body_size(const struct kvf_msg *m)
     case KVF_MSG_HELLO:
         return HELLO_BODY;
     case KVF_MSG_NEW:
-        if (m->u.nreq.n_tokens > KVF_PROTO_MAX_TOKENS) return KVF_E_PROTO_BOUNDS;
+        if (m->u.nreq.n_tokens > KVF_PROTO_MAX_TOKENS ||
+            m->u.nreq.sampling.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS)
+            return KVF_E_PROTO_BOUNDS;
         if (m->u.nreq.n_tokens && !m->u.nreq.tokens) return KVF_E_PROTO_BOUNDS;
-        return NEW_BODY + 4L * m->u.nreq.n_tokens;
+        return NEW_BODY + 8L * m->u.nreq.sampling.n_logit_bias + 4L * m->u.nreq.n_tokens;
     case KVF_MSG_GRANT:
-        if (m->u.grant.n_pages > KVF_PROTO_MAX_PAGES || m->u.grant.n_tokens > KVF_PROTO_MAX_TOKENS)
+        if (m->u.grant.n_pages > KVF_PROTO_MAX_PAGES ||
+            m->u.grant.n_tokens > KVF_PROTO_MAX_TOKENS ||
+            m->u.grant.sampling.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS)
             return KVF_E_PROTO_BOUNDS;
         if ((m->u.grant.n_pages && !m->u.grant.pages) ||
             (m->u.grant.n_tokens && !m->u.grant.tokens))
             return KVF_E_PROTO_BOUNDS;
-        return GRANT_BODY + (long)PAGE_REF_BYTES * m->u.grant.n_pages + 4L * m->u.grant.n_tokens;
+        return GRANT_BODY + 8L * m->u.grant.sampling.n_logit_bias +
+               (long)PAGE_REF_BYTES * m->u.grant.n_pages + 4L * m->u.grant.n_tokens;
     case KVF_MSG_DONE:
         if (m->u.done.n_pages > KVF_PROTO_MAX_PAGES) return KVF_E_PROTO_BOUNDS;
         if (m->u.done.n_pages && !m->u.done.checksums) return KVF_E_PROTO_BOUNDS;
@@ -219,6 +264,7 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         put_u32(p + 12, n->n_tokens);
         put_sampling(p + 16, &n->sampling);
         p += NEW_BODY;
+        p += put_bias(p, &n->sampling);
         for (uint32_t i = 0; i < n->n_tokens; i++, p += 4)
             put_u32(p, n->tokens[i]);
         break;
@@ -231,6 +277,7 @@ long kvf_msg_encode(const struct kvf_msg *m, uint8_t *buf, size_t cap)
         put_u32(p + 12, g->n_tokens);
         put_sampling(p + 16, &g->sampling);
         p += GRANT_BODY;
+        p += put_bias(p, &g->sampling);
         for (uint32_t i = 0; i < g->n_pages; i++, p += PAGE_REF_BYTES) {
             put_u32(p, g->pages[i].page);
             put_u64(p + 4, g->pages[i].tag);
@@ -336,9 +383,13 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         n->max_tokens = get_u32(p + 8);
         n->n_tokens = get_u32(p + 12);
         if ((rc = get_sampling(p + 16, &n->sampling)) < 0) return rc;
-        rc = check_array(have, NEW_BODY, n->n_tokens, 4, KVF_PROTO_MAX_TOKENS, s->tokens_cap);
+        uint64_t fixed = NEW_BODY + 8ull * n->sampling.n_logit_bias;
+        if (have < fixed) return KVF_E_PROTO_BOUNDS;
+        rc = check_array(have, fixed, n->n_tokens, 4, KVF_PROTO_MAX_TOKENS, s->tokens_cap);
         if (rc < 0) return rc;
         p += NEW_BODY;
+        if ((rc = get_bias(p, &n->sampling)) < 0) return rc;
+        p += 8u * n->sampling.n_logit_bias;
         for (uint32_t i = 0; i < n->n_tokens; i++, p += 4)
             s->tokens[i] = get_u32(p);
         n->tokens = n->n_tokens ? s->tokens : NULL;
@@ -355,9 +406,12 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         if (g->n_pages > KVF_PROTO_MAX_PAGES || g->n_pages > s->pages_cap ||
             g->n_tokens > KVF_PROTO_MAX_TOKENS || g->n_tokens > s->tokens_cap)
             return KVF_E_PROTO_BOUNDS;
-        if (have != GRANT_BODY + (uint64_t)PAGE_REF_BYTES * g->n_pages + 4ull * g->n_tokens)
+        if (have != GRANT_BODY + 8ull * g->sampling.n_logit_bias +
+                        (uint64_t)PAGE_REF_BYTES * g->n_pages + 4ull * g->n_tokens)
             return KVF_E_PROTO_BOUNDS;
         p += GRANT_BODY;
+        if ((rc = get_bias(p, &g->sampling)) < 0) return rc;
+        p += 8u * g->sampling.n_logit_bias;
         for (uint32_t i = 0; i < g->n_pages; i++, p += PAGE_REF_BYTES) {
             s->pages[i].page = get_u32(p);
             s->pages[i].tag = get_u64(p + 4);

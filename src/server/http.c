@@ -114,6 +114,14 @@ struct guard {
 struct kvf_server {
     struct kvf_server_config cfg;       /* defaults filled in; strings point at host/model below */
     char *host, *model, *chat_template; /* chat_template NULL: the default rendering */
+    char *names_buf;      /* served_model_names, each ',' made a NUL; NULL without them */
+    const char **names;   /* [n_names] into names_buf: names[0] is model */
+    size_t n_names;       /* 0: the model field of a request is not checked */
+    char fingerprint[24]; /* system_fingerprint: "fp_" and 16 hex digits */
+    char *cors_buf;       /* cors_origins, each ',' made a NUL; NULL without them */
+    const char **cors;    /* [n_cors] into cors_buf */
+    size_t n_cors;        /* 0: no CORS headers, OPTIONS is 405 */
+    bool cors_any;        /* cors_origins is "*" */
     const struct kvf_gen_ops *ops;
     void *engine;
     const kvf_tokenizer_t *tok;
@@ -483,8 +491,96 @@ static void guard_stop(struct guard *g)
 
 /* --- Responses. ------------------------------------------------------------------------------ */
 
+/* --- CORS. ------------------------------------------------------------------------------------
+ *
+ * Without cors_origins nothing here adds a header and OPTIONS is 405, as before. With it, a
+ * request whose Origin is listed gets Access-Control-Allow-Origin echoing it (with Vary: Origin),
+ * or "*" when the list is "*"; Access-Control-Allow-Credentials is never sent (an API key travels
+ * in Authorization, which a browser sends without credentials mode), so "*" can never expose a
+ * cookie-authenticated answer. A preflight (OPTIONS on a known path) from a listed origin gets
+ * 204 with the methods and headers a request may use; from another origin, 403.
+ */
+
+/* The Access-Control-Allow-Origin this request gets, or NULL (borrowed: static or MHD's). */
+static const char *cors_allow(const struct kvf_server *s, struct MHD_Connection *c)
+{
+    if (!s->n_cors) return NULL;
+    const char *o = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!o) return NULL;
+    if (s->cors_any) return "*";
+    for (size_t i = 0; i < s->n_cors; i++)
+        if (strcmp(o, s->cors[i]) == 0) return o;
+    return NULL;
+}
+
+/* Every answer goes out here: the CORS headers (if any), then MHD. */
+static enum MHD_Result queue(struct kvf_server *s, struct MHD_Connection *c, unsigned status,
+                             struct MHD_Response *r)
+{
+    const char *allow = cors_allow(s, c);
+    if (allow) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
+        if (!s->cors_any) MHD_add_response_header(r, "Vary", "Origin");
+    }
+    return MHD_queue_response(c, status, r);
+}
+
+/* Access-Control-Request-Headers, echoed when it is a plain list of header names (at most 1 KiB
+ * of letters, digits, '-', '_', ',' and blanks), else the headers the API reads. */
+static const char *cors_request_headers(struct MHD_Connection *c)
+{
+    static const char def[] = "Authorization, Content-Type";
+    const char *h =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    if (!h || !*h || strlen(h) > 1024) return def;
+    for (const char *p = h; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-' || *p == '_' || *p == ',' || *p == ' '))
+            return def;
+    return h;
+}
+
+static enum MHD_Result send_preflight(struct kvf_server *s, struct MHD_Connection *c)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", cors_request_headers(c));
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    enum MHD_Result ok = queue(s, c, 204, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* "A,B,..." into a NUL-separated copy and a table of its n entries, each non-empty. 0, or
+ * -ENOMEM / -EINVAL with err naming what; on failure what was made is freed with the server. */
+static int split_list(const char *list, const char *what, char **buf, const char ***items,
+                      size_t *n_items, char *err, size_t err_len)
+{
+    size_t n = 1;
+    for (const char *p = list; *p; p++)
+        n += *p == ',';
+    if (!(*buf = strdup(list)) || !(*items = calloc(n, sizeof **items))) {
+        snprintf(err, err_len, "server: out of memory");
+        return -ENOMEM;
+    }
+    char *tok = *buf;
+    for (size_t i = 0; i < n; i++) {
+        char *end = strchr(tok, ',');
+        if (end) *end = 0;
+        if (!*tok) {
+            snprintf(err, err_len, "%s: an empty entry in '%.200s'", what, list);
+            return -EINVAL;
+        }
+        (*items)[(*n_items)++] = tok;
+        tok = end ? end + 1 : tok;
+    }
+    return 0;
+}
+
 /* Sends body (malloc'd JSON, taken), or a fixed out-of-memory error when body is NULL. */
-static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, char *body)
+static enum MHD_Result send_body(struct kvf_server *s, struct MHD_Connection *c, unsigned status,
+                                 char *body)
 {
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                               "\"param\":null,\"code\":\"out_of_memory\"}}";
@@ -500,16 +596,17 @@ static enum MHD_Result send_body(struct MHD_Connection *c, unsigned status, char
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    enum MHD_Result ok = queue(s, c, status, r);
     MHD_destroy_response(r);
     return ok;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, unsigned status, json_t *j)
+static enum MHD_Result send_json(struct kvf_server *s, struct MHD_Connection *c, unsigned status,
+                                 json_t *j)
 {
-    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
-    return send_body(c, status, s);
+    return send_body(s, c, status, body);
 }
 
 static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection *c,
@@ -522,7 +619,7 @@ static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection
         body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
     if (!r) {
         free(body);
-        return send_body(c, 503, NULL);
+        return send_body(s, c, 503, NULL);
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     /* Retry-After: the error's own (an engine reason's), else the server's on a 429 or 503. */
@@ -539,7 +636,7 @@ static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
+    enum MHD_Result ok = queue(s, c, (unsigned)e->status, r);
     MHD_destroy_response(r);
     return ok;
 }
@@ -631,6 +728,13 @@ static int check_body_headers(struct MHD_Connection *c, size_t max_body, struct 
     if (h.transfer_encoding > 1 || (h.transfer_encoding && !h.te_chunked))
         return kvf__srv_fail(e, 400, NULL, "bad_request",
                              "the only Transfer-Encoding accepted is one 'chunked'");
+    /* A compressed body is refused, not guessed at: the server reads JSON as sent. */
+    const char *ce =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_ENCODING);
+    if (ce && strcasecmp(ce, "identity") != 0)
+        return kvf__srv_fail(e, 415, NULL, "unsupported_content_encoding",
+                             "Content-Encoding '%.40s' is not accepted; send the body uncompressed",
+                             ce);
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
@@ -649,10 +753,49 @@ static int check_body_headers(struct MHD_Connection *c, size_t max_body, struct 
 /* --- GET endpoints, tokenize, detokenize. ------------------------------------------------------
  */
 
-static json_t *model_json(struct kvf_server *s, uint32_t limit)
+static json_t *model_json(struct kvf_server *s, const char *id, uint32_t limit)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model, "object", "model", "created",
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", id, "object", "model", "created",
                      (json_int_t)s->created, "owned_by", "kvfence", "max_model_len", (int)limit);
+}
+
+/* Whether id is a name this server answers to (the model's, or one of served_model_names). */
+static bool model_known(const struct kvf_server *s, const char *id)
+{
+    if (!s->n_names) return strcmp(id, s->model) == 0;
+    for (size_t i = 0; i < s->n_names; i++)
+        if (strcmp(id, s->names[i]) == 0) return true;
+    return false;
+}
+
+/* --served-model-name's list into s->names (s->model becomes the first). 0, or a negative
+ * code with err set; on failure what was made is freed with s. */
+static int served_names(struct kvf_server *s, const char *list, char *err, size_t err_len)
+{
+    int rc =
+        split_list(list, "served model names", &s->names_buf, &s->names, &s->n_names, err, err_len);
+    if (rc < 0) return rc;
+    free(s->model);
+    if (!(s->model = strdup(s->names[0]))) {
+        snprintf(err, err_len, "server: out of memory");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* system_fingerprint: the model's fingerprint and the build's version, mixed (splitmix64), so
+ * that it changes when either does. */
+static void fingerprint(char *out, size_t cap, uint64_t model_fp)
+{
+    uint64_t h = model_fp;
+    for (const char *v = KVF_VERSION; *v; v++) {
+        h ^= (unsigned char)*v;
+        h += 0x9E3779B97F4A7C15ull;
+        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+        h ^= h >> 31;
+    }
+    snprintf(out, cap, "fp_%016llx", (unsigned long long)h);
 }
 
 static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
@@ -723,7 +866,7 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         free(ws);
         if (arr) json_object_set_new(j, "workers", arr);
     }
-    return send_json(c, in.prefill_up ? 200 : 503, j);
+    return send_json(s, c, in.prefill_up ? 200 : 503, j);
 }
 
 static enum MHD_Result do_metrics(struct kvf_server *s, struct MHD_Connection *c)
@@ -741,7 +884,7 @@ static enum MHD_Result do_metrics(struct kvf_server *s, struct MHD_Connection *c
     }
     if (b.oom || !b.p) {
         kvf__sbuf_free(&b);
-        return send_body(c, 503, NULL);
+        return send_body(s, c, 503, NULL);
     }
     struct MHD_Response *r = MHD_create_response_from_buffer(b.n, b.p, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -750,7 +893,7 @@ static enum MHD_Result do_metrics(struct kvf_server *s, struct MHD_Connection *c
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             "text/plain; version=0.0.4; charset=utf-8");
-    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    enum MHD_Result ok = queue(s, c, 200, r);
     MHD_destroy_response(r);
     return ok;
 }
@@ -769,16 +912,18 @@ static enum MHD_Result do_get(struct kvf_server *s, struct MHD_Connection *c, st
     memset(&in, 0, sizeof in);
     s->ops->info(s->engine, &in);
     if (q->route == R_MODEL_ONE) {
-        if (strcmp(q->model_id, s->model) != 0) {
+        if (!model_known(s, q->model_id)) {
             struct kvf__srv_err e;
             kvf__srv_fail(&e, 404, "model", "model_not_found", "no such model");
             return send_error(s, c, &e, NULL);
         }
-        return send_json(c, 200, model_json(s, in.served_limit));
+        return send_json(s, c, 200, model_json(s, q->model_id, in.served_limit));
     }
-    return send_json(
-        c, 200,
-        json_pack("{s:s, s:[o]}", "object", "list", "data", model_json(s, in.served_limit)));
+    json_t *data = json_array();
+    if (!s->n_names) json_array_append_new(data, model_json(s, s->model, in.served_limit));
+    for (size_t i = 0; data && i < s->n_names; i++)
+        json_array_append_new(data, model_json(s, s->names[i], in.served_limit));
+    return send_json(s, c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
 static const char *route_path(enum route r);
@@ -805,14 +950,14 @@ static enum MHD_Result do_operator(struct kvf_server *s, struct MHD_Connection *
     struct kvf_engine_info in;
     memset(&in, 0, sizeof in);
     s->ops->info(s->engine, &in);
-    return send_json(c, in.prefill_up ? 200 : 503,
+    return send_json(s, c, in.prefill_up ? 200 : 503,
                      json_pack("{s:s}", "status", in.prefill_up ? "ok" : "unavailable"));
 }
 
 /* {"tokens":[...],"count":n,"max_model_len":limit}, written straight into one buffer (a JSON
  * array of n integers as jansson values would take some 40 bytes per token); frees ids. */
-static enum MHD_Result send_tokens(struct MHD_Connection *c, int32_t *ids, uint32_t n,
-                                   uint32_t limit)
+static enum MHD_Result send_tokens(struct kvf_server *s, struct MHD_Connection *c, int32_t *ids,
+                                   uint32_t n, uint32_t limit)
 {
     struct kvf__sbuf b = {0};
     char num[16];
@@ -829,9 +974,9 @@ static enum MHD_Result send_tokens(struct MHD_Connection *c, int32_t *ids, uint3
     free(ids);
     if (b.oom) {
         kvf__sbuf_free(&b);
-        return send_body(c, 503, NULL);
+        return send_body(s, c, 503, NULL);
     }
-    return send_body(c, 200, b.p); /* taken */
+    return send_body(s, c, 200, b.p); /* taken */
 }
 
 static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *c,
@@ -854,7 +999,7 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
         uint32_t cap = (uint32_t)(2 * q->max_body + 64), n = 0;
         if (kvf__srv_chat_tokens(root, &lim, s->tok, cap, &ids, &n, &e) < 0) goto fail;
         json_decref(root);
-        return send_tokens(c, ids, n, in.served_limit);
+        return send_tokens(s, c, ids, n, in.served_limit);
     }
     if (!json_is_string(p)) {
         kvf__srv_fail(&e, 400, "prompt", "invalid_type", "'prompt' must be a string");
@@ -879,7 +1024,7 @@ static enum MHD_Result do_tokenize(struct kvf_server *s, struct MHD_Connection *
         goto fail;
     }
     json_decref(root);
-    return send_tokens(c, ids, (uint32_t)n, in.served_limit);
+    return send_tokens(s, c, ids, (uint32_t)n, in.served_limit);
 fail:
     free(ids);
     json_decref(root);
@@ -927,7 +1072,7 @@ static enum MHD_Result do_detokenize(struct kvf_server *s, struct MHD_Connection
         text.oom ? NULL
                  : json_pack("{s:o}", "prompt", kvf__srv_json_text(text.p ? text.p : "", text.n));
     kvf__sbuf_free(&text);
-    return send_json(c, 200, out);
+    return send_json(s, c, 200, out);
 fail:
     kvf__sbuf_free(&text);
     json_decref(root);
@@ -1061,7 +1206,7 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
         kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
         kvf__srv_run_free(run);
         atomic_fetch_sub(&s->in_flight, 1);
-        return send_body(c, 503, NULL);
+        return send_body(s, c, 503, NULL);
     }
     memcpy(st->id, q->id, sizeof st->id);
     st->ti = q->ti;
@@ -1078,7 +1223,7 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    enum MHD_Result ok = queue(s, c, 200, r);
     MHD_destroy_response(r); /* the response (and st) now live as long as MHD needs them */
     return ok;
 }
@@ -1119,7 +1264,7 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
         kvf__srv_run_error(run, &e);
         ok = send_error(s, c, &e, NULL);
     } else {
-        ok = send_json(c, 200, kvf__srv_run_response(run));
+        ok = send_json(s, c, 200, kvf__srv_run_response(run));
     }
 out:
     request_end(s, q->id, q->ti, run, o, status, code);
@@ -1231,6 +1376,8 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
         .max_n = s->cfg.max_n,
         .default_max_tokens = s->cfg.default_max_tokens,
         .chat_template = s->chat_template,
+        .model_names = s->names,
+        .n_model_names = s->n_names,
     };
     struct kvf__srv_req req;
     enum kvf__srv_kind kind = q->route == R_CHAT ? KVF__SRV_CHAT : KVF__SRV_COMPLETION;
@@ -1279,6 +1426,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     struct kvf__srv_run *run;
     int rc =
         kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model, s->tenants.t[q->ti].id, &run);
+    if (rc == 0) run->fingerprint = s->fingerprint;
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
         kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
@@ -1399,14 +1547,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                           KVF__SRV_MAX_HEADERS);
             return send_error(s, c, &e, NULL);
         }
-        if (route_of(url, method, &route, &model_id, &allow, &e) < 0)
+        if (route_of(url, method, &route, &model_id, &allow, &e) < 0) {
+            /* A CORS preflight: OPTIONS on a path that exists, before any key (a browser sends
+             * none with it). */
+            if (e.status == 405 && s->n_cors && strcmp(method, "OPTIONS") == 0) {
+                if (cors_allow(s, c)) return send_preflight(s, c);
+                kvf__srv_fail(&e, 403, NULL, "origin_not_allowed",
+                              "this origin may not call the API (see --cors-origins)");
+                return send_error(s, c, &e, NULL);
+            }
             return send_error(s, c, &e, allow);
+        }
         if (kvf__srv_admin_conn(&s->admin, c) && route != R_HEALTH && route != R_METRICS) {
             kvf__srv_fail(&e, 404, NULL, "not_found",
                           "the operator address serves /health and /metrics only");
             return send_error(s, c, &e, NULL);
         }
-        if (!(q = calloc(1, sizeof *q))) return send_body(c, 503, NULL);
+        if (!(q = calloc(1, sizeof *q))) return send_body(s, c, 503, NULL);
         q->route = route;
         q->model_id = model_id;
         q->max_body = route == R_TOKENIZE || route == R_DETOKENIZE ? s->cfg.tokenize_max_bytes
@@ -1434,7 +1591,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             return send_error_ex(s, c, &e, NULL, true);
         }
-        if (route == R_HEALTH || route == R_METRICS) return do_operator(s, c, q);
+        /* A GET is answered on MHD's next call, once the request is wholly in: MHD 0.9.75 closes
+         * a connection whose answer was queued with the headers (it cannot tell that no body
+         * follows), and a GET's connection can stay open for the client's next request. /health
+         * and /metrics are then answered as the operator view allows (do_operator). */
+        if (route == R_HEALTH || route == R_METRICS) return MHD_YES;
         bool gen = route == R_COMPLETIONS || route == R_CHAT;
         if (s->cfg.keys) {
             if (!t) {
@@ -1451,7 +1612,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                      s->tenants.t[q->ti].name, route_path(route));
         if (strcmp(method, "POST") == 0 && check_body_headers(c, q->max_body, &e) < 0)
             return gen ? refuse(s, c, q, &e) : send_error(s, c, &e, NULL);
-        if (strcmp(method, "GET") == 0) return do_get(s, c, q);
+        if (strcmp(method, "GET") == 0) return MHD_YES; /* answered on the next call, as above */
         guard_enter(&s->guard, gc, G_BODY, s->guard.body_ms);
         return MHD_YES;
     }
@@ -1484,7 +1645,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     guard_enter(&s->guard, guard_of(c), G_WORK, 0); /* body in */
     if (q->too_big) return MHD_YES;                 /* answered when the body passed the bound */
     if (q->over_cap) return send_error_ex(s, c, &q->cap_err, NULL, true);
-    if (q->body.oom) return send_body(c, 503, NULL);
+    if (q->body.oom) return send_body(s, c, 503, NULL);
     switch (q->route) {
     case R_COMPLETIONS:
     case R_CHAT:
@@ -1492,6 +1653,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_TOKENIZE:
     case R_DETOKENIZE:
         return do_tokenizer_route(s, c, q);
+    case R_HEALTH:
+    case R_METRICS:
+        return do_operator(s, c, q);
     default:
         return do_get(s, c, q);
     }
@@ -1582,6 +1746,21 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     s->host = strdup(cfg->host ? cfg->host : "127.0.0.1");
     s->model = strdup(cfg->model_name ? cfg->model_name : "kvfence");
     int rc = -ENOMEM;
+    if (cfg->served_model_names &&
+        (rc = served_names(s, cfg->served_model_names, err, err_len)) < 0)
+        goto free_s;
+    if (cfg->cors_origins && (rc = split_list(cfg->cors_origins, "CORS origins", &s->cors_buf,
+                                              &s->cors, &s->n_cors, err, err_len)) < 0)
+        goto free_s;
+    s->cors_any = s->n_cors == 1 && strcmp(s->cors[0], "*") == 0;
+    for (size_t i = 0; i < s->n_cors; i++)
+        if (strcmp(s->cors[i], "*") == 0 && !s->cors_any) {
+            snprintf(err, err_len, "CORS origins: '*' stands alone, not in a list");
+            rc = -EINVAL;
+            goto free_s;
+        }
+    rc = -ENOMEM;
+    fingerprint(s->fingerprint, sizeof s->fingerprint, cfg->model_fp);
     if (cfg->chat_template && !(s->chat_template = strdup(cfg->chat_template))) {
         snprintf(err, err_len, "server: out of memory");
         goto free_s;
@@ -1681,6 +1860,10 @@ free_s:
     free(s->trusted);
     free(s->host);
     free(s->model);
+    free(s->names);
+    free(s->names_buf);
+    free(s->cors);
+    free(s->cors_buf);
     free(s->chat_template);
     free(s);
     return rc;
@@ -1722,6 +1905,10 @@ void kvf_server_stop(kvf_server_t *s)
     free(s->trusted);
     free(s->host);
     free(s->model);
+    free(s->names);
+    free(s->names_buf);
+    free(s->cors);
+    free(s->cors_buf);
     free(s->chat_template);
     free(s);
 }

@@ -4,7 +4,10 @@
  * Order: scan (UTF-8, depth) → jansson → each known field by name, each with its type and range
  * → the prompt (tokenized, or token ids checked against the vocabulary) → max_tokens against
  * the served limit. Unknown fields are ignored; a known field of the wrong type is refused
- * with 400 naming it (BAD_INPUTS rows 9–18). Every check happens before anything is submitted.
+ * with 400 naming it (BAD_INPUTS rows 9–18). A field the OpenAI API or vLLM defines that
+ * kvfence does not implement is refused with 400 naming it (code "unsupported_field") unless
+ * it holds the value that asks for nothing (refused_fields below; docs/API_FIELDS.md lists
+ * every field). Every check happens before anything is submitted.
  */
 #include <float.h>
 #include <math.h>
@@ -91,6 +94,161 @@ static int get_int_field(json_t *o, const char *key, enum kvf_field f, long long
     const struct kvf_field_limit *l = &kvf_field_limits[f];
     long long hi = l->ihi > (uint64_t)INT64_MAX ? INT64_MAX : (long long)l->ihi;
     return get_int(o, key, l->ilo, hi, out, e);
+}
+
+/* --- Fields kvfence does not implement. ------------------------------------------------------ */
+
+#define K_CMPL (1u << KVF__SRV_COMPLETION)
+#define K_CHAT (1u << KVF__SRV_CHAT)
+#define K_BOTH (K_CMPL | K_CHAT)
+
+/* Each field the OpenAI API or vLLM defines on completions or chat that kvfence does not
+ * implement, on the endpoints that define it, with the JSON value that asks for nothing (the
+ * API's default; NULL: none but null). Present with any other value, the request is refused:
+ * answering it without doing what it asks would be a silent lie. docs/API_FIELDS.md is the same
+ * list, and test_api_fields checks the server against it. */
+static const struct refused_field {
+    const char *name;
+    unsigned kinds;
+    const char *neutral;
+} refused_fields[] = {
+    {"echo", K_BOTH, "false"},
+    {"suffix", K_CMPL, "\"\""},
+    {"response_format", K_BOTH, "{\"type\":\"text\"}"},
+    {"tools", K_CHAT, "[]"},
+    {"tool_choice", K_CHAT, "\"none\""},
+    {"parallel_tool_calls", K_CHAT, NULL},
+    {"functions", K_CHAT, "[]"},
+    {"function_call", K_CHAT, "\"none\""},
+    {"audio", K_CHAT, NULL},
+    {"modalities", K_CHAT, "[\"text\"]"},
+    {"prediction", K_CHAT, NULL},
+    {"reasoning_effort", K_CHAT, NULL},
+    {"verbosity", K_CHAT, NULL},
+    {"web_search_options", K_CHAT, NULL},
+    {"store", K_CHAT, "false"},
+    {"grammar", K_BOTH, NULL},
+    {"guided_json", K_BOTH, NULL},
+    {"guided_regex", K_BOTH, NULL},
+    {"guided_choice", K_BOTH, NULL},
+    {"guided_grammar", K_BOTH, NULL},
+    {"guided_decoding_backend", K_BOTH, NULL},
+    {"guided_whitespace_pattern", K_BOTH, NULL},
+    {"structured_outputs", K_BOTH, NULL},
+    {"use_beam_search", K_BOTH, "false"},
+    {"length_penalty", K_BOTH, "1"},
+    {"stop_token_ids", K_BOTH, "[]"},
+    {"include_stop_str_in_output", K_BOTH, "false"},
+    {"min_tokens", K_BOTH, "0"},
+    {"skip_special_tokens", K_BOTH, "true"},
+    {"spaces_between_special_tokens", K_BOTH, "true"},
+    {"truncate_prompt_tokens", K_BOTH, NULL},
+    {"allowed_token_ids", K_BOTH, NULL},
+    {"bad_words", K_BOTH, "[]"},
+    {"prompt_logprobs", K_BOTH, NULL},
+    {"logits_processors", K_BOTH, NULL},
+    {"return_token_ids", K_BOTH, "false"},
+    {"prompt_embeds", K_CMPL, NULL},
+    {"add_special_tokens", K_CMPL, "true"},
+    {"add_special_tokens", K_CHAT, "false"},
+    {"add_generation_prompt", K_CHAT, "true"},
+    {"continue_final_message", K_CHAT, "false"},
+    {"documents", K_CHAT, NULL},
+    {"chat_template", K_CHAT, NULL},
+    {"chat_template_kwargs", K_CHAT, NULL},
+    {"mm_processor_kwargs", K_BOTH, NULL},
+    {"priority", K_BOTH, "0"},
+    {"cache_salt", K_BOTH, NULL},
+    {"kv_transfer_params", K_BOTH, NULL},
+    {"vllm_xargs", K_BOTH, NULL},
+};
+
+/* Work: one lookup per table row (about 50). */
+static int check_refused(enum kvf__srv_kind kind, json_t *root, struct kvf__srv_err *e)
+{
+    for (size_t i = 0; i < sizeof refused_fields / sizeof refused_fields[0]; i++) {
+        const struct refused_field *f = &refused_fields[i];
+        if (!(f->kinds & (1u << kind))) continue;
+        json_t *v = json_object_get(root, f->name);
+        if (!v || json_is_null(v)) continue;
+        if (f->neutral) {
+            json_t *n = json_loads(f->neutral, JSON_DECODE_ANY, NULL);
+            /* A number compares by value: 1 and 1.0 ask for the same. */
+            bool same = n && (json_equal(v, n) || (json_is_number(v) && json_is_number(n) &&
+                                                   json_number_value(v) == json_number_value(n)));
+            json_decref(n);
+            if (same) continue;
+        }
+        return kvf__srv_fail(e, 400, f->name, "unsupported_field",
+                             "'%s' is not supported by this server%s%s", f->name,
+                             f->neutral ? "; the only value accepted is " : "",
+                             f->neutral ? f->neutral : "");
+    }
+    return 0;
+}
+
+/* "model": a string; with served model names, one of them (404 model_not_found, as OpenAI
+ * answers a model it does not serve). */
+static int check_model(json_t *root, const struct kvf__srv_limits *lim, struct kvf__srv_err *e)
+{
+    json_t *m = json_object_get(root, "model");
+    if (!m || json_is_null(m)) return 0;
+    if (!json_is_string(m))
+        return kvf__srv_fail(e, 400, "model", "invalid_type", "'model' must be a string");
+    for (size_t i = 0; i < lim->n_model_names; i++)
+        if (strcmp(json_string_value(m), lim->model_names[i]) == 0) return 0;
+    if (!lim->n_model_names) return 0;
+    return kvf__srv_fail(e, 404, "model", "model_not_found",
+                         "The model '%.100s' does not exist; this server serves '%.100s'",
+                         json_string_value(m), lim->model_names[0]);
+}
+
+/* logit_bias: {"<token id>": bias, ...}, ids in canonical decimal below n_vocab, biases in
+ * [-100, 100], at most KVF_GEN_MAX_LOGIT_BIAS; kept sorted by id. Work: O(n log n). */
+static int bias_cmp(const void *a, const void *b)
+{
+    const struct kvf_logit_bias *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int parse_logit_bias(json_t *root, const struct kvf__srv_limits *lim,
+                            struct kvf_sample_params *sp, struct kvf__srv_err *e)
+{
+    json_t *o = json_object_get(root, "logit_bias");
+    if (!o || json_is_null(o)) return 0;
+    if (!json_is_object(o))
+        return kvf__srv_fail(e, 400, "logit_bias", "invalid_type",
+                             "'logit_bias' must be an object mapping token ids to biases");
+    if (json_object_size(o) > KVF_GEN_MAX_LOGIT_BIAS)
+        return kvf__srv_fail(e, 400, "logit_bias", "invalid_value",
+                             "'logit_bias' has %zu entries; at most %d are allowed",
+                             json_object_size(o), KVF_GEN_MAX_LOGIT_BIAS);
+    const char *key;
+    json_t *v;
+    uint32_t n = 0;
+    json_object_foreach(o, key, v)
+    {
+        size_t kl = strlen(key);
+        bool digits = kl > 0 && kl <= 10 && (key[0] != '0' || kl == 1);
+        for (size_t i = 0; digits && i < kl; i++)
+            digits = key[i] >= '0' && key[i] <= '9';
+        unsigned long long id = digits ? strtoull(key, NULL, 10) : 0;
+        if (!digits || id >= lim->n_vocab)
+            return kvf__srv_fail(e, 400, "logit_bias", "invalid_value",
+                                 "'logit_bias' keys must be token ids (the vocabulary has %u)",
+                                 lim->n_vocab);
+        if (!json_is_number(v))
+            return kvf__srv_fail(e, 400, "logit_bias", "invalid_type",
+                                 "'logit_bias' values must be numbers");
+        double b = json_number_value(v);
+        if (!(b >= -KVF_LIMIT_LOGIT_BIAS_MAX && b <= KVF_LIMIT_LOGIT_BIAS_MAX))
+            return kvf__srv_fail(e, 400, "logit_bias", "invalid_value",
+                                 "'logit_bias' values must be in [-100, 100]");
+        sp->logit_bias[n++] = (struct kvf_logit_bias){(int32_t)id, (float)b};
+    }
+    qsort(sp->logit_bias, n, sizeof sp->logit_bias[0], bias_cmp);
+    sp->n_logit_bias = n;
+    return 0;
 }
 
 /* --- The prompt. ------------------------------------------------------------------------- */
@@ -370,7 +528,18 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
     if (have < 0) return -1;
     if (have) r->sample.top_p = (float)d > FLT_MIN ? (float)d : FLT_MIN;
     if ((have = get_int_field(root, "top_k", KVF_FIELD_TOP_K, &x, e)) < 0) return -1;
-    if (have) r->sample.top_k = (uint32_t)x;
+    if (have) r->sample.top_k = x < 0 ? 0 : (uint32_t)x; /* -1: off, as vLLM reads it */
+    if ((have = get_real_field(root, KVF_FIELD_MIN_P, &d, e)) < 0) return -1;
+    if (have) r->sample.min_p = (float)d;
+    if ((have = get_real_field(root, KVF_FIELD_PRESENCE_PENALTY, &d, e)) < 0) return -1;
+    if (have) r->sample.presence_penalty = (float)d;
+    if ((have = get_real_field(root, KVF_FIELD_FREQUENCY_PENALTY, &d, e)) < 0) return -1;
+    if (have) r->sample.frequency_penalty = (float)d;
+    /* A positive repetition_penalty below the smallest normal f32 is carried as that, never as
+     * 0 (which the wire reads as off). */
+    if ((have = get_real_field(root, KVF_FIELD_REPETITION_PENALTY, &d, e)) < 0) return -1;
+    if (have) r->sample.repetition_penalty = (float)d > FLT_MIN ? (float)d : FLT_MIN;
+    if (parse_logit_bias(root, lim, &r->sample, e) < 0) return -1;
     if ((have = get_int_field(root, "seed", KVF_FIELD_SEED, &x, e)) < 0) return -1;
     if (have) {
         r->sample.seed = (uint64_t)x;
@@ -450,6 +619,8 @@ int kvf__srv_req_parse(enum kvf__srv_kind kind, const char *body, size_t len,
     json_t *root = kvf__srv_parse_object(body, len, e);
     if (!root) return -1;
     uint32_t n_total = 0;
+    if (check_model(root, lim, e) < 0) goto fail;
+    if (check_refused(kind, root, e) < 0) goto fail;
     if (parse_options(kind, root, lim, &r, e) < 0) goto fail;
     if (parse_prompt(kind, root, lim, tok, &r, &n_total, e) < 0) goto fail;
     if (parse_max_tokens(kind, root, lim, &r, n_total, e) < 0) goto fail;

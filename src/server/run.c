@@ -352,10 +352,10 @@ json_t *kvf__srv_run_response(struct kvf__srv_run *r)
             return NULL;
         }
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", r->id, "object",
+    return json_pack("{s:s, s:s, s:I, s:s, s:s?, s:o, s:o}", "id", r->id, "object",
                      chat ? "chat.completion" : "text_completion", "created",
-                     (json_int_t)r->created, "model", r->model, "choices", choices, "usage",
-                     usage(r));
+                     (json_int_t)r->created, "model", r->model, "system_fingerprint",
+                     r->fingerprint, "choices", choices, "usage", usage(r));
 }
 
 void kvf__srv_sse_put(struct kvf__sbuf *out, json_t *j)
@@ -375,9 +375,10 @@ void kvf__srv_sse_put(struct kvf__sbuf *out, json_t *j)
 static json_t *chunk(const struct kvf__srv_run *r, json_t *choices)
 {
     bool chat = r->req.kind == KVF__SRV_CHAT;
-    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", r->id, "object",
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s?, s:o}", "id", r->id, "object",
                           chat ? "chat.completion.chunk" : "text_completion", "created",
-                          (json_int_t)r->created, "model", r->model, "choices", choices);
+                          (json_int_t)r->created, "model", r->model, "system_fingerprint",
+                          r->fingerprint, "choices", choices);
     if (j && r->req.include_usage) json_object_set_new(j, "usage", json_null());
     return j;
 }

@@ -84,7 +84,9 @@ struct kvf__srv_limits {
     uint32_t served_limit; /* prompt + max_tokens */
     uint32_t max_n;
     uint32_t default_max_tokens;
-    const char *chat_template; /* the model's chat template, or NULL: the default rendering */
+    const char *chat_template;      /* the model's chat template, or NULL: the default rendering */
+    const char *const *model_names; /* [n_model_names]: a request's "model" must be one; */
+    size_t n_model_names;           /* 0: any (or none) is taken */
 };
 
 struct kvf__srv_req {
@@ -158,6 +160,7 @@ struct kvf__srv_run {
     char id[48];             /* "cmpl-..." / "chatcmpl-..." */
     int64_t created;         /* unix seconds */
     const char *model;       /* borrowed from the server */
+    const char *fingerprint; /* system_fingerprint, borrowed from the server; NULL: none */
     int failed;              /* the first choice error (negative), or 0 */
     bool cancelled;          /* kvf__srv_run_cancel was called */
     bool sse_done;           /* the stream's last event went out */

@@ -361,7 +361,7 @@ await test('BAD_INPUTS rows 9-18 against the real server', async () => {
   await bad(14, '{"prompt":"red","temperature":NaN}');
   await bad(14, { ...P, top_p: 0 }, 'top_p');
   await bad(14, { ...P, top_p: 1.5 }, 'top_p');
-  await bad(14, { ...P, top_k: -1 }, 'top_k');
+  await bad(14, { ...P, top_k: -2 }, 'top_k');
   await bad(14, { ...P, seed: 1.5 }, 'seed');
   await bad(14, { ...P, seed: 'x' }, 'seed');
   const deep = (d) => '['.repeat(d) + ']'.repeat(d);

@@ -155,12 +155,13 @@ static void test_one_request_equals_solo(void)
     rig_start(&r, "tiny", 128);
     int32_t prompt[37];
     make_prompt(prompt, 37, 1, r.n_vocab);
-    struct kvf_gen_params p = {.tenant = 1,
-                               .prompt = prompt,
-                               .n_prompt = 37,
-                               .max_tokens = 40,
-                               .sample = {0.0f, 0, 1.0f, 1},
-                               .n_logprobs = 3};
+    struct kvf_gen_params p = {
+        .tenant = 1,
+        .prompt = prompt,
+        .n_prompt = 37,
+        .max_tokens = 40,
+        .sample = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 1},
+        .n_logprobs = 3};
     kvf_gen_t *g;
     ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p, &g));
     struct out got, want;
@@ -191,8 +192,10 @@ static void test_sixteen_concurrent_equal_solo(void)
                                        .prompt = prompts[i],
                                        .n_prompt = n,
                                        .max_tokens = 10 + 3 * (uint32_t)i,
-                                       .sample = {i % 2 ? 0.8f : 0.0f, i % 4 == 1 ? 20u : 0u,
-                                                  i % 4 == 3 ? 0.9f : 1.0f, 1000u + (uint64_t)i}};
+                                       .sample = {.temperature = i % 2 ? 0.8f : 0.0f,
+                                                  .top_k = i % 4 == 1 ? 20u : 0u,
+                                                  .top_p = i % 4 == 3 ? 0.9f : 1.0f,
+                                                  .seed = 1000u + (uint64_t)i}};
         ASSERT_OK(kvf_dworker_gen_ops.submit(r.dw, &p[i], &g[i]));
     }
     for (int i = 0; i < N; i++) {
@@ -210,11 +213,12 @@ static void test_cancel_and_limits(void)
     rig_start(&r, "tiny", 128);
     int32_t prompt[20];
     make_prompt(prompt, 20, 5, r.n_vocab);
-    struct kvf_gen_params p = {.tenant = 2,
-                               .prompt = prompt,
-                               .n_prompt = 20,
-                               .max_tokens = 400,
-                               .sample = {0.0f, 0, 1.0f, 1}};
+    struct kvf_gen_params p = {
+        .tenant = 2,
+        .prompt = prompt,
+        .n_prompt = 20,
+        .max_tokens = 400,
+        .sample = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 1}};
     kvf_gen_t *g;
     /* prompt + max_tokens one over the limit: refused before anything moves. */
     p.max_tokens = CTX - 20 + 1;

@@ -279,11 +279,12 @@ static void make_req(struct req *q, uint32_t seed, uint32_t n_vocab)
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         q->prompt[i] = (int32_t)(3 + x % (n_vocab - 3));
     }
-    q->p = (struct kvf_gen_params){.tenant = 1 + seed % 4,
-                                   .prompt = q->prompt,
-                                   .n_prompt = n,
-                                   .max_tokens = 1 + (uint32_t)(x >> 20) % 8,
-                                   .sample = {0.0f, 0, 1.0f, seed}};
+    q->p = (struct kvf_gen_params){
+        .tenant = 1 + seed % 4,
+        .prompt = q->prompt,
+        .n_prompt = n,
+        .max_tokens = 1 + (uint32_t)(x >> 20) % 8,
+        .sample = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = seed}};
 }
 
 static void solo(struct rig *r, const struct kvf_gen_params *p, int32_t *out, uint32_t *n_out)

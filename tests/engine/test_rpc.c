@@ -33,7 +33,16 @@ static void test_submit_round_trip(void)
                                .prompt = prompt,
                                .n_prompt = 5,
                                .max_tokens = 33,
-                               .sample = {0.7f, 40, 0.9f, 12345},
+                               .sample = {.temperature = 0.7f,
+                                          .top_k = 40,
+                                          .top_p = 0.9f,
+                                          .seed = 12345,
+                                          .min_p = 0.1f,
+                                          .presence_penalty = -0.5f,
+                                          .frequency_penalty = 1.5f,
+                                          .repetition_penalty = 1.2f,
+                                          .n_logit_bias = 2,
+                                          .logit_bias = {{3, -100.0f}, {40000, 2.5f}}},
                                .n_logprobs = 3,
                                .want_logprob = true,
                                .stop_ids = {2, 5},
@@ -48,6 +57,12 @@ static void test_submit_round_trip(void)
     ASSERT_TRUE(memcmp(m.params.prompt, prompt, sizeof prompt) == 0);
     ASSERT_TRUE(m.params.sample.temperature == 0.7f && m.params.sample.top_k == 40 &&
                 m.params.sample.top_p == 0.9f && m.params.sample.seed == 12345);
+    ASSERT_TRUE(m.params.sample.min_p == 0.1f && m.params.sample.presence_penalty == -0.5f &&
+                m.params.sample.frequency_penalty == 1.5f &&
+                m.params.sample.repetition_penalty == 1.2f);
+    ASSERT_EQ_INT(m.params.sample.n_logit_bias, 2);
+    ASSERT_TRUE(m.params.sample.logit_bias[1].id == 40000 &&
+                m.params.sample.logit_bias[1].bias == 2.5f);
     ASSERT_TRUE(m.params.n_logprobs == 3 && m.params.want_logprob && !m.params.ignore_eos);
     ASSERT_TRUE(m.params.n_stop_ids == 2 && m.params.stop_ids[0] == 2 && m.params.stop_ids[1] == 5);
     only_whole((size_t)n);
@@ -165,7 +180,7 @@ static void test_bounds_on_write(void)
     struct kvf_gen_params p = {.prompt = prompt,
                                .n_prompt = 3,
                                .max_tokens = 1,
-                               .sample = {0, 0, 1, 0},
+                               .sample = {.top_p = 1},
                                .n_stop_ids = KVF_GEN_MAX_STOP_IDS + 1};
     ASSERT_EQ_INT(kvf_rpc_put_submit(buf, sizeof buf, 1, &p), -EINVAL);
     p.n_stop_ids = 0;

@@ -77,7 +77,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static uint64_t sums[64];
     static uint32_t tokens[256];
     const struct kvf_msg_scratch scratch = {pages, 64, sums, 64, tokens, 256};
-    static uint8_t again[64 + 16 + 64 * 12 + 256 * 4];
+    static uint8_t
+        again[KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_BYTES + 64 * 12 + 256 * 4];
 
     struct machines M;
     if (machines_init(&M) < 0) abort();

@@ -182,7 +182,7 @@ static int32_t step(const struct hm *h, kvf_fwd_t *f, kvf_pool_t *p, const struc
         ASSERT_EQ_INT(s.status, 0);
         done += k;
     }
-    struct kvf_sample_params greedy = {0.0f, 0, 1.0f, 0};
+    struct kvf_sample_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     int32_t t = kvf_sample(logits, nv, &greedy, 0);
     ASSERT_LE_INT(0, t);
     free(logits);

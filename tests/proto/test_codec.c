@@ -37,7 +37,7 @@ static long roundtrip(const struct kvf_msg *m, uint8_t *buf, size_t cap, struct 
     ASSERT_EQ_U64(out->nonce, m->nonce);
     ASSERT_EQ_INT(out->epoch, m->epoch);
     /* Re-encoding what decoded gives the same bytes. */
-    uint8_t again[2048];
+    uint8_t again[8192];
     ASSERT_EQ_INT(kvf_msg_encode(out, again, sizeof(again)), n);
     ASSERT_MEMEQ(again, buf, (size_t)n);
     return n;
@@ -45,7 +45,7 @@ static long roundtrip(const struct kvf_msg *m, uint8_t *buf, size_t cap, struct 
 
 static void test_roundtrip_every_type(void)
 {
-    uint8_t buf[2048];
+    uint8_t buf[8192];
     struct kvf_msg out;
 
     struct kvf_msg h = header(KVF_MSG_HELLO);
@@ -142,7 +142,7 @@ static void test_refuses_bad_header(void)
     struct kvf_msg out;
     buf[0] = KVF_PROTO_VERSION + 1; /* a version from the future */
     ASSERT_ERR(kvf_msg_decode(buf, (size_t)n, &out, NULL), KVF_E_PROTO_VERSION);
-    buf[0] = KVF_PROTO_VERSION - 1; /* the version before the sampling fields */
+    buf[0] = KVF_PROTO_VERSION - 1; /* the version before logit_bias, min_p and the penalties */
     ASSERT_ERR(kvf_msg_decode(buf, (size_t)n, &out, NULL), KVF_E_PROTO_VERSION);
     buf[0] = KVF_PROTO_VERSION;
     buf[2] = 0; /* type 0 */
@@ -172,7 +172,7 @@ static void test_refuses_bad_header(void)
  * 60-byte frame is refused. */
 static void test_counts_bounded(void)
 {
-    uint8_t buf[2048];
+    uint8_t buf[8192];
     struct kvf_page_ref pages[CAP + 1];
     for (uint32_t i = 0; i <= CAP; i++)
         pages[i] = (struct kvf_page_ref){i, i + 1};
@@ -238,7 +238,7 @@ static void test_random_mutations(void)
 {
     struct kvf_rng rng;
     kvf_rng_seed(&rng, kvf_test_seed());
-    uint8_t buf[512], again[512];
+    uint8_t buf[8192], again[8192];
     uint64_t sums[8] = {0};
     struct kvf_page_ref pages[8] = {{0, 1}};
     for (int iter = 0; iter < 20000; iter++) {
@@ -272,8 +272,58 @@ static void test_random_mutations(void)
     }
 }
 
+/* The logit_bias pairs and the shaping fields: carried bit for bit; pairs out of order, a bias
+ * beyond ±100, a penalty out of range or a count past the bound are refused. */
+static void test_sampling_shaping(void)
+{
+    uint8_t buf[8192];
+    uint32_t toks[2] = {5, 6};
+    struct kvf_msg n = header(KVF_MSG_NEW), out;
+    n.u.nreq =
+        (struct kvf_msg_new){.prompt_len = 2, .max_tokens = 3, .n_tokens = 2, .tokens = toks};
+    struct kvf_msg_sampling *s = &n.u.nreq.sampling;
+    *s = (struct kvf_msg_sampling){.top_p = 1.0f,
+                                   .min_p = 0.25f,
+                                   .presence_penalty = -2.0f,
+                                   .frequency_penalty = 1.5f,
+                                   .repetition_penalty = 1.1f,
+                                   .n_logit_bias = 2,
+                                   .logit_bias = {{3, -100.0f}, {70000, 2.5f}}};
+    long len = roundtrip(&n, buf, sizeof buf, &out);
+    ASSERT_EQ_INT(len,
+                  KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_FIXED_BYTES + 2 * 8 + 2 * 4);
+    ASSERT_MEMEQ(&out.u.nreq.sampling.min_p, &s->min_p, 4 * sizeof(float));
+    ASSERT_EQ_INT(out.u.nreq.sampling.n_logit_bias, 2);
+    ASSERT_MEMEQ(out.u.nreq.sampling.logit_bias, s->logit_bias, 2 * sizeof s->logit_bias[0]);
+    ASSERT_EQ_INT(out.u.nreq.tokens[1], 6);
+    /* Each refusal, made by hand in the bytes: the pairs start right after the fixed part. */
+    uint8_t *pairs = buf + KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_FIXED_BYTES;
+    memcpy(pairs + 8, pairs, 4); /* the second id equals the first */
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    roundtrip(&n, buf, sizeof buf, &out);
+    s->logit_bias[1].bias = 100.5f;
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->logit_bias[1].bias = 2.5f;
+    s->presence_penalty = -2.5f;
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->presence_penalty = 0.0f;
+    s->min_p = 1.5f;
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->min_p = 0.0f;
+    /* A count the frame does not hold, and one past the bound. */
+    ASSERT_OK(kvf_msg_encode(&n, buf, sizeof buf));
+    buf[KVF_PROTO_HEADER_BYTES + 16 + 40] = 3;
+    ASSERT_ERR(kvf_msg_decode(buf, (size_t)len, &out, &scratch), KVF_E_PROTO_BOUNDS);
+    s->n_logit_bias = KVF_GEN_MAX_LOGIT_BIAS + 1;
+    ASSERT_ERR(kvf_msg_encoded_size(&n), KVF_E_PROTO_BOUNDS);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_roundtrip_every_type),
+    KVF_CASE(test_sampling_shaping),
     KVF_CASE(test_wire_layout),
     KVF_CASE(test_truncated_and_trailing),
     KVF_CASE(test_refuses_bad_header),
@@ -296,7 +346,7 @@ static void write_file(const char *dir, const char *name, const uint8_t *b, size
 
 static int write_corpus(const char *dir)
 {
-    uint8_t buf[2048];
+    uint8_t buf[8192];
     uint32_t toks[3] = {11, 12, 13};
     struct kvf_page_ref pages[2] = {{3, 0x100}, {4, 0x101}};
     uint64_t sums[2] = {0xabcdef, 0x123456};
@@ -304,15 +354,46 @@ static int write_corpus(const char *dir)
     for (int i = 0; i < 8; i++)
         m[i] = header((enum kvf_msg_type)(i + 1));
     m[0].u.hello = (struct kvf_msg_hello){7, {1, 1, 2, 4, 4}, 64, 8, 1, KVF_ROLE_PREFILL};
-    m[1].u.nreq = (struct kvf_msg_new){1, 3, 5, 3, toks, {0.5f, 0.9f, 40, 2, 7, true}};
-    m[2].u.grant = (struct kvf_msg_grant){1, 7, 2, pages, 3, toks, {0.5f, 0.9f, 40, 2, 7, true}};
+    m[1].u.nreq = (struct kvf_msg_new){1,
+                                       3,
+                                       5,
+                                       3,
+                                       toks,
+                                       {.temperature = 0.5f,
+                                        .top_p = 0.9f,
+                                        .top_k = 40,
+                                        .n_logprobs = 2,
+                                        .seed = 7,
+                                        .want_logprob = true,
+                                        .min_p = 0.05f,
+                                        .presence_penalty = 0.5f,
+                                        .repetition_penalty = 1.2f,
+                                        .n_logit_bias = 1,
+                                        .logit_bias = {{3, -100.0f}}}};
+    m[2].u.grant = (struct kvf_msg_grant){1,
+                                          7,
+                                          2,
+                                          pages,
+                                          3,
+                                          toks,
+                                          {.temperature = 0.5f,
+                                           .top_p = 0.9f,
+                                           .top_k = 40,
+                                           .n_logprobs = 2,
+                                           .seed = 7,
+                                           .want_logprob = true,
+                                           .min_p = 0.05f,
+                                           .presence_penalty = 0.5f,
+                                           .repetition_penalty = 1.2f,
+                                           .n_logit_bias = 1,
+                                           .logit_bias = {{3, -100.0f}}}};
     m[3].u.done = (struct kvf_msg_done){7, 99, 2, sums, -0.25f, 1, {99}, {-0.25f}};
     m[4].u.reason = KVF_E_PROTO_CANCELLED;
     m[5].u.reason = 0;
     m[6].u.reason = KVF_E_PROTO_REJECTED;
     m[7].u.reason = KVF_E_PROTO_FAILED;
     size_t stream = 0;
-    uint8_t two[4096];
+    uint8_t two[16384];
     for (int i = 0; i < 8; i++) {
         long n = kvf_msg_encode(&m[i], buf, sizeof(buf));
         if (n < 0) return 1;
@@ -344,7 +425,7 @@ static int write_corpus(const char *dir)
     aim[0].u.done = (struct kvf_msg_done){6, 5, 2, sums, 0.0f, 0, {0}, {0.0f}};
     aim[1].type = KVF_MSG_CANCEL_ACK;
     aim[2].type = KVF_MSG_GRANT;
-    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL, {0.0f, 1.0f, 0, 0, 0, false}};
+    aim[2].u.grant = (struct kvf_msg_grant){1, 6, 2, pages, 0, NULL, {.top_p = 1.0f}};
     static const char *const aim_names[] = {"aim_DONE", "aim_CANCEL_ACK", "aim_GRANT"};
     size_t all = 0;
     for (int i = 0; i < 3; i++) {

@@ -85,7 +85,7 @@ static uint64_t g_sums[8];
 static uint32_t g_toks[32];
 static struct kvf_msg wire(const struct kvf_msg *m)
 {
-    static uint8_t bytes[1024];
+    static uint8_t bytes[KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_BYTES + 8 * 12 + 32 * 4];
     struct kvf_msg_scratch s = {g_pages, 8, g_sums, 8, g_toks, 32};
     long n = kvf_msg_encode(m, bytes, sizeof(bytes));
     ASSERT_OK(n);

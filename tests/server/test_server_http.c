@@ -552,7 +552,13 @@ static void test_bad_bodies(void)
         {C, "{\"prompt\":\"a\",\"temperature\":\"hot\"}", 400, "temperature", NULL},
         {C, "{\"prompt\":\"a\",\"top_p\":0}", 400, "top_p", NULL},
         {C, "{\"prompt\":\"a\",\"top_p\":1.01}", 400, "top_p", NULL},
-        {C, "{\"prompt\":\"a\",\"top_k\":-1}", 400, "top_k", NULL},
+        {C, "{\"prompt\":\"a\",\"top_k\":-2}", 400, "top_k", NULL},
+        {C, "{\"prompt\":\"a\",\"min_p\":1.5}", 400, "min_p", NULL},
+        {C, "{\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", 400, "logit_bias", NULL},
+        {C, "{\"prompt\":\"a\",\"logit_bias\":{\"1\":101}}", 400, "logit_bias", NULL},
+        {C, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo", "not supported"},
+        {C, "{\"prompt\":\"a\",\"response_format\":{\"type\":\"bogus\"}}", 400, "response_format",
+         NULL},
         {C, "{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed", NULL},
         {C, "{\"prompt\":\"a\",\"seed\":\"7\"}", 400, "seed", NULL},
         /* row 15: nesting, also inside an ignored field */
@@ -621,10 +627,20 @@ static void check_roundtrip(struct srv *s, const char *what)
     m.u.nreq.max_tokens = p.max_tokens;
     m.u.nreq.n_tokens = p.n_prompt;
     m.u.nreq.tokens = tokens;
-    m.u.nreq.sampling = (struct kvf_msg_sampling){
-        p.sample.temperature, p.sample.top_p, p.sample.top_k,
-        p.n_logprobs,         p.sample.seed,  p.want_logprob || p.n_logprobs > 0};
-    static uint8_t buf[KVF_PROTO_HEADER_BYTES + 64 + 4 * 4096];
+    m.u.nreq.sampling =
+        (struct kvf_msg_sampling){.temperature = p.sample.temperature,
+                                  .top_p = p.sample.top_p,
+                                  .top_k = p.sample.top_k,
+                                  .n_logprobs = p.n_logprobs,
+                                  .seed = p.sample.seed,
+                                  .want_logprob = p.want_logprob || p.n_logprobs > 0};
+    m.u.nreq.sampling.min_p = p.sample.min_p;
+    m.u.nreq.sampling.presence_penalty = p.sample.presence_penalty;
+    m.u.nreq.sampling.frequency_penalty = p.sample.frequency_penalty;
+    m.u.nreq.sampling.repetition_penalty = p.sample.repetition_penalty;
+    m.u.nreq.sampling.n_logit_bias = p.sample.n_logit_bias;
+    memcpy(m.u.nreq.sampling.logit_bias, p.sample.logit_bias, sizeof p.sample.logit_bias);
+    static uint8_t buf[KVF_PROTO_HEADER_BYTES + 16 + KVF_PROTO_SAMPLING_BYTES + 4 * 4096];
     long n = kvf_msg_encode(&m, buf, sizeof buf);
     if (n < 0) KVF_FAIL("%s: accepted by the API, refused by the encoder (%ld)", what, n);
     static uint32_t scratch_tokens[4096];
@@ -638,6 +654,12 @@ static void check_roundtrip(struct srv *s, const char *what)
     ASSERT_EQ_INT(a->n_logprobs, b->n_logprobs);
     ASSERT_EQ_U64(a->seed, b->seed);
     ASSERT_EQ_INT(a->want_logprob, b->want_logprob);
+    ASSERT_MEMEQ(&a->min_p, &b->min_p, sizeof a->min_p);
+    ASSERT_MEMEQ(&a->presence_penalty, &b->presence_penalty, sizeof a->presence_penalty);
+    ASSERT_MEMEQ(&a->frequency_penalty, &b->frequency_penalty, sizeof a->frequency_penalty);
+    ASSERT_MEMEQ(&a->repetition_penalty, &b->repetition_penalty, sizeof a->repetition_penalty);
+    ASSERT_EQ_INT(a->n_logit_bias, b->n_logit_bias);
+    ASSERT_MEMEQ(a->logit_bias, b->logit_bias, a->n_logit_bias * sizeof a->logit_bias[0]);
     ASSERT_EQ_INT(d.u.nreq.max_tokens, p.max_tokens);
     ASSERT_EQ_INT(d.u.nreq.prompt_len, p.n_prompt);
 }

@@ -575,8 +575,9 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
             r->prompt[k] = (int32_t)simnet_rand(plan, 0, n_vocab - 1);
         r->max_tokens = (uint32_t)simnet_rand(plan, 1, MAX_OUT);
         r->tenant = 1 + i % 2;
-        r->sp = (struct kvf_sample_params){simnet_rand(plan, 0, 1) ? 0.0f : 0.9f, 0, 1.0f,
-                                           simnet_rand(plan, 1, 1000)};
+        r->sp = (struct kvf_sample_params){.temperature = simnet_rand(plan, 0, 1) ? 0.0f : 0.9f,
+                                           .top_p = 1.0f,
+                                           .seed = simnet_rand(plan, 1, 1000)};
         r->submit_at = simnet_rand(plan, 0, 800);
         if (simnet_rand(plan, 0, 99) < (O.pressured ? 35 : 15))
             r->cancel_at = r->submit_at + simnet_rand(plan, 0, 300);
