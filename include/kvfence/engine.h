@@ -114,6 +114,8 @@ const struct kvf_pool *kvf_dworker_pool(const kvf_dworker_t *w);
  * (kvf_prefill_check) and the prefill pool's. True if all hold; otherwise false with the first
  * violation in why. */
 bool kvf_dworker_check(const kvf_dworker_t *w, char *why, size_t why_len);
+/* The prefill worker's page pool (its jobs' source pages), as kvf_dworker_pool. */
+const struct kvf_pool *kvf_pworker_page_pool(const kvf_pworker_t *w);
 bool kvf_pworker_check(const kvf_pworker_t *w, char *why, size_t why_len);
 /* The generation seam over a decode worker: pass the worker as `e`. */
 extern const struct kvf_gen_ops kvf_dworker_gen_ops;

@@ -860,6 +860,11 @@ int kvf_pworker_compute(kvf_pworker_t *w)
     return 1;
 }
 
+const struct kvf_pool *kvf_pworker_page_pool(const kvf_pworker_t *w)
+{
+    return w ? w->pool : NULL;
+}
+
 bool kvf_pworker_check(const kvf_pworker_t *w, char *why, size_t why_len)
 {
     for (uint32_t i = 0; i < PF_MAX_SESS; i++)

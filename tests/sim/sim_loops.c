@@ -21,15 +21,16 @@
  *      pressured or forged);
  *   L5 decode's test audit of each committed prompt's last page (KVF_TEST_AUDIT_TAIL): the slots
  *      beyond the prompt hold zeros, never another request's bytes.
- * and on the pages' lifetimes, as the machines' simulator checks them (its I2), at every write as
- * simnet applies it to the decode pool and at every turn:
+ * and on the pages' lifetimes, as the machines' simulator checks them (its I2, I5 and checkers):
  *   L6 a write lands only on a page that is GRANTED, HELD or QUARANTINED — never FREE or OWNED
  *      (a page freed or committed while a write to it was in flight) — and a page's trailer
  *      lands only with the tag the page has now (never a write meant for the page's previous
  *      grant, landing under its next one);
  *   L7 after every turn, the consistency walks of every protocol machine and pool in the world
  *      (kvf_decode_check, kvf_prefill_check, kvf_pool_check: the machines' simulator's
- *      "decode checker", "prefill checker" and "pool checker").
+ *      "decode checker", "prefill checker" and "pool checker");
+ *   L8 a put reads its source page only while its job still holds it (the machines' simulator's
+ *      I5), checked at the put's post and when simnet reads its bytes (its local completion).
  * With --content-only, L1 alone.
  *
  * --unverified: decode commits what arrives unread (no count, trailer, checksum or tail check: the
@@ -165,6 +166,29 @@ static const char *state_name(enum kvf_page_state st)
     }
 }
 
+/* L8, at every put's post and at its local completion: the source page's tag while a job holds
+ * it; a value no holder gives once it is let go; 0 for a source outside the prefill pools (the
+ * trailers, which the job keeps apart). */
+static uint64_t src_id(void *ctx, const void *src, size_t len)
+{
+    (void)len;
+    const struct world *W = ctx;
+    for (int i = 0; i < N_PF; i++) {
+        const kvf_pool_t *pool = W->pw[i] ? kvf_pworker_page_pool(W->pw[i]) : NULL;
+        if (!pool) continue;
+        size_t bytes = 0;
+        const uint8_t *base = kvf_pool_data(pool, &bytes);
+        const uint8_t *p = src;
+        if (!base || p < base || p >= base + bytes) continue;
+        struct kvf_page_info in;
+        if (kvf_pool_page_info(pool, (uint32_t)((size_t)(p - base) / kvf_pool_page_bytes(pool)),
+                               &in) < 0)
+            return UINT64_MAX;
+        return in.state == KVF_PAGE_OWNED ? in.tag : 0xF000000000000000ull | (uint64_t)in.state;
+    }
+    return 0;
+}
+
 /* L6, at every write simnet applies to the decode pool (its region). */
 static int land_check(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes, size_t len,
                       bool sender_dead, char *why, size_t why_len)
@@ -270,7 +294,10 @@ static int world_start(struct world *W, uint64_t seed, bool faults)
     W->seed = seed;
     W->faults = faults;
     W->net = simnet_new(seed, &f);
-    if (!O.content_only) simnet_set_land_check(W->net, land_check, W);
+    if (!O.content_only) {
+        simnet_set_land_check(W->net, land_check, W);
+        simnet_set_src_check(W->net, src_id, W);
+    }
     for (int i = 0; i < N_PF; i++)
         if (start_prefill(W, i, 0) < 0) return -1;
     char err[256] = "";

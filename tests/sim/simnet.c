@@ -26,6 +26,7 @@ struct item {
     uint64_t size; /* REGION */
     /* PUT, until its local completion: the source, and the sender's completion. */
     const void *src;
+    uint64_t src_id; /* what the source check named it at the post (0: not watched) */
     bool captured;
     bool orphan;      /* its sender completed it with an error: never applied, dropped here */
     bool sender_dead; /* sent by a process since killed (counted when applied) */
@@ -86,6 +87,8 @@ struct simnet {
     bool trace; /* KVF_SIMNET_TRACE: every frame as it arrives, decoded */
     simnet_land_fn *land_check;
     void *land_ctx;
+    simnet_src_fn *src_check;
+    void *src_ctx;
     char violation[512]; /* the first land check that failed; "" while none has */
 };
 
@@ -108,6 +111,12 @@ void simnet_set_land_check(struct simnet *n, simnet_land_fn *fn, void *ctx)
 {
     n->land_check = fn;
     n->land_ctx = ctx;
+}
+
+void simnet_set_src_check(struct simnet *n, simnet_src_fn *fn, void *ctx)
+{
+    n->src_check = fn;
+    n->src_ctx = ctx;
 }
 
 const char *simnet_violation(const struct simnet *n)
@@ -474,6 +483,7 @@ static int sn_put(kvf_conn_t *cc, const void *src, size_t len, uint64_t off, kvf
     n->st.put_bytes += len;
     struct item *it = item_new(IT_PUT);
     it->src = src;
+    it->src_id = n->src_check ? n->src_check(n->src_ctx, src, len) : 0;
     it->len = len;
     it->off = off;
     it->done = done;
@@ -531,6 +541,7 @@ static int sn_flush(kvf_conn_t *cc, kvf_xport_done_fn done, void *arg)
 
 static void local_completions(struct sconn *c, uint64_t now)
 {
+    struct simnet *n = c->x->net;
     while (c->local && c->local->local_ms <= now && !c->closed) {
         struct item *it = c->local;
         c->local = it->next_local;
@@ -543,6 +554,15 @@ static void local_completions(struct sconn *c, uint64_t now)
             continue;
         }
         /* Handed to the kernel: the bytes are read from the source now, not before. */
+        if (it->src_id && n->src_check && !n->violation[0]) {
+            uint64_t now_id = n->src_check(n->src_ctx, it->src, it->len);
+            if (now_id != it->src_id)
+                snprintf(n->violation, sizeof n->violation,
+                         "at %" PRIu64 " ms: L8: a put reads its source page after its job let it "
+                         "go (the page was %" PRIx64 " when the put was posted, %" PRIx64
+                         " now): the machines' simulator's I5",
+                         now, it->src_id, now_id);
+        }
         it->bytes = malloc(it->len ? it->len : 1);
         if (!it->bytes) abort();
         memcpy(it->bytes, it->src, it->len);

@@ -57,7 +57,15 @@ kvf_xport_t *simnet_listener(struct simnet *n, uint16_t port);
 typedef int simnet_land_fn(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes, size_t len,
                            bool sender_dead, char *why, size_t why_len);
 void simnet_set_land_check(struct simnet *n, simnet_land_fn *fn, void *ctx);
-/* The first violation a land check reported, or NULL. */
+/* A check of every put's source (the machines' simulator's I5): fn names what src is at that
+ * moment — an identity such as the tag of the source page while its job holds it, 0 for a source
+ * it does not watch, or a value no holder gives (a freed page) — and is called when the put is
+ * posted and again when its bytes are read from the source (its local completion). A watched
+ * source whose identity changed between the two is a violation (kept for simnet_violation): the
+ * put read a source page its job had let go. */
+typedef uint64_t simnet_src_fn(void *ctx, const void *src, size_t len);
+void simnet_set_src_check(struct simnet *n, simnet_src_fn *fn, void *ctx);
+/* The first violation a land or source check reported, or NULL. */
 const char *simnet_violation(const struct simnet *n);
 /* Counters, for the report. */
 struct simnet_stats {
