@@ -93,7 +93,7 @@ declare -A loops_mode=(
 # Mutants the loops column does not reach, and why: reported, not required.
 declare -A loops_unreached=(
   [fence_without_close]="the bug is in the fabric's close (src/transport/tcp.c), below the transport seam, where the simulator runs its own transport (simnet); the isolation column catches it"
-  [ack_lost_when_cleared]="the production prefill worker clears a request only after its DONE went out (prefill_worker.c, run_actions), never mid-write, so the machine's clear-mid-write branch the mutant changes is not reached from the real loops; the machines' simulator, whose engine may clear early, catches it (I9)"
+  [ack_lost_when_cleared]="the production prefill worker clears a request only after its DONE went out (prefill_worker.c, run_actions), never mid-write, so the mutant's clear-mid-write branch is not reached from the real loops, and its other half (a cancel for a cleared request ignored) is harmless there: the DONE sent before that cancel arrived is decode's drain proof. The machines' simulator, whose engine may clear early, catches it (I9)"
 )
 loops_seeds=${KVF_LOOPS_SEEDS:-600}
 loops_clean_seeds=${KVF_LOOPS_CLEAN_SEEDS:-200}
