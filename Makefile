@@ -82,7 +82,7 @@ test: deps format-check asan
 	FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) bash scripts/fuzz.sh
 
 mutants: deps
-	KVF_MUTANT_ISOLATION=$${KVF_MUTANT_ISOLATION:-1} bash scripts/mutants.sh
+	KVF_MUTANT_ISOLATION=$${KVF_MUTANT_ISOLATION:-1} KVF_SPIN_VERIFY_CLEAN=1 bash scripts/mutants.sh
 
 # The broken servers (docs/MUTANTS.md, "Broken servers"): one that answers every request 503 and
 # one that ignores disconnects, each run against every suite that claims to check what it breaks;
