@@ -163,6 +163,7 @@ struct kvf_dworker {
      * machine, so that requests keep running while the isolation suite's late writes land. */
     uint32_t test_step_ms;
     bool test_audit_tail; /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
+    uint16_t test_done_peer; /* the peer the DONE run_actions is given came from */
 #endif
     bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only)
                            */
@@ -405,6 +406,11 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
             struct kvf_gen *g = w->live[li];
 #if defined(KVF_TEST_BUILD)
             if (w->test_audit_tail) audit_tail(w, g);
+            /* The writer epoch the commit rests on: the loops simulator checks it was not fenced
+             * (its L11). */
+            if (done)
+                kvf__test_event("commit", ",\"peer\":%u,\"epoch\":%u", w->test_done_peer,
+                                done->epoch);
 #endif
             if (!w->test_unverified && !tail_is_clean(w, g)) {
                 /* Bytes beyond what the prompt wrote travelled with it: they belong to no one
@@ -554,6 +560,9 @@ static void handle_frame(struct kvf_dworker *w, uint16_t peer, const uint8_t *bu
         free(v); /* out of memory: verified in one call below */
     }
     kvf_decode_on_msg(w->d, now, peer, &m, &w->acts);
+#if defined(KVF_TEST_BUILD)
+    w->test_done_peer = peer;
+#endif
     run_actions(w, m.type == KVF_MSG_DONE ? &m : NULL);
 }
 
@@ -579,6 +588,9 @@ static void verify_step(struct kvf_dworker *w)
     w->hash_slices++;
     if (v->done < v->n) return;
     kvf_decode_on_done_hashed(w->d, now_ms(w), v->peer, &m, v->hashes, &w->acts);
+#if defined(KVF_TEST_BUILD)
+    w->test_done_peer = v->peer;
+#endif
     run_actions(w, &m);
 drop:
     w->verify_head = v->next;

@@ -27,9 +27,10 @@ struct simnet_faults {
     uint32_t delay_max_ms; /* each item's delay: 1..this */
     uint32_t late_pct;     /* share of items delayed 100..late_max_ms instead */
     uint32_t late_max_ms;
-    uint32_t lost_ack_pct; /* share of flush acks never sent */
-    uint32_t put_slow_pct; /* share of puts whose local completion takes 20..120 ms */
-    uint32_t put_late_pct; /* share of puts (besides late_pct) delivered 100..late_max_ms late */
+    uint32_t lost_ack_pct;    /* share of flush acks never sent */
+    uint32_t put_slow_pct;    /* share of puts whose local completion takes 20..120 ms */
+    uint32_t put_late_pct;    /* share of puts (besides late_pct) delivered 100..late_max_ms late */
+    uint32_t put_late_max_ms; /* those puts' bound instead, when not 0 (late past a hold) */
 };
 
 struct simnet;
