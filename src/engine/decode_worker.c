@@ -162,7 +162,7 @@ struct kvf_dworker {
     /* KVF_TEST_STEP_MS=N (test builds): each decode step lasts at least N ms more, as on a busy
      * machine, so that requests keep running while the isolation suite's late writes land. */
     uint32_t test_step_ms;
-    bool test_audit_tail; /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
+    bool test_audit_tail;    /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
     uint16_t test_done_peer; /* the peer the DONE run_actions is given came from */
 #endif
     bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only)

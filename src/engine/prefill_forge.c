@@ -135,8 +135,8 @@ bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j)
     size_t len = 0;
     dst[0] = '\0';
     for (uint32_t i = 0; i < j->n_pages; i++) {
-        int k = snprintf(dst + len, sizeof dst - len, "%s%u:%" PRIu64, i ? "," : "",
-                         j->dst[i].page, j->dst[i].tag);
+        int k = snprintf(dst + len, sizeof dst - len, "%s%u:%" PRIu64, i ? "," : "", j->dst[i].page,
+                         j->dst[i].tag);
         if (k < 0 || (size_t)k >= sizeof dst - len) {
             dst[len] = '\0'; /* the pages that fit */
             break;

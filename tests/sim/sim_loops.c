@@ -281,8 +281,7 @@ static void on_event(void *ctx, const char *kind, const char *json)
         uint64_t peer = json_u64(json, "\"peer\":"), epoch = json_u64(json, "\"epoch\":");
         uint32_t cur = 0;
         if (peer > UINT16_MAX ||
-            kvf_pool_peer_epoch(kvf_dworker_pool(W->dw), (uint16_t)peer, &cur) < 0 ||
-            cur != epoch)
+            kvf_pool_peer_epoch(kvf_dworker_pool(W->dw), (uint16_t)peer, &cur) < 0 || cur != epoch)
             violate(W,
                     "L11: decode committed a request on writer %" PRIu64 "'s epoch %" PRIu64
                     ", which a fence ended (the writer's epoch is now %u)",
