@@ -21,16 +21,25 @@
  *      pressured or forged);
  *   L5 decode's test audit of each committed prompt's last page (KVF_TEST_AUDIT_TAIL): the slots
  *      beyond the prompt hold zeros, never another request's bytes.
- * and on the pages' lifetimes, as the machines' simulator checks them (its I2, I5 and checkers):
+ * and on the pages' lifetimes:
  *   L6 a write lands only on a page that is GRANTED, HELD or QUARANTINED — never FREE or OWNED
  *      (a page freed or committed while a write to it was in flight) — and a page's trailer
  *      lands only with the tag the page has now (never a write meant for the page's previous
  *      grant, landing under its next one);
  *   L7 after every turn, the consistency walks of every protocol machine and pool in the world
- *      (kvf_decode_check, kvf_prefill_check, kvf_pool_check: the machines' simulator's
- *      "decode checker", "prefill checker" and "pool checker");
- *   L8 a put reads its source page only while its job still holds it (the machines' simulator's
- *      I5), checked at the put's post and when simnet reads its bytes (its local completion).
+ *      (kvf_decode_check, kvf_prefill_check, kvf_pool_check);
+ *   L8 a put reads its source page only while its job still holds it, checked at the put's post
+ *      and when simnet reads its bytes (its local completion);
+ *   L9 no write lands on a page of a grant whose prompt the prefill engine refused (the
+ *      placeholder incident's prefill half: a refused request gets no write at all);
+ *   L10 in a seed where every message arrived in time and no writer failed or stalled, no
+ *      decode page is quarantined: every grant ends by its writer's proof;
+ *   L11 every commit rests on its writer's current epoch in decode's pool, never on one a fence
+ *      ended.
+ * L9 and L11 read the workers' test events in process (kvf__test_event_listen): the refused
+ * grants' pages (the forgeries' refuse=N) and each commit's writer and epoch. These are the
+ * invariants I1..I9 of the simulator of the protocol machines this one replaced (docs/MUTANTS.md,
+ * "The checks of the simulator").
  * With --content-only, L1 alone.
  *
  * --unverified: decode commits what arrives unread (no count, trailer, checksum or tail check: the
@@ -603,7 +612,7 @@ static int check_end(struct world *W)
             return violate(W, "L3: prefill %d's pool after the run: %u of %u free", i, free_pages,
                            pages);
     }
-    /* L10 (the machines' simulator's I8): where no message was lost or late and no writer
+    /* L10: where no message was lost or late and no writer
      * failed or stalled, every grant ends by its writer's proof (DONE, or a cancel's drain
      * acknowledged), never by a fence or a hold timeout: no page is quarantined. */
     struct kvf_pool_stats ps;

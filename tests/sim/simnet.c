@@ -559,8 +559,7 @@ static void local_completions(struct sconn *c, uint64_t now)
             if (now_id != it->src_id)
                 snprintf(n->violation, sizeof n->violation,
                          "at %" PRIu64 " ms: L8: a put reads its source page after its job let it "
-                         "go (the page was %" PRIx64 " when the put was posted, %" PRIx64
-                         " now): the machines' simulator's I5",
+                         "go (the page was %" PRIx64 " when the put was posted, %" PRIx64 " now)",
                          now, it->src_id, now_id);
         }
         it->bytes = malloc(it->len ? it->len : 1);

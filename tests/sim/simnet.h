@@ -58,7 +58,7 @@ kvf_xport_t *simnet_listener(struct simnet *n, uint16_t port);
 typedef int simnet_land_fn(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes, size_t len,
                            bool sender_dead, char *why, size_t why_len);
 void simnet_set_land_check(struct simnet *n, simnet_land_fn *fn, void *ctx);
-/* A check of every put's source (the machines' simulator's I5): fn names what src is at that
+/* A check of every put's source (sim_loops.c's L8): fn names what src is at that
  * moment — an identity such as the tag of the source page while its job holds it, 0 for a source
  * it does not watch, or a value no holder gives (a freed page) — and is called when the put is
  * posted and again when its bytes are read from the source (its local completion). A watched
