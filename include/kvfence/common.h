@@ -32,6 +32,7 @@ enum kvf_err {
     KVF_E_POOL_RESERVE = -1010,   /* reservation beyond what is unpromised, or unreserve too many */
     KVF_E_POOL_BAD_STATE = -1011, /* the call is not legal in the page's current state */
     KVF_E_POOL_BAD_ARG = -1012,   /* malformed argument (zero count, bad fill, bad peer, ...) */
+    KVF_E_POOL_FOREIGN = -1013,   /* a shared page asked for by another tenant than its owner */
 
     /* proto: codec and state machines. */
     KVF_E_PROTO_SHORT = -1101,       /* buffer shorter than a header or the length it declares */
