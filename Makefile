@@ -28,7 +28,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation fuzz soak bench-overhead bench-split format format-check clean install deb
+.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation canary-mutant fuzz soak bench-overhead bench-split format format-check clean install deb
 
 all: deps release
 
@@ -89,6 +89,14 @@ mutants: deps
 # every such suite must fail. About 15 minutes on two cores.
 broken: deps asan
 	bash scripts/broken.sh
+
+# The canary catching a broken server (docs/SERVER.md, "Canary"): the ASan test build's serve and
+# split roles with decode's checks off (KVF_TEST_UNVERIFIED) and a prefill forging stale writes
+# (KVF_TEST_FORGE); each run must see a canary failure, /health degraded and the failing
+# response's provenance logged. About 1-2 minutes on two cores; not in make test.
+canary-mutant: deps asan
+	node tests/e2e/provenance_e2e.mjs --kvfence build-asan/kvfence --mutant 1 --node-modules build-node/node_modules --work build-asan/tests/e2e/work_canary_mutant
+	node tests/e2e/provenance_e2e.mjs --kvfence build-asan/kvfence --mutant 1 --topology split --node-modules build-node/node_modules --work build-asan/tests/e2e/work_canary_mutant_split
 
 # Long prompts end to end, with the llama3.2-1b shape's 4,000-token prompt that make test leaves
 # out for its time (tests/e2e/long_e2e.mjs --big 1).
