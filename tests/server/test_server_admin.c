@@ -4,6 +4,10 @@
  * open with an admin key; a plain /health says only ok or unavailable, naming no tenant; with an
  * operator address, the public port serves /metrics nowhere and /health plainly while the
  * operator address serves both and nothing else. Also the key files' overlap check.
+ * GET /admin/provenance/{id} follows /metrics' rules (and answers 400 for what is not an id, 404
+ * for an id it keeps nothing of). The canary over the fake engine: references, runs counted, no
+ * failure; the engine's output changed under it → a failure counted, /health 503 degraded with
+ * the reason, in full and plain.
  */
 #include "server_test_util.h"
 
@@ -130,6 +134,19 @@ static void test_admin_keys(void)
         /* The tenant key still serves its own API. */
         expect(s.port, "/v1/models", tenant[i], 200, NULL);
     }
+    /* Provenance: /metrics' rules; then the id's own checks. */
+    static const char *const pv = "/admin/provenance/cmpl-0123456789abcdef";
+    expect(s.port, pv, NULL, 401, "admin_key_required");
+    expect(s.port, pv, "Bearer " KEY_T1, 403, "admin_only");
+    expect(s.port, pv, "Bearer " KEY_ADM, 404, "provenance_not_found");
+    expect(s.port, "/admin/provenance/chatcmpl-0123456789abcdef", "Bearer " KEY_ADM, 404,
+           "provenance_not_found");
+    static const char *const bad[] = {"/admin/provenance/", "/admin/provenance/cmpl-12",
+                                      "/admin/provenance/cmpl-0123456789ABCDEF",
+                                      "/admin/provenance/cmpl-0123456789abcdeg",
+                                      "/admin/provenance/x/cmpl-0123456789abcdef"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect(s.port, bad[i], "Bearer " KEY_ADM, 400, "invalid_id");
     /* An admin key opens both, and is no tenant's key. */
     expect_metrics(s.port, "Bearer " KEY_ADM);
     expect_full_health(s.port, "/health", "Bearer " KEY_ADM);
@@ -167,6 +184,8 @@ static void test_admin_listen(void)
     expect_metrics(ap, NULL);
     expect_full_health(ap, "/health", NULL);
     expect(ap, "/v1/models", "Bearer " KEY_T1, 404, "not_found");
+    expect(s.port, "/admin/provenance/cmpl-0123456789abcdef", NULL, 404, "not_found");
+    expect(ap, "/admin/provenance/cmpl-0123456789abcdef", NULL, 404, "provenance_not_found");
     struct http_resp r;
     http_do(ap, "POST", "/v1/completions", "{\"prompt\":\"hello\",\"max_tokens\":2}", &r);
     ASSERT_EQ_INT(r.status, 404);
@@ -218,9 +237,65 @@ static void test_no_admin(void)
     kvf_server_keys_free(t);
 }
 
+/* /health?detail=1's canary figure `name` (-1 while there is none). */
+static long canary_figure(uint16_t port, const char *name)
+{
+    struct http_resp r;
+    get(port, "/health?detail=1", "Bearer " KEY_ADM, &r);
+    json_t *j = json_loadb(r.body, r.body_len, 0, NULL);
+    json_t *v = j ? json_object_get(json_object_get(j, "canary"), name) : NULL;
+    long out = v ? (long)json_integer_value(v) : -1;
+    json_decref(j);
+    http_resp_free(&r);
+    return out;
+}
+
+static void test_canary(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *a = keys_of(KEY_ADM " ops\n");
+    s.cfg.admin_keys = a; /* /health without a key: the plain one */
+    s.cfg.canary_interval_ms = 20;
+    srv_start(&s);
+    for (int i = 0; canary_figure(s.port, "runs") < 6; i++) {
+        ASSERT_TRUE(i < 500);
+        usleep(10000);
+    }
+    ASSERT_EQ_INT(canary_figure(s.port, "references"), 3);
+    ASSERT_EQ_INT(canary_figure(s.port, "failures"), 0);
+    expect_plain_health(s.port, "/health", NULL, 200, "ok");
+    struct http_resp r;
+    get(s.port, "/metrics", "Bearer " KEY_ADM, &r);
+    ASSERT_TRUE(strstr(r.body, "\nkvfence_canary_failures_total 0\n") != NULL);
+    ASSERT_TRUE(strstr(r.body, "# TYPE kvfence_canary_runs_total counter") != NULL);
+    http_resp_free(&r);
+    /* The engine's output changes under the canary: a failure, and the server degraded. */
+    static const int32_t other[] = {5, 6, 7};
+    pthread_mutex_lock(&s.f.mu);
+    s.f.script = other;
+    s.f.n_script = 3;
+    pthread_mutex_unlock(&s.f.mu);
+    for (int i = 0; canary_figure(s.port, "failures") < 1; i++) {
+        ASSERT_TRUE(i < 500);
+        usleep(10000);
+    }
+    expect_plain_health(s.port, "/health", NULL, 503, "degraded");
+    get(s.port, "/health?detail=1", "Bearer " KEY_ADM, &r);
+    ASSERT_EQ_INT(r.status, 503);
+    ASSERT_TRUE(strstr(r.body, "\"status\":\"degraded\"") != NULL);
+    ASSERT_TRUE(strstr(r.body, "\"reason\":\"canary prompt ") != NULL);
+    http_resp_free(&r);
+    get(s.port, "/metrics", "Bearer " KEY_ADM, &r);
+    ASSERT_TRUE(strstr(r.body, "\nkvfence_canary_failures_total 0\n") == NULL);
+    http_resp_free(&r);
+    srv_stop(&s);
+    kvf_server_keys_free(a);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_keys_overlap),           KVF_CASE(test_admin_keys), KVF_CASE(test_admin_listen),
-    KVF_CASE(test_admin_listen_with_keys), KVF_CASE(test_no_admin),
+    KVF_CASE(test_admin_listen_with_keys), KVF_CASE(test_no_admin),   KVF_CASE(test_canary),
 };
 
 int main(int argc, char **argv)
