@@ -393,13 +393,16 @@ static void record_prov(struct kvf_dworker *w, struct kvf_gen *g, const struct k
 {
     struct kvf_gen_prov *pv = &w->prov_scratch;
     memset(pv, 0, sizeof *pv);
+    if (done && (done->type != KVF_MSG_DONE || !kvf_req_id_eq(done->req, g->req)))
+        done = NULL; /* not this request's DONE: nothing of it is claimed */
     const struct dpeer *p = g->peer < w->n_peers ? &w->peers[g->peer] : NULL;
     pv->decode_id = w->req_hi;
     pv->req_lo = g->req.lo;
     pv->req_hi = g->req.hi;
     if (p) snprintf(pv->prefill_addr, sizeof pv->prefill_addr, "%s:%u", p->host, p->port);
     pv->prefill_peer = g->peer;
-    pv->writer_epoch = p ? p->epoch : 0;
+    /* The DONE's epoch: the machine commits only at the grant's writer epoch. */
+    pv->writer_epoch = done ? done->epoch : p ? p->epoch : 0;
     pv->grant_nonce = done ? done->nonce : 0;
     pv->tenant = g->p.tenant;
     pv->tokens_granted = g->p.n_prompt;
