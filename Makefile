@@ -90,13 +90,19 @@ mutants: deps
 broken: deps asan
 	bash scripts/broken.sh
 
-# The canary catching a broken server (docs/SERVER.md, "Canary"): the ASan test build's serve and
-# split roles with decode's checks off (KVF_TEST_UNVERIFIED) and a prefill forging stale writes
-# (KVF_TEST_FORGE); each run must see a canary failure, /health degraded and the failing
-# response's provenance logged. About 1-2 minutes on two cores; not in make test.
+# The canary catching a broken server (docs/SERVER.md, "Canary"), serve and the split roles, with
+# a prefill forging stale writes (KVF_TEST_FORGE): against the ASan test build with decode's
+# checks off (KVF_TEST_UNVERIFIED), and against the mutant binary no_checksum_check
+# (docs/MUTANTS.md, built here in build-mut-no_checksum_check); each run must see a canary
+# failure, /health degraded and the failing response's provenance logged. About 5 minutes on two
+# cores with the mutant's build; not in make test.
 canary-mutant: deps asan
-	node tests/e2e/provenance_e2e.mjs --kvfence build-asan/kvfence --mutant 1 --node-modules build-node/node_modules --work build-asan/tests/e2e/work_canary_mutant
-	node tests/e2e/provenance_e2e.mjs --kvfence build-asan/kvfence --mutant 1 --topology split --node-modules build-node/node_modules --work build-asan/tests/e2e/work_canary_mutant_split
+	cmake -S . -B build-mut-no_checksum_check -DCMAKE_BUILD_TYPE=Release -DKVF_TEST_BUILD=ON -DKVF_MUTANT=no_checksum_check >/dev/null
+	cmake --build build-mut-no_checksum_check -j $(JOBS) --target kvfence
+	for topo in serve split; do \
+	  node tests/e2e/provenance_e2e.mjs --kvfence build-asan/kvfence --mutant unverified --topology $$topo --node-modules build-node/node_modules --work build-asan/tests/e2e/work_canary_unverified_$$topo && \
+	  node tests/e2e/provenance_e2e.mjs --kvfence build-mut-no_checksum_check/kvfence --mutant binary --topology $$topo --node-modules build-node/node_modules --work build-mut-no_checksum_check/work_canary_$$topo || exit 1; \
+	done
 
 # Long prompts end to end, with the llama3.2-1b shape's 4,000-token prompt that make test leaves
 # out for its time (tests/e2e/long_e2e.mjs --big 1).

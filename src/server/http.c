@@ -601,7 +601,11 @@ static enum MHD_Result send_body_hdr(struct kvf_server *s, struct MHD_Connection
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    if (hname && body) MHD_add_response_header(r, hname, hval);
+    if (hname && body) {
+        MHD_add_response_header(r, hname, hval);
+        /* A browser page of an allowed origin may read it (--cors-origins). */
+        if (s->n_cors) MHD_add_response_header(r, "Access-Control-Expose-Headers", hname);
+    }
     enum MHD_Result ok = queue(s, c, status, r);
     MHD_destroy_response(r);
     return ok;
@@ -1346,7 +1350,11 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     /* Asked for: the provenance comes as an SSE comment before [DONE] (run.c). */
-    if (run->want_prov) MHD_add_response_header(r, "X-Kvfence-Provenance", "sse-comment");
+    if (run->want_prov) {
+        MHD_add_response_header(r, "X-Kvfence-Provenance", "sse-comment");
+        if (s->n_cors)
+            MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Kvfence-Provenance");
+    }
     enum MHD_Result ok = queue(s, c, 200, r);
     MHD_destroy_response(r); /* the response (and st) now live as long as MHD needs them */
     return ok;

@@ -11,10 +11,13 @@
 //   - the request's log line carries the record's brief form (ids and numbers only);
 //   - the canary under load: runs counted, no failure, /health ok with its figures, and
 //     /metrics (canary and provenance series) valid under `promtool check metrics`.
-// --mutant 1 (make canary-mutant, not in make test): serve in a test build with decode's checks
-// off (KVF_TEST_UNVERIFIED=1) and a prefill forging stale writes (KVF_TEST_FORGE): the canary
-// counts failures, /health answers 503 "degraded" with the reason, and the failing response's
-// provenance is logged. TAP on stdout.
+// --mutant unverified|binary (make canary-mutant, not in make test): a prefill forging stale
+// writes (KVF_TEST_FORGE: another tenant's page bytes written over a granted page) against a
+// decode that does not check them — `unverified`: the test build with its checks off
+// (KVF_TEST_UNVERIFIED=1); `binary`: --kvfence is a mutant build (e.g. -DKVF_MUTANT=
+// no_checksum_check, docs/MUTANTS.md) and decode runs as built. The canary counts failures,
+// /health answers 503 "degraded" with the reason, and the failing response's provenance is
+// logged. TAP on stdout.
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -28,7 +31,8 @@ for (const k of ['kvfence', 'node-modules', 'work']) {
 }
 const KVF = args.kvfence;
 const TOPOLOGY = args.topology ?? 'serve';
-const MUTANT = args.mutant === '1';
+const MUTANT = args.mutant ?? '';
+if (!['', 'unverified', 'binary'].includes(MUTANT)) { console.log(`Bail out! --mutant ${MUTANT}: unverified or binary`); process.exit(1); }
 if (!['serve', 'split'].includes(TOPOLOGY)) { console.log(`Bail out! --topology ${TOPOLOGY}: serve or split`); process.exit(1); }
 const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
 if (!fs.existsSync(entry)) { console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`); process.exit(1); }
@@ -76,7 +80,8 @@ async function waitErr(p, re, what) {
 }
 
 const front_flags = ['--api-keys', KEYS, '--admin-keys', AKEYS, '--canary-interval', '1'];
-const mutant_env = MUTANT ? { KVF_TEST_UNVERIFIED: '1', KVF_TEST_FORGE: 'every=2,token=5' } : {};
+const mutant_env = MUTANT === 'unverified' ? { KVF_TEST_UNVERIFIED: '1', KVF_TEST_FORGE: 'every=2,token=5' }
+  : MUTANT === 'binary' ? { KVF_TEST_FORGE: 'every=2,token=5' } : {};
 const procs = [];
 let decodeProc;
 if (TOPOLOGY === 'serve') {
@@ -246,7 +251,7 @@ if (!MUTANT) await test('the canary under load: runs counted, no failure; /healt
   assert.doesNotMatch(front.err, /event=canary_failure/);
 });
 
-if (MUTANT) await test('a broken build (decode\'s checks off, a prefill forging stale writes): the canary fails, /health degraded, provenance logged', async () => {
+if (MUTANT) await test(`a broken build (${MUTANT === 'binary' ? 'a mutant binary' : 'decode\'s checks off'}, a prefill forging stale writes): the canary fails, /health degraded, provenance logged`, async () => {
   // Tenants' traffic gives the forging prefill other tenants' pages to write over the canary's.
   let h;
   const t0 = Date.now();
