@@ -9,6 +9,7 @@
  * failure; the engine's output changed under it → a failure counted, /health 503 degraded with
  * the reason, in full and plain.
  */
+#include "server/server_internal.h"
 #include "server_test_util.h"
 
 #define KEY_T1  "sk-tenant-alpha-01234"
@@ -237,6 +238,125 @@ static void test_no_admin(void)
     kvf_server_keys_free(t);
 }
 
+/* POST a completion with the tenant's key and, when prov, X-Kvfence-Provenance: 1. */
+static void post_prov(uint16_t port, bool prov, bool stream, struct http_resp *r)
+{
+    char body[160], req[1024];
+    int bn = snprintf(body, sizeof body,
+                      "{\"prompt\":\"hello there, a prompt of some tokens\",\"max_tokens\":3%s}",
+                      stream ? ",\"stream\":true" : "");
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                     "Authorization: Bearer " KEY_T1 "\r\n%sContent-Type: application/json\r\n"
+                     "Content-Length: %d\r\n\r\n%s",
+                     prov ? "X-Kvfence-Provenance: 1\r\n" : "", bn, body);
+    http_raw(port, req, (size_t)n, r);
+}
+
+/* The header's value (NULL when absent), copied into out. */
+static const char *header_of(const struct http_resp *r, const char *name, char *out, size_t cap)
+{
+    const char *h = strcasestr(r->head, name);
+    if (!h) return NULL;
+    h += strlen(name);
+    while (*h == ':' || *h == ' ')
+        h++;
+    size_t n = strcspn(h, "\r\n");
+    snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), h);
+    return out;
+}
+
+/* A record from an engine that keeps them: in the header when asked (not otherwise), at
+ * /admin/provenance with an admin key, and the stream's comment before [DONE]. */
+static void test_provenance(void)
+{
+    struct srv s;
+    srv_init(&s);
+    kvf_server_keys_t *t = keys_of(KEY_T1 " alpha\n");
+    kvf_server_keys_t *a = keys_of(KEY_ADM " ops\n");
+    s.cfg.keys = t;
+    s.cfg.admin_keys = a;
+    s.f.prov = true;
+    srv_start(&s);
+    struct http_resp r;
+    static char hv[8192];
+    post_prov(s.port, false, false, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(header_of(&r, "X-Kvfence-Provenance", hv, sizeof hv) == NULL);
+    http_resp_free(&r);
+    post_prov(s.port, true, false, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_TRUE(header_of(&r, "X-Kvfence-Provenance", hv, sizeof hv) != NULL);
+    json_t *h = json_loads(hv, 0, NULL);
+    if (!h) KVF_FAIL("the header is not JSON: %s", hv);
+    json_t *body = json_loadb(r.body, r.body_len, 0, NULL);
+    const char *id = json_string_value(json_object_get(body, "id"));
+    ASSERT_STREQ(json_string_value(json_object_get(h, "id")), id);
+    json_t *rec = json_array_get(json_object_get(h, "choices"), 0);
+    ASSERT_STREQ(json_string_value(json_object_get(json_object_get(rec, "decode"), "id")),
+                 "000000000000feed");
+    ASSERT_STREQ(json_string_value(json_object_get(json_object_get(rec, "grant"), "nonce")),
+                 "0000000000000abd"); /* the second submit */
+    ASSERT_EQ_INT(json_integer_value(json_object_get(json_object_get(rec, "grant"), "tenant")), 1);
+    json_t *pg = json_array_get(json_object_get(rec, "pages"), 0);
+    ASSERT_EQ_INT(json_integer_value(json_object_get(pg, "page")), 10);
+    ASSERT_STREQ(json_string_value(json_object_get(pg, "tag")), "0000000000001000");
+    ASSERT_STREQ(json_string_value(json_object_get(pg, "checksum")), "0000000000002000");
+    char path[96];
+    snprintf(path, sizeof path, "/admin/provenance/%s", id);
+    http_resp_free(&r);
+    /* The operator's copy: the same record. */
+    get(s.port, path, "Bearer " KEY_ADM, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    json_t *op = json_loadb(r.body, r.body_len, 0, NULL);
+    ASSERT_TRUE(op && json_equal(json_object_get(op, "choices"), json_object_get(h, "choices")));
+    json_decref(op);
+    http_resp_free(&r);
+    expect(s.port, path, "Bearer " KEY_T1, 403, "admin_only");
+    json_decref(h);
+    json_decref(body);
+    /* A stream: the record as a comment before [DONE]. */
+    post_prov(s.port, true, true, &r);
+    ASSERT_EQ_INT(r.status, 200);
+    ASSERT_STREQ(header_of(&r, "X-Kvfence-Provenance", hv, sizeof hv), "sse-comment");
+    const char *c = strstr(r.body, "\n: kvfence-provenance {");
+    ASSERT_TRUE(c != NULL);
+    ASSERT_TRUE(strstr(c, "\n\ndata: [DONE]\n\n") != NULL);
+    http_resp_free(&r);
+    srv_stop(&s);
+    kvf_server_keys_free(t);
+    kvf_server_keys_free(a);
+}
+
+/* The ring keeps the last KVF__SRV_PROV_RING records: the oldest is overwritten. */
+static void test_prov_ring(void)
+{
+    struct kvf__srv_prov_ring ring;
+    ASSERT_OK(kvf__srv_prov_init(&ring, 4));
+    struct kvf_gen_prov pv;
+    memset(&pv, 0, sizeof pv);
+    char id[48];
+    for (uint32_t i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "cmpl-%016x", i);
+        pv.grant_nonce = i;
+        kvf__srv_prov_put(&ring, id, 0, &pv);
+    }
+    struct kvf__srv_prov_slot out[2];
+    ASSERT_EQ_INT(kvf__srv_prov_get(&ring, "cmpl-0000000000000000", out, 2), 0);
+    ASSERT_EQ_INT(kvf__srv_prov_get(&ring, "cmpl-0000000000000001", out, 2), 0);
+    ASSERT_EQ_INT(kvf__srv_prov_get(&ring, "cmpl-0000000000000005", out, 2), 1);
+    ASSERT_TRUE(out[0].pv.grant_nonce == 5);
+    /* Two choices of one response, in choice order. */
+    kvf__srv_prov_put(&ring, "cmpl-00000000000000aa", 1, &pv);
+    kvf__srv_prov_put(&ring, "cmpl-00000000000000aa", 0, &pv);
+    ASSERT_EQ_INT(kvf__srv_prov_get(&ring, "cmpl-00000000000000aa", out, 2), 2);
+    ASSERT_TRUE(out[0].choice == 0 && out[1].choice == 1);
+    ASSERT_TRUE(kvf__srv_prov_id_ok("chatcmpl-0123456789abcdef", 25));
+    ASSERT_FALSE(kvf__srv_prov_id_ok("chatcmpl-0123456789abcdef", 24));
+    ASSERT_FALSE(kvf__srv_prov_id_ok("cmpl-0123456789abcdeF", 21));
+    kvf__srv_prov_destroy(&ring);
+}
+
 /* /health?detail=1's canary figure `name` (-1 while there is none). */
 static long canary_figure(uint16_t port, const char *name)
 {
@@ -294,8 +414,10 @@ static void test_canary(void)
 }
 
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_keys_overlap),           KVF_CASE(test_admin_keys), KVF_CASE(test_admin_listen),
-    KVF_CASE(test_admin_listen_with_keys), KVF_CASE(test_no_admin),   KVF_CASE(test_canary),
+    KVF_CASE(test_keys_overlap), KVF_CASE(test_admin_keys),
+    KVF_CASE(test_admin_listen), KVF_CASE(test_admin_listen_with_keys),
+    KVF_CASE(test_no_admin),     KVF_CASE(test_canary),
+    KVF_CASE(test_provenance),   KVF_CASE(test_prov_ring),
 };
 
 int main(int argc, char **argv)
