@@ -60,6 +60,12 @@ const SOAK = args.mode === 'soak';
 // What then reaches a reply is what the page lifetime rules alone let through: the mutants' runs
 // use it for the bugs those checks would otherwise stop before any reply (docs/ISOLATION.md).
 const UNVERIFIED = args.unverified === '1';
+// --canary-interval S: serve and the router run the production canary (docs/SERVER.md, "Canary")
+// every S seconds through the phase's chaos; at each phase's end /health's canary must show no
+// failure (a clean binary's output does not depend on batching, faults or forgeries: a request
+// they break fails with an error, which the canary counts apart). Off by default (make test's
+// smoke and the mutants' runs are as recorded without it).
+const CANARY_S = Number(args['canary-interval'] ?? 0);
 const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
 if (!fs.existsSync(entry)) { console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`); process.exit(1); }
 const { default: OpenAI } = await import(pathToFileURL(entry).href);
@@ -488,7 +494,8 @@ function checkCounters(ph, h) {
 const CTX = 256;             // the served limit
 const HIST_PAGE = 65600, TINY_PAGE = 8256;
 const poolBytes = (model, pages) => String((model === HIST ? HIST_PAGE : TINY_PAGE) * pages);
-const commonFlags = ['--context-length', String(CTX), '--api-keys', KEYS];
+const commonFlags = ['--context-length', String(CTX), '--api-keys', KEYS,
+  ...(CANARY_S ? ['--canary-interval', String(CANARY_S)] : [])];
 
 const TOPOLOGIES = {
   serve: {
@@ -580,6 +587,16 @@ async function runPhase(ph) {
     await ph.workload(ph);
     const h = await quiesce(ph, ph.quiesceMs ?? 60000);
     checkAudit(ph, topo);
+    if (CANARY_S) {
+      const c = h.canary;
+      report.canary ??= { runs: 0, failures: 0, errors: 0 };
+      if (!c) fail('canary', `${ph.name}: --canary-interval ${CANARY_S} and no canary in /health`);
+      else {
+        for (const k of ['runs', 'failures', 'errors']) report.canary[k] += c[k];
+        console.log(`# ${ph.name}: canary ${c.status}: ${c.runs} runs, ${c.failures} failures, ${c.errors} errors, ${c.references} references`);
+        if (c.failures) fail('canary', `${ph.name}: ${c.failures} canary runs differed from the reference: ${h.reason ?? ''}`);
+      }
+    }
     if (h.decode) {
       ph.forged = countForged(topo);
       // The channel binds: every prefill started with the forgeries on said so in its events.
