@@ -45,7 +45,6 @@ import { spawn, execFile, execFileSync } from 'node:child_process';
 import { promisify } from 'node:util';
 import fs from 'node:fs';
 import path from 'node:path';
-import net from 'node:net';
 import { pathToFileURL } from 'node:url';
 
 const args = { mode: process.env.KVF_SOAK === '1' ? 'soak' : 'smoke', topologies: 'serve,split', seed: process.env.KVF_ISO_SEED || '1' };
@@ -183,13 +182,6 @@ function checkEnded(p) {
     const at = p.out.indexOf(m[0]);
     fail('crash', `${p.name}: sanitizer or check report in its output; log ${p.log}: ${p.out.slice(Math.max(0, at - 200), at + 1500)}`);
   }
-}
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
-  });
 }
 
 // ---- the seeded schedule ----
@@ -516,24 +508,28 @@ const TOPOLOGIES = {
       const timeouts = ['--grant-timeout', String(ph.grantMs ?? 3000), '--hold-timeout', String(ph.holdTimeoutMs ?? 4000)];
       ph.holdMs = (ph.grantMs ?? 3000) + (ph.holdTimeoutMs ?? 4000);
       const envOf = (role, i) => ({ ...ph.env, ...(ph.envOf?.(role, i) ?? {}) });
-      const ports = [await freePort(), await freePort(), await freePort()];
+      // Each worker first listens on a port the kernel picks (port 0: no window in which
+      // another process takes a port found free), and a restart listens on the same one.
+      const ports = [0, 0, 0];
       const prefillArgs = (i) => ['prefill', '--model', ph.model, '--listen', `127.0.0.1:${ports[i]}`, '--context-length', String(CTX), '--threads', '1',
         ...(ph.prefillFlags ?? [])];
-      const decodeArgs = ['decode', '--model', ph.model, '--listen', `127.0.0.1:${ports[2]}`, '--context-length', String(CTX),
+      const decodeArgs = () => ['decode', '--model', ph.model, '--listen', `127.0.0.1:${ports[2]}`, '--context-length', String(CTX),
         '--kv-memory', poolBytes(ph.model, ph.pages), '--threads', '1', '--max-queue', String(ph.maxQueue),
         '--admit-timeout', String(ph.admitMs), ...timeouts];
       const topo = { procs: [], all: [], prefills: [], ports }; // procs: live; all: every one started
       topo.startPrefill = async (i, tag = '') => {
         const p = startProc(`${ph.name}-prefill${i}${tag}`, prefillArgs(i), envOf('prefill', i));
-        await waitOut(p, /listening \S+ \d+/, 120000);
+        const m = await waitOut(p, /listening \S+ (\d+)/, 120000);
+        ports[i] = Number(m[1]);
         topo.prefills[i] = p;
         topo.procs.push(p);
         topo.all.push(p);
         return p;
       };
       topo.startDecode = async (tag = '') => {
-        const p = startProc(`${ph.name}-decode${tag}`, decodeArgs, envOf('decode', 0));
-        await waitOut(p, /listening \S+ \d+/, 120000);
+        const p = startProc(`${ph.name}-decode${tag}`, decodeArgs(), envOf('decode', 0));
+        const m = await waitOut(p, /listening \S+ (\d+)/, 120000);
+        ports[2] = Number(m[1]);
         topo.decode = p;
         topo.procs.push(p);
         topo.all.push(p);
