@@ -519,7 +519,7 @@ const TOPOLOGIES = {
       const topo = { procs: [], all: [], prefills: [], ports }; // procs: live; all: every one started
       topo.startPrefill = async (i, tag = '') => {
         const p = startProc(`${ph.name}-prefill${i}${tag}`, prefillArgs(i), envOf('prefill', i));
-        const m = await waitOut(p, /listening \S+ (\d+)/, 120000);
+        const m = await waitOut(p, /^listening \S+ (\d+)$/m, 120000);
         ports[i] = Number(m[1]);
         topo.prefills[i] = p;
         topo.procs.push(p);
@@ -528,7 +528,7 @@ const TOPOLOGIES = {
       };
       topo.startDecode = async (tag = '') => {
         const p = startProc(`${ph.name}-decode${tag}`, decodeArgs(), envOf('decode', 0));
-        const m = await waitOut(p, /listening \S+ (\d+)/, 120000);
+        const m = await waitOut(p, /^listening \S+ (\d+)$/m, 120000);
         ports[2] = Number(m[1]);
         topo.decode = p;
         topo.procs.push(p);
