@@ -59,7 +59,8 @@
  * whose writer went silent has ended: a page freed, not quarantined, then receives it).
  *
  * --router: the fault world's requests go through the router and a decode service (the split
- * roles' loops, src/engine/router.c and decode_service.c, in manual mode too) over simnet.
+ * roles' loops, src/engine/router.c and decode_service.c, in manual mode too) over simnet; a
+ * quarter of the seeds also reset the router's links to the decode service mid-run.
  *
  * Usage: test_sim_loops [--seeds N] [--first S] [--unverified] [--pressured] [--forge SPEC]
  *                       [--content-only] [--router] [--late-writes] [--verbose]
@@ -112,7 +113,7 @@ struct req {
     float rlps[MAX_OUT];
 };
 
-enum fkind { F_KILL = 1, F_RESTART, F_RESET };
+enum fkind { F_KILL = 1, F_RESTART, F_RESET, F_RESET_ROUTER };
 struct fault {
     uint64_t at;
     enum fkind kind;
@@ -505,6 +506,15 @@ static void apply_fault(struct world *W, struct fault *f)
         W->link_faults = true;
         break;
     }
+    case F_RESET_ROUTER: { /* --router: the router's links to the decode service */
+        kvf_xport_t *x = W->ds ? simnet_listener(W->net, kvf_decode_service_port(W->ds)) : NULL;
+        if (!x) return;
+        if (W->verbose)
+            printf("  %" PRIu64 " ms: the router's links to decode reset\n", simnet_now(W->net));
+        simnet_reset(x);
+        W->link_faults = true;
+        break;
+    }
     }
 }
 
@@ -703,6 +713,12 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
     if (simnet_rand(plan, 0, 99) < 25) { /* a prefill's links reset */
         W.fl[W.n_fl++] = (struct fault){simnet_rand(plan, 20, 1200), F_RESET,
                                         (int)simnet_rand(plan, 0, N_PF - 1), false};
+        T->resets++;
+    }
+    /* Through the router, its links to the decode service reset too (drawn only there, so the
+     * other modes' seeds keep their worlds). */
+    if (O.router && simnet_rand(plan, 0, 99) < 25) {
+        W.fl[W.n_fl++] = (struct fault){simnet_rand(plan, 20, 1200), F_RESET_ROUTER, 0, false};
         T->resets++;
     }
     if (simnet_rand(plan, 0, 99) < 20) {
