@@ -31,19 +31,22 @@ typedef struct kvf_model kvf_model_t;
 
 struct kvf_transport_ops;
 struct kvf_worker_config {
-    const kvf_model_t *model; /* borrowed; outlives the worker */
-    uint64_t model_fp;        /* the model's fingerprint, compared at connect */
-    uint32_t page_tokens;     /* token slots per page (16) */
-    uint32_t n_pages;         /* the worker's pool */
-    uint32_t n_threads;       /* compute threads, the loop thread included */
-    uint32_t max_context;     /* the served limit: prompt + output tokens of one request */
-    uint32_t max_batch;       /* decode: sequences per step; prefill: ignored */
-    uint32_t prefill_chunk;   /* prefill: prompt tokens per chunk (0 = 256) */
-    uint32_t max_queue;       /* decode: requests waiting for a slot before -EAGAIN */
-    uint32_t max_reqs;        /* live requests (decode slots; prefill records) */
-    const char *listen_host;  /* prefill: where to listen */
-    uint16_t listen_port;     /* prefill: 0 = ephemeral */
-    const char *prefill_host; /* decode: the prefill worker's address */
+    const kvf_model_t *model;    /* borrowed; outlives the worker */
+    uint64_t model_fp;           /* the model's fingerprint, compared at connect */
+    uint32_t page_tokens;        /* token slots per page (16) */
+    uint32_t n_pages;            /* the worker's pool */
+    uint32_t n_threads;          /* compute threads, the loop thread included */
+    uint32_t max_context;        /* the served limit: prompt + output tokens of one request */
+    uint32_t max_batch;          /* decode: sequences per step; prefill: ignored */
+    uint32_t prefill_chunk;      /* prefill: prompt tokens per chunk (0 = 256) */
+    uint32_t prefix_cache_pages; /* prefill: pages added to its pool for the tenant-scoped prefix
+                                    cache, which holds at most that many (0 = no cache;
+                                    docs/PREFIX_CACHE.md) */
+    uint32_t max_queue;          /* decode: requests waiting for a slot before -EAGAIN */
+    uint32_t max_reqs;           /* live requests (decode slots; prefill records) */
+    const char *listen_host;     /* prefill: where to listen */
+    uint16_t listen_port;        /* prefill: 0 = ephemeral */
+    const char *prefill_host;    /* decode: the prefill worker's address */
     uint16_t prefill_port;
     uint64_t grant_timeout_ms;     /* decode: the no-progress bound: a prompt whose prefill reports
                                       no progress for this long fails and that prefill is fenced
@@ -83,6 +86,16 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, 
 uint16_t kvf_pworker_port(const kvf_pworker_t *w);
 /* The prefill pool's size and free pages, as the loop last published them (any thread). */
 void kvf_pworker_pool(kvf_pworker_t *w, uint32_t *pages, uint32_t *free_pages);
+/* The prefix cache's figures (docs/PREFIX_CACHE.md), as the loop last published them (any
+ * thread); all zero without a cache. */
+struct kvf_prefix_cache_stats {
+    uint64_t hits;      /* jobs that took at least one cached page */
+    uint64_t hit_pages; /* pages taken from the cache (times page_tokens: prompt tokens) */
+    uint64_t misses;    /* jobs that took none */
+    uint64_t inserts, evictions;
+    uint32_t pages; /* pages cached now */
+};
+void kvf_pworker_cache(kvf_pworker_t *w, struct kvf_prefix_cache_stats *out);
 /* Stops the loop (puts in flight end with the connection's forced close) and frees all. */
 void kvf_pworker_stop(kvf_pworker_t *w);
 

@@ -180,6 +180,12 @@ struct kvf_cli_http {
 #define KVF_CLI_OPT_PREFILL_CHUNK(T, f, text) \
     {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = offsetof(T, f), \
      .lo = 16, .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK", .help = (text)}
+#define KVF_CLI_OPT_PREFIX_CACHE(T, f) \
+    {.name = "--prefix-cache-memory", .metavar = "SIZE", .kind = KVF_CLI_SIZE, \
+     .off = offsetof(T, f), .env = "KVFENCE_PREFIX_CACHE_MEMORY", \
+     .help = "memory added to the prefill pool for the tenant-scoped prefix cache: a prompt's " \
+             "first whole pages already computed for the same tenant are reused, never " \
+             "another tenant's (default 0: off; docs/PREFIX_CACHE.md)"}
 #define KVF_CLI_OPT_LOG_COMMITS(T, f) \
     {.name = "--log-commits", .kind = KVF_CLI_FLAG, .off = offsetof(T, f), \
      .env = "KVFENCE_LOG_COMMITS", \

@@ -19,6 +19,7 @@ struct prefill_opts {
     struct kvf_cli_addr listen;
     uint32_t threads, ctx_len, chunk; /* 0: the default */
     uint64_t kv_bytes;                /* 0: one prompt at the context length */
+    uint64_t cache_bytes;             /* the prefix cache's pages (0: none) */
     struct kvf_cli_fabric fab;
 };
 
@@ -40,6 +41,7 @@ static const struct kvf_cli_opt prefill_opts[] = {
     KVF_CLI_OPT_THREADS(struct prefill_opts, threads),
     KVF_CLI_OPT_KV_MEMORY(struct prefill_opts, kv_bytes, NULL,
                           "its own pool, e.g. 512M (default: one prompt at the context length)"),
+    KVF_CLI_OPT_PREFIX_CACHE(struct prefill_opts, cache_bytes),
     KVF_CLI_OPT_COMPUTE_LOCK(
         struct prefill_opts, lock_path,
         "workers on the same cores given the same file take turns computing, one forward "
@@ -118,6 +120,8 @@ int kvf_cmd_prefill(int argc, char **argv)
                                    .listen_port = o.listen.port,
                                    .max_reqs = 64,
                                    .prefill_chunk = o.chunk,
+                                   .prefix_cache_pages =
+                                       (uint32_t)(o.cache_bytes / kvf_geo_page_bytes(&geo)),
                                    .fabric_key = kvf_cli_fabric_key(&o.fab)};
     if (o.lock_path && kvf_cli_compute_lock("prefill", o.lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)

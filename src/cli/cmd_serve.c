@@ -62,7 +62,7 @@ static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_can
 struct serve_opts {
     const char *model, *data_dir;
     uint32_t threads, ctx_len, admit_ms, grant_ms, hold_ms, chunk; /* 0: the default */
-    uint64_t kv_bytes;
+    uint64_t kv_bytes, cache_bytes;
     bool log_commits;
     struct kvf_cli_http http;
 };
@@ -84,6 +84,7 @@ static const struct kvf_cli_opt serve_opts[] = {
     KVF_CLI_OPT_LOG_COMMITS(struct serve_opts, log_commits),
     KVF_CLI_OPT_KV_MEMORY(struct serve_opts, kv_bytes, "1G",
                           "the decode worker's KV pool, e.g. 512M, 2G"),
+    KVF_CLI_OPT_PREFIX_CACHE(struct serve_opts, cache_bytes),
     KVF_CLI_OPT_CONTEXT(
         struct serve_opts, ctx_len,
         "the most prompt + output tokens of one request (default: the model's, bounded by "
@@ -240,6 +241,9 @@ int kvf_cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvfence serve: no random source for the internal fabric's key\n");
         goto out;
     }
+    struct kvf_pool_geometry geo;
+    kvf_model_geometry(m, SERVE_PAGE_TOKENS, &geo);
+    uint32_t cache_pages = (uint32_t)(o.cache_bytes / kvf_geo_page_bytes(&geo));
     struct kvf_worker_config wc = {.model = m,
                                    .model_fp = fp,
                                    .page_tokens = SERVE_PAGE_TOKENS,
@@ -256,12 +260,14 @@ int kvf_cmd_serve(int argc, char **argv)
                                    .grant_timeout_ms = o.grant_ms,
                                    .hold_timeout_ms = o.hold_ms,
                                    .prefill_chunk = o.chunk,
+                                   .prefix_cache_pages = cache_pages,
                                    .log_commits = o.log_commits};
     if (kvf_pworker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;
     }
     wc.n_pages = n_pages;
+    wc.prefix_cache_pages = 0;
     wc.prefill_host = "127.0.0.1";
     wc.prefill_port = kvf_pworker_port(pw);
 #if defined(KVF_TEST_BUILD)

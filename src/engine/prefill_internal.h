@@ -46,6 +46,7 @@ struct pjob {
     uint32_t passes;                   /* turns passed over in a row since it started */
     bool no_pages;                     /* not started, and its pages are not free this turn */
     uint32_t first_token;              /* computed: the token drawn after the last chunk */
+    uint32_t cached;                   /* its first pages, taken from the prefix cache */
     bool placeholder; /* mutant placeholder_after_reject: recomputed as one token after the
                          engine refused it (false in every other build) */
 #if defined(KVF_TEST_BUILD)
@@ -124,14 +125,36 @@ struct kvf_pworker {
     /* Progress: what the compute had done at the last report, and when that was. */
     uint64_t seen_layers, seen_puts, puts_done, last_progress_ms;
     bool chunk_done;         /* a chunk finished since the last report */
-    pthread_mutex_t info_mu; /* guards the two figures below, read from other threads */
+    pthread_mutex_t info_mu; /* guards the figures below, read from other threads */
     uint32_t info_pages, info_free;
+    struct kvf_prefix_cache_stats info_cache;
+    struct kvf__pcache *cache; /* cfg.prefix_cache_pages > 0: the tenants' computed pages */
 #if defined(KVF_TEST_BUILD)
     struct pforge *forge;   /* KVF_TEST_FORGE: see "Test builds: forgeries" below; NULL = off */
     uint32_t test_chunk_ms; /* KVF_TEST_CHUNK_MS: each chunk's compute takes this much longer (a
                                slow but live prefill, for the long-prompt tests) */
 #endif
 };
+
+/* --- The prefix cache (prefix_cache.c; docs/PREFIX_CACHE.md). ----------------------------------
+ */
+struct kvf__pcache;
+/* A cache of at most max_pages pages of page_tokens tokens; NULL when out of memory. */
+struct kvf__pcache *kvf__pcache_new(uint32_t max_pages, uint32_t page_tokens);
+/* Drops every entry (the cache's holds released) and frees the cache. NULL is a no-op. */
+void kvf__pcache_free(struct kvf__pcache *c, kvf_pool_t *pool, uint64_t now);
+/* The longest run of whole pages at the start of tokens (at most max_pages) cached for tenant:
+ * each is shared to the caller (a KVF_HOLDER_SEQ hold) and written to out; returns how many. */
+uint32_t kvf__pcache_take(struct kvf__pcache *c, kvf_pool_t *pool, uint32_t tenant,
+                          const int32_t *tokens, uint32_t max_pages, struct kvf_page_ref *out);
+/* A job computed its prompt: its whole pages src[from..n_full) (from: the pages it took from the
+ * cache) enter the cache, sealed, each under a KVF_HOLDER_PREFIX hold. */
+void kvf__pcache_put(struct kvf__pcache *c, kvf_pool_t *pool, uint32_t tenant,
+                     const int32_t *tokens, const struct kvf_page_ref *src, uint32_t from,
+                     uint32_t n_full, uint64_t now);
+/* Evicts up to n entries, least recently used first; returns how many. */
+uint32_t kvf__pcache_evict(struct kvf__pcache *c, kvf_pool_t *pool, uint32_t n, uint64_t now);
+void kvf__pcache_stats(const struct kvf__pcache *c, struct kvf_prefix_cache_stats *out);
 
 /* --- The forgeries' hooks (prefill_forge.c, test builds; no-ops in every other build). ------- */
 #if defined(KVF_TEST_BUILD)

@@ -121,6 +121,14 @@ static struct pjob *job_find(struct kvf_pworker *w, struct psess *s, kvf_req_id_
 static void job_free(struct kvf_pworker *w, struct pjob *j)
 {
     uint64_t now = now_ms(w);
+    /* A computed prompt's whole pages enter the prefix cache (sealed: the puts that read them
+     * are done, and nothing writes them again) before the job lets its pages go. */
+    if (w->cache && j->computed && !j->placeholder &&
+        !(KVF_MUTANT(SRC_FREED_AT_POST) && j->src_let_go)) {
+        uint32_t full = j->n_tokens / w->geo.page_tokens;
+        kvf__pcache_put(w->cache, w->pool, j->tenant, j->tokens, j->src, j->cached,
+                        full < j->n_pages ? full : j->n_pages, now);
+    }
     if (!(KVF_MUTANT(SRC_FREED_AT_POST) && j->src_let_go))
         for (uint32_t i = 0; i < j->n_pages; i++)
             if (j->src[i].tag) kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now);
@@ -206,6 +214,17 @@ static void on_flush_done(void *arg, int status)
     job_maybe_free(w, j);
 }
 
+/* The put's hold on its source page: a page from the prefix cache is sealed and is held only
+ * through share, by a reader of its tenant. */
+static void hold_src(struct kvf_pworker *w, const struct pjob *j, uint32_t i)
+{
+    struct kvf_page_info in;
+    if (i < j->cached && kvf_pool_page_info(w->pool, j->src[i].page, &in) == 0 && in.sealed)
+        kvf_pool_share(w->pool, j->src[i], j->tenant, KVF_HOLDER_XFER_SRC);
+    else
+        kvf_pool_hold(w->pool, j->src[i], KVF_HOLDER_XFER_SRC);
+}
+
 static void post_write(struct kvf_pworker *w, struct psess *s, const struct kvf_action *a)
 {
     struct pjob *j = job_find(w, s, a->req, a->nonce);
@@ -223,7 +242,7 @@ static void post_write(struct kvf_pworker *w, struct psess *s, const struct kvf_
     p->job = j;
     p->index = a->index;
     p->left = 2;
-    kvf_pool_hold(w->pool, j->src[a->index], KVF_HOLDER_XFER_SRC);
+    hold_src(w, j, a->index);
     j->puts_out++;
     if (kvf__forge_skip_put(j, a->index)) { /* never put: completes locally at once */
         p->left = 1;
@@ -453,8 +472,26 @@ static bool pages_in_use(const struct kvf_pworker *w)
 static int take_pages(struct kvf_pworker *w, struct pjob *j)
 {
     struct kvf_owner own = {j->req, j->tenant};
-    int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages, false, j->src);
-    if (rc == 0) return 1;
+    uint32_t pt = w->geo.page_tokens, k = 0;
+    uint64_t now = now_ms(w);
+    /* The prompt's first whole pages from the prefix cache, the last prompt token never (its
+     * logits draw the first token). */
+    if (w->cache && j->n_tokens > pt) {
+        uint32_t most = (j->n_tokens - 1) / pt;
+        k = kvf__pcache_take(w->cache, w->pool, j->tenant, j->tokens,
+                             most < j->n_pages ? most : j->n_pages, j->src);
+    }
+    int rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages - k, false, j->src + k);
+    /* Under pressure the cache yields before a job waits: least recently used first. */
+    while (rc == KVF_E_POOL_FULL && w->cache && kvf__pcache_evict(w->cache, w->pool, 1, now) == 1)
+        rc = kvf_pool_alloc(w->pool, &own, KVF_HOLDER_SEQ, j->n_pages - k, false, j->src + k);
+    if (rc == 0) {
+        j->cached = k;
+        j->pos = k * pt; /* computed already: the job computes from the first uncached token */
+        return 1;
+    }
+    for (uint32_t i = 0; i < k; i++)
+        kvf_pool_release(w->pool, j->src[i], KVF_HOLDER_SEQ, now);
     memset(j->src, 0, j->n_pages * sizeof(*j->src));
     if (rc == KVF_E_POOL_FULL && j->n_pages <= kvf_pool_n_pages(w->pool) && pages_in_use(w))
         return 0;
@@ -817,9 +854,12 @@ static int turn(struct kvf_pworker *w)
     sess_reap(w);
     struct kvf_pool_stats ps;
     kvf_pool_stats(w->pool, &ps);
+    struct kvf_prefix_cache_stats cs = {0};
+    if (w->cache) kvf__pcache_stats(w->cache, &cs);
     pthread_mutex_lock(&w->info_mu);
     w->info_pages = ps.n_pages;
     w->info_free = ps.by_state[KVF_PAGE_FREE];
+    w->info_cache = cs;
     pthread_mutex_unlock(&w->info_mu);
     if (step_state(w) == STEP_DONE) finish_chunk(w);
     bool waiting = false, stepping = step_state(w) != STEP_IDLE;
@@ -904,6 +944,7 @@ static void destroy(struct kvf_pworker *w)
     }
     for (uint32_t i = 0; i < PF_MAX_SESS; i++)
         if (w->sess[i].m) kvf_prefill_destroy(w->sess[i].m);
+    if (w->pool) kvf__pcache_free(w->cache, w->pool, now_ms(w));
     kvf_fwd_destroy(w->fwd);
     kvf_pool_destroy(w->pool);
     free(w->jobs);
@@ -944,7 +985,7 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, 
     w->block_bytes = kvf_geo_block_bytes(&w->geo);
     uint32_t max_pages = (cfg->max_context + cfg->page_tokens - 1) / cfg->page_tokens;
     struct kvf_pool_config pc = {.geo = w->geo,
-                                 .n_pages = cfg->n_pages,
+                                 .n_pages = cfg->n_pages + cfg->prefix_cache_pages,
                                  .max_peers = 1,
                                  .tag_seed = 0x5000000000ull,
                                  .poison_on_free = cfg->poison_free};
@@ -959,6 +1000,11 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, 
                  kvf_strerror(rc));
     if (rc == 0 && (rc = kvf_fwd_create(cfg->model, &fc, &w->fwd)) < 0)
         snprintf(err, err_len, "cannot start the compute threads: %s", kvf_strerror(rc));
+    if (rc == 0 && cfg->prefix_cache_pages &&
+        !(w->cache = kvf__pcache_new(cfg->prefix_cache_pages, cfg->page_tokens))) {
+        rc = -ENOMEM;
+        snprintf(err, err_len, "out of memory for the prefix cache");
+    }
     if (rc == 0) {
         w->jobs = calloc(w->cfg.max_reqs, sizeof(*w->jobs));
         w->acts.cap = 4 * w->cfg.max_reqs + 64;
@@ -1018,6 +1064,13 @@ void kvf_pworker_pool(kvf_pworker_t *w, uint32_t *pages, uint32_t *free_pages)
     pthread_mutex_lock(&w->info_mu);
     *pages = w->info_pages;
     *free_pages = w->info_free;
+    pthread_mutex_unlock(&w->info_mu);
+}
+
+void kvf_pworker_cache(kvf_pworker_t *w, struct kvf_prefix_cache_stats *out)
+{
+    pthread_mutex_lock(&w->info_mu);
+    *out = w->info_cache;
     pthread_mutex_unlock(&w->info_mu);
 }
 

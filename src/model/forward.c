@@ -231,6 +231,14 @@ static int check_seq(const kvf_model_t *m, uint32_t max_ctx, const kvf_pool_t *p
      * nothing verified is overwritten and no slot is skipped. */
     const uint8_t *base = kvf_pool_data(pool, &(size_t){0});
     size_t stride = kvf_pool_page_bytes(pool);
+#if !defined(KVF_NO_SAFETY_CHECKS)
+    /* The request's tenant: the owner of the page its first new position goes to, which must
+     * be the request's own (checked in the walk below). */
+    struct kvf_page_info first;
+    bool own_tenant = kvf_pool_page_info(pool, s->pages[s->pos / pt].page, &first) == 0 &&
+                      kvf_req_id_eq(first.owner.req, s->req);
+    uint32_t tenant = first.owner.tenant;
+#endif
     for (uint32_t i = 0; (uint64_t)i * pt < end; i++) {
         /* Compute threads address page p as base + p × stride (pool.h's layout); a page that is
          * not where that says is refused rather than misread. */
@@ -241,8 +249,14 @@ static int check_seq(const kvf_model_t *m, uint32_t max_ctx, const kvf_pool_t *p
          * bench-overhead`'s comparison binary; the layout check above stays, compute needs it. */
         struct kvf_page_info info;
         if (kvf_pool_page_info(pool, s->pages[i].page, &info) != 0 ||
-            info.state != KVF_PAGE_OWNED || info.tag != s->pages[i].tag ||
-            !kvf_req_id_eq(info.owner.req, s->req))
+            info.state != KVF_PAGE_OWNED || info.tag != s->pages[i].tag)
+            return KVF_E_MODEL_PAGE;
+        /* Another request's page only when sealed (never written again), of this request's
+         * tenant (the owner of the page its new positions go to), and wholly in the past: the
+         * prefix cache's pages (docs/PREFIX_CACHE.md). */
+        if (!kvf_req_id_eq(info.owner.req, s->req) &&
+            !(info.sealed && own_tenant && info.owner.tenant == tenant &&
+              (uint64_t)(i + 1) * pt <= s->pos))
             return KVF_E_MODEL_PAGE;
         if ((uint64_t)i * pt < s->pos) {
             uint32_t last = s->pos - i * pt >= pt ? pt - 1 : s->pos - i * pt - 1;

@@ -26,6 +26,8 @@ struct rig {
     uint32_t n_vocab;
 };
 
+static uint32_t rig_cache_pages; /* the prefill's prefix cache for the next rig (0: none) */
+
 static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
 {
     char err[256] = "";
@@ -52,7 +54,8 @@ static void rig_start(struct rig *r, const char *shape, uint32_t decode_pages)
         .poison_free = true,
 #endif
         .grant_timeout_ms = 5000,
-        .hold_timeout_ms = 2000
+        .hold_timeout_ms = 2000,
+        .prefix_cache_pages = rig_cache_pages
     };
     if (kvf_pworker_start(&c, &r->pw, err, sizeof(err)) < 0) KVF_FAIL("prefill: %s", err);
     c.n_pages = decode_pages;
@@ -263,10 +266,100 @@ static void test_cancel_and_limits(void)
     rig_stop(&r);
 }
 
+/* The prefill's cache figures once the loop has published n inserts (a job's pages enter the
+ * cache when its puts are done, after the request has ended). */
+static struct kvf_prefix_cache_stats cache_after(struct rig *r, uint64_t inserts)
+{
+    struct kvf_prefix_cache_stats cs = {0};
+    for (int i = 0; i < 500; i++) {
+        kvf_pworker_cache(r->pw, &cs);
+        if (cs.inserts >= inserts) break;
+        usleep(10000);
+    }
+    return cs;
+}
+
+static void run_equal_solo(struct rig *r, const struct kvf_gen_params *p)
+{
+    kvf_gen_t *g;
+    ASSERT_OK(kvf_dworker_gen_ops.submit(r->dw, p, &g));
+    struct out got, want;
+    collect(r, g, &got);
+    solo(r, p, &want);
+    expect_same(&got, &want);
+    for (uint32_t i = 0; i < want.n; i++)
+        ASSERT_MEMEQ(got.top[i], want.top[i], sizeof(got.top[i]));
+}
+
+/*
+ * The tenant-scoped prefix cache (docs/PREFIX_CACHE.md): a prompt's whole pages computed for a
+ * tenant are taken from the cache by that tenant's next prompt with the same beginning — never
+ * by another tenant's — the last prompt token is always computed, every answer equals the
+ * request run alone token for token (and its top-3 ids), and under pressure the cache
+ * evicts (least recently used first) rather than making a job wait.
+ */
+static void test_prefix_cache_within_tenant(void)
+{
+    struct rig r;
+    rig_cache_pages = 24;
+    rig_start(&r, "tiny", 128);
+    rig_cache_pages = 0;
+    int32_t prompt[120];
+    make_prompt(prompt, 120, 3, r.n_vocab);
+    struct kvf_gen_params p = {.tenant = 1,
+                               .prompt = prompt,
+                               .n_prompt = 80, /* 5 whole pages */
+                               .max_tokens = 12,
+                               .sample = {.temperature = 0.0f, .top_p = 1.0f, .seed = 1},
+                               .n_logprobs = 3};
+    run_equal_solo(&r, &p);
+    struct kvf_prefix_cache_stats cs = cache_after(&r, 5);
+    ASSERT_EQ_U64(cs.misses, 1);
+    ASSERT_EQ_U64(cs.inserts, 5);
+    ASSERT_EQ_INT(cs.pages, 5);
+    /* The same prompt again: 4 pages from the cache (the 5th holds the last prompt token). */
+    run_equal_solo(&r, &p);
+    cs = cache_after(&r, 5);
+    ASSERT_EQ_U64(cs.hits, 1);
+    ASSERT_EQ_U64(cs.hit_pages, 4);
+    /* Another tenant, the same prompt: nothing from the cache; its own pages are cached. */
+    p.tenant = 2;
+    run_equal_solo(&r, &p);
+    cs = cache_after(&r, 10);
+    ASSERT_EQ_U64(cs.hits, 1);
+    ASSERT_EQ_U64(cs.misses, 2);
+    ASSERT_EQ_INT(cs.pages, 10);
+    /* The first tenant's conversation goes on: its 5 pages, then 2 computed, sampled. */
+    p.tenant = 1;
+    p.n_prompt = 120;
+    p.sample = (struct kvf_sample_params){.temperature = 0.9f, .top_p = 0.9f, .seed = 77};
+    run_equal_solo(&r, &p);
+    cs = cache_after(&r, 12);
+    ASSERT_EQ_U64(cs.hits, 2);
+    ASSERT_EQ_U64(cs.hit_pages, 9);
+    /* Pressure: prompts of new beginnings fill the 24 cached pages; the oldest go, every answer
+     * still equals its solo run. */
+    for (uint32_t s = 10; s < 16; s++) {
+        make_prompt(prompt, 80, s, r.n_vocab);
+        p.n_prompt = 80;
+        run_equal_solo(&r, &p);
+    }
+    cs = cache_after(&r, 12 + 6 * 5);
+    ASSERT_TRUE(cs.evictions >= 12 + 6 * 5 - 24);
+    ASSERT_TRUE(cs.pages <= 24);
+    /* The pool: what is not free is cached (no job is left). */
+    uint32_t pages = 0, free_pages = 0;
+    kvf_pworker_pool(r.pw, &pages, &free_pages);
+    ASSERT_EQ_INT(pages, 128 + 24);
+    ASSERT_EQ_INT(free_pages + cs.pages, pages);
+    rig_stop(&r);
+}
+
 static const struct kvf_test_case cases[] = {
     KVF_CASE(test_one_request_equals_solo),
     KVF_CASE(test_sixteen_concurrent_equal_solo),
     KVF_CASE(test_cancel_and_limits),
+    KVF_CASE(test_prefix_cache_within_tenant),
 };
 
 int main(int argc, char **argv)
