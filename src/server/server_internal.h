@@ -419,4 +419,7 @@ int64_t kvf__srv_now_us(void);
  * before, when it started) can be read from them. */
 int kvf__srv_random(void *buf, size_t n);
 
+/* kvf_schema_to_grammar on a parsed schema (NULL: json_object). */
+int kvf__srv_json_grammar(json_t *schema, char *out, size_t cap, char *err, size_t err_len);
+
 #endif /* KVF_SERVER_INTERNAL_H */
