@@ -69,6 +69,10 @@ struct kvf_worker_config {
     bool manual;   /* no threads: the caller runs the loop a turn at a time and each
                       compute step when it chooses (the simulator, tests/sim) */
     uint64_t seed; /* tags and ids; 0: from the clock and the process id */
+    /* Constrained decoding (kvfence/grammar.h): the model's vocabulary as the grammar masks
+     * read it (borrowed; outlives the worker). NULL: a request with a grammar fails
+     * (KVF_E_MODEL_UNSUPPORTED). */
+    const struct kvf_grammar_vocab *grammar_vocab;
 };
 
 typedef struct kvf_pworker kvf_pworker_t;

@@ -211,6 +211,7 @@ int kvf_cmd_serve(int argc, char **argv)
     int status = 1;
     char err[256] = "";
     kvf_gguf_t *g = NULL;
+    kvf_grammar_vocab_t *gv = NULL;
     kvf_model_t *m = NULL;
     kvf_tokenizer_t *tok = NULL;
     kvf_pworker_t *pw = NULL;
@@ -234,7 +235,9 @@ int kvf_cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvfence serve: no random source for the internal fabric's key\n");
         goto out;
     }
+    gv = kvf_cli_grammar_vocab(g, tok);
     struct kvf_worker_config wc = {.model = m,
+                                   .grammar_vocab = gv,
                                    .model_fp = fp,
                                    .page_tokens = SERVE_PAGE_TOKENS,
                                    .fabric_key = fabric_key,
@@ -299,6 +302,7 @@ out:
     kvf_pworker_stop(pw);
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
+    kvf_grammar_vocab_free(gv);
     kvf_gguf_close(g);
     kvf_cli_http_free(&o.http);
     if (status == 0) fprintf(stderr, "kvfence serve: stopped\n");

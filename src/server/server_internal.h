@@ -106,6 +106,9 @@ struct kvf__srv_req {
     bool tokens_as_ids;    /* return_tokens_as_token_ids (vLLM): logprobs name each token
                               "token_id:<id>" instead of its text */
     bool ignore_eos;
+    char *grammar; /* owned, NUL-terminated, n_grammar bytes: GBNF (response_format, grammar),
+                      compiled once here to check it; NULL: unconstrained */
+    uint32_t n_grammar;
 };
 
 /* Parses and validates a completions or chat body (already scanned or not: the scan is done

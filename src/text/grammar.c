@@ -365,6 +365,7 @@ static int split_off(struct parser *ps, uint32_t r, uint32_t from)
     int rc = 0;
     for (uint32_t i = 0; i < n && rc == 0; i++)
         rc = push(ps, (uint32_t)nr, copy[i]);
+    if (rc == 0) rc = push(ps, (uint32_t)nr, EL(E_END, 0));
     free(copy);
     ps->rules[nr].defined = true;
     return rc < 0 ? rc : nr;
