@@ -3,7 +3,8 @@
  * response_format. The grammar written is compact JSON: no whitespace between tokens, object
  * members in the schema's `properties` order, every listed property present (a required one
  * must be, an optional one may be: writing it always is within the schema). Numbers have at most
- * 16 integer digits and 16 fraction digits and no exponent; the output is always valid against
+ * 15 integer digits (so that every integer is exact in a double, as JavaScript clients read it)
+ * and 16 fraction digits and no exponent; the output is always valid against
  * the schema, and may be narrower than it, never wider.
  *
  * Supported keywords: type (one name or a list), properties, required (names must be listed in
@@ -401,9 +402,9 @@ int kvf__srv_json_grammar(json_t *schema, char *out, size_t cap, char *err, size
     for (int i = 1; i < 16; i++)
         put(&g, " )?");
     put(&g, "\ninteger ::= \"-\"? ( \"0\" | [1-9]");
-    for (int i = 1; i < 16; i++)
+    for (int i = 1; i < 15; i++)
         put(&g, " ( [0-9]");
-    for (int i = 1; i < 16; i++)
+    for (int i = 1; i < 15; i++)
         put(&g, " )?");
     put(&g, " )\n");
     if (g.err) return g.err;

@@ -562,11 +562,11 @@ int kvf_grammar_compile(const char *text, size_t len, kvf_grammar_t **out, char 
     uint32_t k = 0;
     for (uint32_t i = 0; i < ps.n_rules; i++) {
         g->rule_start[i] = k;
-        memcpy(g->elems + k, ps.rules[i].e, ps.rules[i].n * sizeof *g->elems);
+        if (ps.rules[i].n) memcpy(g->elems + k, ps.rules[i].e, ps.rules[i].n * sizeof *g->elems);
         k += ps.rules[i].n;
     }
     g->n_elems = k;
-    memcpy(g->cls, ps.cls, ps.n_cls * sizeof *g->cls);
+    if (ps.n_cls) memcpy(g->cls, ps.cls, ps.n_cls * sizeof *g->cls);
     g->n_cls = ps.n_cls;
     *out = g;
     rc = 0;
