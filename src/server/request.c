@@ -585,6 +585,7 @@ static int parse_structured(json_t *root, struct kvf__srv_req *r, struct kvf__sr
     const char *param = NULL;
     char err[256] = "";
     int n = 0;
+    if (!rf && !gr) return 0;
     char *text = malloc(KVF_GRAMMAR_MAX_BYTES + 1);
     if (!text) return kvf__srv_fail(e, 500, NULL, "internal_error", "out of memory");
     if (rf) {
@@ -597,7 +598,6 @@ static int parse_structured(json_t *root, struct kvf__srv_req *r, struct kvf__sr
                                  "'response_format' must be an object with a string 'type'");
         }
         if (strcmp(t, "text") == 0) {
-            free(text);
             rf = NULL;
         } else if (strcmp(t, "json_object") == 0) {
             n = kvf__srv_json_grammar(NULL, text, KVF_GRAMMAR_MAX_BYTES + 1, err, sizeof err);
@@ -643,7 +643,10 @@ static int parse_structured(json_t *root, struct kvf__srv_req *r, struct kvf__sr
         text[len] = 0;
         n = (int)len;
     }
-    if (!rf && !gr) return 0;
+    if (!rf && !gr) {
+        free(text);
+        return 0;
+    }
     if (n < 0) {
         free(text);
         if (n == -ENOMEM) return kvf__srv_fail(e, 500, NULL, "internal_error", "out of memory");
@@ -651,8 +654,21 @@ static int parse_structured(json_t *root, struct kvf__srv_req *r, struct kvf__sr
     }
     kvf_grammar_t *g = NULL;
     int rc = kvf_grammar_compile(text, (size_t)n, &g, err, sizeof err);
+    bool empty_only = false;
+    if (rc == 0) {
+        /* The first token is drawn before any stop may come: a grammar whose only sentence
+         * is empty cannot be served. */
+        struct kvf_grammar_state *st = malloc(sizeof *st);
+        if (st) {
+            kvf_grammar_state_init(g, st);
+            empty_only = st->n == 1;
+            free(st);
+        }
+    }
     kvf_grammar_free(g);
-    if (rc < 0) {
+    if (rc == 0 && empty_only)
+        snprintf(err, sizeof err, "the grammar matches the empty output only");
+    if (rc < 0 || empty_only) {
         free(text);
         return kvf__srv_fail(e, 400, param, "invalid_value", "'%s': %s", param, err);
     }
