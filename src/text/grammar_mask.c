@@ -259,8 +259,26 @@ int kvf_grammar_apply(kvf_grammar_t *g, const kvf_grammar_vocab_t *v,
         n_stop_ids < KVF_GEN_MAX_STOP_IDS_GRAMMAR ? n_stop_ids : KVF_GEN_MAX_STOP_IDS_GRAMMAR;
     for (uint32_t k = 0; k < ns; k++)
         keep[k] = stop_ids[k] >= 0 && (uint32_t)stop_ids[k] < n_vocab ? logits[stop_ids[k]] : 0.0f;
+    /* A word at a time: most words of a mask are all clear (or all set). */
     int allowed = 0;
-    for (uint32_t i = 0; i < n_vocab; i++) {
+    uint32_t full = nv & ~63u;
+    for (uint32_t i = 0; i < full; i += 64) {
+        uint64_t w = bits[i >> 6];
+        if (w == 0) {
+            for (uint32_t k = 0; k < 64; k++)
+                logits[i + k] = -INFINITY;
+        } else if (w == ~0ull) {
+            allowed += 64;
+        } else {
+            for (uint32_t k = 0; k < 64; k++) {
+                if (w >> k & 1)
+                    allowed++;
+                else
+                    logits[i + k] = -INFINITY;
+            }
+        }
+    }
+    for (uint32_t i = full; i < n_vocab; i++) {
         if (i < nv && (bits[i >> 6] >> (i & 63) & 1))
             allowed++;
         else
