@@ -45,10 +45,14 @@ static void test_gbnf_sentences(void)
     } cases[] = {
         {"root ::= \"ab\" | [0-9]+ \"!\"", {"ab", "7!", "123!"}, {"a", "!", "ab!", "12"}},
         {"root ::= \"a\" [0-9]? \"!\"", {"a!", "a5!"}, {"a55!", "!", "a"}},
-        {"root ::= x (\",\" x)*\nx ::= [a-c]+ # comment\n", {"a", "ab,c", "c,c,c"}, {",", "a,", "d"}},
+        {"root ::= x (\",\" x)*\nx ::= [a-c]+ # comment\n",
+         {"a", "ab,c", "c,c,c"},
+         {",", "a,", "d"}},
         {"root ::= ( \"(\" root \")\" )?", {"", "()", "(())"}, {"(", "())", ")("}},
         {"root ::= [^\"\\\\]* \"\\\"\"", {"\"", "ab\"", "\xc3\xa9\""}, {"\\\"", "a", "\xff\""}},
-        {"root ::= [\\u03b1-\\u03c9]+", {"\xce\xb2", "\xce\xb1\xcf\x89"}, {"a", "\xce", "\xcf\x8a"}},
+        {"root ::= [\\u03b1-\\u03c9]+",
+         {"\xce\xb2", "\xce\xb1\xcf\x89"},
+         {"a", "\xce", "\xcf\x8a"}},
         {"root ::= .", {"x", "\xe2\x82\xac", "\xf0\x9f\x98\x80"}, {"\n", "", "\xed\xa0\x80"}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -67,9 +71,17 @@ static void test_gbnf_sentences(void)
 
 static void test_bad_grammars(void)
 {
-    const char *bad[] = {"",           "root ::= x",       "a ::= \"b\"",    "root ::= \"a",
-                         "root ::= [b-a]", "root ::= \"a\" )", "root ::= *",     "root ::= \"\\q\"",
-                         "root ::= \"a\"\nroot ::= \"b\"",      "root ::= []",    "root \"a\""};
+    const char *bad[] = {"",
+                         "root ::= x",
+                         "a ::= \"b\"",
+                         "root ::= \"a",
+                         "root ::= [b-a]",
+                         "root ::= \"a\" )",
+                         "root ::= *",
+                         "root ::= \"\\q\"",
+                         "root ::= \"a\"\nroot ::= \"b\"",
+                         "root ::= []",
+                         "root \"a\""};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kvf_grammar_t *g = NULL;
         char err[200] = "";
@@ -108,9 +120,9 @@ static void test_bad_grammars(void)
 }
 
 /* A vocabulary: <unk>, <s>, </s>, the 256 byte tokens, then these pieces. */
-static const char *const pieces[] = {
-    SP "true", "true", "false", "{\"", "\":", "\",\"", "}", "ab", "null", "12", "3.", SP, "\"}",
-    "[1", ",", "]", "\xce\xb1", "<|x|>"};
+static const char *const pieces[] = {SP "true", "true", "false", "{\"", "\":",      "\",\"",
+                                     "}",       "ab",   "null",  "12",  "3.",       SP,
+                                     "\"}",     "[1",   ",",     "]",   "\xce\xb1", "<|x|>"};
 
 static kvf_tokenizer_t *make_tok(void)
 {
