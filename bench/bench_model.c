@@ -92,8 +92,7 @@ struct gctx {
 static int32_t pick(struct gctx *c, unsigned long s, const float *l, uint32_t n)
 {
     if (!c || !c->g) return greedy(l, n);
-    memcpy(c->buf, l, n * sizeof(float));
-    int left = kvf_grammar_apply(c->g, c->v, &c->st[s], c->buf, n, c->stop, c->n_stop);
+    int left = kvf_grammar_apply_to(c->g, c->v, &c->st[s], l, c->buf, n, c->stop, c->n_stop);
     int32_t t = left > 0 ? greedy(c->buf, n) : (c->n_stop ? c->stop[0] : 0);
     bool is_stop = false;
     for (uint32_t k = 0; k < c->n_stop; k++)

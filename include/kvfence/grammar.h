@@ -99,4 +99,10 @@ int kvf_grammar_apply(kvf_grammar_t *g, const kvf_grammar_vocab_t *v,
                       const struct kvf_grammar_state *s, float *logits, uint32_t n_vocab,
                       const int32_t *stop_ids, uint32_t n_stop_ids);
 
+/* kvf_grammar_apply from src[0..n_vocab) (borrowed, unchanged) into dst (may be src): one pass,
+ * no copy beforehand. Same results. */
+int kvf_grammar_apply_to(kvf_grammar_t *g, const kvf_grammar_vocab_t *v,
+                         const struct kvf_grammar_state *s, const float *src, float *dst,
+                         uint32_t n_vocab, const int32_t *stop_ids, uint32_t n_stop_ids);
+
 #endif /* KVFENCE_GRAMMAR_H */

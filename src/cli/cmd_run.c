@@ -292,9 +292,8 @@ static int constrain(struct run *r)
     size_t n_eog = kvf_tokenizer_eog(r->tok, &eog);
     if (n_eog > KVF_GEN_MAX_STOP_IDS) n_eog = KVF_GEN_MAX_STOP_IDS;
     if (r->n_out == 0) n_eog = 0;
-    memcpy(r->masked, r->logits, r->hp->n_vocab * sizeof(float));
-    int left =
-        kvf_grammar_apply(r->gram, r->gv, r->gst, r->masked, r->hp->n_vocab, eog, (uint32_t)n_eog);
+    int left = kvf_grammar_apply_to(r->gram, r->gv, r->gst, r->logits, r->masked, r->hp->n_vocab,
+                                    eog, (uint32_t)n_eog);
     if (left < 0) return left;
     if (left == 0) return n_eog ? eog[0] : KVF_E_ENGINE;
     return INT_MIN;

@@ -80,8 +80,8 @@ void kvf__gram_put(struct kvf__gram_reg *r, kvf_grammar_t *g)
 
 int kvf__constrain(const struct kvf__constraint *c, const float *logits, uint32_t n_vocab)
 {
-    memcpy(c->buf, logits, (size_t)n_vocab * sizeof *logits);
-    int left = kvf_grammar_apply(c->g, c->v, c->s, c->buf, n_vocab, c->stop_ids, c->n_stop_ids);
+    int left =
+        kvf_grammar_apply_to(c->g, c->v, c->s, logits, c->buf, n_vocab, c->stop_ids, c->n_stop_ids);
     if (left < 0) return left;
     /* A dead end (the vocabulary cannot spell any continuation): end the output here. */
     if (left == 0) return c->n_stop_ids ? c->stop_ids[0] : KVF_E_ENGINE;

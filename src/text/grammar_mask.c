@@ -250,6 +250,13 @@ int kvf_grammar_apply(kvf_grammar_t *g, const kvf_grammar_vocab_t *v,
                       const struct kvf_grammar_state *s, float *logits, uint32_t n_vocab,
                       const int32_t *stop_ids, uint32_t n_stop_ids)
 {
+    return kvf_grammar_apply_to(g, v, s, logits, logits, n_vocab, stop_ids, n_stop_ids);
+}
+
+int kvf_grammar_apply_to(kvf_grammar_t *g, const kvf_grammar_vocab_t *v,
+                         const struct kvf_grammar_state *s, const float *src, float *dst,
+                         uint32_t n_vocab, const int32_t *stop_ids, uint32_t n_stop_ids)
+{
     const uint64_t *bits = kvf_grammar_mask(g, v, s);
     if (!bits) return -ENOMEM;
     bool done = kvf_grammar_state_done(s);
@@ -258,41 +265,40 @@ int kvf_grammar_apply(kvf_grammar_t *g, const kvf_grammar_vocab_t *v,
     uint32_t ns =
         n_stop_ids < KVF_GEN_MAX_STOP_IDS_GRAMMAR ? n_stop_ids : KVF_GEN_MAX_STOP_IDS_GRAMMAR;
     for (uint32_t k = 0; k < ns; k++)
-        keep[k] = stop_ids[k] >= 0 && (uint32_t)stop_ids[k] < n_vocab ? logits[stop_ids[k]] : 0.0f;
-    /* A word at a time: most words of a mask are all clear (or all set). */
+        keep[k] = stop_ids[k] >= 0 && (uint32_t)stop_ids[k] < n_vocab ? src[stop_ids[k]] : 0.0f;
+    /* One pass, a word of the mask at a time: most words are all clear (or all set). */
     int allowed = 0;
     uint32_t full = nv & ~63u;
     for (uint32_t i = 0; i < full; i += 64) {
         uint64_t w = bits[i >> 6];
         if (w == 0) {
             for (uint32_t k = 0; k < 64; k++)
-                logits[i + k] = -INFINITY;
+                dst[i + k] = -INFINITY;
         } else if (w == ~0ull) {
+            if (dst != src) memcpy(dst + i, src + i, 64 * sizeof *dst);
             allowed += 64;
         } else {
             for (uint32_t k = 0; k < 64; k++) {
-                if (w >> k & 1)
-                    allowed++;
-                else
-                    logits[i + k] = -INFINITY;
+                bool on = w >> k & 1;
+                dst[i + k] = on ? src[i + k] : -INFINITY;
+                allowed += on;
             }
         }
     }
     for (uint32_t i = full; i < n_vocab; i++) {
-        if (i < nv && (bits[i >> 6] >> (i & 63) & 1))
-            allowed++;
-        else
-            logits[i] = -INFINITY;
+        bool on = i < nv && (bits[i >> 6] >> (i & 63) & 1);
+        dst[i] = on ? src[i] : -INFINITY;
+        allowed += on;
     }
     for (uint32_t k = 0; k < ns; k++) {
         int32_t t = stop_ids[k];
         if (t < 0 || (uint32_t)t >= n_vocab) continue;
-        bool was = logits[t] != -INFINITY;
+        bool was = dst[t] != -INFINITY;
         if (done && !was) {
-            logits[t] = keep[k];
+            dst[t] = keep[k];
             allowed++;
         } else if (!done && was) {
-            logits[t] = -INFINITY;
+            dst[t] = -INFINITY;
             allowed--;
         }
     }
