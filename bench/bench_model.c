@@ -192,6 +192,12 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
                     kvf_strerror(rc < 0 ? rc : seqs[0].status));
             return -1;
         }
+        for (unsigned long s = 0; s < batch; s++)
+            if (seqs[s].status != 0) {
+                fprintf(stderr, "kvfence bench model: decode failed: %s\n",
+                        kvf_strerror(seqs[s].status));
+                return -1;
+            }
         if (step + 1 < gen)
             for (unsigned long s = 0; s < batch; s++)
                 toks[s * (prompt + gen) + prompt + step + 1] =
