@@ -47,7 +47,7 @@
 #define KVF_GRAMMAR_MAX_DEPTH   64 /* positions per stack */
 #define KVF_GRAMMAR_MAX_STACKS  32 /* stacks per state */
 #define KVF_GRAMMAR_MAX_TOKEN   64 /* token bytes walked; a longer token is never allowed */
-#define KVF_GRAMMAR_CACHE_BYTES (16u << 20)
+#define KVF_GRAMMAR_CACHE_BYTES (4u << 20)
 #define KVF_GRAMMAR_STATE_WORDS (KVF_GRAMMAR_MAX_STACKS * (KVF_GRAMMAR_MAX_DEPTH + 1))
 
 typedef struct kvf_grammar kvf_grammar_t;

@@ -71,11 +71,21 @@ int kvf__gram_get(struct kvf__gram_reg *r, const char *text, uint32_t n, kvf_gra
 
 void kvf__gram_put(struct kvf__gram_reg *r, kvf_grammar_t *g)
 {
-    for (uint32_t i = 0; i < r->n; i++)
-        if (r->e[i].g == g && r->e[i].refs) {
+    uint32_t at = r->n, idle = 0;
+    for (uint32_t i = 0; i < r->n; i++) {
+        if (r->e[i].g == g && r->e[i].refs && at == r->n) {
             r->e[i].refs--;
-            return;
+            at = i;
         }
+        idle += r->e[i].refs == 0;
+    }
+    /* Memory stays bounded: the grammars of live requests, and at most KVF__GRAM_IDLE others
+     * (each with its mask cache, at most KVF_GRAMMAR_CACHE_BYTES). */
+    if (at < r->n && r->e[at].refs == 0 && idle > KVF__GRAM_IDLE) {
+        kvf_grammar_free(r->e[at].g);
+        free(r->e[at].text);
+        r->e[at] = r->e[--r->n];
+    }
 }
 
 int kvf__constrain(const struct kvf__constraint *c, const float *logits, uint32_t n_vocab)

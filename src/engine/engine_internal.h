@@ -89,7 +89,9 @@ void kvf__gram_reg_free(struct kvf__gram_reg *r);
 /* The compiled grammar of text[0..n), with a reference: 0, or the compile's error, -EBUSY
  * (every slot held), -ENOMEM. */
 int kvf__gram_get(struct kvf__gram_reg *r, const char *text, uint32_t n, kvf_grammar_t **out);
+/* Drops a reference; a grammar no request holds stays cached unless KVF__GRAM_IDLE others do. */
 void kvf__gram_put(struct kvf__gram_reg *r, kvf_grammar_t *g);
+#define KVF__GRAM_IDLE 8
 
 /* One draw's constraint: the request's grammar and state, its stop ids, and the worker's
  * n_vocab-float buffer for the masked logits. */
