@@ -24,9 +24,10 @@
  * KVF_GRAMMAR_MAX_BYTES, at most KVF_GRAMMAR_MAX_RULES rules and KVF_GRAMMAR_MAX_ELEMS
  * elements after desugaring, groups nested at most KVF_GRAMMAR_MAX_NEST deep. At run time a
  * stack deeper than KVF_GRAMMAR_MAX_DEPTH or a set of more than KVF_GRAMMAR_MAX_STACKS stacks is
- * cut (those continuations are not allowed: the output stays within the grammar, never outside
- * it). A mask costs O(bytes of the vocabulary not pruned × stacks) on a cache miss and
- * O(n_vocab / 64) on a hit; the cache of one grammar holds at most KVF_GRAMMAR_CACHE_BYTES.
+ * cut, and so is one byte's step past KVF_GRAMMAR_STEP_WORK rule expansions (those continuations
+ * are not allowed: the output stays within the grammar, never outside it). A mask costs O(bytes of
+ * the vocabulary not pruned × stacks) on a cache miss and O(n_vocab / 64) on a hit; the cache of
+ * one grammar holds at most KVF_GRAMMAR_CACHE_BYTES.
  *
  * Threads: a kvf_grammar_vocab_t may be shared; a kvf_grammar_t (its cache) and a state belong
  * to one thread at a time.
@@ -44,9 +45,10 @@
 #define KVF_GRAMMAR_MAX_RULES   2048
 #define KVF_GRAMMAR_MAX_ELEMS   32768
 #define KVF_GRAMMAR_MAX_NEST    32
-#define KVF_GRAMMAR_MAX_DEPTH   64 /* positions per stack */
-#define KVF_GRAMMAR_MAX_STACKS  32 /* stacks per state */
-#define KVF_GRAMMAR_MAX_TOKEN   64 /* token bytes walked; a longer token is never allowed */
+#define KVF_GRAMMAR_MAX_DEPTH   64   /* positions per stack */
+#define KVF_GRAMMAR_MAX_STACKS  32   /* stacks per state */
+#define KVF_GRAMMAR_STEP_WORK   1024 /* rule expansions per input byte */
+#define KVF_GRAMMAR_MAX_TOKEN   64   /* token bytes walked; a longer token is never allowed */
 #define KVF_GRAMMAR_CACHE_BYTES (4u << 20)
 #define KVF_GRAMMAR_STATE_WORDS (KVF_GRAMMAR_MAX_STACKS * (KVF_GRAMMAR_MAX_DEPTH + 1))
 

@@ -609,11 +609,13 @@ static void add_stack(struct kvf_grammar_state *s, const uint32_t *st, uint32_t 
 
 /* Resolves the top of st[0..n) (st has room for KVF_GRAMMAR_MAX_DEPTH) until every stack it
  * gives tops a byte class or is empty, adding those to s. depth bounds the recursion (a
- * grammar that loops without consuming is cut there). */
+ * grammar that loops without consuming is cut there) and *work the calls of one step
+ * (KVF_GRAMMAR_STEP_WORK: a grammar of many ambiguous alternatives is cut, not slow). */
 static void expand(const kvf_grammar_t *g, uint32_t *st, uint32_t n, struct kvf_grammar_state *s,
-                   int depth)
+                   int depth, uint32_t *work)
 {
-    if (depth > 2 * KVF_GRAMMAR_MAX_DEPTH) return;
+    if (depth > 2 * KVF_GRAMMAR_MAX_DEPTH || *work == 0) return;
+    --*work;
     while (n > 0 &&
            (EL_TYPE(g->elems[st[n - 1]]) == E_END || EL_TYPE(g->elems[st[n - 1]]) == E_ALT))
         n--;
@@ -634,7 +636,7 @@ static void expand(const kvf_grammar_t *g, uint32_t *st, uint32_t n, struct kvf_
         uint32_t tmp[KVF_GRAMMAR_MAX_DEPTH];
         memcpy(tmp, base, m * sizeof *st);
         tmp[m] = a;
-        expand(g, tmp, m + 1, s, depth + 1);
+        expand(g, tmp, m + 1, s, depth + 1, work);
         while (EL_TYPE(g->elems[a]) != E_END && EL_TYPE(g->elems[a]) != E_ALT)
             a++;
         if (EL_TYPE(g->elems[a]) == E_END) break;
@@ -644,11 +646,11 @@ static void expand(const kvf_grammar_t *g, uint32_t *st, uint32_t n, struct kvf_
 void kvf_grammar_state_init(const kvf_grammar_t *g, struct kvf_grammar_state *s)
 {
     s->n = 0;
-    uint32_t st[KVF_GRAMMAR_MAX_DEPTH];
+    uint32_t st[KVF_GRAMMAR_MAX_DEPTH], work = KVF_GRAMMAR_STEP_WORK;
     uint32_t a = g->rule_start[g->root];
     for (;;) {
         st[0] = a;
-        expand(g, st, 1, s, 0);
+        expand(g, st, 1, s, 0, &work);
         while (EL_TYPE(g->elems[a]) != E_END && EL_TYPE(g->elems[a]) != E_ALT)
             a++;
         if (EL_TYPE(g->elems[a]) == E_END) break;
@@ -667,7 +669,7 @@ void kvf__grammar_step(const kvf_grammar_t *g, const struct kvf_grammar_state *i
                        struct kvf_grammar_state *out)
 {
     out->n = 0;
-    uint32_t st[KVF_GRAMMAR_MAX_DEPTH];
+    uint32_t st[KVF_GRAMMAR_MAX_DEPTH], work = KVF_GRAMMAR_STEP_WORK;
     for (uint32_t i = 0; i < in->n; i += in->w[i] + 1) {
         uint32_t n = in->w[i];
         if (n == 0) continue;
@@ -676,7 +678,7 @@ void kvf__grammar_step(const kvf_grammar_t *g, const struct kvf_grammar_state *i
         if (!(c[b >> 6] >> (b & 63) & 1)) continue;
         memcpy(st, x, n * sizeof *st);
         st[n - 1]++;
-        expand(g, st, n, out, 0);
+        expand(g, st, n, out, 0, &work);
     }
 }
 

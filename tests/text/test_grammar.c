@@ -5,6 +5,7 @@
  * complete walk parses and keeps the schema's shape; unsupported keywords named. */
 #include <jansson.h>
 #include <math.h>
+#include <time.h>
 
 #include "gguf/gguf_test_util.h"
 #include "kvf_test.h"
@@ -346,11 +347,34 @@ static void test_schema(void)
     free(text);
 }
 
+/* A grammar of many ambiguous alternatives nested several deep: each step's work is cut at
+ * KVF_GRAMMAR_STEP_WORK, so a mask over the vocabulary stays quick and what it allows still
+ * feeds. */
+static void test_ambiguous_bounded(void)
+{
+    char *text = malloc(KVF_GRAMMAR_MAX_BYTES);
+    ASSERT_NOT_NULL(text);
+    size_t n = (size_t)snprintf(text, 64, "root ::= x x x x x x x x\nx ::= y | y | y\ny ::= ");
+    for (int i = 0; i < 300; i++)
+        n += (size_t)snprintf(text + n, 16, "%s\"a\" x?", i ? " | " : "");
+    text[n++] = '\n';
+    text[n] = 0;
+    kvf_grammar_t *g = compile(text);
+    kvf_tokenizer_t *t = make_tok();
+    kvf_grammar_vocab_t *v;
+    ASSERT_OK(kvf_grammar_vocab_create(t, &v));
+    time_t t0 = time(NULL);
+    walks(g, v, t, 3, 12, NULL);
+    ASSERT_TRUE(time(NULL) - t0 < 60);
+    kvf_grammar_free(g);
+    kvf_grammar_vocab_free(v);
+    kvf_tokenizer_destroy(t);
+    free(text);
+}
+
 static const struct kvf_test_case cases[] = {
-    KVF_CASE(test_gbnf_sentences),
-    KVF_CASE(test_bad_grammars),
-    KVF_CASE(test_mask_equals_feed),
-    KVF_CASE(test_schema),
+    KVF_CASE(test_ambiguous_bounded), KVF_CASE(test_gbnf_sentences), KVF_CASE(test_bad_grammars),
+    KVF_CASE(test_mask_equals_feed),  KVF_CASE(test_schema),
 };
 
 int main(int argc, char **argv)
