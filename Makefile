@@ -28,7 +28,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation fuzz soak bench-overhead bench-split format format-check clean install deb
+.PHONY: all deps build release release-kvfence debug asan test long mutants broken isolation canary-mutant fuzz soak bench-overhead bench-split format format-check clean install deb
 
 all: deps release
 
@@ -89,6 +89,20 @@ mutants: deps
 # every such suite must fail. About 15 minutes on two cores.
 broken: deps asan
 	bash scripts/broken.sh
+
+# The canary catching a broken server (docs/SERVER.md, "Canary"), serve and the split roles, with
+# a prefill forging stale writes (KVF_TEST_FORGE): against the ASan test build with decode's
+# checks off (KVF_TEST_UNVERIFIED), and against the mutant binary no_checksum_check
+# (docs/MUTANTS.md, built here in build-mut-no_checksum_check); each run must see a canary
+# failure, /health degraded and the failing response's provenance logged. About 5 minutes on two
+# cores with the mutant's build; not in make test.
+canary-mutant: deps asan
+	cmake -S . -B build-mut-no_checksum_check -DCMAKE_BUILD_TYPE=Release -DKVF_TEST_BUILD=ON -DKVF_MUTANT=no_checksum_check >/dev/null
+	cmake --build build-mut-no_checksum_check -j $(JOBS) --target kvfence
+	for topo in serve split; do \
+	  node tests/e2e/provenance_e2e.mjs --kvfence build-asan/kvfence --mutant unverified --topology $$topo --node-modules build-node/node_modules --work build-asan/tests/e2e/work_canary_unverified_$$topo && \
+	  node tests/e2e/provenance_e2e.mjs --kvfence build-mut-no_checksum_check/kvfence --mutant binary --topology $$topo --node-modules build-node/node_modules --work build-mut-no_checksum_check/work_canary_$$topo || exit 1; \
+	done
 
 # Long prompts end to end, with the llama3.2-1b shape's 4,000-token prompt that make test leaves
 # out for its time (tests/e2e/long_e2e.mjs --big 1).

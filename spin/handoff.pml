@@ -25,7 +25,7 @@
  * CONTENT_ONLY (spin -DCONTENT_ONLY, spin/check.sh --content) keeps P2's check of the bytes
  * alone: P1, P3, P4 and the tag check of a read page are not asserted, so a trail then shows a
  * committed request reading bytes that were not written for it (the model's content check, as
- * the simulator's I1 alone). UNVERIFIED (--unverified)
+ * the simulator's L1 alone). UNVERIFIED (--unverified)
  * has decode commit without reading the pages or the count (no count, trailer or checksum
  * check), no prefill hand off short and no transport lose a put it reported complete (only those
  * checks would see them): what reaches a read is then what the page lifetime rules alone let

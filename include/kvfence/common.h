@@ -32,6 +32,7 @@ enum kvf_err {
     KVF_E_POOL_RESERVE = -1010,   /* reservation beyond what is unpromised, or unreserve too many */
     KVF_E_POOL_BAD_STATE = -1011, /* the call is not legal in the page's current state */
     KVF_E_POOL_BAD_ARG = -1012,   /* malformed argument (zero count, bad fill, bad peer, ...) */
+    KVF_E_POOL_FOREIGN = -1013,   /* a shared page asked for by another tenant than its owner */
 
     /* proto: codec and state machines. */
     KVF_E_PROTO_SHORT = -1101,       /* buffer shorter than a header or the length it declares */
@@ -136,6 +137,11 @@ void kvf_log_line(void *arg, const char *line);
 __attribute__((format(printf, 2, 3)))
 #endif
 void kvf__test_event(const char *kind, const char *fmt, ...);
+/* Test builds: fn is called with each event (its kind, and the whole line as JSON, without the
+ * newline) in the thread that emits it, KVF_TEST_EVENTS set or not; NULL stops it. For the
+ * simulator on the real loops, which runs every worker in one thread (tests/sim/sim_loops.c). */
+typedef void kvf__test_event_fn(void *ctx, const char *kind, const char *json);
+void kvf__test_event_listen(kvf__test_event_fn *fn, void *ctx);
 #endif
 
 /* ALWAYS(x)/NEVER(x): a defensive check that is expected to hold. Debug and test builds stop

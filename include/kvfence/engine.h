@@ -66,9 +66,12 @@ struct kvf_worker_config {
     const struct kvf_transport_ops *transport; /* the transport (kvfence/transport.h, the seam);
                                                   NULL: the fabric */
     void *transport_ctx;                       /* given to transport->create */
-    bool manual;   /* no threads: the caller runs the loop a turn at a time and each
-                      compute step when it chooses (the simulator, tests/sim) */
-    uint64_t seed; /* tags and ids; 0: from the clock and the process id */
+    bool manual;      /* no threads: the caller runs the loop a turn at a time and each
+                         compute step when it chooses (the simulator, tests/sim) */
+    uint64_t seed;    /* tags and ids; 0: from the clock and the process id */
+    bool log_commits; /* decode: one "kvfence decode: commit ..." line per verified handoff
+                         (request, writer, grant, every page's tag and checksum), and one line
+                         per canary (docs/SERVER.md, "Provenance") */
     /* Constrained decoding (kvfence/grammar.h): the model's vocabulary as the grammar masks
      * read it (borrowed; outlives the worker). NULL: a request with a grammar fails
      * (KVF_E_MODEL_UNSUPPORTED). */

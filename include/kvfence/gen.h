@@ -104,6 +104,43 @@ struct kvf_gen_event {
     bool stopped; /* END with err 0: true if a stop id ended it, false if max_tokens */
 };
 
+/*
+ * Provenance: which pages a generation read and what decode verified of them before it read a
+ * byte. The decode worker fills it when the handoff is verified and committed (before the first
+ * token is pushed); ids and numbers only, never content. Fixed size: the first
+ * KVF_GEN_PROV_PAGES pages are listed, and pages_digest covers every page (a chain in grant
+ * order: h = 0, then h = XXH3-64 with seed h of each page's (page, tag, checksum) as three
+ * little-endian u64), so a record of a long prompt still pins every page. docs/SERVER.md,
+ * "Provenance".
+ */
+#define KVF_PREFILL_HOST_MAX 64
+#define KVF_PREFILL_WHY_MAX  200
+#define KVF_GEN_PROV_PAGES   32
+#define KVF_GEN_PROV_ADDR    (KVF_PREFILL_HOST_MAX + 8)
+struct kvf_gen_prov_page {
+    uint32_t page;     /* page index in the decode worker's pool */
+    uint64_t tag;      /* the page's tag for this request (changes on every reassignment) */
+    uint64_t checksum; /* XXH3-64 of the page's data bytes, as DONE carried it and decode hashed */
+};
+struct kvf_gen_prov {
+    uint64_t decode_id;                   /* the decode worker's instance (its request ids' high
+                                             word: random per start) */
+    char decode_addr[KVF_GEN_PROV_ADDR];  /* router: the decode worker's host:port; "" in serve */
+    uint64_t req_lo, req_hi;              /* the handoff's request id (decode's) */
+    char prefill_addr[KVF_GEN_PROV_ADDR]; /* the prefill worker that wrote the prompt's pages */
+    uint16_t prefill_peer;                /* its peer id at the decode worker */
+    uint32_t writer_epoch;                /* its connection epoch: the grant's writer epoch */
+    uint64_t grant_nonce;                 /* the grant's nonce */
+    uint32_t tenant;
+    uint32_t tokens_granted;  /* prompt tokens the grant asked for */
+    uint32_t tokens_verified; /* DONE's token count, checked equal by decode's verify */
+    bool verified;            /* count, trailers and checksums checked (false: a test build's
+                                 KVF_TEST_UNVERIFIED commit) */
+    uint32_t n_pages;         /* the prompt's pages (may exceed KVF_GEN_PROV_PAGES) */
+    uint64_t pages_digest;    /* over all n_pages (see above) */
+    struct kvf_gen_prov_page pages[KVF_GEN_PROV_PAGES]; /* the first min(n_pages, 32) */
+};
+
 /* Figures the router serves from (read from the running workers). */
 struct kvf_engine_info {
     uint32_t n_vocab;
@@ -126,9 +163,6 @@ struct kvf_engine_info {
     uint64_t decoded_tokens; /* counter: tokens the decode steps produced, every sequence (a
                                 cancelled request's stop here: the cancellation tests read it) */
 };
-
-#define KVF_PREFILL_HOST_MAX 64
-#define KVF_PREFILL_WHY_MAX  200
 
 /* One worker as a router or decode worker sees it (for /health and the logs). */
 struct kvf_worker_status {
@@ -164,6 +198,10 @@ struct kvf_gen_ops {
     /* Optional (NULL = one process, nothing to list): the workers behind the seam, as /health
      * shows them. Fills up to max, returns how many there are. */
     size_t (*workers)(void *e, struct kvf_worker_status *out, size_t max);
+    /* Optional (NULL: none kept): the handle's provenance (struct kvf_gen_prov), known from the
+     * first TOKEN on. 1 with *out filled, 0 when not known (yet, or the request failed before
+     * its handoff was verified). */
+    int (*prov)(void *e, kvf_gen_t *g, struct kvf_gen_prov *out);
 };
 
 #endif /* KVFENCE_GEN_H */

@@ -35,19 +35,30 @@
  *   kvf_pool_tick       HELD → QUARANTINED      deadline passed; the peer is returned to fence
  *   kvf_pool_fence      GRANTED → OWNED         every grant of (peer, epoch) revoked, fill 0
  *                       HELD|QUARANTINED → FREE
+ *   kvf_pool_seal       OWNED → OWNED (sealed)  every slot verified; never written again
+ *   kvf_pool_share      OWNED (sealed) → same   one more holder, a reader of the owner's tenant
+ *
+ * Sealed pages (the prefix cache, shared within a tenant): a flag of OWNED, not a state of its
+ * own — a sealed page is OWNED in every count and every reader check — that forbids every write
+ * (grant, set_fill) and every hold but share's, which checks the reader's tenant against the
+ * owner's. Its holders are its readers: the cache (PREFIX), the requests reading it (SEQ) and
+ * the transfers reading it (XFER_SRC). Eviction is the cache's release; the page goes FREE (and
+ * unsealed) only when its last reader releases it, and the next allocation gives it a new tag.
  *
  * Invariants of each state (kvf_pool_check() walks them all):
  *
  *   FREE         no owner, no holders, no grant, fill 0; on the free list exactly once. It keeps
  *                its last tag (0 if never allocated), so a second release is told apart.
- *   OWNED        an owner, ≥ 1 holder, no grant; 0 ≤ fill ≤ page_tokens.
+ *   OWNED        an owner, ≥ 1 holder, no grant; 0 ≤ fill ≤ page_tokens; sealed only with
+ *                fill == page_tokens. Every other state is never sealed.
  *   GRANTED      an owner, ≥ 1 holder, one grant whose epoch is the peer's current epoch; fill 0.
  *   HELD         an owner (the last one), no holders, one current-epoch grant, a deadline; fill 0;
  *                on the held list exactly once, the list ordered by deadline.
  *   QUARANTINED  like HELD but past its deadline and off the held list; it leaves only by fence.
  *
  * Pool-wide identities: free + owned + granted + held + quarantined == n_pages;
- * reserved ≤ free; grants_outstanding == granted + held + quarantined; the free list holds
+ * reserved ≤ free; grants_outstanding == granted + held + quarantined; sealed (gauge) == the
+ * sealed pages; the free list holds
  * exactly the FREE pages, in the order they were freed (FIFO: a freed page is reused as late as
  * possible). Quiescence: when no request is live and every fence has resolved, free == n_pages.
  *
@@ -284,6 +295,32 @@ int kvf_pool_release(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder 
  * KVF_E_POOL_STALE_TAG, KVF_E_POOL_BAD_STATE (not OWNED). */
 int kvf_pool_set_fill(kvf_pool_t *pool, struct kvf_page_ref ref, uint32_t fill);
 
+/* --- Sharing within a tenant (the prefix cache). --------------------------------------------- */
+
+/*
+ * Seals an OWNED page whose every slot is verified (fill == page_tokens) and that no grant can
+ * write: from now until it is FREE again it is never written — no grant (kvf_pool_grant refuses
+ * it), no fill change — and it is held only through kvf_pool_share, by its owner's tenant. Its
+ * holders are its readers: the cache (KVF_HOLDER_PREFIX), each request reading it
+ * (KVF_HOLDER_SEQ) and each transfer reading it (KVF_HOLDER_XFER_SRC); it goes FREE only when
+ * the last of them releases it, so eviction is the cache's release and can never pull a page
+ * from under a forward pass or a put. The next allocation gives it a new tag, so a reference
+ * to the evicted page is stale. A partly filled page is never sealed (KVF_E_POOL_BAD_ARG):
+ * sharing one would let the next owner's appends land in another request's prefix.
+ * Errors: KVF_E_POOL_BAD_PAGE, KVF_E_POOL_STALE_TAG, KVF_E_POOL_BAD_STATE (not OWNED, or sealed
+ * already), KVF_E_POOL_BAD_ARG (fill < page_tokens). O(1).
+ */
+int kvf_pool_seal(kvf_pool_t *pool, struct kvf_page_ref ref);
+
+/*
+ * Adds one holder of kind `holder` to a sealed page for a reader of `tenant`: the page's owner
+ * must be that tenant (KVF_E_POOL_FOREIGN otherwise, whatever the caller's cache key said).
+ * Also KVF_E_POOL_BAD_ARG (bad kind, or 65535 holders of it), KVF_E_POOL_BAD_PAGE,
+ * KVF_E_POOL_STALE_TAG, KVF_E_POOL_BAD_STATE (not a sealed OWNED page). O(1).
+ */
+int kvf_pool_share(kvf_pool_t *pool, struct kvf_page_ref ref, uint32_t tenant,
+                   enum kvf_holder holder);
+
 /* --- Write grants. ------------------------------------------------------------------------- */
 
 /*
@@ -339,6 +376,11 @@ int kvf_pool_fence(kvf_pool_t *pool, struct kvf_peer_epoch writer);
  */
 int kvf_pool_read_check(const kvf_pool_t *pool, uint32_t page, uint64_t tag, uint32_t slot);
 
+/* The reader check of a reader of `tenant`: kvf_pool_read_check, and the page's owner must be
+ * that tenant (KVF_E_POOL_FOREIGN, checked after the state) — for pages that may be shared. */
+int kvf_pool_read_check_tenant(const kvf_pool_t *pool, uint32_t page, uint64_t tag, uint32_t tenant,
+                               uint32_t slot);
+
 /*
  * The same check, inline, for loops that check many pages (attention over a page table): a
  * call out of line costs about as much as the check itself. A read view is a read-only window
@@ -347,10 +389,11 @@ int kvf_pool_read_check(const kvf_pool_t *pool, uint32_t page, uint64_t tag, uin
  * it may only be used while no other call changes the pool (see Threading). Cannot fail.
  */
 struct kvf_pool_read_entry {
-    uint64_t tag;  /* current tag (a FREE page keeps its last one; 0 if never allocated) */
-    uint32_t fill; /* verified slots */
-    uint8_t state; /* enum kvf_page_state */
-    uint8_t pad_[3];
+    uint64_t tag;   /* current tag (a FREE page keeps its last one; 0 if never allocated) */
+    uint32_t fill;  /* verified slots */
+    uint8_t state;  /* enum kvf_page_state */
+    uint8_t sealed; /* an OWNED page sealed for sharing (kvf_pool_seal): never written again */
+    uint8_t pad_[2];
 };
 struct kvf_pool_read_view {
     const struct kvf_pool_read_entry *pages; /* [n_pages], borrowed from the pool */
@@ -374,6 +417,7 @@ static inline int kvf_pool_read_check_view(const struct kvf_pool_read_view *v, u
 
 struct kvf_page_info {
     enum kvf_page_state state;
+    bool sealed; /* OWNED and sealed: shared read-only within its owner's tenant */
     uint64_t tag;
     struct kvf_owner owner;
     uint16_t holders[KVF_HOLDER__NKINDS];
@@ -384,7 +428,7 @@ struct kvf_page_info {
 };
 int kvf_pool_page_info(const kvf_pool_t *pool, uint32_t page, struct kvf_page_info *out);
 
-#define KVF_POOL_N_ERRORS 12 /* KVF_E_POOL_FULL .. KVF_E_POOL_BAD_ARG */
+#define KVF_POOL_N_ERRORS 13 /* KVF_E_POOL_FULL .. KVF_E_POOL_FOREIGN */
 
 struct kvf_pool_stats {
     uint32_t n_pages;
@@ -397,6 +441,8 @@ struct kvf_pool_stats {
     uint64_t quarantines;                  /* counter: pages that went QUARANTINED */
     uint64_t fences;                       /* counter: fences recorded */
     uint64_t fence_revoked;                /* counter: grants revoked by fences */
+    uint32_t sealed;                       /* gauge: OWNED pages sealed for sharing */
+    uint64_t seals, shares;                /* counters: pages sealed; holds taken by share */
     uint64_t errors[KVF_POOL_N_ERRORS];    /* counters: illegal calls, by -(code) - 1001 */
 };
 void kvf_pool_stats(const kvf_pool_t *pool, struct kvf_pool_stats *out);

@@ -168,6 +168,10 @@ struct kvf_server_config {
     bool admin_listen;
     const char *admin_host; /* NULL = "127.0.0.1" */
     uint16_t admin_port;    /* 0 = ephemeral (read it with kvf_server_admin_port) */
+    /* The canary (src/server/canary.c): every canary_interval_ms one of a fixed set of prompts
+     * is submitted through the seam as tenant UINT32_MAX and its tokens and logprobs compared
+     * with the reference made at start; 0 = none. */
+    uint32_t canary_interval_ms;
 };
 
 /* --- API keys. ------------------------------------------------------------------------------

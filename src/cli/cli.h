@@ -140,6 +140,7 @@ struct kvf_cli_http {
     uint32_t port, max_queue, tenant_running, tenant_queued, tenant_kv_tokens;
     uint32_t max_conn_per_ip, header_timeout_ms, body_timeout_ms, send_timeout_ms; /* 0: defaults */
     uint32_t max_connections, keyless_timeout_ms;                                  /* 0: defaults */
+    uint32_t canary_s;                         /* --canary-interval; 0: no canary */
     char trusted_proxies[KVF_CLI_PROXIES_LEN]; /* every --trusted-proxy, joined with ',' */
     const char *keys_path;
     const char *served_names; /* --served-model-name NAME[,ALIAS...], or NULL */
@@ -180,6 +181,12 @@ struct kvf_cli_http {
 #define KVF_CLI_OPT_PREFILL_CHUNK(T, f, text) \
     {.name = "--prefill-chunk", .metavar = "N", .kind = KVF_CLI_U32, .off = offsetof(T, f), \
      .lo = 16, .hi = 4096, .env = "KVFENCE_PREFILL_CHUNK", .help = (text)}
+#define KVF_CLI_OPT_LOG_COMMITS(T, f) \
+    {.name = "--log-commits", .kind = KVF_CLI_FLAG, .off = offsetof(T, f), \
+     .env = "KVFENCE_LOG_COMMITS", \
+     .help = "log one line per verified handoff: the request, the prefill worker, its epoch, " \
+             "the grant's nonce, the token counts and every page's tag and checksum (ids and " \
+             "numbers only; the provenance records' source, docs/SERVER.md)"}
 #define KVF_CLI_OPT_COMPUTE_LOCK(T, f, text) \
     {.name = "--compute-lock", .metavar = "FILE", .kind = KVF_CLI_STR, .off = offsetof(T, f), \
      .env = "KVFENCE_COMPUTE_LOCK", .help = (text)}
@@ -354,6 +361,17 @@ int kvf_cli_http_add_proxy(const char *v, void *trusted_proxies);
          .hi = 3600000,                                                                            \
          .env = "KVFENCE_BODY_TIMEOUT",                                                            \
          .help = "a request's body within MS of its headers (default 30000)"},                     \
+        {.name = "--canary-interval",                                                              \
+         .metavar = "S",                                                                           \
+         .kind = KVF_CLI_U32,                                                                      \
+         .off = offsetof(T, m.canary_s),                                                           \
+         .lo = 1,                                                                                  \
+         .hi = 86400,                                                                              \
+         .env = "KVFENCE_CANARY_INTERVAL",                                                         \
+         .help = "every S seconds, one of a fixed set of prompts goes through the whole path as "  \
+                 "a reserved tenant, and every token and logprob is compared with the reference "  \
+                 "computed at start; a mismatch counts kvfence_canary_failures_total, marks "      \
+                 "/health degraded and logs the response's provenance (default: no canary)"},      \
     {                                                                                              \
         .name = "--send-timeout", .metavar = "MS", .kind = KVF_CLI_U32,                            \
         .off = offsetof(T, m.send_timeout_ms), .lo = 1, .hi = 3600000,                             \

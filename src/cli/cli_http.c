@@ -140,7 +140,8 @@ int kvf_cli_http_start(const char *cmd, struct kvf_cli_http *h, const char *mode
                                    .admin_keys = h->admin_keys,
                                    .admin_listen = h->admin_listen.text != NULL,
                                    .admin_host = h->admin_listen.host,
-                                   .admin_port = h->admin_listen.port};
+                                   .admin_port = h->admin_listen.port,
+                                   .canary_interval_ms = h->canary_s * 1000u};
     char err[256] = "";
     int rc = kvf_server_start(&sc, ops, engine, tok, srv, err, sizeof(err));
     free(tmpl); /* copied by the server */

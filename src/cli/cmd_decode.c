@@ -19,6 +19,7 @@ struct decode_opts {
     struct kvf_cli_addrs prefills;
     uint32_t threads, ctx_len, max_queue, admit_ms, grant_ms, hold_ms; /* 0: the default */
     uint64_t kv_bytes;
+    bool log_commits;
     struct kvf_cli_fabric fab;
 };
 
@@ -45,6 +46,7 @@ static const struct kvf_cli_opt decode_opts[] = {
         "the pool); must equal the router's and the prefill workers' (checked at connect)"),
     KVF_CLI_OPT_KV_MEMORY(struct decode_opts, kv_bytes, "1G", "the KV pool, e.g. 512M, 2G"),
     KVF_CLI_OPT_THREADS(struct decode_opts, threads),
+    KVF_CLI_OPT_LOG_COMMITS(struct decode_opts, log_commits),
     {.name = "--max-queue",
      .metavar = "N",
      .kind = KVF_CLI_U32,
@@ -139,7 +141,8 @@ int kvf_cmd_decode(int argc, char **argv)
                                    .admit_timeout_ms = o.admit_ms,
                                    .grant_timeout_ms = o.grant_ms,
                                    .hold_timeout_ms = o.hold_ms,
-                                   .fabric_key = kvf_cli_fabric_key(&o.fab)};
+                                   .fabric_key = kvf_cli_fabric_key(&o.fab),
+                                   .log_commits = o.log_commits};
     if (o.lock_path && kvf_cli_compute_lock("decode", o.lock_path, &wc) < 0) goto out;
 #if defined(KVF_TEST_BUILD)
     wc.poison_free = getenv("KVF_POISON") && atoi(getenv("KVF_POISON"));

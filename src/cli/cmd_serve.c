@@ -52,13 +52,18 @@ static void serve_info(void *e, struct kvf_engine_info *out)
     kvf_dworker_gen_ops.info(e, out);
     if (serve_pw) kvf_pworker_pool(serve_pw, &out->prefill_pages, &out->prefill_free);
 }
-static const struct kvf_gen_ops serve_ops = {serve_submit,  serve_next, serve_cancel,
-                                             serve_release, serve_info, NULL};
+static int serve_prov(void *e, kvf_gen_t *g, struct kvf_gen_prov *out)
+{
+    return kvf_dworker_gen_ops.prov(e, g, out);
+}
+static const struct kvf_gen_ops serve_ops = {serve_submit, serve_next, serve_cancel, serve_release,
+                                             serve_info,   NULL,       serve_prov};
 
 struct serve_opts {
     const char *model, *data_dir;
     uint32_t threads, ctx_len, admit_ms, grant_ms, hold_ms, chunk; /* 0: the default */
     uint64_t kv_bytes;
+    bool log_commits;
     struct kvf_cli_http http;
 };
 
@@ -76,6 +81,7 @@ static const struct kvf_cli_opt serve_opts[] = {
      .help = "where the default model lives (default $XDG_DATA_HOME/kvfence or "
              "~/.local/share/kvfence)"},
     KVF_CLI_OPT_THREADS(struct serve_opts, threads),
+    KVF_CLI_OPT_LOG_COMMITS(struct serve_opts, log_commits),
     KVF_CLI_OPT_KV_MEMORY(struct serve_opts, kv_bytes, "1G",
                           "the decode worker's KV pool, e.g. 512M, 2G"),
     KVF_CLI_OPT_CONTEXT(
@@ -252,7 +258,8 @@ int kvf_cmd_serve(int argc, char **argv)
                                    .admit_timeout_ms = o.admit_ms,
                                    .grant_timeout_ms = o.grant_ms,
                                    .hold_timeout_ms = o.hold_ms,
-                                   .prefill_chunk = o.chunk};
+                                   .prefill_chunk = o.chunk,
+                                   .log_commits = o.log_commits};
     if (kvf_pworker_start(&wc, &pw, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvfence serve: prefill worker: %s\n", err);
         goto out;

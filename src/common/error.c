@@ -43,6 +43,8 @@ const char *kvf_strerror(int err)
         return "pool: call not legal in the page's state";
     case KVF_E_POOL_BAD_ARG:
         return "pool: invalid argument";
+    case KVF_E_POOL_FOREIGN:
+        return "pool: a shared page of another tenant";
     case KVF_E_PROTO_SHORT:
         return "proto: message truncated";
     case KVF_E_PROTO_VERSION:

@@ -30,6 +30,7 @@
 struct sreq {
     uint64_t rid;
     kvf_gen_t *g;
+    bool prov_sent; /* PROV went before the first TOKEN (or there was none to send) */
     struct sreq *next;
 };
 
@@ -235,6 +236,13 @@ static void forward_events(struct kvf_decode_service *s, struct rconn *rc)
         struct kvf_gen_event ev;
         bool ended = false;
         while (!ended && kvf_dworker_gen_ops.next(s->dw, q->g, &ev, 0) == 1) {
+            if (ev.kind == KVF_GEN_TOKEN && !q->prov_sent) {
+                /* The handoff was verified before its first token: its provenance goes first. */
+                struct kvf_gen_prov pv;
+                q->prov_sent = true;
+                if (kvf_dworker_gen_ops.prov(s->dw, q->g, &pv) == 1)
+                    send_bytes(s, rc, kvf_rpc_put_prov(s->frame, DS_FRAME_CAP, q->rid, &pv));
+            }
             send_bytes(s, rc, kvf_rpc_put_event(s->frame, DS_FRAME_CAP, q->rid, &ev));
             ended = ev.kind == KVF_GEN_END;
         }

@@ -169,8 +169,10 @@ struct kvf_dworker {
     /* KVF_TEST_STEP_MS=N (test builds): each decode step lasts at least N ms more, as on a busy
      * machine, so that requests keep running while the isolation suite's late writes land. */
     uint32_t test_step_ms;
-    bool test_audit_tail; /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
+    bool test_audit_tail;    /* KVF_TEST_AUDIT_TAIL: audit_tail at each commit */
+    uint16_t test_done_peer; /* the peer the DONE run_actions is given came from */
 #endif
+    struct kvf_gen_prov prov_scratch; /* record_prov's room (the loop's) */
     bool test_unverified; /* KVF_TEST_UNVERIFIED: no tail check on arrival (set in test builds only)
                            */
 };
@@ -227,8 +229,8 @@ static void gen_info(void *e, struct kvf_engine_info *out)
     pthread_mutex_unlock(&w->mu);
 }
 
-const struct kvf_gen_ops kvf_dworker_gen_ops = {gen_submit,       kvf__gen_next, kvf__gen_cancel,
-                                                kvf__gen_release, gen_info,      NULL};
+const struct kvf_gen_ops kvf_dworker_gen_ops = {
+    gen_submit, kvf__gen_next, kvf__gen_cancel, kvf__gen_release, gen_info, NULL, kvf__gen_prov};
 
 /* --- Loop side: ending requests. ------------------------------------------------------------- */
 
@@ -423,6 +425,56 @@ static void audit_tail(struct kvf_dworker *w, const struct kvf_gen *g)
 }
 #endif
 
+/*
+ * The provenance of g, whose handoff was just verified and committed (done: the DONE that was
+ * verified; NULL for a test build's unverified commit): kept on the handle for the seam's prov,
+ * and logged when cfg.log_commits (one line per 12 pages, each line whole). O(prompt pages).
+ */
+static void record_prov(struct kvf_dworker *w, struct kvf_gen *g, const struct kvf_msg *done)
+{
+    struct kvf_gen_prov *pv = &w->prov_scratch;
+    memset(pv, 0, sizeof *pv);
+    if (done && (done->type != KVF_MSG_DONE || !kvf_req_id_eq(done->req, g->req)))
+        done = NULL; /* not this request's DONE: nothing of it is claimed */
+    const struct dpeer *p = g->peer < w->n_peers ? &w->peers[g->peer] : NULL;
+    pv->decode_id = w->req_hi;
+    pv->req_lo = g->req.lo;
+    pv->req_hi = g->req.hi;
+    if (p) snprintf(pv->prefill_addr, sizeof pv->prefill_addr, "%s:%u", p->host, p->port);
+    pv->prefill_peer = g->peer;
+    /* The DONE's epoch: the machine commits only at the grant's writer epoch. */
+    pv->writer_epoch = done ? done->epoch : p ? p->epoch : 0;
+    pv->grant_nonce = done ? done->nonce : 0;
+    pv->tenant = g->p.tenant;
+    pv->tokens_granted = g->p.n_prompt;
+    pv->tokens_verified = done ? done->u.done.tokens_written : 0;
+    pv->verified = done && !w->test_unverified;
+    const struct kvf_page_ref *pages = NULL;
+    uint32_t n = 0;
+    if (kvf_decode_pages(w->d, g->req, &pages, &n) < 0) n = 0;
+    if (done && done->u.done.n_pages < n) n = done->u.done.n_pages; /* the prompt's pages */
+    kvf__prov_pages(pv, pages, done ? done->u.done.checksums : NULL, n);
+    kvf__gen_set_prov(g, pv);
+    if (!w->cfg.log_commits) return;
+    for (uint32_t i = 0; i == 0 || i < n; i += 12) {
+        char list[12 * 64] = "";
+        size_t used = 0;
+        for (uint32_t k = i; k < n && k < i + 12 && used < sizeof list; k++)
+            used += (size_t)snprintf(list + used, sizeof list - used, " %u:%016llx:%016llx",
+                                     pages[k].page, (unsigned long long)pages[k].tag,
+                                     (unsigned long long)(done ? done->u.done.checksums[k] : 0));
+        kvf_log(KVF_LOG_INFO,
+                "kvfence decode: commit decode=%016llx req=%016llx%016llx prefill=%s peer=%u "
+                "epoch=%u nonce=%016llx tenant=%u tokens=%u/%u verified=%d pages=%u digest=%016llx "
+                "from=%u page:tag:checksum%s",
+                (unsigned long long)pv->decode_id, (unsigned long long)pv->req_hi,
+                (unsigned long long)pv->req_lo, pv->prefill_addr, pv->prefill_peer,
+                pv->writer_epoch, (unsigned long long)pv->grant_nonce, pv->tenant,
+                pv->tokens_verified, pv->tokens_granted, pv->verified, n,
+                (unsigned long long)pv->pages_digest, i, list);
+    }
+}
+
 static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
 {
     if (w->in_actions) return; /* the running loop below picks up what a nested call appended */
@@ -445,6 +497,11 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
             struct kvf_gen *g = w->live[li];
 #if defined(KVF_TEST_BUILD)
             if (w->test_audit_tail) audit_tail(w, g);
+            /* The writer epoch the commit rests on: the loops simulator checks it was not fenced
+             * (its L11). */
+            if (done)
+                kvf__test_event("commit", ",\"peer\":%u,\"epoch\":%u", w->test_done_peer,
+                                done->epoch);
 #endif
             if (!w->test_unverified && !tail_is_clean(w, g)) {
                 /* Bytes beyond what the prompt wrote travelled with it: they belong to no one
@@ -453,6 +510,7 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
                 kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_PROTO_TRAILER, &w->acts);
                 break;
             }
+            record_prov(w, g, done);
             if (grammar_feed(w, g, (int32_t)a.first_token) < 0) {
                 kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_ENGINE, &w->acts);
                 break;
@@ -598,6 +656,9 @@ static void handle_frame(struct kvf_dworker *w, uint16_t peer, const uint8_t *bu
         free(v); /* out of memory: verified in one call below */
     }
     kvf_decode_on_msg(w->d, now, peer, &m, &w->acts);
+#if defined(KVF_TEST_BUILD)
+    w->test_done_peer = peer;
+#endif
     run_actions(w, m.type == KVF_MSG_DONE ? &m : NULL);
 }
 
@@ -623,6 +684,9 @@ static void verify_step(struct kvf_dworker *w)
     w->hash_slices++;
     if (v->done < v->n) return;
     kvf_decode_on_done_hashed(w->d, now_ms(w), v->peer, &m, v->hashes, &w->acts);
+#if defined(KVF_TEST_BUILD)
+    w->test_done_peer = v->peer;
+#endif
     run_actions(w, &m);
 drop:
     w->verify_head = v->next;

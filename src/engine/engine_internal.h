@@ -201,7 +201,8 @@ int kvf__evq_next(struct kvf__evq *q, struct kvf_gen_event *ev, int timeout_ms);
     /* The engine's: set by its admit, under its mutex, then the loop's. */                        \
     uint64_t since_ms;    /* when it was queued */                                                 \
     struct kvf_gen *next; /* the engine's inbox, then its loop's lists */                          \
-    int wake_fd;          /* fixed at submit: the engine's loop (which outlives its handles) */
+    int wake_fd;          /* fixed at submit: the engine's loop (which outlives its handles) */    \
+    struct kvf_gen_prov *prov; /* under q.mu: the provenance once known (kvf__gen_set_prov) */
 
 /*
  * Queues g on engine e, under e's mutex: 0 when queued (the loop will see it), or a negative
@@ -234,6 +235,15 @@ void kvf__gen_enqueue(struct kvf_gen **head, struct kvf_gen **tail, struct kvf_g
                       uint64_t now_ms);
 /* The loop's side: whether the submitter asked to end g. */
 bool kvf__gen_cancelled(kvf_gen_t *g);
+/* The loop's side: records g's provenance (copied; the first call wins), before it pushes the
+ * first TOKEN, so a reader that saw a TOKEN finds it. No memory: none is kept. */
+void kvf__gen_set_prov(kvf_gen_t *g, const struct kvf_gen_prov *prov);
+/* The seam's prov (struct kvf_gen_ops): 1 with *out, 0 when none is known. */
+int kvf__gen_prov(void *e, kvf_gen_t *g, struct kvf_gen_prov *out);
+/* Fills pv's page list and digest from the prompt's pages and the checksums DONE carried
+ * (checksums NULL: zeros, an unverified commit). */
+void kvf__prov_pages(struct kvf_gen_prov *pv, const struct kvf_page_ref *pages,
+                     const uint64_t *checksums, uint32_t n_pages);
 /* Drops one reference; the last frees the queue, the prompt and g. */
 void kvf__gen_unref(kvf_gen_t *g);
 

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "engine_internal.h"
 #include "kvfence/limits.h"
 
@@ -136,6 +138,50 @@ void kvf__gen_unref(kvf_gen_t *g)
     pthread_mutex_unlock(&g->q.mu);
     if (left) return;
     kvf__evq_destroy(&g->q);
+    free(g->prov);
     free(g->prompt);
     free(g);
+}
+
+void kvf__gen_set_prov(kvf_gen_t *g, const struct kvf_gen_prov *prov)
+{
+    struct kvf_gen_prov *c = malloc(sizeof *c);
+    if (!c) return;
+    *c = *prov;
+    pthread_mutex_lock(&g->q.mu);
+    if (!g->prov) {
+        g->prov = c;
+        c = NULL;
+    }
+    pthread_mutex_unlock(&g->q.mu);
+    free(c);
+}
+
+int kvf__gen_prov(void *e, kvf_gen_t *g, struct kvf_gen_prov *out)
+{
+    (void)e;
+    pthread_mutex_lock(&g->q.mu);
+    int have = g->prov != NULL;
+    if (have) *out = *g->prov;
+    pthread_mutex_unlock(&g->q.mu);
+    return have;
+}
+
+void kvf__prov_pages(struct kvf_gen_prov *pv, const struct kvf_page_ref *pages,
+                     const uint64_t *checksums, uint32_t n_pages)
+{
+    uint64_t h = 0;
+    pv->n_pages = n_pages;
+    for (uint32_t i = 0; i < n_pages; i++) {
+        uint64_t sum = checksums ? checksums[i] : 0;
+        if (i < KVF_GEN_PROV_PAGES)
+            pv->pages[i] = (struct kvf_gen_prov_page){pages[i].page, pages[i].tag, sum};
+        uint8_t le[24];
+        uint64_t v[3] = {pages[i].page, pages[i].tag, sum};
+        for (int k = 0; k < 3; k++)
+            for (int b = 0; b < 8; b++)
+                le[k * 8 + b] = (uint8_t)(v[k] >> (8 * b));
+        h = XXH3_64bits_withSeed(le, sizeof le, h);
+    }
+    pv->pages_digest = h;
 }

@@ -4,6 +4,7 @@
  * loops. The worker calls the kvf__forge_* hooks (prefill_internal.h), which are empty inline
  * functions outside test builds, so the production path carries no test code.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,7 +129,21 @@ bool kvf__forge_refuse(struct kvf_pworker *w, const struct pjob *j)
     kvf_log(KVF_LOG_INFO,
             "kvfence prefill: test forge: a granted prompt of %u pages refused by the engine\n",
             j->n_pages);
-    kvf__test_event("forge_refused", ",\"pages\":%u", j->n_pages);
+    /* The granted pages, "page:tag,...": the loops simulator checks that none of them receives
+     * a write of this grant from now on (its L9). */
+    char dst[640];
+    size_t len = 0;
+    dst[0] = '\0';
+    for (uint32_t i = 0; i < j->n_pages; i++) {
+        int k = snprintf(dst + len, sizeof dst - len, "%s%u:%" PRIu64, i ? "," : "", j->dst[i].page,
+                         j->dst[i].tag);
+        if (k < 0 || (size_t)k >= sizeof dst - len) {
+            dst[len] = '\0'; /* the pages that fit */
+            break;
+        }
+        len += (size_t)k;
+    }
+    kvf__test_event("forge_refused", ",\"pages\":%u,\"dst\":\"%s\"", j->n_pages, dst);
     return true;
 }
 

@@ -143,7 +143,8 @@ static size_t gen_workers(void *e, struct kvf_worker_status *out, size_t max)
 }
 
 const struct kvf_gen_ops kvf_router_gen_ops = {gen_submit,       kvf__gen_next, kvf__gen_cancel,
-                                               kvf__gen_release, gen_info,      gen_workers};
+                                               kvf__gen_release, gen_info,      gen_workers,
+                                               kvf__gen_prov};
 
 /* --- Loop side. ------------------------------------------------------------------------------ */
 
@@ -263,6 +264,15 @@ static void handle_frame(struct kvf_router *r, int di, const uint8_t *buf, size_
         d->st = *m.status;
         d->have_status = true;
         break;
+    case KVF_RPC_PROV: {
+        /* The decode worker's record of the handoff it verified, kept on the handle; the router
+         * adds which decode worker it is. */
+        struct kvf_gen *g = take_sent(r, di, m.rid, false);
+        if (!g) break;
+        snprintf(m.prov.decode_addr, sizeof m.prov.decode_addr, "%s:%u", d->host, d->port);
+        kvf__gen_set_prov(g, &m.prov);
+        break;
+    }
     case KVF_RPC_TOKEN: {
         struct kvf_gen *g = take_sent(r, di, m.rid, false);
         if (g) kvf__evq_push(&g->q, &m.ev);

@@ -242,6 +242,33 @@ long kvf_rpc_put_event(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_
     return done(&w);
 }
 
+long kvf_rpc_put_prov(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_gen_prov *pv)
+{
+    struct wr w = {buf, cap, 0, false};
+    put_head(&w, KVF_RPC_PROV);
+    put_u64(&w, rid);
+    put_u64(&w, pv->decode_id);
+    put_u64(&w, pv->req_lo);
+    put_u64(&w, pv->req_hi);
+    put_str(&w, pv->prefill_addr, sizeof pv->prefill_addr);
+    put_u16(&w, pv->prefill_peer);
+    put_u32(&w, pv->writer_epoch);
+    put_u64(&w, pv->grant_nonce);
+    put_u32(&w, pv->tenant);
+    put_u32(&w, pv->tokens_granted);
+    put_u32(&w, pv->tokens_verified);
+    put_u8(&w, pv->verified ? 1 : 0);
+    put_u32(&w, pv->n_pages);
+    put_u64(&w, pv->pages_digest);
+    uint32_t listed = pv->n_pages < KVF_GEN_PROV_PAGES ? pv->n_pages : KVF_GEN_PROV_PAGES;
+    for (uint32_t i = 0; i < listed; i++) {
+        put_u32(&w, pv->pages[i].page);
+        put_u64(&w, pv->pages[i].tag);
+        put_u64(&w, pv->pages[i].checksum);
+    }
+    return done(&w);
+}
+
 /* The figures of kvf_engine_info a decode worker reports, in this order. */
 /* An X-macro list, one figure per line (left as written by the formatter). */
 /* clang-format off */
@@ -400,6 +427,33 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
         uint8_t stopped = get_u8(&r);
         if (stopped > 1) return -EBADMSG;
         m->ev.stopped = stopped;
+        break;
+    }
+    case KVF_RPC_PROV: {
+        struct kvf_gen_prov *pv = &m->prov;
+        m->rid = get_u64(&r);
+        pv->decode_id = get_u64(&r);
+        pv->req_lo = get_u64(&r);
+        pv->req_hi = get_u64(&r);
+        get_str(&r, pv->prefill_addr, sizeof pv->prefill_addr);
+        pv->prefill_peer = get_u16(&r);
+        pv->writer_epoch = get_u32(&r);
+        pv->grant_nonce = get_u64(&r);
+        pv->tenant = get_u32(&r);
+        pv->tokens_granted = get_u32(&r);
+        pv->tokens_verified = get_u32(&r);
+        uint8_t verified = get_u8(&r);
+        if (verified > 1) return -EBADMSG;
+        pv->verified = verified;
+        pv->n_pages = get_u32(&r);
+        pv->pages_digest = get_u64(&r);
+        uint32_t listed = pv->n_pages < KVF_GEN_PROV_PAGES ? pv->n_pages : KVF_GEN_PROV_PAGES;
+        if (r.bad || (len - r.n) / 20 < listed) return -EBADMSG;
+        for (uint32_t i = 0; i < listed; i++) {
+            pv->pages[i].page = get_u32(&r);
+            pv->pages[i].tag = get_u64(&r);
+            pv->pages[i].checksum = get_u64(&r);
+        }
         break;
     }
     case KVF_RPC_STATUS: {

@@ -13,6 +13,7 @@
  *     HELLO_R (fp, limit, page size, prefills) ─▶
  *                                           ◀─ HELLO_D (fp, limit, page size, vocab, ok or why)
  *     SUBMIT (rid, params, prompt) ───────────▶
+ *                                           ◀─ PROV (rid, provenance), before the first TOKEN
  *                                           ◀─ TOKEN (rid, token, logprobs) …
  *     CANCEL (rid) ───────────────────────────▶
  *                                           ◀─ END (rid, err, stopped)
@@ -27,9 +28,9 @@
 
 #include "kvfence/engine.h"
 
-/* 2: STATUS carries verify failures by reason; 3: SUBMIT the sampling controls; 4: SUBMIT the
- * grammar. */
-#define KVF_RPC_VERSION      4
+/* 2: STATUS carries verify failures by reason; 3: SUBMIT the sampling controls; 4: PROV; 5: SUBMIT
+ * the grammar. */
+#define KVF_RPC_VERSION      5
 #define KVF_RPC_MAX_PREFILLS KVF_DECODE_MAX_PREFILLS
 
 enum kvf_rpc_type {
@@ -40,6 +41,7 @@ enum kvf_rpc_type {
     KVF_RPC_TOKEN = 5,
     KVF_RPC_END = 6,
     KVF_RPC_STATUS = 7,
+    KVF_RPC_PROV = 8,
 };
 
 struct kvf_rpc_addr {
@@ -68,6 +70,7 @@ struct kvf_rpc_msg {
     uint64_t rid;                  /* SUBMIT, CANCEL, TOKEN, END: the router's request id */
     struct kvf_gen_params params;  /* SUBMIT (prompt borrowed from the room) */
     struct kvf_gen_event ev;       /* TOKEN, END */
+    struct kvf_gen_prov prov;      /* PROV (decode_addr empty: the router names the worker) */
     struct kvf_rpc_hello *hello;   /* HELLO_R, HELLO_D: the caller's room */
     struct kvf_rpc_status *status; /* STATUS: the caller's room */
 };
@@ -78,6 +81,7 @@ long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type,
 long kvf_rpc_put_submit(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_gen_params *p);
 long kvf_rpc_put_cancel(uint8_t *buf, size_t cap, uint64_t rid);
 long kvf_rpc_put_event(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_gen_event *ev);
+long kvf_rpc_put_prov(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf_gen_prov *pv);
 long kvf_rpc_put_status(uint8_t *buf, size_t cap, const struct kvf_rpc_status *st);
 /* The most bytes a SUBMIT of n_prompt tokens takes. */
 size_t kvf_rpc_submit_bytes(uint32_t n_prompt);

@@ -82,7 +82,8 @@ int kvf_pool_hold(kvf_pool_t *pool, struct kvf_page_ref ref, enum kvf_holder hol
     struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     struct kvf__page_cold *c = &pool->cold[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
-    if (h->state != KVF_PAGE_OWNED && h->state != KVF_PAGE_GRANTED)
+    /* A sealed page is held only through kvf_pool_share, which checks the reader's tenant. */
+    if ((h->state != KVF_PAGE_OWNED && h->state != KVF_PAGE_GRANTED) || h->sealed)
         return kvf__pool_fail(pool, KVF_E_POOL_BAD_STATE);
     if (c->holders[holder] == UINT16_MAX) return kvf__pool_fail(pool, KVF_E_POOL_BAD_ARG);
     c->holders[holder]++;
@@ -145,7 +146,7 @@ int kvf_pool_set_fill(kvf_pool_t *pool, struct kvf_page_ref ref, uint32_t fill)
     if (ref.page >= pool->n_pages) return kvf__pool_fail(pool, KVF_E_POOL_BAD_PAGE);
     struct kvf_pool_read_entry *h = &pool->hot[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
-    if (h->state != KVF_PAGE_OWNED) return kvf__pool_fail(pool, KVF_E_POOL_BAD_STATE);
+    if (h->state != KVF_PAGE_OWNED || h->sealed) return kvf__pool_fail(pool, KVF_E_POOL_BAD_STATE);
     if (fill < h->fill || fill > pool->geo.page_tokens)
         return kvf__pool_fail(pool, KVF_E_POOL_BAD_ARG);
     h->fill = fill;
@@ -184,8 +185,10 @@ void kvf__pool_make_free(struct kvf_pool *pool, uint32_t page)
         poison_page(pool, page);
     else if (pool->scrub_on_free)
         memset(kvf__pool_page_ptr(pool, page), 0, pool->page_bytes);
+    if (h->sealed) pool->stats.sealed--;
     h->state = KVF_PAGE_FREE;
     h->fill = 0;
+    h->sealed = 0;
     memset(&c->owner, 0, sizeof(c->owner));
     memset(c->holders, 0, sizeof(c->holders));
     c->granted = 0;

@@ -54,6 +54,10 @@ bool kvf__pool_page_ok(const struct kvf_pool *pool, uint32_t page, char *why, si
         return why_fail(why, len, "page %u: fill %u > page_tokens", page, h->fill);
 
     /* Only HELD pages carry held-list links; the list walk checks those. */
+    /* Only an OWNED page may be sealed, and only whole: no grant can write it, every slot is
+     * verified (pool.h, kvf_pool_seal). */
+    if (h->sealed && (h->state != KVF_PAGE_OWNED || h->fill != pool->geo.page_tokens))
+        return why_fail(why, len, "page %u: sealed while %s with fill %u", page, name, h->fill);
     if (h->state != KVF_PAGE_HELD && (c->prev != KVF__POOL_NIL || c->next != KVF__POOL_NIL))
         return why_fail(why, len, "page %u: %s linked on the held list", page, name);
     if (h->state == KVF_PAGE_FREE) {
@@ -100,14 +104,17 @@ void kvf__pool_debug_page(const struct kvf_pool *pool, uint32_t page, const char
 bool kvf_pool_check(const kvf_pool_t *pool, char *why, size_t len)
 {
     const struct kvf_pool_stats *st = &pool->stats;
-    uint32_t by_state[KVF_PAGE__NSTATES] = {0};
+    uint32_t by_state[KVF_PAGE__NSTATES] = {0}, sealed = 0;
     uint32_t n = pool->n_pages;
 
     /* Every page on its own: O(n_pages). */
     for (uint32_t page = 0; page < n; page++) {
         if (!kvf__pool_page_ok(pool, page, why, len)) return false;
         by_state[pool->hot[page].state]++;
+        sealed += pool->hot[page].sealed != 0;
     }
+    if (sealed != st->sealed)
+        return why_fail(why, len, "%u pages sealed, gauge says %u", sealed, st->sealed);
     uint32_t sum = 0;
     for (int s = 0; s < KVF_PAGE__NSTATES; s++) {
         if (by_state[s] != st->by_state[s])

@@ -37,6 +37,7 @@ int kvf_pool_grant(kvf_pool_t *pool, struct kvf_page_ref ref, struct kvf_peer_ep
     struct kvf__page_cold *c = &pool->cold[ref.page];
     if (h->tag != ref.tag) return kvf__pool_fail(pool, KVF_E_POOL_STALE_TAG);
     if (h->state != KVF_PAGE_OWNED) return kvf__pool_fail(pool, KVF_E_POOL_NOT_OWNED);
+    if (h->sealed) return kvf__pool_fail(pool, KVF_E_POOL_BAD_STATE); /* never written again */
     if (writer.peer >= pool->max_peers) return kvf__pool_fail(pool, KVF_E_POOL_BAD_ARG);
     if (writer.epoch != pool->peers[writer.peer].epoch)
         return kvf__pool_fail(pool, KVF_E_POOL_BAD_EPOCH);

@@ -158,6 +158,7 @@ int kvf_pool_page_info(const kvf_pool_t *pool, uint32_t page, struct kvf_page_in
     const struct kvf__page_cold *c = &pool->cold[page];
     memset(out, 0, sizeof(*out));
     out->state = (enum kvf_page_state)h->state;
+    out->sealed = h->sealed != 0;
     out->tag = h->tag;
     out->owner = c->owner;
     memcpy(out->holders, c->holders, sizeof(out->holders));

@@ -15,6 +15,8 @@
  *   admin listen          /metrics 404; /health plain, its     /metrics, /health in full (with
  *                         figures (?detail=1) 404              admin keys: as the row above)
  *
+ * GET /admin/provenance/{id} (prov.c) follows /metrics' row: an operator's (kvf__srv_admin_only).
+ *
  * The plain /health is what a load balancer needs, its status alone ({"status":"ok"} with 200, or
  * {"status":"unavailable"} with 503): no tenant, no figure. A tenant's key never opens an
  * operator endpoint: the two key files may not share a key (the CLI refuses them at start), and
@@ -59,6 +61,27 @@ int kvf__srv_admin_view(const struct kvf_server_config *cfg, bool on_admin, bool
     const char *key = kvf__srv_bearer(authorization, &n);
     if (key && kvf_server_keys_lookup(cfg->admin_keys, key, n)) return KVF__SRV_VIEW_FULL;
     if (!metrics && !want_detail) return KVF__SRV_VIEW_PLAIN;
+    if (key && cfg->keys && kvf_server_keys_lookup(cfg->keys, key, n))
+        return kvf__srv_fail(e, 403, NULL, "admin_only",
+                             "%s is an operator endpoint: a tenant's API key never opens it; "
+                             "send an admin key (--admin-keys)",
+                             what);
+    return kvf__srv_fail(e, 401, NULL, "admin_key_required",
+                         "%s needs an admin key: send 'Authorization: Bearer KEY' with a key of "
+                         "--admin-keys",
+                         what);
+}
+
+int kvf__srv_admin_only(const struct kvf_server_config *cfg, bool on_admin, const char *what,
+                        const char *authorization, struct kvf__srv_err *e)
+{
+    if (cfg->admin_listen && !on_admin)
+        return kvf__srv_fail(e, 404, NULL, "not_found",
+                             "%s is served on the operator address (--admin-listen)", what);
+    if (!cfg->admin_keys) return 0;
+    size_t n = 0;
+    const char *key = kvf__srv_bearer(authorization, &n);
+    if (key && kvf_server_keys_lookup(cfg->admin_keys, key, n)) return 0;
     if (key && cfg->keys && kvf_server_keys_lookup(cfg->keys, key, n))
         return kvf__srv_fail(e, 403, NULL, "admin_only",
                              "%s is an operator endpoint: a tenant's API key never opens it; "

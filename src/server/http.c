@@ -136,7 +136,9 @@ struct kvf_server {
     struct guard guard;
     struct kvf__srv_cidr *trusted; /* --trusted-proxy, [n_trusted] */
     size_t n_trusted;
-    struct kvf__srv_admin admin; /* the operator address (cfg.admin_listen), admin.c */
+    struct kvf__srv_admin admin;    /* the operator address (cfg.admin_listen), admin.c */
+    struct kvf__srv_prov_ring prov; /* the responses' provenance records (prov.c) */
+    struct kvf__srv_canary *canary; /* cfg.canary_interval_ms (canary.c); NULL: none */
 };
 
 enum route {
@@ -148,6 +150,7 @@ enum route {
     R_DETOKENIZE,
     R_HEALTH,
     R_METRICS,
+    R_PROV,
 };
 
 /* Per-request state (MHD's *con_cls), owned by the connection thread. */
@@ -578,9 +581,11 @@ static int split_list(const char *list, const char *what, char **buf, const char
     return 0;
 }
 
-/* Sends body (malloc'd JSON, taken), or a fixed out-of-memory error when body is NULL. */
-static enum MHD_Result send_body(struct kvf_server *s, struct MHD_Connection *c, unsigned status,
-                                 char *body)
+/* Sends body (malloc'd JSON, taken), or a fixed out-of-memory error when body is NULL; with
+ * hname, one more header (hname: hval). */
+static enum MHD_Result send_body_hdr(struct kvf_server *s, struct MHD_Connection *c,
+                                     unsigned status, char *body, const char *hname,
+                                     const char *hval)
 {
     static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                               "\"param\":null,\"code\":\"out_of_memory\"}}";
@@ -596,9 +601,20 @@ static enum MHD_Result send_body(struct kvf_server *s, struct MHD_Connection *c,
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (hname && body) {
+        MHD_add_response_header(r, hname, hval);
+        /* A browser page of an allowed origin may read it (--cors-origins). */
+        if (s->n_cors) MHD_add_response_header(r, "Access-Control-Expose-Headers", hname);
+    }
     enum MHD_Result ok = queue(s, c, status, r);
     MHD_destroy_response(r);
     return ok;
+}
+
+static enum MHD_Result send_body(struct kvf_server *s, struct MHD_Connection *c, unsigned status,
+                                 char *body)
+{
+    return send_body_hdr(s, c, status, body, NULL, NULL);
 }
 
 static enum MHD_Result send_json(struct kvf_server *s, struct MHD_Connection *c, unsigned status,
@@ -607,6 +623,28 @@ static enum MHD_Result send_json(struct kvf_server *s, struct MHD_Connection *c,
     char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return send_body(s, c, status, body);
+}
+
+/* A generation's 200 answer j with its provenance in the X-Kvfence-Provenance header (compact
+ * JSON; past KVF__SRV_PROV_HEADER_MAX bytes, without the page lists: the digests still pin every
+ * page, and /admin/provenance has the lists). */
+static enum MHD_Result send_json_prov(struct kvf_server *s, struct MHD_Connection *c, json_t *j,
+                                      const struct kvf__srv_run *run)
+{
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    json_t *pj = kvf__srv_run_prov(run, true);
+    char *hv = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+    json_decref(pj);
+    if (hv && strlen(hv) > KVF__SRV_PROV_HEADER_MAX) {
+        free(hv);
+        pj = kvf__srv_run_prov(run, false);
+        hv = pj ? json_dumps(pj, JSON_COMPACT) : NULL;
+        json_decref(pj);
+    }
+    enum MHD_Result ok = send_body_hdr(s, c, 200, body, "X-Kvfence-Provenance", hv ? hv : "{}");
+    free(hv);
+    return ok;
 }
 
 static enum MHD_Result send_error_ex(struct kvf_server *s, struct MHD_Connection *c,
@@ -671,6 +709,17 @@ static int route_of(const char *url, const char *method, enum route *out, const 
     *allow = NULL;
     *model_id = NULL;
     static const char models_prefix[] = "/v1/models/";
+    static const char prov_prefix[] = "/admin/provenance/";
+    if (strncmp(url, prov_prefix, sizeof prov_prefix - 1) == 0) {
+        if (strcmp(method, "GET") != 0) {
+            *allow = "GET";
+            return kvf__srv_fail(e, 405, NULL, "method_not_allowed", "use GET for %s",
+                                 "/admin/provenance/{id}");
+        }
+        *out = R_PROV;
+        *model_id = url + sizeof prov_prefix - 1; /* the response id */
+        return 0;
+    }
     if (strncmp(url, models_prefix, sizeof models_prefix - 1) == 0 &&
         url[sizeof models_prefix - 1]) {
         if (strcmp(method, "GET") != 0) {
@@ -836,6 +885,24 @@ static enum MHD_Result do_health(struct kvf_server *s, struct MHD_Connection *c)
         (json_int_t)atomic_load(&s->guard.closed_send), "untracked",
         (json_int_t)atomic_load(&s->guard.untracked), "refused_over_cap",
         (json_int_t)atomic_load(&s->guard.refused_conns));
+    char cwhy[256] = "";
+    bool degraded = s->canary && kvf__srv_canary_degraded(s->canary, cwhy, sizeof cwhy);
+    if (j && s->canary)
+        json_object_set_new(j, "canary",
+                            json_pack("{s:s, s:I, s:I, s:I, s:i}", "status",
+                                      degraded ? "degraded" : "ok", "runs",
+                                      (json_int_t)atomic_load(&s->metrics.canary_runs), "failures",
+                                      (json_int_t)atomic_load(&s->metrics.canary_failures),
+                                      "errors", (json_int_t)atomic_load(&s->metrics.canary_errors),
+                                      "references", (int)kvf__srv_canary_ready(s->canary)));
+    if (j && degraded && in.prefill_up) {
+        /* A canary's output differed from its reference: the server answers, but what it
+         * answers cannot be trusted; a load balancer takes it out (503) until it is restarted
+         * and looked at. */
+        json_object_set_new(j, "status", json_string("degraded"));
+        json_object_set_new(j, "reason", json_string(cwhy));
+        return send_json(s, c, 503, j);
+    }
     if (j && !in.prefill_up)
         json_object_set_new(j, "reason",
                             json_string(in.decodes && !in.decodes_up
@@ -950,8 +1017,53 @@ static enum MHD_Result do_operator(struct kvf_server *s, struct MHD_Connection *
     struct kvf_engine_info in;
     memset(&in, 0, sizeof in);
     s->ops->info(s->engine, &in);
+    if (in.prefill_up && s->canary && kvf__srv_canary_degraded(s->canary, NULL, 0))
+        return send_json(s, c, 503, json_pack("{s:s}", "status", "degraded"));
     return send_json(s, c, in.prefill_up ? 200 : 503,
                      json_pack("{s:s}", "status", in.prefill_up ? "ok" : "unavailable"));
+}
+
+/* GET /admin/provenance/{id}: a response's provenance records, to an operator (admin.c's rules,
+ * as /metrics). 400 for what is not a response id, 404 for one no record is kept of (never
+ * made, or overwritten: the ring keeps the last KVF__SRV_PROV_RING choices). */
+static enum MHD_Result do_prov(struct kvf_server *s, struct MHD_Connection *c, struct conn_req *q)
+{
+    struct kvf__srv_err e;
+    const char *auth =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (kvf__srv_admin_only(&s->cfg, kvf__srv_admin_conn(&s->admin, c), "/admin/provenance", auth,
+                            &e) < 0) {
+        if (e.status == 401 || e.status == 403)
+            kvf__srv_log(&s->cfg, "event=unauthorized id=%s path=/admin/provenance status=%d",
+                         q->id, e.status);
+        return send_error(s, c, &e, NULL);
+    }
+    const char *id = q->model_id ? q->model_id : "";
+    size_t len = strnlen(id, 64);
+    if (!kvf__srv_prov_id_ok(id, len)) {
+        kvf__srv_fail(&e, 400, "id", "invalid_id",
+                      "a response id is 'cmpl-' or 'chatcmpl-' and 16 lowercase hex digits");
+        return send_error(s, c, &e, NULL);
+    }
+    struct kvf__srv_prov_slot *v = calloc(KVF__SRV_MAX_N_PROV, sizeof *v);
+    if (!v) return send_body(s, c, 503, NULL);
+    size_t n = kvf__srv_prov_get(&s->prov, id, v, KVF__SRV_MAX_N_PROV);
+    if (!n) {
+        free(v);
+        kvf__srv_fail(&e, 404, "id", "provenance_not_found",
+                      "no provenance is kept for this response id (never served here, or "
+                      "overwritten: the last %u are kept)",
+                      (unsigned)KVF__SRV_PROV_RING);
+        return send_error(s, c, &e, NULL);
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n; i++) {
+        json_t *o = kvf__srv_prov_json(&v[i].pv, true);
+        if (o) json_object_set_new(o, "index", json_integer(v[i].choice));
+        json_array_append_new(arr, o);
+    }
+    free(v);
+    return send_json(s, c, 200, json_pack("{s:s, s:o}", "id", id, "choices", arr));
 }
 
 /* {"tokens":[...],"count":n,"max_model_len":limit}, written straight into one buffer (a JSON
@@ -1111,15 +1223,29 @@ static void request_end(struct kvf_server *s, const char *id, size_t ti, struct 
     atomic_fetch_add(&t->generated_tokens, gen);
     if (o == KVF__SRV_OK) kvf__srv_metrics_observe(&s->metrics, run, end);
     long long ttft = run->t_first_us ? (run->t_first_us - run->t_start_us) / 1000 : -1;
+    /* Each choice's provenance: kept for /admin/provenance, and its brief form logged (the
+     * pages' tags are in the decode worker's commit line for the same request, --log-commits). */
+    char prov[420] = "-";
+    size_t pn = 0;
+    for (uint32_t i = 0; i < run->n; i++) {
+        if (!run->ch[i].prov) continue;
+        kvf__srv_prov_put(&s->prov, run->id, i, run->ch[i].prov);
+        atomic_fetch_add(&s->metrics.prov_records, 1);
+        char one[200];
+        size_t k = kvf__srv_prov_brief(run->ch[i].prov, one, sizeof one);
+        if (pn + k + 2 < sizeof prov)
+            pn += (size_t)snprintf(prov + pn, sizeof prov - pn, "%s%s", pn ? "," : "", one);
+    }
     kvf__srv_log(&s->cfg,
                  "event=%s id=%s tenant=%s completion_id=%s outcome=%s status=%d n=%u "
-                 "prompt_tokens=%u completion_tokens=%llu ttft_ms=%lld duration_ms=%lld code=%s",
+                 "prompt_tokens=%u completion_tokens=%llu ttft_ms=%lld duration_ms=%lld code=%s "
+                 "prov=%s",
                  o == KVF__SRV_OK          ? "finished"
                  : o == KVF__SRV_CANCELLED ? "cancelled"
                                            : "error",
                  id, t->name, run->id, kvf__srv_outcome_name[o], status, run->n, run->req.n_prompt,
                  (unsigned long long)gen, ttft, (long long)(end - run->t_start_us) / 1000,
-                 code ? code : "-");
+                 code ? code : "-", prov);
 }
 
 /* How a run that is being freed ended, and the status its client saw (streams: 200 sent). */
@@ -1223,6 +1349,12 @@ static enum MHD_Result start_stream(struct kvf_server *s, struct MHD_Connection 
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    /* Asked for: the provenance comes as an SSE comment before [DONE] (run.c). */
+    if (run->want_prov) {
+        MHD_add_response_header(r, "X-Kvfence-Provenance", "sse-comment");
+        if (s->n_cors)
+            MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Kvfence-Provenance");
+    }
     enum MHD_Result ok = queue(s, c, 200, r);
     MHD_destroy_response(r); /* the response (and st) now live as long as MHD needs them */
     return ok;
@@ -1263,6 +1395,8 @@ static enum MHD_Result finish_blocking(struct kvf_server *s, struct MHD_Connecti
     if (run->failed) {
         kvf__srv_run_error(run, &e);
         ok = send_error(s, c, &e, NULL);
+    } else if (run->want_prov) {
+        ok = send_json_prov(s, c, kvf__srv_run_response(run), run);
     } else {
         ok = send_json(s, c, 200, kvf__srv_run_response(run));
     }
@@ -1426,7 +1560,11 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
     struct kvf__srv_run *run;
     int rc =
         kvf__srv_run_start(s->ops, s->engine, s->tok, &req, s->model, s->tenants.t[q->ti].id, &run);
-    if (rc == 0) run->fingerprint = s->fingerprint;
+    if (rc == 0) {
+        run->fingerprint = s->fingerprint;
+        const char *w = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Kvfence-Provenance");
+        run->want_prov = w && strcmp(w, "1") == 0;
+    }
     if (rc < 0) {
         atomic_fetch_sub(&s->in_flight, 1);
         kvf__srv_tenant_exit(&s->tenants, q->ti, &q->share);
@@ -1443,6 +1581,7 @@ static enum MHD_Result do_generate(struct kvf_server *s, struct MHD_Connection *
 static const char *route_path(enum route r)
 {
     if (r == R_MODEL_ONE) return "/v1/models/{id}";
+    if (r == R_PROV) return "/admin/provenance/{id}";
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (routes[i].route == r) return routes[i].path;
     return "-";
@@ -1558,9 +1697,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             }
             return send_error(s, c, &e, allow);
         }
-        if (kvf__srv_admin_conn(&s->admin, c) && route != R_HEALTH && route != R_METRICS) {
+        if (kvf__srv_admin_conn(&s->admin, c) && route != R_HEALTH && route != R_METRICS &&
+            route != R_PROV) {
             kvf__srv_fail(&e, 404, NULL, "not_found",
-                          "the operator address serves /health and /metrics only");
+                          "the operator address serves /health, /metrics and /admin/provenance "
+                          "only");
             return send_error(s, c, &e, NULL);
         }
         if (!(q = calloc(1, sizeof *q))) return send_body(s, c, 503, NULL);
@@ -1595,7 +1736,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
          * a connection whose answer was queued with the headers (it cannot tell that no body
          * follows), and a GET's connection can stay open for the client's next request. /health
          * and /metrics are then answered as the operator view allows (do_operator). */
-        if (route == R_HEALTH || route == R_METRICS) return MHD_YES;
+        if (route == R_HEALTH || route == R_METRICS || route == R_PROV) return MHD_YES;
         bool gen = route == R_COMPLETIONS || route == R_CHAT;
         if (s->cfg.keys) {
             if (!t) {
@@ -1656,6 +1797,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_HEALTH:
     case R_METRICS:
         return do_operator(s, c, q);
+    case R_PROV:
+        return do_prov(s, c, q);
     default:
         return do_get(s, c, q);
     }
@@ -1812,6 +1955,11 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
         goto free_s;
     }
     kvf__srv_metrics_init(&s->metrics);
+    if (kvf__srv_prov_init(&s->prov, KVF__SRV_PROV_RING) < 0) {
+        snprintf(err, err_len, "server: out of memory");
+        rc = -ENOMEM;
+        goto free_obs;
+    }
     s->created = (int64_t)time(NULL);
     atomic_init(&s->stopping, false);
     atomic_init(&s->in_flight, 0);
@@ -1845,6 +1993,15 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
         rc = KVF_E_SERVER;
         goto close_fd;
     }
+    s->metrics.canary_on = cfg->canary_interval_ms > 0;
+    if (cfg->canary_interval_ms &&
+        kvf__srv_canary_start(&s->canary, &s->cfg, ops, engine, &s->metrics,
+                              cfg->canary_interval_ms) < 0) {
+        snprintf(err, err_len, "server: cannot start the canary");
+        rc = KVF_E_SERVER;
+        MHD_stop_daemon(s->d);
+        goto close_fd;
+    }
     *out = s;
     return 0;
 close_fd:
@@ -1854,6 +2011,7 @@ stop_admin:
 stop_guard:
     guard_stop(&s->guard);
 free_obs:
+    kvf__srv_prov_destroy(&s->prov);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
 free_s:
@@ -1886,6 +2044,7 @@ void kvf_server_stop(kvf_server_t *s)
      * thread may still hold it until MHD_stop_daemon, so it is closed only then; shutting it
      * down now makes the kernel stop listening at once, so a client connecting during the
      * drain is refused instead of waiting in the backlog for an accept that never comes. */
+    kvf__srv_canary_stop(s->canary); /* its request, if one is out, is cancelled and ended */
     MHD_socket lfd = MHD_quiesce_daemon(s->d);
     if (lfd != MHD_INVALID_SOCKET) shutdown(lfd, SHUT_RDWR);
     int64_t until = now_ms() + s->cfg.drain_ms;
@@ -1900,6 +2059,7 @@ void kvf_server_stop(kvf_server_t *s)
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     kvf__srv_admin_stop(&s->admin);
     guard_stop(&s->guard);
+    kvf__srv_prov_destroy(&s->prov);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
     free(s->trusted);

@@ -19,7 +19,7 @@ int64_t kvf__srv_now_us(void)
 void kvf__srv_log(const struct kvf_server_config *cfg, const char *fmt, ...)
 {
     if (!cfg->log) return;
-    char line[512];
+    char line[1024];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;

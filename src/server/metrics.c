@@ -21,7 +21,9 @@
  *   fences_total, verify_failures_total{reason} (count, trailer, checksum, tail: each there from
  *   the start), stale_messages_total,
  *   bad_frames_total, foreign_tails_total, rejected_before_handoff_total, quarantines_total,
- *   holds_total, handoffs_committed_total, handoffs_failed_total, hash_slices_total
+ *   holds_total, handoffs_committed_total, handoffs_failed_total, hash_slices_total,
+ *   provenance_records_total; with --canary-interval: canary_runs_total, canary_failures_total,
+ *   canary_errors_total
  * Engine figures are read from one ops->info call per scrape. Work: O(tenants × outcomes +
  * reasons + buckets) lines per scrape.
  */
@@ -275,6 +277,19 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
            (unsigned long long)in->hash_slices);
     scalar(o, "decode_tokens_total", "counter", "Tokens the decode steps produced, every sequence.",
            (unsigned long long)in->decoded_tokens);
+    scalar(o, "provenance_records_total", "counter",
+           "Responses' provenance records kept (one per choice whose handoff was verified).",
+           (unsigned long long)atomic_load(&m->prov_records));
+    if (!m->canary_on) return;
+    scalar(o, "canary_runs_total", "counter",
+           "Canary runs compared with their reference (--canary-interval).",
+           (unsigned long long)atomic_load(&m->canary_runs));
+    scalar(o, "canary_failures_total", "counter",
+           "Canary runs whose tokens or logprobs differed from the reference.",
+           (unsigned long long)atomic_load(&m->canary_failures));
+    scalar(o, "canary_errors_total", "counter",
+           "Canary runs that ended with an error and were compared with nothing.",
+           (unsigned long long)atomic_load(&m->canary_errors));
 }
 
 /* Split roles: one series per worker the router was given, labelled role and worker (HOST:PORT),

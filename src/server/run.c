@@ -157,6 +157,14 @@ static void handle_event(struct kvf__srv_run *r, struct kvf__srv_choice *c,
 {
     char buf[KVF_DETOK_MAX_OUT];
     if (ev->kind == KVF_GEN_TOKEN) {
+        if (c->n_tokens == 0 && !c->prov && r->ops->prov && c->g) {
+            /* The decode worker recorded it before it pushed this first token. */
+            c->prov = malloc(sizeof *c->prov);
+            if (c->prov && r->ops->prov(r->engine, c->g, c->prov) != 1) {
+                free(c->prov);
+                c->prov = NULL;
+            }
+        }
         c->n_tokens++;
         if (!r->t_first_us) r->t_first_us = kvf__srv_now_us();
         uint64_t offset = c->text_bytes + c->n_hold;
@@ -301,6 +309,7 @@ void kvf__srv_run_free(struct kvf__srv_run *r)
     for (uint32_t i = 0; i < r->n; i++) {
         kvf__sbuf_free(&r->ch[i].text);
         json_decref(r->ch[i].lp);
+        free(r->ch[i].prov);
     }
     kvf__srv_req_free(&r->req);
     free(r);
@@ -433,7 +442,29 @@ bool kvf__srv_run_sse(struct kvf__srv_run *r, struct kvf__sbuf *out)
         if (j) json_object_set_new(j, "usage", usage(r));
         kvf__srv_sse_put(out, j);
     }
+    if (r->want_prov) {
+        /* An SSE comment: clients that do not look for it skip it (docs/SERVER.md). */
+        json_t *j = kvf__srv_run_prov(r, true);
+        char *p = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        json_decref(j);
+        kvf__sbuf_puts(out, ": kvfence-provenance ");
+        kvf__sbuf_puts(out, p ? p : "null");
+        kvf__sbuf_puts(out, "\n\n");
+        free(p);
+    }
     kvf__sbuf_puts(out, "data: [DONE]\n\n");
     r->sse_done = true;
     return true;
+}
+
+json_t *kvf__srv_run_prov(const struct kvf__srv_run *r, bool with_pages)
+{
+    json_t *arr = json_array();
+    for (uint32_t i = 0; arr && i < r->n; i++) {
+        const struct kvf__srv_choice *c = &r->ch[i];
+        json_t *o = c->prov ? kvf__srv_prov_json(c->prov, with_pages) : json_object();
+        if (o) json_object_set_new(o, "index", json_integer(i));
+        json_array_append_new(arr, o);
+    }
+    return json_pack("{s:s, s:o}", "id", r->id, "choices", arr ? arr : json_array());
 }

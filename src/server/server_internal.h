@@ -149,10 +149,12 @@ struct kvf__srv_choice {
     char hold[KVF_SERVER_MAX_STOP_BYTES + KVF_DETOK_MAX_OUT + 8]; /* text that may begin a stop
                                                                      string: not released yet */
     size_t n_hold;
-    struct kvf__sbuf text; /* released text not yet sent (streaming) / all of it */
-    json_t *lp;            /* logprobs of tokens not yet sent (format per kind), or NULL */
-    bool role_sent;        /* chat streaming: the first delta carried the role */
-    bool finish_sent;      /* streaming: the chunk with finish_reason went out */
+    struct kvf__sbuf text;     /* released text not yet sent (streaming) / all of it */
+    json_t *lp;                /* logprobs of tokens not yet sent (format per kind), or NULL */
+    bool role_sent;            /* chat streaming: the first delta carried the role */
+    bool finish_sent;          /* streaming: the chunk with finish_reason went out */
+    struct kvf_gen_prov *prov; /* owned: the handoff's provenance, read at the first token
+                                  (NULL: none known, or the engine keeps none) */
 };
 
 struct kvf__srv_run {
@@ -167,6 +169,7 @@ struct kvf__srv_run {
     int failed;              /* the first choice error (negative), or 0 */
     bool cancelled;          /* kvf__srv_run_cancel was called */
     bool sse_done;           /* the stream's last event went out */
+    bool want_prov;          /* X-Kvfence-Provenance: 1 (streams: a comment before [DONE]) */
     int64_t t_start_us;      /* monotonic µs at submit */
     int64_t t_first_us;      /* monotonic µs at the first token of any choice; 0 before */
     uint32_t n;
@@ -196,6 +199,10 @@ json_t *kvf__srv_run_response(struct kvf__srv_run *r);
 /* Appends SSE events for everything not yet sent; after the last choice finished, the usage
  * chunk (if asked) and "data: [DONE]". Returns true once the stream is complete. */
 bool kvf__srv_run_sse(struct kvf__srv_run *r, struct kvf__sbuf *out);
+
+/* {"id": the response id, "choices": [each choice's provenance record (kvf__srv_prov_json) with
+ * its "index", or {"index": i} when none is known]} (NULL on no memory). */
+json_t *kvf__srv_run_prov(const struct kvf__srv_run *r, bool with_pages);
 
 /* Appends "data: <j compact>\n\n" and drops j (a NULL j or no memory sets out->oom). */
 void kvf__srv_sse_put(struct kvf__sbuf *out, json_t *j);
@@ -342,6 +349,10 @@ struct kvf__srv_metrics {
     pthread_mutex_t mu; /* guards the histograms */
     struct kvf__srv_hist ttft, tpot, e2e;
     atomic_ullong errors[KVF__SRV_N_REASONS]; /* generation requests failed, by reason */
+    /* The canary (canary.c): compared runs, mismatches, runs that ended without output. */
+    atomic_ullong canary_runs, canary_failures, canary_errors;
+    atomic_ullong prov_records; /* provenance records kept (prov.c) */
+    bool canary_on;             /* --canary-interval: its series are rendered */
 };
 void kvf__srv_metrics_init(struct kvf__srv_metrics *m);
 void kvf__srv_metrics_destroy(struct kvf__srv_metrics *m);
@@ -360,6 +371,50 @@ void kvf__srv_metrics_render(struct kvf__srv_metrics *m, struct kvf__srv_tenants
 void kvf__srv_metrics_render_workers(const struct kvf_worker_status *ws, size_t n,
                                      struct kvf__sbuf *out);
 
+/* --- Provenance (prov.c). ------------------------------------------------------------------ */
+#define KVF__SRV_PROV_RING       1024 /* records kept (the oldest overwritten): about 1 MB */
+#define KVF__SRV_MAX_N_PROV      128  /* records one lookup returns at most (a response's n) */
+#define KVF__SRV_PROV_HEADER_MAX 6144 /* the response header's bytes before page lists go */
+struct kvf__srv_prov_slot {
+    char id[48]; /* the response id; "" = empty */
+    uint32_t choice;
+    struct kvf_gen_prov pv;
+};
+struct kvf__srv_prov_ring {
+    pthread_mutex_t mu;
+    struct kvf__srv_prov_slot *v; /* [cap] */
+    uint32_t cap, next;
+    uint64_t recorded;
+};
+int kvf__srv_prov_init(struct kvf__srv_prov_ring *r, uint32_t cap);
+void kvf__srv_prov_destroy(struct kvf__srv_prov_ring *r);
+void kvf__srv_prov_put(struct kvf__srv_prov_ring *r, const char *id, uint32_t choice,
+                       const struct kvf_gen_prov *pv);
+/* The records of response id, in choice order, up to max; how many. */
+size_t kvf__srv_prov_get(struct kvf__srv_prov_ring *r, const char *id,
+                         struct kvf__srv_prov_slot *out, size_t max);
+/* Whether id[len] is a response id: "cmpl-" or "chatcmpl-" and 16 lowercase hex digits. */
+bool kvf__srv_prov_id_ok(const char *id, size_t len);
+/* One record as JSON (with_pages false: the page list left empty, the digest still there). */
+json_t *kvf__srv_prov_json(const struct kvf_gen_prov *pv, bool with_pages);
+/* The record's log form, decode:request:prefill@epoch:nonce:verified/granted tokens:verified:
+ * pages:digest (ids and numbers only). Its length. */
+size_t kvf__srv_prov_brief(const struct kvf_gen_prov *pv, char *out, size_t cap);
+
+/* --- The canary (canary.c). ---------------------------------------------------------------- */
+#define KVF__SRV_CANARY_TENANT UINT32_MAX /* the reserved tenant its requests run as */
+struct kvf__srv_canary;
+/* Starts the canary's thread: references at start, then one prompt every interval_ms. 0, or -1
+ * (no memory, no thread). */
+int kvf__srv_canary_start(struct kvf__srv_canary **out, const struct kvf_server_config *cfg,
+                          const struct kvf_gen_ops *ops, void *engine,
+                          struct kvf__srv_metrics *metrics, uint32_t interval_ms);
+void kvf__srv_canary_stop(struct kvf__srv_canary *c);
+/* Whether a mismatch was seen (sticky until restart), with its reason into why. */
+bool kvf__srv_canary_degraded(struct kvf__srv_canary *c, char *why, size_t why_len);
+/* Prompts with a reference so far (0 until the start's references are made). */
+uint32_t kvf__srv_canary_ready(struct kvf__srv_canary *c);
+
 /* --- Operator endpoints (admin.c). --------------------------------------------------------- */
 /* What a request to /health or /metrics is shown. */
 enum kvf__srv_view {
@@ -371,6 +426,11 @@ enum kvf__srv_view {
  * it asked for /health's figures (?detail=1). 0 or 1 (a view), or -1 with e: 401 without a valid
  * admin key, 403 with a tenant's key, 404 on the public address when the operator address serves
  * it. Reads only cfg; the keys are compared in constant time. */
+/* An endpoint that is the operator's alone, as /metrics (GET /admin/provenance/{id}): 0 when
+ * the request may see it, or -1 with e (404 on the public address with an operator address;
+ * with admin keys, 401 without a valid one, 403 for a tenant's key). */
+int kvf__srv_admin_only(const struct kvf_server_config *cfg, bool on_admin, const char *what,
+                        const char *authorization, struct kvf__srv_err *e);
 int kvf__srv_admin_view(const struct kvf_server_config *cfg, bool on_admin, bool metrics,
                         const char *authorization, bool want_detail, struct kvf__srv_err *e);
 /* The key of an `Authorization: Bearer KEY` header value (scheme in any case, blanks around the

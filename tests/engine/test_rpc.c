@@ -5,6 +5,7 @@
  * refused; a frame of another version or type is refused.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/rpc.h"
@@ -110,6 +111,48 @@ static void test_events_round_trip(void)
     only_whole((size_t)n);
 }
 
+/* PROV: every field back; the listed pages are min(n_pages, KVF_GEN_PROV_PAGES); a verified flag
+ * other than 0 or 1, or fewer listed pages than n_pages says, is refused. */
+static void test_prov_round_trip(void)
+{
+    static struct kvf_gen_prov pv, back;
+    memset(&pv, 0, sizeof pv);
+    pv.decode_id = 0x1122334455667789ULL;
+    pv.req_lo = 5;
+    pv.req_hi = 0x1122334455667789ULL;
+    snprintf(pv.prefill_addr, sizeof pv.prefill_addr, "127.0.0.1:4000");
+    pv.prefill_peer = 2;
+    pv.writer_epoch = 7;
+    pv.grant_nonce = 0xabcdef;
+    pv.tenant = 3;
+    pv.tokens_granted = pv.tokens_verified = 40;
+    pv.verified = true;
+    pv.n_pages = 3;
+    pv.pages_digest = 99;
+    for (uint32_t i = 0; i < 3; i++)
+        pv.pages[i] = (struct kvf_gen_prov_page){10 + i, 0x100u + i, 0x2000u + i};
+    long n = kvf_rpc_put_prov(buf, sizeof buf, 42, &pv);
+    ASSERT_TRUE(n > 0);
+    struct kvf_rpc_msg m;
+    ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, NULL, NULL), 0);
+    ASSERT_EQ_INT(m.type, KVF_RPC_PROV);
+    ASSERT_TRUE(m.rid == 42);
+    back = m.prov;
+    ASSERT_TRUE(memcmp(&back, &pv, sizeof pv) == 0);
+    only_whole((size_t)n);
+    buf[2 + 8 * 4 + 2 + strlen(pv.prefill_addr) + 2 + 4 + 8 + 4 * 3] = 2; /* verified */
+    ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, NULL, NULL), -EBADMSG);
+    /* More pages than listed: the list is bounded by KVF_GEN_PROV_PAGES, the count is not. */
+    pv.n_pages = 1000;
+    for (uint32_t i = 0; i < KVF_GEN_PROV_PAGES; i++)
+        pv.pages[i] = (struct kvf_gen_prov_page){i, i, i};
+    n = kvf_rpc_put_prov(buf, sizeof buf, 43, &pv);
+    ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 64, NULL, NULL), 0);
+    ASSERT_TRUE(m.prov.n_pages == 1000 &&
+                m.prov.pages[KVF_GEN_PROV_PAGES - 1].page == KVF_GEN_PROV_PAGES - 1);
+    ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n - 20, &m, room, 64, NULL, NULL), -EBADMSG);
+}
+
 static void test_hello_and_status_round_trip(void)
 {
     struct kvf_rpc_hello h = {
@@ -200,6 +243,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_submit_round_trip),
     KVF_CASE(test_events_round_trip),
     KVF_CASE(test_hello_and_status_round_trip),
+    KVF_CASE(test_prov_round_trip),
     KVF_CASE(test_bounds_on_write),
 };
 

@@ -27,8 +27,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[256] = "";
     int rc = kvf_grammar_compile((const char *)data, glen, &g, err, sizeof err);
     if (rc < 0) {
-        if ((rc != -EINVAL && rc != -E2BIG && rc != -ENOMEM) || g != (kvf_grammar_t *)(uintptr_t)1 ||
-            err[0] == 0)
+        if ((rc != -EINVAL && rc != -E2BIG && rc != -ENOMEM) ||
+            g != (kvf_grammar_t *)(uintptr_t)1 || err[0] == 0)
             abort();
         return 0;
     }
@@ -41,7 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < n_in && i < 4096; i++) {
         memcpy(&s[1], &s[0], sizeof s[0]);
         if (kvf_grammar_state_feed(g, &s[0], in + i, 1) < 0) {
-            if (memcmp(&s[1], &s[0], sizeof s[0]) != 0) abort(); /* a refused byte changes nothing */
+            if (memcmp(&s[1], &s[0], sizeof s[0]) != 0)
+                abort(); /* a refused byte changes nothing */
             break;
         }
         if (s[0].n == 0 || s[0].n > KVF_GRAMMAR_STATE_WORDS) abort();

@@ -3,10 +3,11 @@
  *
  * Both sides of that connection parse what the other sends: a decode worker reads a router's
  * SUBMIT (a prompt the size the frame claims), a router reads a decode worker's STATUS (strings
- * and counts). Every input is decoded with small rooms (a prompt room of 8 tokens, so the "count
- * beyond the room" path is reached); whatever decodes must re-encode to exactly the bytes it came
- * from, and whatever is refused is refused by the bounds checks, never by a crash, a read past
- * the input or undefined behaviour.
+ * and counts) and PROV (a string, a page list bounded by KVF_GEN_PROV_PAGES). Every input is
+ * decoded with small rooms (a prompt room of 8 tokens, so the "count beyond the room" path is
+ * reached); whatever decodes must re-encode to exactly the bytes it came from, and whatever is
+ * refused is refused by the bounds checks, never by a crash, a read past the input or undefined
+ * behaviour.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,6 +30,8 @@ static long encode(const struct kvf_rpc_msg *m, uint8_t *buf, size_t cap)
         return kvf_rpc_put_event(buf, cap, m->rid, &m->ev);
     case KVF_RPC_STATUS:
         return kvf_rpc_put_status(buf, cap, m->status);
+    case KVF_RPC_PROV:
+        return kvf_rpc_put_prov(buf, cap, m->rid, &m->prov);
     }
     return -1;
 }

@@ -41,10 +41,10 @@
 // a fault can cause them); every process exits as expected (0 on SIGTERM), with no sanitizer
 // report in its stderr. Every process started is killed on any exit. Exits 1 on any failure; the
 // report (also written as JSON to --report) names the first thing that caught it.
-import { spawn, execFileSync } from 'node:child_process';
+import { spawn, execFile, execFileSync } from 'node:child_process';
+import { promisify } from 'node:util';
 import fs from 'node:fs';
 import path from 'node:path';
-import net from 'node:net';
 import { pathToFileURL } from 'node:url';
 
 const args = { mode: process.env.KVF_SOAK === '1' ? 'soak' : 'smoke', topologies: 'serve,split', seed: process.env.KVF_ISO_SEED || '1' };
@@ -59,6 +59,12 @@ const SOAK = args.mode === 'soak';
 // What then reaches a reply is what the page lifetime rules alone let through: the mutants' runs
 // use it for the bugs those checks would otherwise stop before any reply (docs/ISOLATION.md).
 const UNVERIFIED = args.unverified === '1';
+// --canary-interval S: serve and the router run the production canary (docs/SERVER.md, "Canary")
+// every S seconds through the phase's chaos; at each phase's end /health's canary must show no
+// failure (a clean binary's output does not depend on batching, faults or forgeries: a request
+// they break fails with an error, which the canary counts apart). Off by default (make test's
+// smoke and the mutants' runs are as recorded without it).
+const CANARY_S = Number(args['canary-interval'] ?? 0);
 const entry = path.join(args['node-modules'], 'openai', 'index.mjs');
 if (!fs.existsSync(entry)) { console.log(`Bail out! ${entry} is missing: run scripts/install-deps.sh`); process.exit(1); }
 const { default: OpenAI } = await import(pathToFileURL(entry).href);
@@ -177,13 +183,6 @@ function checkEnded(p) {
     fail('crash', `${p.name}: sanitizer or check report in its output; log ${p.log}: ${p.out.slice(Math.max(0, at - 200), at + 1500)}`);
   }
 }
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => { const { port } = s.address(); s.close(() => resolve(port)); });
-  });
-}
 
 // ---- the seeded schedule ----
 let rng = (Number(args.seed) * 2654435761) >>> 0 || 1;
@@ -207,11 +206,19 @@ for (const t of TENANTS) report.tenants[t.name] = { canary: t.canary, requests: 
 const HIST = path.join(W, 'hist.gguf'), TINY = path.join(W, 'tiny.gguf');
 execFileSync(KVF, ['mkmodel', HIST, '--shape', 'hist'], { stdio: 'ignore' });
 execFileSync(KVF, ['mkmodel', TINY, '--shape', 'tiny', '--seed', '5'], { stdio: 'ignore' });
+// The solo runs are child processes awaited, never run synchronously: a phase computes the
+// references of the prompts it makes up as it goes, and a blocked event loop would hold its
+// other requests' connections silent past the server's header bounds (a 2 s bound before a
+// key is shown), which the server rightly closes.
 const refCache = new Map();
+const execFileP = promisify(execFile);
 function reference(model, prompt, s) {
   const key = JSON.stringify([model, prompt, s]);
-  if (refCache.has(key)) return refCache.get(key);
-  const out = execFileSync(KVF, ['run', '--model', model, '--prompt', prompt, '--max-tokens', String(s.max_tokens),
+  if (!refCache.has(key)) refCache.set(key, referenceRun(model, prompt, s));
+  return refCache.get(key);
+}
+async function referenceRun(model, prompt, s) {
+  const { stdout: out } = await execFileP(KVF, ['run', '--model', model, '--prompt', prompt, '--max-tokens', String(s.max_tokens),
     '--temperature', String(s.temperature ?? 0), '--top-k', String(s.top_k ?? 0), '--top-p', String(s.top_p ?? 1),
     '--seed', String(s.seed ?? 1), '--threads', '1', '--print-token-ids', '--print-logprobs'],
   { encoding: 'utf8', maxBuffer: 1 << 24, env: { ...process.env, ASAN_OPTIONS: 'detect_leaks=0' } });
@@ -220,12 +227,11 @@ function reference(model, prompt, s) {
   const nums = (l) => l.split(':')[1].trim().split(/\s+/).filter(Boolean).map(Number);
   const ref = { text: lines.slice(0, at).join('\n'), prompt_ids: nums(lines[at]), ids: nums(lines[at + 1]), lps: nums(lines[at + 2]).map(Math.fround) };
   ref.finish = ref.ids.length < s.max_tokens ? 'stop' : 'length';
-  refCache.set(key, ref);
   return ref;
 }
 // Each canary's token id, from the tokenizer itself ("▁word" is one token of hist).
 for (const t of TENANTS) {
-  const ids = reference(HIST, t.canary, { max_tokens: 1 }).prompt_ids;
+  const ids = (await reference(HIST, t.canary, { max_tokens: 1 })).prompt_ids;
   if (ids.length !== 2) { console.log(`Bail out! hist does not spell '${t.canary}' as one token: ${ids}`); process.exit(1); }
   t.canaryId = ids[1];
 }
@@ -316,7 +322,7 @@ const ALLOWED_CLIENT_ERRORS = new Set(['queue_full', 'tenant_limit', 'pool_exhau
 // plan: { stream, abort: null | {ms} | {chunks}, expect: 'ok' | 'limit+1', label }
 async function request(ph, c, plan) {
   const t = c.t;
-  const ref = plan.expect === 'ok' ? reference(c.model, c.prompt, c.s) : null;
+  const ref = plan.expect === 'ok' ? await reference(c.model, c.prompt, c.s) : null;
   const body = { model: 'm', prompt: c.prompt, max_tokens: c.s.max_tokens, temperature: c.s.temperature ?? 0, logprobs: 0, return_tokens_as_token_ids: true };
   for (const k of ['top_k', 'top_p', 'seed']) if (c.s[k] !== undefined) body[k] = c.s[k];
   const ac = new AbortController();
@@ -356,7 +362,7 @@ async function request(ph, c, plan) {
       got.err = { status: e.status ?? 'sse', code: e.code ?? e.error.code ?? e.error.type, message: e.error.message };
     } else {
       outcome = 'unclear';
-      got.err = { what: String(e?.stack ?? e).slice(0, 400) };
+      got.err = { what: String(e?.stack ?? e).slice(0, 400) + (e?.cause ? ` (cause: ${String(e.cause?.code ?? '')} ${String(e.cause?.message ?? e.cause).slice(0, 200)})` : '') };
     }
   } finally {
     clearTimeout(timer);
@@ -480,7 +486,8 @@ function checkCounters(ph, h) {
 const CTX = 256;             // the served limit
 const HIST_PAGE = 65600, TINY_PAGE = 8256;
 const poolBytes = (model, pages) => String((model === HIST ? HIST_PAGE : TINY_PAGE) * pages);
-const commonFlags = ['--context-length', String(CTX), '--api-keys', KEYS];
+const commonFlags = ['--context-length', String(CTX), '--api-keys', KEYS,
+  ...(CANARY_S ? ['--canary-interval', String(CANARY_S)] : [])];
 
 const TOPOLOGIES = {
   serve: {
@@ -501,24 +508,28 @@ const TOPOLOGIES = {
       const timeouts = ['--grant-timeout', String(ph.grantMs ?? 3000), '--hold-timeout', String(ph.holdTimeoutMs ?? 4000)];
       ph.holdMs = (ph.grantMs ?? 3000) + (ph.holdTimeoutMs ?? 4000);
       const envOf = (role, i) => ({ ...ph.env, ...(ph.envOf?.(role, i) ?? {}) });
-      const ports = [await freePort(), await freePort(), await freePort()];
+      // Each worker first listens on a port the kernel picks (port 0: no window in which
+      // another process takes a port found free), and a restart listens on the same one.
+      const ports = [0, 0, 0];
       const prefillArgs = (i) => ['prefill', '--model', ph.model, '--listen', `127.0.0.1:${ports[i]}`, '--context-length', String(CTX), '--threads', '1',
         ...(ph.prefillFlags ?? [])];
-      const decodeArgs = ['decode', '--model', ph.model, '--listen', `127.0.0.1:${ports[2]}`, '--context-length', String(CTX),
+      const decodeArgs = () => ['decode', '--model', ph.model, '--listen', `127.0.0.1:${ports[2]}`, '--context-length', String(CTX),
         '--kv-memory', poolBytes(ph.model, ph.pages), '--threads', '1', '--max-queue', String(ph.maxQueue),
         '--admit-timeout', String(ph.admitMs), ...timeouts];
       const topo = { procs: [], all: [], prefills: [], ports }; // procs: live; all: every one started
       topo.startPrefill = async (i, tag = '') => {
         const p = startProc(`${ph.name}-prefill${i}${tag}`, prefillArgs(i), envOf('prefill', i));
-        await waitOut(p, /listening \S+ \d+/, 120000);
+        const m = await waitOut(p, /listening \S+ (\d+)/, 120000);
+        ports[i] = Number(m[1]);
         topo.prefills[i] = p;
         topo.procs.push(p);
         topo.all.push(p);
         return p;
       };
       topo.startDecode = async (tag = '') => {
-        const p = startProc(`${ph.name}-decode${tag}`, decodeArgs, envOf('decode', 0));
-        await waitOut(p, /listening \S+ \d+/, 120000);
+        const p = startProc(`${ph.name}-decode${tag}`, decodeArgs(), envOf('decode', 0));
+        const m = await waitOut(p, /listening \S+ (\d+)/, 120000);
+        ports[2] = Number(m[1]);
         topo.decode = p;
         topo.procs.push(p);
         topo.all.push(p);
@@ -572,6 +583,16 @@ async function runPhase(ph) {
     await ph.workload(ph);
     const h = await quiesce(ph, ph.quiesceMs ?? 60000);
     checkAudit(ph, topo);
+    if (CANARY_S) {
+      const c = h.canary;
+      report.canary ??= { runs: 0, failures: 0, errors: 0 };
+      if (!c) fail('canary', `${ph.name}: --canary-interval ${CANARY_S} and no canary in /health`);
+      else {
+        for (const k of ['runs', 'failures', 'errors']) report.canary[k] += c[k];
+        console.log(`# ${ph.name}: canary ${c.status}: ${c.runs} runs, ${c.failures} failures, ${c.errors} errors, ${c.references} references`);
+        if (c.failures) fail('canary', `${ph.name}: ${c.failures} canary runs differed from the reference: ${h.reason ?? ''}`);
+      }
+    }
     if (h.decode) {
       ph.forged = countForged(topo);
       // The channel binds: every prefill started with the forgeries on said so in its events.
@@ -699,7 +720,7 @@ async function limits(ph) {
     const words = CTX - mt - 1; // + BOS = CTX - mt prompt tokens
     const at = { t, model: ph.model, prompt: histPrompt(t, words), s: GREEDY(mt) };
     const past = { t, model: ph.model, prompt: histPrompt(t, words + 1), s: GREEDY(mt) };
-    if (reference(ph.model, at.prompt, { max_tokens: 1 }).prompt_ids.length + mt !== CTX) fail('setup', 'the limit prompt is not at the limit');
+    if ((await reference(ph.model, at.prompt, { max_tokens: 1 })).prompt_ids.length + mt !== CTX) fail('setup', 'the limit prompt is not at the limit');
     ph.cases.push(at);
     jobs.push(request(ph, at, { stream: rand() < 0.5, expect: 'ok', label: 'at the limit' }));
     jobs.push(request(ph, past, { stream: false, expect: 'limit+1', label: 'limit + 1' }));
@@ -906,9 +927,15 @@ if (args.phases) {
 }
 // Sanity of the design: no reference shows another tenant's canary (else the canary check could
 // not tell a leak from the sampling).
+{ // two solo runs at a time (the machine's cores), then the checks in order
+  const all = phases.flatMap((ph) => ph.cases);
+  let next = 0;
+  const worker = async () => { while (next < all.length) { const c = all[next++]; await reference(c.model, c.prompt, c.s); } };
+  await Promise.all([worker(), worker()]);
+}
 for (const ph of phases) {
   for (const c of ph.cases) {
-    const ref = reference(c.model, c.prompt, c.s);
+    const ref = await reference(c.model, c.prompt, c.s);
     if (c.model === HIST && foreignIn(c.t, ref.text, ref.ids).length) { console.log(`Bail out! the solo run of a ${c.t.name} case shows a foreign canary: ${JSON.stringify(c.s)} "${ref.text}"`); process.exit(1); }
     if (c.model === HIST && !ref.ids.includes(c.t.canaryId)) { console.log(`Bail out! the solo run of a ${c.t.name} case does not answer its canary: "${ref.text}"`); process.exit(1); }
   }

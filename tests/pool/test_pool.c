@@ -163,6 +163,77 @@ static void test_holders_by_kind(void)
     drain_and_destroy(pool);
 }
 
+/* The prefix cache's pages: sealed only whole, never written again, shared within the owner's
+ * tenant only (refused by the pool itself, whatever a cache's key said), FREE only when the last
+ * reader goes — the cache's eviction never pulls a page from under a reader or a transfer — and
+ * a new tag when reused, so a reference to the evicted page is stale. */
+static void test_seal_and_share(void)
+{
+    kvf_pool_t *pool = make_pool(2, 1);
+    uint32_t pt = kvf_pool_geometry(pool)->page_tokens;
+    struct kvf_page_ref r = alloc1(pool, &OWNER_A);
+    EXPECT_ILLEGAL(pool, kvf_pool_seal(pool, r), KVF_E_POOL_BAD_ARG); /* nothing verified */
+    ASSERT_OK(kvf_pool_set_fill(pool, r, pt - 1));
+    EXPECT_ILLEGAL(pool, kvf_pool_seal(pool, r), KVF_E_POOL_BAD_ARG); /* partly filled */
+    EXPECT_ILLEGAL(pool, kvf_pool_share(pool, r, OWNER_A.tenant, KVF_HOLDER_SEQ),
+                   KVF_E_POOL_BAD_STATE); /* not sealed */
+    ASSERT_OK(kvf_pool_set_fill(pool, r, pt));
+    ASSERT_OK(kvf_pool_seal(pool, r));
+    ASSERT_POOL_OK(pool);
+    ASSERT_TRUE(info(pool, r.page).sealed);
+    /* Never written again; held only through share. */
+    EXPECT_ILLEGAL(pool, kvf_pool_seal(pool, r), KVF_E_POOL_BAD_STATE);
+    EXPECT_ILLEGAL(pool, kvf_pool_grant(pool, r, writer(pool, 0)), KVF_E_POOL_BAD_STATE);
+    EXPECT_ILLEGAL(pool, kvf_pool_set_fill(pool, r, pt), KVF_E_POOL_BAD_STATE);
+    EXPECT_ILLEGAL(pool, kvf_pool_hold(pool, r, KVF_HOLDER_PREFIX), KVF_E_POOL_BAD_STATE);
+    EXPECT_ILLEGAL(pool, kvf_pool_share(pool, r, OWNER_A.tenant, (enum kvf_holder)5),
+                   KVF_E_POOL_BAD_ARG);
+    /* Another tenant is refused by the pool. */
+    EXPECT_ILLEGAL(pool, kvf_pool_share(pool, r, OWNER_B.tenant, KVF_HOLDER_SEQ),
+                   KVF_E_POOL_FOREIGN);
+    ASSERT_ERR(kvf_pool_read_check_tenant(pool, r.page, r.tag, OWNER_B.tenant, 0),
+               KVF_E_POOL_FOREIGN);
+    ASSERT_OK(kvf_pool_read_check_tenant(pool, r.page, r.tag, OWNER_A.tenant, pt - 1));
+    ASSERT_ERR(kvf_pool_read_check_tenant(pool, r.page, r.tag, OWNER_A.tenant, pt),
+               KVF_E_POOL_BAD_SLOT);
+    /* The cache takes it; the request that computed it goes; a reader and its transfer come. */
+    ASSERT_OK(kvf_pool_share(pool, r, OWNER_A.tenant, KVF_HOLDER_PREFIX));
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_SEQ, 0));
+    ASSERT_OK(kvf_pool_share(pool, r, OWNER_A.tenant, KVF_HOLDER_SEQ));
+    ASSERT_OK(kvf_pool_share(pool, r, OWNER_A.tenant, KVF_HOLDER_XFER_SRC));
+    ASSERT_POOL_OK(pool);
+    /* Evicted (the cache lets go) while they read: the page stays, sealed and readable. */
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_PREFIX, 0));
+    ASSERT_EQ_INT(info(pool, r.page).state, KVF_PAGE_OWNED);
+    ASSERT_TRUE(info(pool, r.page).sealed);
+    ASSERT_OK(kvf_pool_read_check(pool, r.page, r.tag, 0));
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_XFER_SRC, 0));
+    ASSERT_EQ_INT(info(pool, r.page).state, KVF_PAGE_OWNED);
+    ASSERT_OK(kvf_pool_release(pool, r, KVF_HOLDER_SEQ, 0));
+    /* The last reader gone: FREE and unsealed. */
+    struct kvf_page_info in = info(pool, r.page);
+    ASSERT_EQ_INT(in.state, KVF_PAGE_FREE);
+    ASSERT_FALSE(in.sealed);
+    ASSERT_POOL_OK(pool);
+    struct kvf_pool_stats st;
+    kvf_pool_stats(pool, &st);
+    ASSERT_EQ_INT(st.sealed, 0);
+    ASSERT_EQ_U64(st.seals, 1);
+    ASSERT_EQ_U64(st.shares, 3);
+    /* Reused: a new tag, and the evicted page's reference is stale. */
+    struct kvf_page_ref a = alloc1(pool, &OWNER_B), b = alloc1(pool, &OWNER_B);
+    struct kvf_page_ref again = a.page == r.page ? a : b;
+    ASSERT_EQ_INT(again.page, r.page);
+    ASSERT_TRUE(again.tag != r.tag);
+    EXPECT_ILLEGAL(pool, kvf_pool_share(pool, r, OWNER_A.tenant, KVF_HOLDER_SEQ),
+                   KVF_E_POOL_STALE_TAG);
+    ASSERT_ERR(kvf_pool_read_check_tenant(pool, r.page, r.tag, OWNER_A.tenant, 0),
+               KVF_E_POOL_STALE_TAG);
+    ASSERT_OK(kvf_pool_release(pool, a, KVF_HOLDER_SEQ, 0));
+    ASSERT_OK(kvf_pool_release(pool, b, KVF_HOLDER_SEQ, 0));
+    drain_and_destroy(pool);
+}
+
 static void test_grant_then_proof(void)
 {
     kvf_pool_t *pool = make_pool(4, 2);
@@ -620,8 +691,11 @@ static void test_checker_catches_corruption(void)
     CORRUPT(pool->held_count, 0);                              /* held list length */
     CORRUPT(pool->peers[1].grants, 1);                         /* per-peer grant count */
     CORRUPT(pool->hot[r[2].page].state, KVF_PAGE_QUARANTINED); /* before its deadline */
-    CORRUPT(pool->cold[r[0].page].next, 3); /* owned page linked on the held list */
-    CORRUPT(pool->stats.allocs, 99);        /* counters disagree */
+    CORRUPT(pool->cold[r[0].page].next, 3);  /* owned page linked on the held list */
+    CORRUPT(pool->stats.allocs, 99);         /* counters disagree */
+    CORRUPT(pool->hot[3].sealed, 1);         /* a FREE page sealed */
+    CORRUPT(pool->hot[r[1].page].sealed, 1); /* a GRANTED page sealed */
+    CORRUPT(pool->stats.sealed, 1);          /* the sealed gauge off */
 #undef CORRUPT
     ASSERT_EQ_INT(kvf_pool_fence(pool, w), 2);
     ASSERT_OK(kvf_pool_release(pool, r[0], KVF_HOLDER_SEQ, 0));
@@ -695,6 +769,7 @@ static const struct kvf_test_case cases[] = {
     KVF_CASE(test_alloc_release_fifo_and_tags),
     KVF_CASE(test_tag_never_zero),
     KVF_CASE(test_holders_by_kind),
+    KVF_CASE(test_seal_and_share),
     KVF_CASE(test_grant_then_proof),
     KVF_CASE(test_release_while_granted_holds),
     KVF_CASE(test_hold_timeout_quarantine_then_fence),

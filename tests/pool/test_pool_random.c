@@ -36,6 +36,7 @@ struct mpage {
     struct kvf_peer_epoch grant;
     uint32_t fill;
     uint64_t deadline;
+    bool sealed;
 };
 
 struct model {
@@ -95,10 +96,36 @@ static int m_hold(struct model *m, struct kvf_page_ref r, int kind)
     if (r.page >= m->n) return m_err(m, KVF_E_POOL_BAD_PAGE);
     struct mpage *pg = &m->page[r.page];
     if (pg->tag != r.tag) return m_err(m, KVF_E_POOL_STALE_TAG);
-    if (pg->state != KVF_PAGE_OWNED && pg->state != KVF_PAGE_GRANTED)
+    if ((pg->state != KVF_PAGE_OWNED && pg->state != KVF_PAGE_GRANTED) || pg->sealed)
         return m_err(m, KVF_E_POOL_BAD_STATE);
     if (pg->holders[kind] == UINT16_MAX) return m_err(m, KVF_E_POOL_BAD_ARG);
     pg->holders[kind]++;
+    return 0;
+}
+
+static int m_seal(struct model *m, struct kvf_page_ref r)
+{
+    if (r.page >= m->n) return m_err(m, KVF_E_POOL_BAD_PAGE);
+    struct mpage *pg = &m->page[r.page];
+    if (pg->tag != r.tag) return m_err(m, KVF_E_POOL_STALE_TAG);
+    if (pg->state != KVF_PAGE_OWNED || pg->sealed) return m_err(m, KVF_E_POOL_BAD_STATE);
+    if (pg->fill != PT) return m_err(m, KVF_E_POOL_BAD_ARG);
+    pg->sealed = true;
+    m->st.seals++;
+    return 0;
+}
+
+static int m_share(struct model *m, struct kvf_page_ref r, uint32_t tenant, int kind)
+{
+    if (kind < 0 || kind >= KVF_HOLDER__NKINDS) return m_err(m, KVF_E_POOL_BAD_ARG);
+    if (r.page >= m->n) return m_err(m, KVF_E_POOL_BAD_PAGE);
+    struct mpage *pg = &m->page[r.page];
+    if (pg->tag != r.tag) return m_err(m, KVF_E_POOL_STALE_TAG);
+    if (pg->state != KVF_PAGE_OWNED || !pg->sealed) return m_err(m, KVF_E_POOL_BAD_STATE);
+    if (pg->owner.tenant != tenant) return m_err(m, KVF_E_POOL_FOREIGN);
+    if (pg->holders[kind] == UINT16_MAX) return m_err(m, KVF_E_POOL_BAD_ARG);
+    pg->holders[kind]++;
+    m->st.shares++;
     return 0;
 }
 
@@ -128,7 +155,7 @@ static int m_set_fill(struct model *m, struct kvf_page_ref r, uint32_t fill)
     if (r.page >= m->n) return m_err(m, KVF_E_POOL_BAD_PAGE);
     struct mpage *pg = &m->page[r.page];
     if (pg->tag != r.tag) return m_err(m, KVF_E_POOL_STALE_TAG);
-    if (pg->state != KVF_PAGE_OWNED) return m_err(m, KVF_E_POOL_BAD_STATE);
+    if (pg->state != KVF_PAGE_OWNED || pg->sealed) return m_err(m, KVF_E_POOL_BAD_STATE);
     if (fill < pg->fill || fill > PT) return m_err(m, KVF_E_POOL_BAD_ARG);
     pg->fill = fill;
     return 0;
@@ -140,6 +167,7 @@ static int m_grant(struct model *m, struct kvf_page_ref r, struct kvf_peer_epoch
     struct mpage *pg = &m->page[r.page];
     if (pg->tag != r.tag) return m_err(m, KVF_E_POOL_STALE_TAG);
     if (pg->state != KVF_PAGE_OWNED) return m_err(m, KVF_E_POOL_NOT_OWNED);
+    if (pg->sealed) return m_err(m, KVF_E_POOL_BAD_STATE);
     if (w.peer >= N_PEERS) return m_err(m, KVF_E_POOL_BAD_ARG);
     if (w.epoch != m->epoch[w.peer]) return m_err(m, KVF_E_POOL_BAD_EPOCH);
     pg->state = KVF_PAGE_GRANTED;
@@ -253,7 +281,7 @@ static void compare(const kvf_pool_t *pool, const struct model *m, uint64_t op)
         if (in.state != pg->state || in.tag != pg->tag || in.fill != pg->fill ||
             in.granted != pg->granted || in.grant.peer != pg->grant.peer ||
             in.grant.epoch != pg->grant.epoch || !kvf_req_id_eq(in.owner.req, pg->owner.req) ||
-            in.owner.tenant != pg->owner.tenant ||
+            in.owner.tenant != pg->owner.tenant || in.sealed != pg->sealed ||
             memcmp(in.holders, pg->holders, sizeof(in.holders)) != 0 ||
             in.deadline_ms != ((pg->state == KVF_PAGE_HELD || pg->state == KVF_PAGE_QUARANTINED)
                                    ? pg->deadline
@@ -264,6 +292,7 @@ static void compare(const kvf_pool_t *pool, const struct model *m, uint64_t op)
                      kvf_page_state_name(pg->state), pg->tag, pg->fill);
         want.by_state[pg->state]++;
         want.grants += pg->granted;
+        want.sealed += pg->sealed;
     }
     want.reserved = m->reserved;
     if (memcmp(&st, &want, sizeof(st)) != 0) KVF_FAIL("op %" PRIu64 ": stats differ", op);
@@ -414,13 +443,15 @@ enum op {
     OP_READ,
     OP_POST,
     OP_LAND,
+    OP_SEAL,
+    OP_SHARE,
     OP__N
 };
 static const char *const op_name[OP__N] = {"alloc",     "hold", "release", "set_fill", "grant",
                                            "grant_end", "tick", "fence",   "reserve",  "unreserve",
-                                           "read",      "post", "land"};
+                                           "read",      "post", "land",    "seal",     "share"};
 /* Weights out of 100. */
-static const uint8_t op_weight[OP__N] = {14, 5, 17, 5, 12, 9, 5, 1, 4, 4, 8, 9, 7};
+static const uint8_t op_weight[OP__N] = {14, 5, 14, 5, 12, 9, 5, 1, 4, 4, 5, 9, 7, 3, 3};
 
 static uint64_t n_ok[OP__N], n_err[OP__N];
 
@@ -558,6 +589,25 @@ static void step(struct world *wd, uint64_t op_no)
             break;
         }
         wd->inflight[wd->n_inflight++] = (struct write){{p, pg->tag}, pg->grant};
+        break;
+    }
+    case OP_SEAL: {
+        struct kvf_page_ref r = pick_ref(wd);
+        want = m_seal(m, r);
+        got = kvf_pool_seal(pool, r);
+        break;
+    }
+    case OP_SHARE: {
+        /* Readers of the owners' tenants (1 and 2) and of one that owns nothing (3). */
+        struct kvf_page_ref r = pick_ref(wd);
+        uint32_t tenant = 1 + below(wd, 3);
+        int kind = pick_kind(wd);
+        want = m_share(m, r, tenant, kind);
+        got = kvf_pool_share(pool, r, tenant, (enum kvf_holder)kind);
+        int rc = kvf_pool_read_check_tenant(pool, r.page, r.tag, tenant, 0);
+        int mrc = m_read_check(m, r.page, r.tag, 0);
+        if (mrc == 0 && m->page[r.page].owner.tenant != tenant) mrc = KVF_E_POOL_FOREIGN;
+        ASSERT_EQ_INT(rc, mrc);
         break;
     }
     case OP_LAND:

@@ -2,6 +2,7 @@
 #include "fake_engine.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -206,12 +207,39 @@ static void fake_info(void *e, struct kvf_engine_info *out)
     pthread_mutex_unlock(&f->mu);
 }
 
+/* With prov set: a record naming the handle (request id lo = its submit's number from 1), one
+ * page per 16 prompt tokens, tag and checksum derived from the page. */
+static int fake_prov(void *e, kvf_gen_t *g, struct kvf_gen_prov *out)
+{
+    struct fake_engine *f = e;
+    pthread_mutex_lock(&f->mu);
+    bool on = f->prov;
+    pthread_mutex_unlock(&f->mu);
+    if (!on) return 0;
+    memset(out, 0, sizeof *out);
+    out->decode_id = 0xfeedULL;
+    out->req_lo = (uint64_t)g->rec + 1;
+    out->req_hi = 0xfeedULL;
+    snprintf(out->prefill_addr, sizeof out->prefill_addr, "127.0.0.1:9101");
+    out->writer_epoch = 3;
+    out->grant_nonce = 0xabcULL + g->rec;
+    out->tenant = g->p.tenant;
+    out->tokens_granted = out->tokens_verified = g->p.n_prompt;
+    out->verified = true;
+    out->n_pages = (g->p.n_prompt + 15) / 16;
+    for (uint32_t i = 0; i < out->n_pages && i < KVF_GEN_PROV_PAGES; i++)
+        out->pages[i] = (struct kvf_gen_prov_page){i + 10, 0x1000u + i, 0x2000u + i};
+    out->pages_digest = 0x77;
+    return 1;
+}
+
 const struct kvf_gen_ops fake_ops = {
     .submit = fake_submit,
     .next = fake_next,
     .cancel = fake_cancel,
     .release = fake_release,
     .info = fake_info,
+    .prov = fake_prov,
 };
 
 uint32_t fake_live(struct fake_engine *f)

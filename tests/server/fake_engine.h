@@ -39,6 +39,7 @@ struct fake_engine {
     uint32_t end_after;
     bool prefill_up;
     uint64_t verify[4];    /* info's verify_count, _trailer, _checksum and foreign_tails */
+    bool prov;             /* the seam's prov answers a record (fake_prov); else none */
     const int32_t *script; /* tokens to emit instead of the echo, cycling */
     uint32_t n_script;
     /* Records. */

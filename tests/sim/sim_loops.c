@@ -21,16 +21,25 @@
  *      pressured or forged);
  *   L5 decode's test audit of each committed prompt's last page (KVF_TEST_AUDIT_TAIL): the slots
  *      beyond the prompt hold zeros, never another request's bytes.
- * and on the pages' lifetimes, as the machines' simulator checks them (its I2, I5 and checkers):
+ * and on the pages' lifetimes:
  *   L6 a write lands only on a page that is GRANTED, HELD or QUARANTINED — never FREE or OWNED
  *      (a page freed or committed while a write to it was in flight) — and a page's trailer
  *      lands only with the tag the page has now (never a write meant for the page's previous
  *      grant, landing under its next one);
  *   L7 after every turn, the consistency walks of every protocol machine and pool in the world
- *      (kvf_decode_check, kvf_prefill_check, kvf_pool_check: the machines' simulator's
- *      "decode checker", "prefill checker" and "pool checker");
- *   L8 a put reads its source page only while its job still holds it (the machines' simulator's
- *      I5), checked at the put's post and when simnet reads its bytes (its local completion).
+ *      (kvf_decode_check, kvf_prefill_check, kvf_pool_check);
+ *   L8 a put reads its source page only while its job still holds it, checked at the put's post
+ *      and when simnet reads its bytes (its local completion);
+ *   L9 no write lands on a page of a grant whose prompt the prefill engine refused (the
+ *      placeholder incident's prefill half: a refused request gets no write at all);
+ *   L10 in a seed where every message arrived in time and no writer failed or stalled, no
+ *      decode page is quarantined: every grant ends by its writer's proof;
+ *   L11 every commit rests on its writer's current epoch in decode's pool, never on one a fence
+ *      ended.
+ * L9 and L11 read the workers' test events in process (kvf__test_event_listen): the refused
+ * grants' pages (the forgeries' refuse=N) and each commit's writer and epoch. These are the
+ * invariants I1..I9 of the simulator of the protocol machines this one replaced (docs/MUTANTS.md,
+ * "The checks of the simulator").
  * With --content-only, L1 alone.
  *
  * --unverified: decode commits what arrives unread (no count, trailer, checksum or tail check: the
@@ -46,11 +55,14 @@
  * --content-only: L1 alone (what content shows by itself; L2 and the liveness of a world where
  * L2 would have failed still end the run at LIMIT_MS).
  *
+ * --late-writes: one put in ten lands up to twice the hold timeout late (after the hold of a page
+ * whose writer went silent has ended: a page freed, not quarantined, then receives it).
+ *
  * --router: the fault world's requests go through the router and a decode service (the split
  * roles' loops, src/engine/router.c and decode_service.c, in manual mode too) over simnet.
  *
  * Usage: test_sim_loops [--seeds N] [--first S] [--unverified] [--pressured] [--forge SPEC]
- *                       [--content-only] [--router] [--verbose]
+ *                       [--content-only] [--router] [--late-writes] [--verbose]
  * (KVF_SIM_LOOPS_SEEDS overrides N)
  */
 #include <errno.h>
@@ -115,6 +127,7 @@ struct opts {
     const char *forge; /* KVF_TEST_FORGE for the prefills of the fault world (their forgeries) */
     bool content_only; /* L1 alone: what content shows by itself */
     bool router;       /* requests through the router and a decode service (the split roles) */
+    bool late_writes;  /* one put in ten lands up to twice the hold timeout late */
 };
 static struct opts O;
 
@@ -144,6 +157,9 @@ struct world {
                          no-progress bound, while a long prompt's chunks together outlast it) */
     char why[512];
     bool verbose;
+    /* L9: the pages (and tags) of the grants whose prompts the prefill engine refused. */
+    struct kvf_page_ref refused[512];
+    uint32_t n_refused;
 };
 
 static int violate(struct world *W, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -213,6 +229,14 @@ static int land_check(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes
                  in.tag);
         return 1;
     }
+    for (uint32_t i = 0; i < W->n_refused; i++)
+        if (W->refused[i].page == page && W->refused[i].tag == in.tag) {
+            snprintf(why, why_len,
+                     "L9: a write of %zu bytes lands on page %u (tag %" PRIu64 ", %s) of a grant "
+                     "whose prompt the prefill engine refused: a refused request gets no write",
+                     len, page, in.tag, state_name(in.state));
+            return 1;
+        }
     size_t toff = kvf_geo_trailer_offset(kvf_pool_geometry(pool));
     if (off % pb == toff && len == sizeof(struct kvf_page_trailer)) {
         struct kvf_page_trailer t;
@@ -235,6 +259,43 @@ static int violate(struct world *W, const char *fmt, ...)
     vsnprintf(W->why, sizeof W->why, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+/* The workers' test events, as they happen (kvf__test_event_listen):
+ *   forge_refused — the prefill engine refused a granted prompt: its pages join L9's list;
+ *   commit — decode committed a request on a DONE of writer (peer, epoch): L11, that epoch is
+ *            the writer's current one in decode's pool, never one a fence has ended. */
+static uint64_t json_u64(const char *json, const char *key)
+{
+    const char *p = strstr(json, key);
+    return p ? strtoull(p + strlen(key), NULL, 10) : UINT64_MAX;
+}
+
+static void on_event(void *ctx, const char *kind, const char *json)
+{
+    struct world *W = ctx;
+    if (!strcmp(kind, "forge_refused")) {
+        const char *p = strstr(json, "\"dst\":\"");
+        if (!p) return;
+        p += 7;
+        while (*p && *p != '"' && W->n_refused < sizeof W->refused / sizeof W->refused[0]) {
+            char *e;
+            unsigned long pg = strtoul(p, &e, 10);
+            if (*e != ':') break;
+            uint64_t tag = strtoull(e + 1, &e, 10);
+            W->refused[W->n_refused++] = (struct kvf_page_ref){(uint32_t)pg, tag};
+            p = *e == ',' ? e + 1 : e;
+        }
+    } else if (!strcmp(kind, "commit") && W->dw) {
+        uint64_t peer = json_u64(json, "\"peer\":"), epoch = json_u64(json, "\"epoch\":");
+        uint32_t cur = 0;
+        if (peer > UINT16_MAX ||
+            kvf_pool_peer_epoch(kvf_dworker_pool(W->dw), (uint16_t)peer, &cur) < 0 || cur != epoch)
+            violate(W,
+                    "L11: decode committed a request on writer %" PRIu64 "'s epoch %" PRIu64
+                    ", which a fence ended (the writer's epoch is now %u)",
+                    peer, epoch, cur);
+    }
 }
 
 static struct kvf_worker_config base_config(struct world *W)
@@ -281,6 +342,10 @@ static int world_start(struct world *W, uint64_t seed, bool faults)
         f.lost_ack_pct = 3;
         f.put_slow_pct = O.pressured ? 20 : 5;
         f.put_late_pct = O.pressured ? 10 : 0;
+        if (O.late_writes) { /* a put now and then lands after its page's hold timed out */
+            f.put_late_pct = 10;
+            f.put_late_max_ms = 2 * HOLD_MS;
+        }
         f.delay_max_ms = 20;
     }
     /* The test build's switches the workers read at start: forgeries for the fault world's
@@ -297,6 +362,7 @@ static int world_start(struct world *W, uint64_t seed, bool faults)
     if (!O.content_only) {
         simnet_set_land_check(W->net, land_check, W);
         simnet_set_src_check(W->net, src_id, W);
+        kvf__test_event_listen(on_event, W);
     }
     for (int i = 0; i < N_PF; i++)
         if (start_prefill(W, i, 0) < 0) return -1;
@@ -372,6 +438,7 @@ static void world_stop(struct world *W)
     memset(W->pw, 0, sizeof W->pw);
     simnet_free(W->net);
     W->net = NULL;
+    kvf__test_event_listen(NULL, NULL);
 }
 
 static void submit(struct world *W, struct req *r)
@@ -545,6 +612,16 @@ static int check_end(struct world *W)
             return violate(W, "L3: prefill %d's pool after the run: %u of %u free", i, free_pages,
                            pages);
     }
+    /* L10: where no message was lost or late and no writer
+     * failed or stalled, every grant ends by its writer's proof (DONE, or a cancel's drain
+     * acknowledged), never by a fence or a hold timeout: no page is quarantined. */
+    struct kvf_pool_stats ps;
+    kvf_pool_stats(kvf_dworker_pool(W->dw), &ps);
+    if (!W->link_faults && ps.quarantines)
+        return violate(W,
+                       "L10: %llu decode pages were quarantined in a seed where every message "
+                       "arrived in time and no writer failed",
+                       (unsigned long long)ps.quarantines);
     if (in.foreign_tails)
         return violate(W,
                        "L5: %llu committed last pages held another request's bytes past the prompt",
@@ -660,12 +737,13 @@ static int run_seed(const kvf_model_t *m, uint32_t n_vocab, uint64_t seed, bool 
             printf("  request %u: %u prompt tokens, %u of %u tokens, %s\n", i, r->n_prompt,
                    r->n_out, r->max_tokens, r->err ? kvf_strerror(r->err) : "ended early");
     }
-    if (rc == 0 && !O.content_only) rc = check_end(&W);
-    /* L2's second half: without link or process faults (a late delivery or a lost ack counts:
-     * either can outlast the no-progress bound), every request not cancelled ends whole. */
+    /* A late delivery or a lost ack counts as a link fault (either can outlast the no-progress
+     * bound), and a forgery as a writer's failure. */
     struct simnet_stats st0;
     simnet_stats(W.net, &st0);
     if (st0.late || st0.acks_lost || O.forge) W.link_faults = true;
+    if (rc == 0 && !O.content_only) rc = check_end(&W);
+    /* L2's second half: without link or process faults every request not cancelled ends whole. */
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         struct req *r = &rq[i];
         bool was_cancelled = r->err == KVF_E_PROTO_CANCELLED || r->err == -ECANCELED;
@@ -710,12 +788,14 @@ int main(int argc, char **argv)
             O.content_only = true;
         else if (!strcmp(argv[i], "--router"))
             O.router = true;
+        else if (!strcmp(argv[i], "--late-writes"))
+            O.late_writes = true;
         else if (!strcmp(argv[i], "--forge") && i + 1 < argc)
             O.forge = argv[++i];
         else {
             fprintf(stderr,
                     "usage: %s [--seeds N] [--first S] [--unverified] [--pressured] [--forge SPEC] "
-                    "[--content-only] [--router] [--verbose]\n",
+                    "[--content-only] [--router] [--late-writes] [--verbose]\n",
                     argv[0]);
             return 2;
         }

@@ -494,8 +494,8 @@ static int sn_put(kvf_conn_t *cc, const void *src, size_t len, uint64_t off, kvf
     it->arrive_ms = it->local_ms + delay(n);
     if (chance(n, n->f.put_late_pct)) {
         n->st.late++;
-        it->arrive_ms =
-            it->local_ms + simnet_rand(n, 100, n->f.late_max_ms > 100 ? n->f.late_max_ms : 100);
+        uint32_t bound = n->f.put_late_max_ms ? n->f.put_late_max_ms : n->f.late_max_ms;
+        it->arrive_ms = it->local_ms + simnet_rand(n, 100, bound > 100 ? bound : 100);
     }
     it->next_local = NULL;
     struct item **pp = &c->local; /* local completions in posting order */
@@ -559,8 +559,7 @@ static void local_completions(struct sconn *c, uint64_t now)
             if (now_id != it->src_id)
                 snprintf(n->violation, sizeof n->violation,
                          "at %" PRIu64 " ms: L8: a put reads its source page after its job let it "
-                         "go (the page was %" PRIx64 " when the put was posted, %" PRIx64
-                         " now): the machines' simulator's I5",
+                         "go (the page was %" PRIx64 " when the put was posted, %" PRIx64 " now)",
                          now, it->src_id, now_id);
         }
         it->bytes = malloc(it->len ? it->len : 1);

@@ -27,9 +27,10 @@ struct simnet_faults {
     uint32_t delay_max_ms; /* each item's delay: 1..this */
     uint32_t late_pct;     /* share of items delayed 100..late_max_ms instead */
     uint32_t late_max_ms;
-    uint32_t lost_ack_pct; /* share of flush acks never sent */
-    uint32_t put_slow_pct; /* share of puts whose local completion takes 20..120 ms */
-    uint32_t put_late_pct; /* share of puts (besides late_pct) delivered 100..late_max_ms late */
+    uint32_t lost_ack_pct;    /* share of flush acks never sent */
+    uint32_t put_slow_pct;    /* share of puts whose local completion takes 20..120 ms */
+    uint32_t put_late_pct;    /* share of puts (besides late_pct) delivered 100..late_max_ms late */
+    uint32_t put_late_max_ms; /* those puts' bound instead, when not 0 (late past a hold) */
 };
 
 struct simnet;
@@ -57,7 +58,7 @@ kvf_xport_t *simnet_listener(struct simnet *n, uint16_t port);
 typedef int simnet_land_fn(void *ctx, kvf_xport_t *x, uint64_t off, const void *bytes, size_t len,
                            bool sender_dead, char *why, size_t why_len);
 void simnet_set_land_check(struct simnet *n, simnet_land_fn *fn, void *ctx);
-/* A check of every put's source (the machines' simulator's I5): fn names what src is at that
+/* A check of every put's source (sim_loops.c's L8): fn names what src is at that
  * moment — an identity such as the tag of the source page while its job holds it, 0 for a source
  * it does not watch, or a value no holder gives (a freed page) — and is called when the put is
  * posted and again when its bytes are read from the source (its local completion). A watched

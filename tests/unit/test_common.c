@@ -10,6 +10,7 @@ static void test_strerror_names_every_code(void)
         KVF_E_POOL_FULL,        KVF_E_POOL_BAD_PAGE,  KVF_E_POOL_STALE_TAG, KVF_E_POOL_NOT_HOLDER,
         KVF_E_POOL_DOUBLE_FREE, KVF_E_POOL_NOT_OWNED, KVF_E_POOL_NO_GRANT,  KVF_E_POOL_BAD_EPOCH,
         KVF_E_POOL_BAD_SLOT,    KVF_E_POOL_RESERVE,   KVF_E_POOL_BAD_STATE, KVF_E_POOL_BAD_ARG,
+        KVF_E_POOL_FOREIGN,
     };
     for (size_t i = 0; i < KVF_ARRAY_LEN(codes); i++) {
         const char *s = kvf_strerror(codes[i]);
