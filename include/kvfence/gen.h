@@ -63,8 +63,9 @@ struct kvf_sample_params {
     struct kvf_logit_bias logit_bias[KVF_GEN_MAX_LOGIT_BIAS]; /* distinct ids, ascending */
 };
 
-#define KVF_GEN_MAX_LOGPROBS 20 /* top logprobs per token at most (the OpenAI API's bound) */
-#define KVF_GEN_MAX_STOP_IDS 8  /* end-of-generation token ids per request */
+#define KVF_GEN_MAX_LOGPROBS 20   /* top logprobs per token at most (the OpenAI API's bound) */
+#define KVF_GEN_MAX_GRAMMAR  8192 /* grammar bytes per request (KVF_GRAMMAR_MAX_BYTES) */
+#define KVF_GEN_MAX_STOP_IDS 8    /* end-of-generation token ids per request */
 
 /* What one request asks of the engine. Arrays are borrowed for the submit call only. */
 struct kvf_gen_params {
@@ -79,6 +80,11 @@ struct kvf_gen_params {
     int32_t stop_ids[KVF_GEN_MAX_STOP_IDS]; /* generation ends after emitting one of these */
     uint32_t n_stop_ids;                    /* ignored (treated as 0) when ignore_eos */
     bool ignore_eos;
+    /* Constrained decoding (kvfence/grammar.h): GBNF text every output must match, or NULL.
+     * Each token is drawn from those that keep the output within it, and a stop id only where
+     * the output is a complete sentence; needs n_stop_ids ≥ 1 and not ignore_eos. */
+    const char *grammar;
+    uint32_t n_grammar; /* ≤ KVF_GEN_MAX_GRAMMAR */
 };
 
 enum kvf_gen_event_kind {

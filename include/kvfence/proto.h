@@ -77,16 +77,17 @@ enum kvf_msg_type {
  * missing bytes is refused. No count is trusted before it has been checked against its bound and
  * against the bytes actually present.
  */
-#define KVF_PROTO_VERSION      3u
+#define KVF_PROTO_VERSION      4u /* 4: NEW and GRANT carry the grammar */
 #define KVF_PROTO_HEADER_BYTES 40u
 #define KVF_PROTO_MAX_PAGES    65536u     /* pages in one GRANT or DONE */
 #define KVF_PROTO_MAX_TOKENS   (1u << 20) /* prompt tokens carried in one NEW or GRANT */
 #define KVF_PROTO_MAX_LOGPROBS 20u        /* top logprobs of the first token in one DONE */
 /* The sampling block of NEW and GRANT: a fixed part (temperature, top_p, top_k, n_logprobs, seed;
- * min_p, the three penalties, n_logit_bias), then n_logit_bias (id, bias) pairs. _BYTES is the
- * most it takes. */
-#define KVF_PROTO_SAMPLING_FIXED_BYTES 44u
-#define KVF_PROTO_SAMPLING_BYTES       (KVF_PROTO_SAMPLING_FIXED_BYTES + 8u * KVF_GEN_MAX_LOGIT_BIAS)
+ * min_p, the three penalties, n_logit_bias, n_grammar), then n_logit_bias (id, bias) pairs, then
+ * n_grammar bytes of grammar text. _BYTES is the most it takes. */
+#define KVF_PROTO_SAMPLING_FIXED_BYTES 48u
+#define KVF_PROTO_SAMPLING_BYTES                                                                   \
+    (KVF_PROTO_SAMPLING_FIXED_BYTES + 8u * KVF_GEN_MAX_LOGIT_BIAS + KVF_GEN_MAX_GRAMMAR)
 /* The largest frame the codec produces or accepts (a GRANT with the most pages and tokens). */
 #define KVF_PROTO_MAX_MSG_BYTES                                                                    \
     (KVF_PROTO_HEADER_BYTES + 16u + KVF_PROTO_SAMPLING_BYTES + 12u * KVF_PROTO_MAX_PAGES +         \
@@ -125,6 +126,10 @@ struct kvf_msg_sampling {
     float min_p, presence_penalty, frequency_penalty, repetition_penalty;
     uint32_t n_logit_bias;
     struct kvf_logit_bias logit_bias[KVF_GEN_MAX_LOGIT_BIAS]; /* distinct ids, ascending */
+    /* Constrained decoding: GBNF text (kvfence/grammar.h), n_grammar ≤ KVF_GEN_MAX_GRAMMAR
+     * bytes, borrowed (the encoder's input; the decoder's frame) — a holder copies it. */
+    const char *grammar;
+    uint32_t n_grammar;
 };
 
 /* NEW (router → decode): an admitted request. tokens[0..n_tokens) is the prompt. */

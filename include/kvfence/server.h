@@ -248,4 +248,14 @@ int kvf_server_chat_render(const struct kvf_server_chat_msg *msgs, size_t n_msgs
 int kvf_server_chat_template_check(const char *tmpl, const kvf_tokenizer_t *tok, char *err,
                                    size_t err_len);
 
+/* Structured outputs (src/server/schema.c): the GBNF grammar (kvfence/grammar.h) of a JSON
+ * Schema given as len bytes of JSON text, or, with schema NULL, of any JSON object
+ * (response_format json_object). Writes it NUL-terminated into out (cap bytes; give
+ * KVF_GRAMMAR_MAX_BYTES + 1) and returns its length; or -EINVAL (a keyword not supported, named
+ * in err, or a malformed schema), -E2BIG (the grammar would exceed KVF_GRAMMAR_MAX_BYTES, or the
+ * schema nests deeper than 16), -ENOMEM. The grammar is compact JSON; schema.c's header lists the
+ * keywords. */
+int kvf_schema_to_grammar(const char *schema, size_t len, char *out, size_t cap, char *err,
+                          size_t err_len);
+
 #endif /* KVFENCE_SERVER_H */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kvfence/engine.h"
+#include "kvfence/grammar.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
 #include "kvfence/server.h"
@@ -415,6 +416,11 @@ int kvf_cli_parse_addr(const char *v, char *host, size_t cap, uint16_t *port, bo
 
 /* --compute-lock FILE: opens (creating) the file whose flock the worker processes on the same
  * cores take turns with. 0 with cfg set, or -1 (printed). */
+/* The vocabulary as grammar masks read it (kvfence/grammar.h), from tok or, when NULL, a
+ * tokenizer made from g for the call; NULL when the vocabulary cannot be read (then requests
+ * with a grammar fail and nothing else changes). The caller frees it after the workers. */
+kvf_grammar_vocab_t *kvf_cli_grammar_vocab(const kvf_gguf_t *g, const kvf_tokenizer_t *tok);
+
 int kvf_cli_compute_lock(const char *cmd, const char *path, struct kvf_worker_config *cfg);
 
 /* Checks the mode of a file that holds secrets (API keys, a cluster key) before it is read:

@@ -12,6 +12,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "kvfence/grammar.h"
 #include "kvfence/parse.h"
 
 int kvf_cli_parse_size(const char *v, uint64_t *out)
@@ -105,6 +106,20 @@ int kvf_cli_open_model(const char *cmd, const char *path, kvf_gguf_t **g, kvf_mo
         return -1;
     }
     return 0;
+}
+
+kvf_grammar_vocab_t *kvf_cli_grammar_vocab(const kvf_gguf_t *g, const kvf_tokenizer_t *tok)
+{
+    kvf_tokenizer_t *own = NULL;
+    char err[256];
+    if (!tok) {
+        if (kvf_tokenizer_create(g, &own, err, sizeof(err)) < 0) return NULL;
+        tok = own;
+    }
+    kvf_grammar_vocab_t *v = NULL;
+    if (kvf_grammar_vocab_create(tok, &v) < 0) v = NULL;
+    kvf_tokenizer_destroy(own);
+    return v;
 }
 
 int kvf_cli_parse_addr(const char *v, char *host, size_t cap, uint16_t *port, bool allow_zero)

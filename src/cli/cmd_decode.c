@@ -116,6 +116,7 @@ int kvf_cmd_decode(int argc, char **argv)
     int status = 1;
     char err[256] = "";
     kvf_gguf_t *g = NULL;
+    kvf_grammar_vocab_t *gv = NULL;
     kvf_model_t *m = NULL;
     kvf_dworker_t *dw = NULL;
     kvf_decode_service_t *svc = NULL;
@@ -126,7 +127,9 @@ int kvf_cmd_decode(int argc, char **argv)
     if (kvf_cli_pool_limit("decode", m, DECODE_PAGE_TOKENS, o.kv_bytes, o.ctx_len, &limit,
                            &n_pages) < 0)
         goto out;
+    gv = kvf_cli_grammar_vocab(g, NULL);
     struct kvf_worker_config wc = {.model = m,
+                                   .grammar_vocab = gv,
                                    .model_fp = fp,
                                    .page_tokens = DECODE_PAGE_TOKENS,
                                    .n_pages = n_pages,
@@ -186,6 +189,7 @@ out:
     kvf_decode_service_stop(svc);
     kvf_dworker_stop(dw, 10000);
     kvf_model_free(m);
+    kvf_grammar_vocab_free(gv);
     kvf_gguf_close(g);
     if (status == 0) fprintf(stderr, "kvfence decode: stopped\n");
     return status;

@@ -88,6 +88,7 @@ int kvf_cmd_prefill(int argc, char **argv)
     int status = 1;
     char err[256] = "";
     kvf_gguf_t *g = NULL;
+    kvf_grammar_vocab_t *gv = NULL;
     kvf_model_t *m = NULL;
     kvf_pworker_t *pw = NULL;
     uint64_t fp = 0;
@@ -110,7 +111,9 @@ int kvf_cmd_prefill(int argc, char **argv)
                 n_pages, ctx_len, need);
         goto out;
     }
+    gv = kvf_cli_grammar_vocab(g, NULL);
     struct kvf_worker_config wc = {.model = m,
+                                   .grammar_vocab = gv,
                                    .model_fp = fp,
                                    .page_tokens = 16,
                                    .n_pages = n_pages,
@@ -141,6 +144,7 @@ int kvf_cmd_prefill(int argc, char **argv)
 out:
     kvf_pworker_stop(pw);
     kvf_model_free(m);
+    kvf_grammar_vocab_free(gv);
     kvf_gguf_close(g);
     return status;
 }

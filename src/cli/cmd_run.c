@@ -2,11 +2,13 @@
  * server — the same forward pass over pool pages that the workers run, for one request. */
 #include <math.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "kvfence/grammar.h"
 #include "kvfence/common.h"
 #include "kvfence/gguf.h"
 #include "kvfence/model.h"
@@ -24,6 +26,10 @@ struct run_opts {
     float temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
     const char *logit_bias; /* "ID:BIAS,..." */
     bool print_ids, print_logprobs;
+    /* Structured output: at most one of these (the server's response_format and grammar). */
+    const char *response_format; /* "text" or "json_object" */
+    const char *json_schema;     /* a file holding a JSON Schema */
+    const char *grammar;         /* a file holding GBNF */
 };
 
 /* No environment variables: `run` is a one-shot tool whose every value is given where it runs
@@ -111,6 +117,23 @@ static const struct kvf_cli_opt run_opts[] = {
      .kind = KVF_CLI_STR,
      .off = O(logit_bias),
      .help = "add B (in [-100, 100]) to token ID's logit before anything else"},
+    {.name = "--response-format",
+     .metavar = "TYPE",
+     .kind = KVF_CLI_STR,
+     .off = O(response_format),
+     .help = "json_object: the output is a JSON object, as the server's response_format "
+             "{\"type\": \"json_object\"} (text: unconstrained)"},
+    {.name = "--json-schema",
+     .metavar = "FILE",
+     .kind = KVF_CLI_STR,
+     .off = O(json_schema),
+     .help = "the output matches the JSON Schema in FILE, as the server's response_format "
+             "json_schema"},
+    {.name = "--grammar",
+     .metavar = "FILE",
+     .kind = KVF_CLI_STR,
+     .off = O(grammar),
+     .help = "the output matches the GBNF grammar in FILE, as the server's grammar field"},
     {.name = "--seed",
      .metavar = "S",
      .kind = KVF_CLI_U64,
@@ -169,6 +192,12 @@ struct run {
     float *logits;              /* (n_vocab): the last position's */
     float *lps;                 /* (max_tokens + 1): each output token's log probability */
     void *scratch;              /* kvf_sample_scratch_bytes(n_vocab), zeroed: the sampler's */
+    /* Structured output (NULL gram: none): the grammar, its vocabulary view, the output's
+     * state, and the masked logits (n_vocab). */
+    kvf_grammar_t *gram;
+    kvf_grammar_vocab_t *gv;
+    struct kvf_grammar_state *gst;
+    float *masked;
     uint32_t n_prompt, max_tokens, n_pages, chunk;
     size_t n_out;
     struct kvf_owner own;
@@ -252,6 +281,89 @@ static int run_engine(struct run *r, uint32_t threads)
     return 0;
 }
 
+/* Masks r->logits into r->masked by the grammar, as the workers do (kvf__constrain in
+ * src/engine/constrain.c): the end-of-generation tokens the server stops at (the first
+ * KVF_GEN_MAX_STOP_IDS) only where the output is complete, and never as the first token (the
+ * prefill worker draws that one without them). INT_MIN: draw from r->masked; else the token a
+ * dead end takes, or a negative code. */
+static int constrain(struct run *r)
+{
+    const int32_t *eog;
+    size_t n_eog = kvf_tokenizer_eog(r->tok, &eog);
+    if (n_eog > KVF_GEN_MAX_STOP_IDS) n_eog = KVF_GEN_MAX_STOP_IDS;
+    if (r->n_out == 0) n_eog = 0;
+    int left = kvf_grammar_apply_to(r->gram, r->gv, r->gst, r->logits, r->masked, r->hp->n_vocab,
+                                    eog, (uint32_t)n_eog);
+    if (left < 0) return left;
+    if (left == 0) return n_eog ? eog[0] : KVF_E_ENGINE;
+    return INT_MIN;
+}
+
+/* Reads the structured-output option into r (the grammar compiled, its start state). 0, or -1
+ * (printed). */
+static int run_structured(struct run *r, const struct run_opts *o)
+{
+    int given = (o->response_format && strcmp(o->response_format, "text") != 0) +
+                (o->json_schema != NULL) + (o->grammar != NULL);
+    if (given == 0) return 0;
+    if (given > 1) {
+        fprintf(stderr, "kvfence run: --response-format, --json-schema and --grammar exclude "
+                        "one another\n");
+        return -1;
+    }
+    if (o->response_format && strcmp(o->response_format, "json_object") != 0) {
+        fprintf(stderr, "kvfence run: --response-format is text or json_object\n");
+        return -1;
+    }
+    char *text = malloc(KVF_GRAMMAR_MAX_BYTES + 1), *file = NULL, err[256] = "";
+    size_t flen = 0;
+    int n = -1;
+    const char *path = o->json_schema ? o->json_schema : o->grammar;
+    if (!text) goto fail;
+    if (path) {
+        FILE *f = fopen(path, "rb");
+        file = malloc(4 * KVF_GRAMMAR_MAX_BYTES + 1);
+        if (!f || !file) {
+            snprintf(err, sizeof err, "cannot read %s", path);
+            if (f) fclose(f);
+            goto fail;
+        }
+        flen = fread(file, 1, 4 * KVF_GRAMMAR_MAX_BYTES + 1, f);
+        fclose(f);
+        if (flen > 4 * KVF_GRAMMAR_MAX_BYTES) {
+            snprintf(err, sizeof err, "%s is too large", path);
+            goto fail;
+        }
+    }
+    if (o->grammar) {
+        if (flen > KVF_GRAMMAR_MAX_BYTES) {
+            snprintf(err, sizeof err, "%s: at most %d bytes", path, KVF_GRAMMAR_MAX_BYTES);
+            goto fail;
+        }
+        memcpy(text, file, flen);
+        n = (int)flen;
+    } else {
+        n = kvf_schema_to_grammar(o->json_schema ? file : NULL, flen, text,
+                                  KVF_GRAMMAR_MAX_BYTES + 1, err, sizeof err);
+        if (n < 0) goto fail;
+    }
+    if (kvf_grammar_compile(text, (size_t)n, &r->gram, err, sizeof err) < 0) goto fail;
+    if (kvf_grammar_vocab_create(r->tok, &r->gv) < 0 || !(r->gst = malloc(sizeof *r->gst)) ||
+        !(r->masked = malloc(r->hp->n_vocab * sizeof(float)))) {
+        snprintf(err, sizeof err, "out of memory");
+        goto fail;
+    }
+    kvf_grammar_state_init(r->gram, r->gst);
+    free(text);
+    free(file);
+    return 0;
+fail:
+    fprintf(stderr, "kvfence run: %s\n", err[0] ? err : "out of memory");
+    free(text);
+    free(file);
+    return -1;
+}
+
 /* The prompt, in chunks; then one token at a time, each sampled from the last logits and
  * printed as soon as it makes whole text. At most n_prompt / chunk + max_tokens forward calls.
  * 0, or -1 (printed). */
@@ -291,7 +403,10 @@ static int run_generate(struct run *r, const struct kvf_sample_params *sp)
         if (r->n_out == r->max_tokens) break;
         /* The penalties see the prompt and the output so far, as the server's do. */
         struct kvf_sample_hist h = {r->ids, r->n_prompt, r->ids + r->n_prompt, (uint32_t)r->n_out};
-        int t = kvf_sample_seq(r->logits, r->hp->n_vocab, sp, &h, r->n_out, r->scratch);
+        int t = r->gram ? constrain(r) : INT_MIN;
+        if (t == INT_MIN)
+            t = kvf_sample_seq(r->gram ? r->masked : r->logits, r->hp->n_vocab, sp, &h, r->n_out,
+                               r->scratch);
         if (t < 0) {
             fprintf(stderr, "\nkvfence run: sampling failed: %s\n", kvf_strerror(t));
             return -1;
@@ -299,6 +414,10 @@ static int run_generate(struct run *r, const struct kvf_sample_params *sp)
         r->lps[r->n_out] = kvf_sample_logprob(r->logits, r->hp->n_vocab, t);
         r->ids[r->n_prompt + r->n_out++] = t;
         if (kvf_tokenizer_is_eog(r->tok, t)) break;
+        if (r->gram && kvf_grammar_state_advance(r->gram, r->gv, r->gst, t) < 0) {
+            fprintf(stderr, "\nkvfence run: token %d leaves the grammar\n", t);
+            return -1;
+        }
         size_t nb = kvf_detok_push(&dt, r->tok, t, text, sizeof(text));
         fwrite(text, 1, nb, stdout);
         fflush(stdout);
@@ -324,6 +443,10 @@ static void run_free(struct run *r)
     kvf_pool_destroy(r->pool);
     free(r->lps);
     free(r->scratch);
+    free(r->masked);
+    free(r->gst);
+    kvf_grammar_vocab_free(r->gv);
+    kvf_grammar_free(r->gram);
     free(r->logits);
     free(r->pages);
     free(r->ids);
@@ -394,7 +517,9 @@ int kvf_cmd_run(int argc, char **argv)
     sp.repetition_penalty = o.repetition_penalty;
     if (o.logit_bias && parse_logit_bias(o.logit_bias, &sp) < 0) return 2;
     int status = 1;
-    if (run_open(&r, &o) < 0 || run_engine(&r, threads) < 0 || run_generate(&r, &sp) < 0) goto out;
+    if (run_open(&r, &o) < 0 || run_structured(&r, &o) < 0 || run_engine(&r, threads) < 0 ||
+        run_generate(&r, &sp) < 0)
+        goto out;
     if (o.print_ids) {
         print_ids("prompt_token_ids", r.ids, r.n_prompt);
         print_ids("output_token_ids", r.ids + r.n_prompt, r.n_out);

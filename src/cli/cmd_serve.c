@@ -218,6 +218,7 @@ int kvf_cmd_serve(int argc, char **argv)
     int status = 1;
     char err[256] = "";
     kvf_gguf_t *g = NULL;
+    kvf_grammar_vocab_t *gv = NULL;
     kvf_model_t *m = NULL;
     kvf_tokenizer_t *tok = NULL;
     kvf_pworker_t *pw = NULL;
@@ -244,7 +245,9 @@ int kvf_cmd_serve(int argc, char **argv)
     struct kvf_pool_geometry geo;
     kvf_model_geometry(m, SERVE_PAGE_TOKENS, &geo);
     uint32_t cache_pages = (uint32_t)(o.cache_bytes / kvf_geo_page_bytes(&geo));
+    gv = kvf_cli_grammar_vocab(g, tok);
     struct kvf_worker_config wc = {.model = m,
+                                   .grammar_vocab = gv,
                                    .model_fp = fp,
                                    .page_tokens = SERVE_PAGE_TOKENS,
                                    .fabric_key = fabric_key,
@@ -312,6 +315,7 @@ out:
     kvf_pworker_stop(pw);
     kvf_tokenizer_destroy(tok);
     kvf_model_free(m);
+    kvf_grammar_vocab_free(gv);
     kvf_gguf_close(g);
     kvf_cli_http_free(&o.http);
     if (status == 0) fprintf(stderr, "kvfence serve: stopped\n");

@@ -1,5 +1,6 @@
 /* common.c — sampling, wakeups, waiting and sending, shared by the prefill and decode loops. */
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +12,13 @@
 #include "engine_internal.h"
 
 int kvf__sample_token(const float *logits, uint32_t n_vocab, const struct kvf_msg_sampling *s,
-                      const struct kvf_sample_hist *h, uint64_t step, void *scratch, float *logprob,
-                      uint32_t *n_top, int32_t *top_ids, float *top_logprobs)
+                      const struct kvf__constraint *c, const struct kvf_sample_hist *h,
+                      uint64_t step, void *scratch, float *logprob, uint32_t *n_top,
+                      int32_t *top_ids, float *top_logprobs)
 {
     struct kvf_sample_params p = kvf__sample_params(s);
-    int tok = kvf_sample_seq(logits, n_vocab, &p, h, step, scratch);
+    int tok = c ? kvf__constrain(c, logits, n_vocab) : INT_MIN;
+    if (tok == INT_MIN) tok = kvf_sample_seq(c ? c->buf : logits, n_vocab, &p, h, step, scratch);
     if (tok < 0) return tok;
     /* A softmax over the vocabulary costs as much as the draw itself: only when asked. */
     *logprob = s->want_logprob || s->n_logprobs ? kvf_sample_logprob(logits, n_vocab, tok) : 0.0f;

@@ -54,6 +54,11 @@ struct kvf_gen {
     int32_t last;
     struct kvf_msg_sampling sampling;
     bool in_step; /* in the batch of the step being computed: no cancel or finish now */
+    /* Constrained decoding (p.grammar): the compiled grammar (a reference in the loop's
+     * registry, taken at admission) and the output's state, advanced by each token — by the
+     * compute thread while in_step, else by the loop. NULL without a grammar. */
+    kvf_grammar_t *gram;
+    struct kvf_grammar_state *gst;
 };
 
 enum { STEP_IDLE = 0, STEP_GO = 1, STEP_DONE = 2 };
@@ -157,7 +162,9 @@ struct kvf_dworker {
     pthread_cond_t ccv;
     int step_state;
     uint32_t step_n;
-    void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
+    void *sample_scratch;      /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
+    struct kvf__gram_reg greg; /* the loop's: the grammars of live requests */
+    float *gbuf;               /* [n_vocab]: the compute thread's masked logits */
 #if defined(KVF_TEST_BUILD)
     /* KVF_TEST_STEP_MS=N (test builds): each decode step lasts at least N ms more, as on a busy
      * machine, so that requests keep running while the isolation suite's late writes land. */
@@ -239,10 +246,43 @@ static void end_gen(struct kvf_dworker *w, struct kvf_gen *g, int err, bool stop
 {
     struct kvf_gen_event ev = {.kind = KVF_GEN_END, .err = err, .stopped = stopped};
     gen_push(g, &ev);
+    if (g->gram) kvf__gram_put(&w->greg, g->gram);
+    free(g->gst);
+    g->gram = NULL;
+    g->gst = NULL;
     int i = live_index(w, g->req);
     if (i >= 0) w->live[i] = NULL;
     g->state = G_ENDED;
     kvf__gen_unref(g);
+}
+
+/* Compiles (or finds) g's grammar and sets its start state: 0, or a negative code (-EINVAL: the
+ * grammar does not compile — the router compiled it before submitting, so only a peer that
+ * skipped that sends one; KVF_E_MODEL_UNSUPPORTED: this worker has no vocabulary for grammars). */
+static int start_grammar(struct kvf_dworker *w, struct kvf_gen *g)
+{
+    if (!w->cfg.grammar_vocab) return KVF_E_MODEL_UNSUPPORTED;
+    g->gst = malloc(sizeof *g->gst);
+    if (!g->gst) return -ENOMEM;
+    int rc = kvf__gram_get(&w->greg, g->p.grammar, g->p.n_grammar, &g->gram);
+    if (rc < 0) {
+        free(g->gst);
+        g->gst = NULL;
+        g->gram = NULL;
+        return rc == -EBUSY ? -EAGAIN : rc;
+    }
+    kvf_grammar_state_init(g->gram, g->gst);
+    return 0;
+}
+
+/* Feeds token tok to g's grammar state (nothing for a stop id, which ends the output): 0, or
+ * -EINVAL when tok leaves the grammar (a prefill that drew the first token without it). */
+static int grammar_feed(const struct kvf_dworker *w, struct kvf_gen *g, int32_t tok)
+{
+    if (!g->gram) return 0;
+    for (uint32_t k = 0; k < g->p.n_stop_ids; k++)
+        if (g->p.stop_ids[k] == tok) return 0;
+    return kvf_grammar_state_advance(g->gram, w->cfg.grammar_vocab, g->gst, tok);
 }
 
 static void push_token(struct kvf_gen *g, int32_t tok, float lp, uint32_t n_top, const int32_t *ids,
@@ -471,6 +511,10 @@ static void run_actions(struct kvf_dworker *w, const struct kvf_msg *done)
                 break;
             }
             record_prov(w, g, done);
+            if (grammar_feed(w, g, (int32_t)a.first_token) < 0) {
+                kvf_decode_cancel(w->d, now_ms(w), g->req, KVF_E_ENGINE, &w->acts);
+                break;
+            }
             g->state = G_RUNNING;
             g->n_out = 1;
             g->last = (int32_t)a.first_token;
@@ -918,6 +962,14 @@ static void admit(struct kvf_dworker *w)
             end_gen(w, g, end_err, false);
             continue;
         }
+        if (g->p.n_grammar && !g->gram) {
+            int grc = start_grammar(w, g);
+            if (grc < 0) {
+                w->rejected_before_handoff++;
+                end_gen(w, g, grc, false);
+                continue;
+            }
+        }
         int slot = -1;
         for (uint32_t i = 0; i < w->cfg.max_reqs && slot < 0; i++)
             if (!w->live[i]) slot = (int)i;
@@ -1030,12 +1082,16 @@ static void compute_step(struct kvf_dworker *w, uint32_t n)
      * parameters and output index, which the loop leaves alone for the batch's requests. */
     for (uint32_t i = 0; i < n; i++) {
         struct step_out *o = &w->step_out[i];
-        const struct kvf_gen *g = w->batch[i];
+        struct kvf_gen *g = w->batch[i];
         struct kvf_sample_hist h = {g->prompt, g->p.n_prompt, g->out, g->out ? g->n_out : 0};
+        struct kvf__constraint c = {g->gram,       w->cfg.grammar_vocab, g->gst,
+                                    g->p.stop_ids, g->p.n_stop_ids,      w->gbuf};
         o->tok = w->seqs[i].status != 0
                      ? w->seqs[i].status
-                     : kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling, &h, g->n_out,
-                                         w->sample_scratch, &o->lp, &o->n_top, o->ids, o->lps);
+                     : kvf__sample_token(w->seqs[i].logits, w->n_vocab, &g->sampling,
+                                         g->gram ? &c : NULL, &h, g->n_out, w->sample_scratch,
+                                         &o->lp, &o->n_top, o->ids, o->lps);
+        if (o->tok >= 0 && grammar_feed(w, g, o->tok) < 0) o->tok = KVF_E_ENGINE;
     }
     pthread_mutex_lock(&w->cmu);
     w->step_state = STEP_DONE;
@@ -1293,6 +1349,8 @@ static void destroy(struct kvf_dworker *w)
     free(w->batch);
     free(w->logits);
     free(w->sample_scratch);
+    free(w->gbuf);
+    kvf__gram_reg_free(&w->greg);
     free(w->step_out);
     pthread_mutex_destroy(&w->cmu);
     pthread_cond_destroy(&w->ccv);
@@ -1378,9 +1436,12 @@ int kvf_dworker_start(const struct kvf_worker_config *cfg, kvf_dworker_t **out, 
         w->batch = calloc(w->cfg.max_batch, sizeof(*w->batch));
         w->logits = malloc((size_t)w->cfg.max_batch * hp->n_vocab * sizeof(float));
         w->sample_scratch = calloc(1, kvf_sample_scratch_bytes(hp->n_vocab));
+        w->gbuf = malloc((size_t)hp->n_vocab * sizeof(float));
+        kvf__gram_reg_init(&w->greg, w->cfg.max_reqs + w->cfg.max_queue + 16);
         w->step_out = calloc(w->cfg.max_batch, sizeof(*w->step_out));
-        if (!w->sample_scratch || !w->step_out || !w->live || !w->acts.v || !w->scratch.pages ||
-            !w->scratch.checksums || !w->frame || !w->seqs || !w->batch || !w->logits) {
+        if (!w->sample_scratch || !w->gbuf || !w->step_out || !w->live || !w->acts.v ||
+            !w->scratch.pages || !w->scratch.checksums || !w->frame || !w->seqs || !w->batch ||
+            !w->logits) {
             rc = -ENOMEM;
             snprintf(err, err_len, "out of memory");
         }

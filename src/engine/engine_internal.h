@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "kvfence/engine.h"
+#include "kvfence/grammar.h"
 #include "kvfence/model.h"
 #include "kvfence/proto.h"
 #include "kvfence/transport.h"
@@ -66,20 +67,60 @@ static inline void kvf__msg_sampling_of(const struct kvf_gen_params *p, struct k
     s->n_logit_bias = q->n_logit_bias;
     for (uint32_t i = 0; i < q->n_logit_bias && i < KVF_GEN_MAX_LOGIT_BIAS; i++)
         s->logit_bias[i] = q->logit_bias[i];
+    s->grammar = p->n_grammar ? p->grammar : NULL;
+    s->n_grammar = p->n_grammar;
 }
+
+/* --- Constrained decoding (constrain.c). ------------------------------------------------------ */
+
+/* The compiled grammars of one worker's live requests, by text (owned by one loop thread). */
+struct kvf__gram_ent {
+    char *text; /* owned, n bytes */
+    uint32_t n;
+    kvf_grammar_t *g;
+    uint32_t refs; /* live requests using it; 0: may be replaced */
+};
+struct kvf__gram_reg {
+    struct kvf__gram_ent *e;
+    uint32_t n, cap; /* cap: distinct grammars at most (the worker's live requests, and some) */
+};
+void kvf__gram_reg_init(struct kvf__gram_reg *r, uint32_t cap);
+void kvf__gram_reg_free(struct kvf__gram_reg *r);
+/* The compiled grammar of text[0..n), with a reference: 0, or the compile's error, -EBUSY
+ * (every slot held), -ENOMEM. */
+int kvf__gram_get(struct kvf__gram_reg *r, const char *text, uint32_t n, kvf_grammar_t **out);
+/* Drops a reference; a grammar no request holds stays cached unless KVF__GRAM_IDLE others do. */
+void kvf__gram_put(struct kvf__gram_reg *r, kvf_grammar_t *g);
+#define KVF__GRAM_IDLE 8
+
+/* One draw's constraint: the request's grammar and state, its stop ids, and the worker's
+ * n_vocab-float buffer for the masked logits. */
+struct kvf__constraint {
+    kvf_grammar_t *g;
+    const kvf_grammar_vocab_t *v;
+    const struct kvf_grammar_state *s;
+    const int32_t *stop_ids;
+    uint32_t n_stop_ids;
+    float *buf;
+};
+/* Masks logits into c->buf: INT_MIN when the draw should read c->buf, else the token to take
+ * (a stop id at a dead end) or a negative error. */
+int kvf__constrain(const struct kvf__constraint *c, const float *logits, uint32_t n_vocab);
 
 /*
  * Samples token `step` of a request from logits and fills its logprob and, when asked, its top
  * logprobs (temperature 1, of the model's logits before logit_bias and the penalties, as vLLM
  * reports them by default). The prefill worker runs this for the first token and the decode
  * worker for the rest, so a request's tokens do not depend on which worker drew which. h: the
- * tokens the penalties see (the prompt; the output so far). scratch:
+ * tokens the penalties see (the prompt; the output so far). c: the request's grammar (NULL:
+ * none): the draw is among the tokens it allows. scratch:
  * kvf_sample_scratch_bytes(n_vocab) bytes, zeroed once (kvf_sample_seq), so nothing is
  * allocated per token. Returns the token or a negative code.
  */
 int kvf__sample_token(const float *logits, uint32_t n_vocab, const struct kvf_msg_sampling *s,
-                      const struct kvf_sample_hist *h, uint64_t step, void *scratch, float *logprob,
-                      uint32_t *n_top, int32_t *top_ids, float *top_logprobs);
+                      const struct kvf__constraint *c, const struct kvf_sample_hist *h,
+                      uint64_t step, void *scratch, float *logprob, uint32_t *n_top,
+                      int32_t *top_ids, float *top_logprobs);
 
 /* A wakeup channel: an eventfd another thread writes to get a loop out of poll. */
 int kvf__wake_open(void);

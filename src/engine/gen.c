@@ -41,6 +41,10 @@ static int check_params(const struct kvf_gen_params *p, uint32_t n_vocab, uint64
             (i > 0 && s->logit_bias[i].id <= s->logit_bias[i - 1].id) ||
             !(fabsf(s->logit_bias[i].bias) <= KVF_LIMIT_LOGIT_BIAS_MAX))
             return -EINVAL;
+    /* A grammar ends the output with a stop id where the output is complete: it needs one. */
+    if (p->n_grammar > KVF_GEN_MAX_GRAMMAR || (p->n_grammar && !p->grammar) ||
+        (p->n_grammar && (p->ignore_eos || p->n_stop_ids == 0)))
+        return -EINVAL;
     if ((uint64_t)p->n_prompt + p->max_tokens > max_context) return KVF_E_PROTO_REJECTED;
     return 0;
 }
@@ -55,7 +59,9 @@ int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t m
     if (!g) return -ENOMEM;
     /* The output's room follows the prompt when the penalties will read it. */
     bool hist = kvf_sample_shapes_logits(&p->sample);
-    g->prompt = malloc(((size_t)p->n_prompt + (hist ? p->max_tokens : 0)) * sizeof(int32_t));
+    /* The grammar's text, when there is one, follows in the same block. */
+    size_t words = (size_t)p->n_prompt + (hist ? p->max_tokens : 0);
+    g->prompt = malloc(words * sizeof(int32_t) + p->n_grammar);
     if (!g->prompt) {
         free(g);
         return -ENOMEM;
@@ -63,6 +69,13 @@ int kvf__gen_submit(const struct kvf_gen_params *p, uint32_t n_vocab, uint64_t m
     memcpy(g->prompt, p->prompt, p->n_prompt * sizeof(int32_t));
     g->p = *p;
     g->p.prompt = g->prompt;
+    if (p->n_grammar) {
+        char *text = (char *)(g->prompt + words);
+        memcpy(text, p->grammar, p->n_grammar);
+        g->p.grammar = text;
+    } else {
+        g->p.grammar = NULL;
+    }
     g->out = hist ? g->prompt + p->n_prompt : NULL;
     g->refs = 2;
     g->wake_fd = wake_fd;

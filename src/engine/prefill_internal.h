@@ -105,9 +105,11 @@ struct kvf_pworker {
     struct kvf_msg_scratch scratch;
     uint8_t *frame;
     float *logits;
-    void *sample_scratch; /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
-    uint64_t bad_frames;  /* counter: control frames that did not decode */
-    uint32_t chunk;       /* prompt tokens per chunk */
+    void *sample_scratch;      /* kvf_sample_scratch_bytes(n_vocab): sampling allocates nothing */
+    struct kvf__gram_reg greg; /* the loop's: recently used grammars (it draws first tokens) */
+    float *gbuf;               /* [n_vocab] masked logits, made at the first grammar */
+    uint64_t bad_frames;       /* counter: control frames that did not decode */
+    uint32_t chunk;            /* prompt tokens per chunk */
     /* The compute thread: one chunk at a time. step_state moves IDLE → GO (loop) → DONE
      * (compute) → IDLE (loop, at the commit); the other fields are the loop's, read by the
      * compute thread only between GO and DONE. */

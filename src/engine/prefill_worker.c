@@ -331,7 +331,8 @@ static void run_actions(struct kvf_pworker *w, struct psess *s0, const struct kv
             int err = -EBUSY;
             if (j && g->n_tokens == g->expected_tokens) {
                 memset(j, 0, sizeof(*j));
-                j->tokens = malloc(g->n_tokens * sizeof(int32_t));
+                /* The grammar's text (if any) follows the prompt in the same block. */
+                j->tokens = malloc(g->n_tokens * sizeof(int32_t) + g->sampling.n_grammar);
                 j->dst = malloc(g->n_pages * sizeof(*j->dst));
                 j->src = calloc(g->n_pages, sizeof(*j->src));
                 j->trailers =
@@ -354,6 +355,11 @@ static void run_actions(struct kvf_pworker *w, struct psess *s0, const struct kv
                     j->nonce = a->nonce;
                     j->tenant = g->tenant;
                     j->sampling = g->sampling;
+                    if (g->sampling.n_grammar) {
+                        char *text = (char *)(j->tokens + g->n_tokens);
+                        memcpy(text, g->sampling.grammar, g->sampling.n_grammar);
+                        j->sampling.grammar = text;
+                    }
                     j->n_tokens = g->n_tokens;
                     j->n_pages = g->n_pages;
                     memcpy(j->dst, g->pages, g->n_pages * sizeof(*j->dst));
@@ -616,6 +622,9 @@ static int step_state(struct kvf_pworker *w)
 
 /* The chunk's end (the compute thread finished it): the fills go up, the pages it completed
  * are posted, and after the last chunk the first token is drawn and the rest is posted. */
+static int first_token(struct kvf_pworker *w, struct pjob *j, const struct kvf_sample_hist *h,
+                       float *lp);
+
 static void finish_chunk(struct kvf_pworker *w)
 {
     int rc = kvf_fwd_commit(w->fwd, w->pool);
@@ -641,8 +650,7 @@ static void finish_chunk(struct kvf_pworker *w)
     float lp = 0.0f;
     /* The first token: the penalties see the prompt alone. */
     struct kvf_sample_hist h = {j->tokens, j->n_tokens, NULL, 0};
-    int tok = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, &h, 0, w->sample_scratch, &lp,
-                                &j->n_top, j->top_ids, j->top_lps);
+    int tok = first_token(w, j, &h, &lp);
     if (tok < 0) {
         compute_failed(w, j, tok);
         return;
@@ -651,6 +659,31 @@ static void finish_chunk(struct kvf_pworker *w)
     j->first_logprob = lp;
     j->first_token = (uint32_t)tok;
     j->computed = true;
+}
+
+/* Draws j's first token, within its grammar when it has one (the grammar's start state; no stop
+ * ids: the output cannot end before it begins). */
+static int first_token(struct kvf_pworker *w, struct pjob *j, const struct kvf_sample_hist *h,
+                       float *lp)
+{
+    if (!j->sampling.n_grammar)
+        return kvf__sample_token(w->logits, w->n_vocab, &j->sampling, NULL, h, 0, w->sample_scratch,
+                                 lp, &j->n_top, j->top_ids, j->top_lps);
+    if (!w->cfg.grammar_vocab) return KVF_E_MODEL_UNSUPPORTED;
+    if (!w->gbuf && !(w->gbuf = malloc((size_t)w->n_vocab * sizeof(float)))) return -ENOMEM;
+    struct kvf_grammar_state *st = malloc(sizeof *st);
+    if (!st) return -ENOMEM;
+    kvf_grammar_t *g;
+    int rc = kvf__gram_get(&w->greg, j->sampling.grammar, j->sampling.n_grammar, &g);
+    if (rc == 0) {
+        kvf_grammar_state_init(g, st);
+        struct kvf__constraint c = {g, w->cfg.grammar_vocab, st, NULL, 0, w->gbuf};
+        rc = kvf__sample_token(w->logits, w->n_vocab, &j->sampling, &c, h, 0, w->sample_scratch, lp,
+                               &j->n_top, j->top_ids, j->top_lps);
+        kvf__gram_put(&w->greg, g);
+    }
+    free(st);
+    return rc;
 }
 
 /* Posts the pages that finished chunks completed (never a page whose compute is unfinished: H8),
@@ -955,6 +988,8 @@ static void destroy(struct kvf_pworker *w)
     free(w->frame);
     free(w->logits);
     free(w->sample_scratch);
+    free(w->gbuf);
+    kvf__gram_reg_free(&w->greg);
     kvf__forge_free(w); /* after the transport: no forged put reads them now */
     if (w->wake_fd >= 0) close(w->wake_fd);
     pthread_mutex_destroy(&w->info_mu);
@@ -1018,6 +1053,7 @@ int kvf_pworker_start(const struct kvf_worker_config *cfg, kvf_pworker_t **out, 
         w->frame = malloc(PF_FRAME_CAP);
         w->logits = malloc(hp->n_vocab * sizeof(float));
         w->sample_scratch = calloc(1, kvf_sample_scratch_bytes(hp->n_vocab));
+        kvf__gram_reg_init(&w->greg, 16);
         if (!w->sample_scratch || !w->jobs || !w->acts.v || !w->scratch.pages ||
             !w->scratch.checksums || !w->scratch.tokens || !w->frame || !w->logits) {
             rc = -ENOMEM;

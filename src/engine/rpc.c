@@ -169,7 +169,7 @@ long kvf_rpc_put_hello(uint8_t *buf, size_t cap, enum kvf_rpc_type type,
 size_t kvf_rpc_submit_bytes(uint32_t n_prompt)
 {
     return 2 + 8 + 4 * 4 + 4 + 4 + 4 + 8 + 4 * 4 + 4 + 8 * KVF_GEN_MAX_LOGIT_BIAS + 1 + 4 +
-           4 * KVF_GEN_MAX_STOP_IDS + 4 + 4 * (size_t)n_prompt;
+           4 * KVF_GEN_MAX_STOP_IDS + 4 + KVF_GEN_MAX_GRAMMAR + 4 + 4 * (size_t)n_prompt;
 }
 
 enum { F_WANT_LOGPROB = 1, F_IGNORE_EOS = 2 };
@@ -202,6 +202,9 @@ long kvf_rpc_put_submit(uint8_t *buf, size_t cap, uint64_t rid, const struct kvf
     put_u32(&w, p->n_stop_ids);
     for (uint32_t i = 0; i < p->n_stop_ids; i++)
         put_u32(&w, (uint32_t)p->stop_ids[i]);
+    if (p->n_grammar > KVF_GEN_MAX_GRAMMAR || (p->n_grammar && !p->grammar)) return -EINVAL;
+    put_u32(&w, p->n_grammar);
+    if (p->n_grammar) put(&w, p->grammar, p->n_grammar);
     put_u32(&w, p->n_prompt);
     for (uint32_t i = 0; i < p->n_prompt; i++)
         put_u32(&w, (uint32_t)p->prompt[i]);
@@ -387,6 +390,12 @@ int kvf_rpc_decode(const uint8_t *buf, size_t len, struct kvf_rpc_msg *m, int32_
         if (p->n_stop_ids > KVF_GEN_MAX_STOP_IDS) return -EBADMSG;
         for (uint32_t i = 0; i < p->n_stop_ids; i++)
             p->stop_ids[i] = (int32_t)get_u32(&r);
+        /* The grammar: a view into buf (the submit copies it). */
+        p->n_grammar = get_u32(&r);
+        if (r.bad || p->n_grammar > KVF_GEN_MAX_GRAMMAR || len - r.n < p->n_grammar)
+            return -EBADMSG;
+        p->grammar = p->n_grammar ? (const char *)buf + r.n : NULL;
+        r.n += p->n_grammar;
         p->n_prompt = get_u32(&r);
         if (p->n_prompt > prompt_cap || !prompt_room) return -EBADMSG;
         if (r.bad || (len - r.n) / 4 < p->n_prompt) return -EBADMSG;

@@ -28,8 +28,9 @@
 
 #include "kvfence/engine.h"
 
-#define KVF_RPC_VERSION                                                                            \
-    4 /* 2: STATUS carries verify failures by reason; 3: SUBMIT the sampling controls; 4: PROV */
+/* 2: STATUS carries verify failures by reason; 3: SUBMIT the sampling controls; 4: PROV; 5: SUBMIT
+ * the grammar. */
+#define KVF_RPC_VERSION      5
 #define KVF_RPC_MAX_PREFILLS KVF_DECODE_MAX_PREFILLS
 
 enum kvf_rpc_type {

@@ -80,6 +80,7 @@ static void put_sampling(uint8_t *p, const struct kvf_msg_sampling *s)
     put_f32(p + 32, s->frequency_penalty);
     put_f32(p + 36, s->repetition_penalty);
     put_u32(p + 40, s->n_logit_bias);
+    put_u32(p + 44, s->grammar ? s->n_grammar : 0);
 }
 
 /* The logit_bias pairs (id u32, bias f32); returns the bytes written. */
@@ -89,7 +90,10 @@ static size_t put_bias(uint8_t *p, const struct kvf_msg_sampling *s)
         put_u32(p + 8 * i, (uint32_t)s->logit_bias[i].id);
         put_f32(p + 4 + 8 * i, s->logit_bias[i].bias);
     }
-    return 8u * s->n_logit_bias;
+    p += 8u * s->n_logit_bias;
+    uint32_t ng = s->grammar ? s->n_grammar : 0;
+    if (ng) memcpy(p, s->grammar, ng);
+    return 8u * s->n_logit_bias + ng;
 }
 
 /* Refuses what no well-formed peer sends: a temperature, top_p, logprobs count, min_p or penalty
@@ -109,7 +113,10 @@ static int get_sampling(const uint8_t *p, struct kvf_msg_sampling *s)
     s->frequency_penalty = get_f32(p + 32);
     s->repetition_penalty = get_f32(p + 36);
     s->n_logit_bias = get_u32(p + 40);
-    if (lp >> 9 || s->n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS) return KVF_E_PROTO_BOUNDS;
+    s->n_grammar = get_u32(p + 44);
+    s->grammar = NULL;
+    if (lp >> 9 || s->n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS || s->n_grammar > KVF_GEN_MAX_GRAMMAR)
+        return KVF_E_PROTO_BOUNDS;
     if (!kvf_field_real_ok(KVF_FIELD_TEMPERATURE, s->temperature, true) ||
         !kvf_field_real_ok(KVF_FIELD_TOP_P, s->top_p, true) ||
         !kvf_field_int_ok(KVF_FIELD_LOGPROBS, s->n_logprobs) ||
@@ -134,7 +141,14 @@ static int get_bias(const uint8_t *p, struct kvf_msg_sampling *s)
             return KVF_E_PROTO_BOUNDS;
         s->logit_bias[i] = (struct kvf_logit_bias){(int32_t)id, b};
     }
+    if (s->n_grammar) s->grammar = (const char *)p + 8u * s->n_logit_bias;
     return 0;
+}
+
+/* The grammar bytes a sampling block carries. */
+static uint32_t grammar_bytes(const struct kvf_msg_sampling *s)
+{
+    return s->grammar ? s->n_grammar : 0;
 }
 
 /* Fixed body bytes per type, before any array. */
@@ -186,19 +200,23 @@ static long body_size(const struct kvf_msg *m)
         return HELLO_BODY;
     case KVF_MSG_NEW:
         if (m->u.nreq.n_tokens > KVF_PROTO_MAX_TOKENS ||
-            m->u.nreq.sampling.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS)
+            m->u.nreq.sampling.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS ||
+            grammar_bytes(&m->u.nreq.sampling) > KVF_GEN_MAX_GRAMMAR)
             return KVF_E_PROTO_BOUNDS;
         if (m->u.nreq.n_tokens && !m->u.nreq.tokens) return KVF_E_PROTO_BOUNDS;
-        return NEW_BODY + 8L * m->u.nreq.sampling.n_logit_bias + 4L * m->u.nreq.n_tokens;
+        return NEW_BODY + 8L * m->u.nreq.sampling.n_logit_bias +
+               (long)grammar_bytes(&m->u.nreq.sampling) + 4L * m->u.nreq.n_tokens;
     case KVF_MSG_GRANT:
         if (m->u.grant.n_pages > KVF_PROTO_MAX_PAGES ||
             m->u.grant.n_tokens > KVF_PROTO_MAX_TOKENS ||
-            m->u.grant.sampling.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS)
+            m->u.grant.sampling.n_logit_bias > KVF_GEN_MAX_LOGIT_BIAS ||
+            grammar_bytes(&m->u.grant.sampling) > KVF_GEN_MAX_GRAMMAR)
             return KVF_E_PROTO_BOUNDS;
         if ((m->u.grant.n_pages && !m->u.grant.pages) ||
             (m->u.grant.n_tokens && !m->u.grant.tokens))
             return KVF_E_PROTO_BOUNDS;
         return GRANT_BODY + 8L * m->u.grant.sampling.n_logit_bias +
+               (long)grammar_bytes(&m->u.grant.sampling) +
                (long)PAGE_REF_BYTES * m->u.grant.n_pages + 4L * m->u.grant.n_tokens;
     case KVF_MSG_DONE:
         if (m->u.done.n_pages > KVF_PROTO_MAX_PAGES) return KVF_E_PROTO_BOUNDS;
@@ -383,13 +401,13 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         n->max_tokens = get_u32(p + 8);
         n->n_tokens = get_u32(p + 12);
         if ((rc = get_sampling(p + 16, &n->sampling)) < 0) return rc;
-        uint64_t fixed = NEW_BODY + 8ull * n->sampling.n_logit_bias;
+        uint64_t fixed = NEW_BODY + 8ull * n->sampling.n_logit_bias + n->sampling.n_grammar;
         if (have < fixed) return KVF_E_PROTO_BOUNDS;
         rc = check_array(have, fixed, n->n_tokens, 4, KVF_PROTO_MAX_TOKENS, s->tokens_cap);
         if (rc < 0) return rc;
         p += NEW_BODY;
         if ((rc = get_bias(p, &n->sampling)) < 0) return rc;
-        p += 8u * n->sampling.n_logit_bias;
+        p += 8u * n->sampling.n_logit_bias + n->sampling.n_grammar;
         for (uint32_t i = 0; i < n->n_tokens; i++, p += 4)
             s->tokens[i] = get_u32(p);
         n->tokens = n->n_tokens ? s->tokens : NULL;
@@ -406,12 +424,12 @@ long kvf_msg_decode(const uint8_t *buf, size_t len, struct kvf_msg *out,
         if (g->n_pages > KVF_PROTO_MAX_PAGES || g->n_pages > s->pages_cap ||
             g->n_tokens > KVF_PROTO_MAX_TOKENS || g->n_tokens > s->tokens_cap)
             return KVF_E_PROTO_BOUNDS;
-        if (have != GRANT_BODY + 8ull * g->sampling.n_logit_bias +
+        if (have != GRANT_BODY + 8ull * g->sampling.n_logit_bias + g->sampling.n_grammar +
                         (uint64_t)PAGE_REF_BYTES * g->n_pages + 4ull * g->n_tokens)
             return KVF_E_PROTO_BOUNDS;
         p += GRANT_BODY;
         if ((rc = get_bias(p, &g->sampling)) < 0) return rc;
-        p += 8u * g->sampling.n_logit_bias;
+        p += 8u * g->sampling.n_logit_bias + g->sampling.n_grammar;
         for (uint32_t i = 0; i < g->n_pages; i++, p += PAGE_REF_BYTES) {
             s->pages[i].page = get_u32(p);
             s->pages[i].tag = get_u64(p + 4);

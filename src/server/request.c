@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "kvfence/limits.h"
+#include "kvfence/grammar.h"
 #include "server_internal.h"
 
 _Static_assert(KVF_LIMIT_LOGPROBS_MAX <= KVF_GEN_MAX_LOGPROBS,
@@ -114,7 +115,6 @@ static const struct refused_field {
 } refused_fields[] = {
     {"echo", K_BOTH, "false"},
     {"suffix", K_CMPL, "\"\""},
-    {"response_format", K_BOTH, "{\"type\":\"text\"}"},
     {"tools", K_CHAT, "[]"},
     {"tool_choice", K_CHAT, "\"none\""},
     {"parallel_tool_calls", K_CHAT, NULL},
@@ -127,7 +127,6 @@ static const struct refused_field {
     {"verbosity", K_CHAT, NULL},
     {"web_search_options", K_CHAT, NULL},
     {"store", K_CHAT, "false"},
-    {"grammar", K_BOTH, NULL},
     {"guided_json", K_BOTH, NULL},
     {"guided_regex", K_BOTH, NULL},
     {"guided_choice", K_BOTH, NULL},
@@ -575,6 +574,116 @@ static int parse_options(enum kvf__srv_kind kind, json_t *root, const struct kvf
 }
 
 /* max_tokens (chat: max_completion_tokens first), against the served limit. */
+/* response_format and grammar: the GBNF text the output must match (r->grammar, owned), checked
+ * by compiling it here, so that a request the engine would refuse is a 400 naming the field. */
+static int parse_structured(json_t *root, struct kvf__srv_req *r, struct kvf__srv_err *e)
+{
+    json_t *rf = json_object_get(root, "response_format");
+    json_t *gr = json_object_get(root, "grammar");
+    if (rf && json_is_null(rf)) rf = NULL;
+    if (gr && json_is_null(gr)) gr = NULL;
+    const char *param = NULL;
+    char err[256] = "";
+    int n = 0;
+    if (!rf && !gr) return 0;
+    char *text = malloc(KVF_GRAMMAR_MAX_BYTES + 1);
+    if (!text) return kvf__srv_fail(e, 500, NULL, "internal_error", "out of memory");
+    if (rf) {
+        param = "response_format";
+        json_t *ty = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        const char *t = json_is_string(ty) ? json_string_value(ty) : NULL;
+        if (!t) {
+            free(text);
+            return kvf__srv_fail(e, 400, param, "invalid_type",
+                                 "'response_format' must be an object with a string 'type'");
+        }
+        if (strcmp(t, "text") == 0) {
+            rf = NULL;
+        } else if (strcmp(t, "json_object") == 0) {
+            n = kvf__srv_json_grammar(NULL, text, KVF_GRAMMAR_MAX_BYTES + 1, err, sizeof err);
+        } else if (strcmp(t, "json_schema") == 0) {
+            json_t *js = json_object_get(rf, "json_schema");
+            json_t *sc = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+            json_t *st = json_is_object(js) ? json_object_get(js, "strict") : NULL;
+            if (!sc || (st && !json_is_null(st) && !json_is_boolean(st))) {
+                free(text);
+                return kvf__srv_fail(e, 400, param, "invalid_value",
+                                     "'response_format' json_schema needs 'json_schema': "
+                                     "{\"name\", \"schema\": {...}, \"strict\": bool}");
+            }
+            n = kvf__srv_json_grammar(sc, text, KVF_GRAMMAR_MAX_BYTES + 1, err, sizeof err);
+        } else {
+            free(text);
+            return kvf__srv_fail(e, 400, param, "invalid_value",
+                                 "'response_format' type '%.40s' is not one of text, json_object, "
+                                 "json_schema",
+                                 t);
+        }
+    }
+    if (gr) {
+        if (rf) {
+            free(text);
+            return kvf__srv_fail(e, 400, "grammar", "invalid_value",
+                                 "'grammar' and a JSON 'response_format' cannot be combined");
+        }
+        if (!json_is_string(gr)) {
+            free(text);
+            return kvf__srv_fail(e, 400, "grammar", "invalid_type",
+                                 "'grammar' must be a string (GBNF)");
+        }
+        param = "grammar";
+        size_t len = json_string_length(gr);
+        if (len > KVF_GRAMMAR_MAX_BYTES) {
+            free(text);
+            return kvf__srv_fail(e, 400, param, "invalid_value",
+                                 "'grammar' has %zu bytes; at most %d are allowed", len,
+                                 KVF_GRAMMAR_MAX_BYTES);
+        }
+        memcpy(text, json_string_value(gr), len);
+        text[len] = 0;
+        n = (int)len;
+    }
+    if (!rf && !gr) {
+        free(text);
+        return 0;
+    }
+    if (n < 0) {
+        free(text);
+        if (n == -ENOMEM) return kvf__srv_fail(e, 500, NULL, "internal_error", "out of memory");
+        return kvf__srv_fail(e, 400, param, "invalid_value", "%s", err);
+    }
+    kvf_grammar_t *g = NULL;
+    int rc = kvf_grammar_compile(text, (size_t)n, &g, err, sizeof err);
+    bool empty_only = false;
+    if (rc == 0) {
+        /* The first token is drawn before any stop may come: a grammar whose only sentence
+         * is empty cannot be served. */
+        struct kvf_grammar_state *st = malloc(sizeof *st);
+        if (st) {
+            kvf_grammar_state_init(g, st);
+            empty_only = st->n == 1;
+            free(st);
+        }
+    }
+    kvf_grammar_free(g);
+    if (rc == 0 && empty_only)
+        snprintf(err, sizeof err, "the grammar matches the empty output only");
+    if (rc < 0 || empty_only) {
+        free(text);
+        return kvf__srv_fail(e, 400, param, "invalid_value", "'%s': %s", param, err);
+    }
+    if (r->ignore_eos) {
+        free(text);
+        return kvf__srv_fail(e, 400, "ignore_eos", "invalid_value",
+                             "'ignore_eos' cannot be combined with '%s': the output ends where "
+                             "it is complete",
+                             param);
+    }
+    r->grammar = text;
+    r->n_grammar = (uint32_t)n;
+    return 0;
+}
+
 static int parse_max_tokens(enum kvf__srv_kind kind, json_t *root,
                             const struct kvf__srv_limits *lim, struct kvf__srv_req *r,
                             uint32_t n_total, struct kvf__srv_err *e)
@@ -622,6 +731,7 @@ int kvf__srv_req_parse(enum kvf__srv_kind kind, const char *body, size_t len,
     if (check_model(root, lim, e) < 0) goto fail;
     if (check_refused(kind, root, e) < 0) goto fail;
     if (parse_options(kind, root, lim, &r, e) < 0) goto fail;
+    if (parse_structured(root, &r, e) < 0) goto fail;
     if (parse_prompt(kind, root, lim, tok, &r, &n_total, e) < 0) goto fail;
     if (parse_max_tokens(kind, root, lim, &r, n_total, e) < 0) goto fail;
     r.n_prompt = n_total;
@@ -637,6 +747,7 @@ fail:
 void kvf__srv_req_free(struct kvf__srv_req *r)
 {
     free(r->prompt);
+    free(r->grammar);
     for (uint32_t i = 0; i < r->n_stop; i++)
         free(r->stop[i]);
     memset(r, 0, sizeof *r);

@@ -220,6 +220,8 @@ int kvf__srv_run_start(const struct kvf_gen_ops *ops, void *engine, const kvf_to
     p.n_logprobs = req->logprobs ? req->top_logprobs : 0;
     p.want_logprob = req->logprobs;
     p.ignore_eos = req->ignore_eos;
+    p.grammar = req->grammar;
+    p.n_grammar = req->n_grammar;
     /* Every end-of-generation token of the vocabulary ends a choice (as many as the seam
      * carries), unless ignore_eos. */
     const int32_t *eog;

@@ -106,6 +106,9 @@ struct kvf__srv_req {
     bool tokens_as_ids;    /* return_tokens_as_token_ids (vLLM): logprobs name each token
                               "token_id:<id>" instead of its text */
     bool ignore_eos;
+    char *grammar; /* owned, NUL-terminated, n_grammar bytes: GBNF (response_format, grammar),
+                      compiled once here to check it; NULL: unconstrained */
+    uint32_t n_grammar;
 };
 
 /* Parses and validates a completions or chat body (already scanned or not: the scan is done
@@ -478,5 +481,8 @@ int64_t kvf__srv_now_us(void);
  * from a counter or from another, so nothing about the server's other requests (how many came
  * before, when it started) can be read from them. */
 int kvf__srv_random(void *buf, size_t n);
+
+/* kvf_schema_to_grammar on a parsed schema (NULL: json_object). */
+int kvf__srv_json_grammar(json_t *schema, char *out, size_t cap, char *err, size_t err_len);
 
 #endif /* KVF_SERVER_INTERNAL_H */

@@ -248,7 +248,8 @@ function readTables(file) {
 const fields = readTables(args.fields);
 await test(`docs/API_FIELDS.md: ${fields.refused.length} refused and ${fields.implemented.length} implemented rows read`, async () => {
   assert.ok(fields.refused.length >= 40 && fields.implemented.length >= 20, JSON.stringify(fields).slice(0, 200));
-  for (const f of ['echo', 'suffix', 'response_format', 'tools', 'tool_choice', 'grammar']) assert.ok(fields.refused.some((r) => r.field === f), `${f} is not listed as refused`);
+  for (const f of ['echo', 'suffix', 'tools', 'tool_choice', 'guided_json']) assert.ok(fields.refused.some((r) => r.field === f), `${f} is not listed as refused`);
+  for (const f of ['response_format', 'grammar']) assert.ok(fields.implemented.some((r) => r.field === f), `${f} is not listed as implemented`);
 });
 const endpoints = (where) => (where === 'both' ? ['completions', 'chat'] : [where]);
 const bodyFor = (ep) => (ep === 'chat' ? { model: 'm', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 } : { model: 'm', prompt: 'hi', max_tokens: 2 });

@@ -47,7 +47,9 @@ static void test_submit_round_trip(void)
                                .n_logprobs = 3,
                                .want_logprob = true,
                                .stop_ids = {2, 5},
-                               .n_stop_ids = 2};
+                               .n_stop_ids = 2,
+                               .grammar = "root ::= \"a\"",
+                               .n_grammar = 12};
     long n = kvf_rpc_put_submit(buf, sizeof buf, 77, &p);
     ASSERT_TRUE(n > 0 && (size_t)n <= kvf_rpc_submit_bytes(5));
     struct kvf_rpc_msg m;
@@ -66,6 +68,7 @@ static void test_submit_round_trip(void)
                 m.params.sample.logit_bias[1].bias == 2.5f);
     ASSERT_TRUE(m.params.n_logprobs == 3 && m.params.want_logprob && !m.params.ignore_eos);
     ASSERT_TRUE(m.params.n_stop_ids == 2 && m.params.stop_ids[0] == 2 && m.params.stop_ids[1] == 5);
+    ASSERT_TRUE(m.params.n_grammar == 12 && memcmp(m.params.grammar, "root ::= \"a\"", 12) == 0);
     only_whole((size_t)n);
     /* A prompt beyond the reader's room is refused, not truncated. */
     ASSERT_EQ_INT(kvf_rpc_decode(buf, (size_t)n, &m, room, 4, NULL, NULL), -EBADMSG);
@@ -227,6 +230,10 @@ static void test_bounds_on_write(void)
                                .n_stop_ids = KVF_GEN_MAX_STOP_IDS + 1};
     ASSERT_EQ_INT(kvf_rpc_put_submit(buf, sizeof buf, 1, &p), -EINVAL);
     p.n_stop_ids = 0;
+    p.n_grammar = KVF_GEN_MAX_GRAMMAR + 1; /* a grammar beyond the bound */
+    p.grammar = "x";
+    ASSERT_EQ_INT(kvf_rpc_put_submit(buf, sizeof buf, 1, &p), -EINVAL);
+    p.n_grammar = 0;
     ASSERT_EQ_INT(kvf_rpc_put_submit(buf, 10, 1, &p), -EMSGSIZE);
     struct kvf_rpc_hello h = {.n_prefills = KVF_RPC_MAX_PREFILLS + 1};
     ASSERT_EQ_INT(kvf_rpc_put_hello(buf, sizeof buf, KVF_RPC_HELLO_R, &h), -EINVAL);

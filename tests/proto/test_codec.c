@@ -81,6 +81,19 @@ static void test_roundtrip_every_type(void)
     ASSERT_EQ_INT(out.u.grant.n_pages, 3);
     ASSERT_EQ_U64(out.u.grant.pages[1].tag, 0xffffffffffffffffull);
     ASSERT_EQ_INT(out.u.grant.pages[2].page, 0xffffffffu);
+    /* The grammar travels as its bytes, between the bias pairs and the pages. */
+    g.u.grant.sampling.grammar = "root ::= [a-z]+";
+    g.u.grant.sampling.n_grammar = 15;
+    g.u.grant.sampling.n_logit_bias = 1;
+    g.u.grant.sampling.logit_bias[0] = (struct kvf_logit_bias){9, 1.5f};
+    roundtrip(&g, buf, sizeof(buf), &out);
+    ASSERT_EQ_INT(out.u.grant.sampling.n_grammar, 15);
+    ASSERT_TRUE(memcmp(out.u.grant.sampling.grammar, "root ::= [a-z]+", 15) == 0);
+    ASSERT_EQ_U64(out.u.grant.pages[1].tag, 0xffffffffffffffffull);
+    ASSERT_EQ_INT(out.u.grant.tokens[4], toks[4]);
+    g.u.grant.sampling.n_grammar = KVF_GEN_MAX_GRAMMAR + 1; /* beyond the bound: not encoded */
+    ASSERT_TRUE(kvf_msg_encode(&g, buf, sizeof(buf)) < 0);
+    g.u.grant.sampling = (struct kvf_msg_sampling){0};
 
     uint64_t sums[3] = {1, 2, 0x8000000000000000ull};
     struct kvf_msg d = header(KVF_MSG_DONE);
