@@ -190,6 +190,17 @@ static void on_frame(void *ctx, kvf_conn_t *c, const uint8_t *buf, size_t len)
     r->ftail = f;
 }
 
+/* host:port, a name or an IPv4/IPv6 address: nothing a log line or a record could be forged
+ * with (no space, no '=', no control character). */
+static bool addr_chars_ok(const char *a)
+{
+    for (; *a; a++)
+        if (!((*a >= 'a' && *a <= 'z') || (*a >= 'A' && *a <= 'Z') || (*a >= '0' && *a <= '9') ||
+              *a == '.' || *a == ':' || *a == '-' || *a == '_' || *a == '[' || *a == ']'))
+            return false;
+    return true;
+}
+
 static void on_error(void *ctx, kvf_conn_t *c, int err)
 {
     struct kvf_router *r = ctx;
@@ -266,9 +277,16 @@ static void handle_frame(struct kvf_router *r, int di, const uint8_t *buf, size_
         break;
     case KVF_RPC_PROV: {
         /* The decode worker's record of the handoff it verified, kept on the handle; the router
-         * adds which decode worker it is. */
+         * adds which decode worker it is. A record that does not describe this request (its
+         * tenant, its prompt) or names its prefill in anything but address characters is
+         * dropped: it would reach the router's log lines and the operator's records. */
         struct kvf_gen *g = take_sent(r, di, m.rid, false);
         if (!g) break;
+        if (m.prov.tenant != g->p.tenant || m.prov.tokens_granted != g->p.n_prompt ||
+            !addr_chars_ok(m.prov.prefill_addr)) {
+            r->bad_frames++;
+            break;
+        }
         snprintf(m.prov.decode_addr, sizeof m.prov.decode_addr, "%s:%u", d->host, d->port);
         kvf__gen_set_prov(g, &m.prov);
         break;

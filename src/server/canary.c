@@ -44,6 +44,7 @@ struct kvf__srv_canary {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;         /* under mu */
+    bool joined;       /* under mu: its thread was joined (halt) */
     bool degraded;     /* under mu: sticky */
     char why[256];     /* under mu */
     atomic_uint ready; /* references made */
@@ -266,14 +267,22 @@ int kvf__srv_canary_start(struct kvf__srv_canary **out, const struct kvf_server_
     return 0;
 }
 
-void kvf__srv_canary_stop(struct kvf__srv_canary *c)
+void kvf__srv_canary_halt(struct kvf__srv_canary *c)
 {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
+    bool joined = c->joined;
     c->stop = true;
+    c->joined = true;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    pthread_join(c->th, NULL);
+    if (!joined) pthread_join(c->th, NULL);
+}
+
+void kvf__srv_canary_free(struct kvf__srv_canary *c)
+{
+    if (!c) return;
+    kvf__srv_canary_halt(c);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);

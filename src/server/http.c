@@ -1038,6 +1038,15 @@ static enum MHD_Result do_prov(struct kvf_server *s, struct MHD_Connection *c, s
                          q->id, e.status);
         return send_error(s, c, &e, NULL);
     }
+    /* Per-request records of every tenant: with tenant keys and no operator rule (no admin keys,
+     * no operator address) nobody is an operator, so nobody reads them — unlike /metrics'
+     * aggregates, which stay open there. */
+    if (s->cfg.keys && !s->cfg.admin_keys && !s->cfg.admin_listen) {
+        kvf__srv_fail(&e, 404, NULL, "not_found",
+                      "/admin/provenance needs --admin-keys or --admin-listen when API keys are "
+                      "set");
+        return send_error(s, c, &e, NULL);
+    }
     const char *id = q->model_id ? q->model_id : "";
     size_t len = strnlen(id, 64);
     if (!kvf__srv_prov_id_ok(id, len)) {
@@ -1964,6 +1973,15 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
     atomic_init(&s->stopping, false);
     atomic_init(&s->in_flight, 0);
 
+    /* The canary before any daemon: their threads read s->canary, set once here. */
+    s->metrics.canary_on = cfg->canary_interval_ms > 0;
+    if (cfg->canary_interval_ms &&
+        kvf__srv_canary_start(&s->canary, &s->cfg, ops, engine, &s->metrics,
+                              cfg->canary_interval_ms) < 0) {
+        snprintf(err, err_len, "server: cannot start the canary");
+        rc = KVF_E_SERVER;
+        goto free_obs;
+    }
     rc = guard_start(&s->guard, &s->cfg, s->trusted, s->n_trusted);
     if (rc < 0) {
         snprintf(err, err_len, "server: cannot start the connection watchdog: %s", strerror(-rc));
@@ -1993,15 +2011,6 @@ int kvf_server_start(const struct kvf_server_config *cfg, const struct kvf_gen_o
         rc = KVF_E_SERVER;
         goto close_fd;
     }
-    s->metrics.canary_on = cfg->canary_interval_ms > 0;
-    if (cfg->canary_interval_ms &&
-        kvf__srv_canary_start(&s->canary, &s->cfg, ops, engine, &s->metrics,
-                              cfg->canary_interval_ms) < 0) {
-        snprintf(err, err_len, "server: cannot start the canary");
-        rc = KVF_E_SERVER;
-        MHD_stop_daemon(s->d);
-        goto close_fd;
-    }
     *out = s;
     return 0;
 close_fd:
@@ -2011,6 +2020,8 @@ stop_admin:
 stop_guard:
     guard_stop(&s->guard);
 free_obs:
+    kvf__srv_canary_free(s->canary);
+    s->canary = NULL;
     kvf__srv_prov_destroy(&s->prov);
     kvf__srv_metrics_destroy(&s->metrics);
     kvf__srv_tenants_destroy(&s->tenants);
@@ -2044,7 +2055,7 @@ void kvf_server_stop(kvf_server_t *s)
      * thread may still hold it until MHD_stop_daemon, so it is closed only then; shutting it
      * down now makes the kernel stop listening at once, so a client connecting during the
      * drain is refused instead of waiting in the backlog for an accept that never comes. */
-    kvf__srv_canary_stop(s->canary); /* its request, if one is out, is cancelled and ended */
+    kvf__srv_canary_halt(s->canary); /* its request, if one is out, is cancelled and ended */
     MHD_socket lfd = MHD_quiesce_daemon(s->d);
     if (lfd != MHD_INVALID_SOCKET) shutdown(lfd, SHUT_RDWR);
     int64_t until = now_ms() + s->cfg.drain_ms;
@@ -2058,6 +2069,9 @@ void kvf_server_stop(kvf_server_t *s)
     MHD_stop_daemon(s->d);
     if (lfd != MHD_INVALID_SOCKET) close(lfd);
     kvf__srv_admin_stop(&s->admin);
+    /* No daemon thread reads the canary now (/health did until here). */
+    kvf__srv_canary_free(s->canary);
+    s->canary = NULL;
     guard_stop(&s->guard);
     kvf__srv_prov_destroy(&s->prov);
     kvf__srv_metrics_destroy(&s->metrics);

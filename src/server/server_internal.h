@@ -409,7 +409,10 @@ struct kvf__srv_canary;
 int kvf__srv_canary_start(struct kvf__srv_canary **out, const struct kvf_server_config *cfg,
                           const struct kvf_gen_ops *ops, void *engine,
                           struct kvf__srv_metrics *metrics, uint32_t interval_ms);
-void kvf__srv_canary_stop(struct kvf__srv_canary *c);
+/* Stops and joins its thread (its request, if one is out, is cancelled and ended); /health may
+ * still read it afterwards. Then, once no request thread can (the daemons stopped), free. */
+void kvf__srv_canary_halt(struct kvf__srv_canary *c);
+void kvf__srv_canary_free(struct kvf__srv_canary *c);
 /* Whether a mismatch was seen (sticky until restart), with its reason into why. */
 bool kvf__srv_canary_degraded(struct kvf__srv_canary *c, char *why, size_t why_len);
 /* Prompts with a reference so far (0 until the start's references are made). */

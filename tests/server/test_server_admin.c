@@ -234,6 +234,10 @@ static void test_no_admin(void)
     ASSERT_EQ_INT(kvf_server_admin_port(s.s), 0);
     expect_metrics(s.port, NULL);
     expect_full_health(s.port, "/health", NULL);
+    /* Per-request records are nobody's to read when nobody is an operator: 404 with or
+     * without a tenant key (unlike /metrics' aggregates). */
+    expect(s.port, "/admin/provenance/cmpl-0123456789abcdef", NULL, 404, "not_found");
+    expect(s.port, "/admin/provenance/cmpl-0123456789abcdef", "Bearer " KEY_T1, 404, "not_found");
     srv_stop(&s);
     kvf_server_keys_free(t);
 }
