@@ -366,8 +366,11 @@ for m in "${mutants[@]}"; do
   # sim content-only: L1 alone.
   cmode=${content_mode[$m]:-$mode}
   if [[ $content_required == *" $m "* || $unverified == *" $m "* ]]; then
+    # An exempt one is shown on the fewer seeds (its reason says why content cannot show it).
+    n_content=$loops_content_seeds
+    [[ -n ${content_exempt[$m]:-} ]] && n_content=$loops_info_seeds
     # shellcheck disable=SC2086
-    c=$(loops "$bin" "$loops_content_seeds" "build-mutants/$m.content.log" $cmode --content-only)
+    c=$(loops "$bin" "$n_content" "build-mutants/$m.content.log" $cmode --content-only)
     if [[ $c == survived ]] && [[ -n ${content_exempt[$m]:-} ]]; then
       c="not caught: ${content_exempt[$m]}"
     elif [[ $c != "caught seed "*"(L1)" ]]; then
